@@ -1,0 +1,328 @@
+"""Expert placements: shares ``P[L, E, D]`` and logical→physical mappings ``pi[L, D]``.
+
+Implements paper-model.md §1 (P_ic, π_l), §7.7 (storage), §9.1–9.2 (TP and EP data constructors)
+and the memory checks of §7.3 (10). A placement is data; the optimisers that produce better ones
+live in ``baselines``. ``P[l, i, c]`` is the share of routed expert ``i`` of MoE layer ``l`` held by
+logical cluster ``c`` (rows sum to 1); ``pi[l, c]`` is the endpoint of cluster ``c`` in layer ``l``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hdamoe_env.errors import ConfigError, InfeasibleError
+from hdamoe_env.profiles import Conventions
+from hdamoe_env.specs import HardwareSpec, ModelSpec
+
+__all__ = [
+    "Placement",
+    "check_memory",
+    "expert_parallel",
+    "identity_mapping",
+    "import_reference_layers",
+    "node_weight_bytes",
+    "random_mapping",
+    "tensor_parallel",
+]
+
+PLACEMENT_FORMAT = "hdamoe-placement"
+PLACEMENT_FORMAT_VERSION = 1
+_ROW_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placement of every MoE layer's routed experts on the D logical clusters.
+
+    Attributes:
+        P: float64 [L, E, D], shares; every row ``P[l, i, :]`` sums to 1.
+        pi: int64 [L, D], ``pi[l, c]`` = endpoint of logical cluster ``c`` (a permutation).
+        method: Name of the method that produced it (``"tp"``, ``"ep"``, ...).
+        meta: JSON-serialisable metadata (seeds, solver records, profile, trace id, ...).
+    """
+
+    P: NDArray[np.float64]
+    pi: NDArray[np.int64]
+    method: str = "custom"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        P = np.ascontiguousarray(np.asarray(self.P, dtype=np.float64))
+        pi = np.ascontiguousarray(np.asarray(self.pi, dtype=np.int64))
+        object.__setattr__(self, "P", P)
+        object.__setattr__(self, "pi", pi)
+        self.validate()
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def num_layers(self) -> int:
+        """Number of MoE layers L."""
+        return int(self.P.shape[0])
+
+    @property
+    def num_experts(self) -> int:
+        """Number of routed experts E."""
+        return int(self.P.shape[1])
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of logical clusters D."""
+        return int(self.P.shape[2])
+
+    def support(self, layer: int) -> NDArray[np.bool_]:
+        """Return the bool [E, D] mask ``P[layer] > 0`` (which clusters hold a shard)."""
+        return self.P[layer] > 0
+
+    def validate(self, model: ModelSpec | None = None, hw: HardwareSpec | None = None) -> None:
+        """Check shapes, shares and mappings (and, if given, agreement with model and hardware).
+
+        Raises:
+            ConfigError: Wrong shape, negative or non-finite shares, rows not summing to 1,
+                a mapping that is not a permutation, or a mismatch with ``model``/``hw``.
+        """
+        P, pi = self.P, self.pi
+        if P.ndim != 3:
+            raise ConfigError(f"placement P must have shape [L, E, D], got shape {P.shape}")
+        L, E, D = P.shape
+        if pi.shape != (L, D):
+            raise ConfigError(f"placement pi must have shape [L, D] = {(L, D)}, got {pi.shape}")
+        if not np.all(np.isfinite(P)) or (P < 0).any():
+            bad = np.argwhere(~np.isfinite(P) | (P < 0))[0]
+            raise ConfigError(f"placement share P{tuple(int(v) for v in bad)} = "
+                              f"{P[tuple(bad)]!r}; shares must be finite and >= 0")
+        sums = P.sum(axis=2)
+        off = np.abs(sums - 1.0) > _ROW_TOL
+        if off.any():
+            layer, expert = (int(v) for v in np.argwhere(off)[0])
+            raise ConfigError(f"placement row P[{layer}, {expert}, :] sums to "
+                              f"{sums[layer, expert]:.6g}; every expert's shares must sum to 1 "
+                              "(normalise the rows)")
+        expected = np.arange(D)
+        for layer in range(L):
+            if not np.array_equal(np.sort(pi[layer]), expected):
+                raise ConfigError(f"placement mapping pi[{layer}] = {pi[layer].tolist()} is not a "
+                                  f"permutation of 0..{D - 1}")
+        if model is not None:
+            if (L, E) != (model.num_moe_layers, model.num_experts):
+                raise ConfigError(f"placement has L={L}, E={E} but model {model.key!r} has "
+                                  f"L={model.num_moe_layers}, E={model.num_experts}; build the "
+                                  "placement for this model")
+        if hw is not None and D != hw.num_nodes:
+            raise ConfigError(f"placement has D={D} clusters but the hardware has "
+                              f"{hw.num_nodes} nodes (mesh {hw.mesh_shape}); build the placement "
+                              "for this mesh")
+
+    def with_layers(self, P: NDArray[np.float64] | None = None,
+                    pi: NDArray[np.int64] | None = None, method: str | None = None,
+                    **meta: Any) -> Placement:
+        """Return a copy with replaced arrays, method or extra metadata."""
+        return Placement(P=self.P if P is None else P, pi=self.pi if pi is None else pi,
+                         method=self.method if method is None else method,
+                         meta={**self.meta, **meta})
+
+    # ----------------------------------------------------------------------------- storage
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the placement atomically as ``.npz`` (arrays ``P``, ``pi``, JSON ``meta``).
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"format": PLACEMENT_FORMAT, "format_version": PLACEMENT_FORMAT_VERSION,
+                "method": self.method, **self.meta}
+        meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True, default=_json_default)
+                                   .encode(), dtype=np.uint8)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.close(fd)
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez_compressed(fh, P=self.P, pi=self.pi, meta=meta_bytes)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Placement:
+        """Read a placement written by :meth:`save`.
+
+        Raises:
+            ConfigError: The file is missing, not a placement, or of a newer format version.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"placement file {str(path)!r} does not exist")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                P, pi, meta_raw = data["P"], data["pi"], data["meta"]
+        except (KeyError, ValueError, OSError) as exc:
+            raise ConfigError(f"{str(path)!r} is not a placement file (.npz with P, pi, meta): "
+                              f"{exc}") from None
+        meta = json.loads(bytes(meta_raw).decode())
+        if meta.get("format") != PLACEMENT_FORMAT:
+            raise ConfigError(f"{str(path)!r}: meta.format={meta.get('format')!r}, expected "
+                              f"{PLACEMENT_FORMAT!r}")
+        if meta.get("format_version", 0) > PLACEMENT_FORMAT_VERSION:
+            raise ConfigError(f"{str(path)!r}: format_version {meta['format_version']} is newer "
+                              f"than this reader ({PLACEMENT_FORMAT_VERSION}); upgrade hdamoe-env")
+        method = meta.pop("method", "custom")
+        meta.pop("format", None)
+        meta.pop("format_version", None)
+        return cls(P=P, pi=pi, method=method, meta=meta)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+# --------------------------------------------------------------------------------- constructors
+def identity_mapping(num_layers: int, num_nodes: int) -> NDArray[np.int64]:
+    """Return ``pi`` [L, D] with cluster c on endpoint c in every layer."""
+    return np.tile(np.arange(num_nodes, dtype=np.int64), (num_layers, 1))
+
+
+def random_mapping(num_layers: int, num_nodes: int, rng: np.random.Generator
+                   ) -> NDArray[np.int64]:
+    """Return ``pi`` [L, D] with an independent uniformly random permutation per layer."""
+    return np.stack([rng.permutation(num_nodes) for _ in range(num_layers)]).astype(np.int64)
+
+
+def tensor_parallel(num_layers: int, num_experts: int, num_nodes: int) -> Placement:
+    """TP placement (§9.1): every expert split evenly over all D clusters, identity mapping."""
+    P = np.full((num_layers, num_experts, num_nodes), 1.0 / num_nodes)
+    return Placement(P=P, pi=identity_mapping(num_layers, num_nodes), method="tp")
+
+
+def expert_parallel(num_layers: int, num_experts: int, num_nodes: int,
+                    rng: np.random.Generator) -> Placement:
+    """EP placement (§9.2), seeded.
+
+    D ≥ E: shuffle the clusters, give expert i a contiguous slice of ⌊D/E⌋ clusters (the first
+    D mod E experts one more), P = 1/slice size. D < E: shuffle the experts, cluster c receives
+    ⌊E/D⌋ whole experts (the first E mod D clusters one more). The same P is used for all
+    layers; the physical mapping is a uniformly random permutation drawn per layer.
+    """
+    P1 = np.zeros((num_experts, num_nodes))
+    if num_nodes >= num_experts:
+        clusters = rng.permutation(num_nodes)
+        base, extra = divmod(num_nodes, num_experts)
+        start = 0
+        for expert in range(num_experts):
+            size = base + (1 if expert < extra else 0)
+            P1[expert, clusters[start:start + size]] = 1.0 / size
+            start += size
+    else:
+        experts = rng.permutation(num_experts)
+        base, extra = divmod(num_experts, num_nodes)
+        start = 0
+        for node in range(num_nodes):
+            size = base + (1 if node < extra else 0)
+            P1[experts[start:start + size], node] = 1.0
+            start += size
+    P = np.broadcast_to(P1, (num_layers, num_experts, num_nodes)).copy()
+    return Placement(P=P, pi=random_mapping(num_layers, num_nodes, rng), method="ep")
+
+
+# --------------------------------------------------------------------------------- memory
+def node_weight_bytes(placement: Placement, model: ModelSpec, conv: Conventions
+                      ) -> NDArray[np.float64]:
+    """Return the routed-expert weight bytes held by every logical cluster, summed over layers.
+
+    Returns:
+        float64 [D]: Σ_l Σ_i P[l, i, c] · W_e with W_e = m·h·I·b_w of the profile.
+    """
+    w_e = conv.expert_matrices * model.hidden_size * model.expert_intermediate * conv.b_w
+    return placement.P.sum(axis=(0, 1)) * w_e
+
+
+def check_memory(placement: Placement, model: ModelSpec, hw: HardwareSpec, conv: Conventions,
+                 *, rho_mem: float | None = None, reserved_bytes: float = 0.0) -> None:
+    """Check the memory-capacity constraints of §7.3 (10).
+
+    Args:
+        placement: The placement to check.
+        model: Model whose experts are placed.
+        hw: Hardware (``node_dram_gib`` gives the absolute cap when set).
+        conv: Convention profile (bytes per expert).
+        rho_mem: Relative cap: per layer Σ_i P_ic ≤ ρ_mem·E/D on every node (None = off).
+        reserved_bytes: Bytes per node taken by non-expert data (attention weights, KV cache).
+
+    Raises:
+        InfeasibleError: A node exceeds a cap; the message names the node and the numbers.
+    """
+    D = placement.num_nodes
+    if rho_mem is not None:
+        per_layer = placement.P.sum(axis=1)                      # [L, D] experts per node
+        cap = rho_mem * placement.num_experts / D
+        if (per_layer > cap + 1e-9).any():
+            layer, node = (int(v) for v in np.argwhere(per_layer > cap + 1e-9)[0])
+            raise InfeasibleError(f"layer {layer}: node {node} holds {per_layer[layer, node]:.3f}"
+                                  f" experts but rho_mem={rho_mem} allows {cap:.3f} "
+                                  f"(= rho_mem·E/D); raise rho_mem (>= 1 is always feasible)")
+    cap_bytes = hw.node_dram_bytes
+    if cap_bytes is not None:
+        need = node_weight_bytes(placement, model, conv) + reserved_bytes
+        if (need > cap_bytes).any():
+            node = int(np.argmax(need))
+            raise InfeasibleError(f"placement needs {need[node] / 2**30:.2f} GiB on node {node} "
+                                  f"but node_dram_gib={hw.node_dram_gib}; raise node_dram_gib or "
+                                  "use a placement that spreads experts more evenly")
+
+
+# --------------------------------------------------------------------------------- importer
+def import_reference_layers(layer_arrays: list[NDArray[np.float64]],
+                            mappings: list[NDArray[np.float64]] | None = None,
+                            method: str = "reference") -> Placement:
+    """Build a placement from the reference's per-layer layout (§7.7).
+
+    The reference wrote one array per layer, each of shape [L, E, D] with only slice ``l`` filled,
+    plus a one-hot mapping of shape [D, X, Y] per layer (cluster d at cell (x, y)).
+
+    Args:
+        layer_arrays: L arrays of shape [L, E, D]; slice ``l`` of array ``l`` is used.
+        mappings: Optional L arrays of shape [D, X, Y] (one-hot); identity when None.
+        method: Method name to record.
+
+    Raises:
+        ConfigError: Shapes disagree or a mapping is not one-hot.
+    """
+    L = len(layer_arrays)
+    if L == 0:
+        raise ConfigError("import_reference_layers needs at least one layer array")
+    first = np.asarray(layer_arrays[0])
+    if first.ndim != 3 or first.shape[0] != L:
+        raise ConfigError(f"reference layer arrays must have shape [L={L}, E, D], got "
+                          f"{first.shape}")
+    P = np.stack([np.asarray(a, dtype=np.float64)[layer] for layer, a in enumerate(layer_arrays)])
+    D = P.shape[2]
+    if mappings is None:
+        pi = identity_mapping(L, D)
+    else:
+        pi = np.empty((L, D), dtype=np.int64)
+        for layer, onehot in enumerate(mappings):
+            onehot = np.asarray(onehot)
+            if onehot.shape[0] != D or onehot.reshape(D, -1).shape[1] != D:
+                raise ConfigError(f"reference mapping of layer {layer} has shape {onehot.shape}; "
+                                  f"expected [D={D}, X, Y] with X·Y = D")
+            flat = onehot.reshape(D, -1)
+            if not np.array_equal(flat.sum(axis=1), np.ones(D)) or not np.all(
+                    np.isin(flat, (0, 1))):
+                raise ConfigError(f"reference mapping of layer {layer} is not one-hot per cluster")
+            pi[layer] = flat.argmax(axis=1)
+    return Placement(P=P, pi=pi, method=method, meta={"imported_from": "reference per-layer"})

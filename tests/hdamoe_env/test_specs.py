@@ -1,0 +1,101 @@
+"""Specs and profiles: presets (paper-model.md §2–4), validation, round trips, derived names."""
+
+import dataclasses
+
+import pytest
+
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.profiles import PROFILES, Conventions, get_profile
+from hdamoe_env.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
+                              TopologySpec, get_model, hardware_from_setting, parse_mesh,
+                              parse_setting)
+
+
+def test_model_presets_match_spec_table():  # §2.1
+    ds = get_model("deepseek-v2-lite")
+    assert (ds.num_moe_layers, ds.num_experts, ds.top_k, ds.hidden_size,
+            ds.expert_intermediate, ds.shared_intermediate) == (26, 64, 6, 2048, 1408, 2816)
+    assert ds.layer_key(0) == "1" and ds.num_dense_layers == 1
+    mx = get_model("mixtral-8x7b")
+    assert (mx.num_experts, mx.top_k, mx.hidden_size, mx.expert_intermediate) == (8, 2, 4096,
+                                                                                  14336)
+    assert mx.hybrid_regions == 2
+    q2 = get_model("qwen2-57b-a14b")
+    assert (q2.num_moe_layers, q2.top_k, q2.expert_intermediate, q2.shared_intermediate) == (
+        28, 8, 2560, 20480)
+    q35 = get_model("qwen3.5-35b-a3b")
+    assert q35.num_experts == 256 and sum(q35.is_full_attention(l) for l in range(40)) == 10
+    assert get_model("deepseek") is ds  # alias
+
+
+def test_derived_sizes_bf16():  # §2.2: bytes per routed expert, 3·h·I·2
+    expected = {"mixtral-8x7b": 352.3e6, "deepseek-v2-lite": 17.30e6, "qwen2-57b-a14b": 55.05e6,
+                "qwen3.5-35b-a3b": 6.29e6}
+    for key, value in expected.items():
+        m = MODEL_PRESETS[key]
+        assert abs(3 * m.hidden_size * m.expert_intermediate * 2 - value) / value < 2e-3
+
+
+def test_unknown_model_suggests_near_miss():
+    with pytest.raises(ConfigError, match="did you mean 'deepseek-v2-lite'"):
+        get_model("deepseek-v2-lit")
+
+
+def test_hardware_presets_and_parsing():
+    assert set(HARDWARE_PRESETS) == {"2.5/75", "5/50", "10/25"}
+    hw = hardware_from_setting("2.5/75", "8x8")
+    assert hw.mesh_shape == (8, 8) and hw.num_nodes == 64 and hw.compute_flops == 2.5e12
+    assert hw.link_bw_Bps == 75e9 and hw.mem_bw_Bps == 625e9 and hw.setting == "2.5/75"
+    assert parse_mesh("4x8") == (4, 8) and parse_setting("10/25") == (10.0, 25.0)
+    with pytest.raises(ConfigError, match="XxY"):
+        parse_mesh("4by8")
+    with pytest.raises(ConfigError, match="TFLOPS/GBps"):
+        parse_setting("fast")
+    with pytest.raises(ConfigError, match="mesh_shape"):
+        HardwareSpec(mesh_shape=(0, 4))
+    with pytest.raises(ConfigError, match="link_bw_gbps"):
+        HardwareSpec(link_bw_gbps=-1)
+
+
+def test_round_trips():
+    hw = HardwareSpec(mesh_shape=(4, 4), node_dram_gib=8.0, hop_latency_ns=2.0)
+    assert HardwareSpec.from_dict(hw.to_dict()) == hw
+    m = MODEL_PRESETS["qwen3.5-35b-a3b"]
+    assert ModelSpec.from_dict(m.to_dict()) == m
+    t = TopologySpec(kind="fattree", oversubscription=2.0)
+    assert TopologySpec.from_dict(t.to_dict()) == t
+    for conv in PROFILES.values():
+        assert Conventions.from_dict(conv.to_dict()) == conv
+
+
+def test_topology_spec_rejects_unknown_kind():
+    with pytest.raises(ConfigError, match="did you mean 'torus'"):
+        TopologySpec(kind="torrus")
+
+
+def test_profiles_knobs():  # §4.1
+    f, p, hd = PROFILES["faithful"], PROFILES["paper"], PROFILES["paper-hd"]
+    assert (f.expert_matrices, f.b_msg, f.kappa_a, f.moe_comm) == (3, 2, 2.0, "dispatch+combine")
+    assert (p.expert_matrices, p.b_msg, p.kappa_a, p.moe_comm) == (1, 1, 4.0, "2xcombine")
+    assert (p.tp_const, hd.tp_const) == (16.0, 8.0)
+    assert (p.nonmoe, p.nonmoe_ctx_len, hd.nonmoe, hd.nonmoe_ctx_len) == ("journal", 64,
+                                                                          "generic", 1024)
+    assert p.is_paper and hd.is_paper and not f.is_paper
+
+
+def test_derived_profile_records_overrides():
+    conv = get_profile("faithful", b_msg=1)
+    assert conv.name == "faithful+b_msg=1" and conv.b_msg == 1
+    assert get_profile("faithful", b_msg=2) is PROFILES["faithful"]
+    with pytest.raises(ConfigError, match="did you mean 'b_msg'"):
+        get_profile("faithful", b_mgs=1)
+    with pytest.raises(ConfigError, match="aggregator"):
+        get_profile("faithful", aggregator="nearest")
+    with pytest.raises(ConfigError, match="unknown convention profile"):
+        get_profile("papr")
+    assert conv.to_dict()["knobs_sha256"] != PROFILES["faithful"].to_dict()["knobs_sha256"]
+
+
+def test_specs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        HardwareSpec().compute_tflops = 1.0  # type: ignore[misc]
