@@ -292,7 +292,7 @@ def hardware_from_setting(setting: str = "5/50", mesh: str | tuple[int, int] = (
         The hardware spec.
     """
     tflops, gbps = parse_setting(setting)
-    shape = parse_mesh(mesh) if isinstance(mesh, str) else tuple(mesh)
+    shape = parse_mesh(mesh) if isinstance(mesh, str) else (int(mesh[0]), int(mesh[1]))
     return HardwareSpec(mesh_shape=shape, compute_tflops=tflops, link_bw_gbps=gbps, **overrides)
 
 

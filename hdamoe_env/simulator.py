@@ -1,0 +1,504 @@
+"""MoE decode-step simulator: composes the closed forms of ``perf`` with the NoC DES of ``linksim``.
+
+Implements paper-model.md §5.1 (serial composition TBT = Σ_l [t_nm(l) + t_comp(l) +
+t_comm_moe(l)]), §5.4 (communication by placement type), §5.7 (static and sampled evaluators) and
+§5.8 (outputs). The simulator knows nothing of RL (style.md R1): it takes a placement, routing and
+optional per-layer decisions (broadcast experts, dispatch nodes) and returns frozen results.
+
+Fidelity: ``"des"`` (default) simulates the MoE messages on every directed link; ``"analytic"``
+uses the γ-calibrated estimator of Eq. 2–3 instead (γ per layer from ``calibrate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hdamoe_env import linksim, perf
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.placement import Placement
+from hdamoe_env.profiles import Conventions, get_profile
+from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model
+from hdamoe_env.topology import Topology, make_topology
+from traces import RoutingTrace, batching
+
+__all__ = [
+    "FIDELITIES",
+    "Evaluation",
+    "LayerResult",
+    "MoESimulator",
+    "StepResult",
+    "check_trace",
+    "evaluate_sampled",
+    "evaluate_static",
+    "is_tensor_parallel",
+    "make_steps",
+]
+
+FIDELITIES = ("des", "analytic")
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    """Latency of one MoE layer of one decode step (all times in seconds).
+
+    Attributes:
+        layer: MoE layer index.
+        t_nm_s: Non-MoE part (attention, shared experts), roofline or serial sum per profile.
+        t_nm_compute_s: Its compute part (the rest of ``t_nm_s`` is exposed memory time).
+        t_comp_s: Expert phase, max over nodes (roofline with weight streaming in ``faithful``).
+        t_comp_compute_s: Max over nodes of the expert FLOP time alone.
+        t_dispatch_s: Dispatch makespan (0 in ``paper*`` profiles, which double the combine).
+        t_combine_s: Combine makespan.
+        t_comm_moe_s: MoE communication charged to the layer.
+        t_extra_s: Other charged time (e.g. broadcast time exceeding its budget).
+        node_compute_s: float64 [D] expert FLOP time per logical cluster.
+        node_stream_s: float64 [D] expert weight-streaming time per logical cluster.
+        link_busy_s: float64 [num_links] busy time per directed link (all phases), or None.
+        mode: ``"tp"``, ``"des"`` or ``"analytic"``.
+    """
+
+    layer: int
+    t_nm_s: float
+    t_nm_compute_s: float
+    t_comp_s: float
+    t_comp_compute_s: float
+    t_dispatch_s: float
+    t_combine_s: float
+    t_comm_moe_s: float
+    t_extra_s: float
+    node_compute_s: NDArray[np.float64]
+    node_stream_s: NDArray[np.float64]
+    link_busy_s: NDArray[np.float64] | None
+    mode: str
+
+    @property
+    def total_s(self) -> float:
+        """Layer latency t_nm + t_comp + t_comm_moe + extra."""
+        return self.t_nm_s + self.t_comp_s + self.t_comm_moe_s + self.t_extra_s
+
+    @property
+    def compute_s(self) -> float:
+        """Compute share of the breakdown (non-MoE compute + expert FLOP time)."""
+        return self.t_nm_compute_s + self.t_comp_compute_s
+
+    @property
+    def memory_s(self) -> float:
+        """Exposed memory time (the part of the rooflines not hidden behind compute)."""
+        return (self.t_nm_s - self.t_nm_compute_s) + (self.t_comp_s - self.t_comp_compute_s)
+
+    @property
+    def balancedness(self) -> float:
+        """Mean node expert load ÷ max node expert load (1 = perfectly balanced)."""
+        peak = float(self.node_compute_s.max())
+        return 1.0 if peak <= 0 else float(self.node_compute_s.mean()) / peak
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One decode step through all MoE layers.
+
+    Attributes:
+        layers: One ``LayerResult`` per MoE layer.
+        dense_s: Time of dense leading layers (DeepSeek layer 0 in ``faithful``), 0 otherwise.
+        meta: Profile, evaluator, placement method and seeds that produced the numbers.
+    """
+
+    layers: tuple[LayerResult, ...]
+    dense_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tbt_s(self) -> float:
+        """Time between tokens: Σ_l layer latency + dense layers."""
+        return self.dense_s + sum(r.total_s for r in self.layers)
+
+    def breakdown(self) -> dict[str, float]:
+        """Return Σ compute, Σ communication and Σ exposed memory time in seconds."""
+        return {
+            "compute_s": sum(r.compute_s for r in self.layers) + self.dense_s,
+            "communication_s": sum(r.t_comm_moe_s for r in self.layers),
+            "memory_s": sum(r.memory_s for r in self.layers),
+            "other_s": sum(r.t_extra_s for r in self.layers),
+        }
+
+
+def is_tensor_parallel(P_layer: NDArray[np.float64]) -> bool:
+    """Return whether a layer's shares are exactly TP (every P_ic = 1/D)."""
+    return bool(np.allclose(P_layer, 1.0 / P_layer.shape[1], rtol=0, atol=1e-12))
+
+
+class MoESimulator:
+    """Latency model of MoE decode steps on a 3D-NMP chip.
+
+    Args:
+        model: Model preset id or spec.
+        hw: Hardware spec (mesh shape, compute, link and DRAM bandwidth, hop latency).
+        topology: Topology kind or spec (``"mesh"``, ``"torus"``, ``"fattree"``).
+        conventions: Profile name or ``Conventions`` (``"faithful"`` default).
+    """
+
+    def __init__(self, model: str | ModelSpec, hw: HardwareSpec | None = None,
+                 topology: str | TopologySpec = "mesh",
+                 conventions: str | Conventions = "faithful") -> None:
+        self.model = get_model(model)
+        self.hw = hw if hw is not None else HardwareSpec()
+        self.topology_spec = topology if isinstance(topology, TopologySpec) else TopologySpec(
+            kind=topology)
+        self.conv = get_profile(conventions)
+        self.topology: Topology = make_topology(self.topology_spec, self.hw)
+        self.num_nodes = self.hw.num_nodes
+        self.msg_bytes = float(self.model.hidden_size * self.conv.b_msg)
+        self._nm_cache: dict[tuple[int, int], perf.NonMoeTime] = {}
+
+    # --------------------------------------------------------------------------- metadata
+    def describe(self) -> dict[str, Any]:
+        """Return the configuration (model, hardware, topology, conventions) as a dict."""
+        return {"model": self.model.key, "hardware": self.hw.to_dict(),
+                "topology": self.topology_spec.to_dict(), "conventions": self.conv.to_dict()}
+
+    def check_placement(self, placement: Placement) -> None:
+        """Validate a placement against this model and hardware (raises ``ConfigError``)."""
+        placement.validate(self.model, self.hw)
+
+    # --------------------------------------------------------------------------- pieces
+    def nonmoe(self, batch: int, layer: int) -> perf.NonMoeTime:
+        """Return the non-MoE term of MoE layer ``layer`` at batch ``batch`` (cached)."""
+        key = (batch, layer if self.conv.nonmoe == "arch" else 0)
+        hit = self._nm_cache.get(key)
+        if hit is None:
+            hit = perf.nonmoe_time(self.model, self.hw, self.conv, batch, layer)
+            self._nm_cache[key] = hit
+        return hit
+
+    def dense_time(self, batch: int) -> float:
+        """Return the time of the dense leading layers per step (0 unless ``faithful``)."""
+        if not self.conv.dense_layers or self.model.num_dense_layers == 0:
+            return 0.0
+        return self.model.num_dense_layers * perf.dense_layer_time(
+            self.model, self.hw, self.conv, batch).total_s
+
+    def _comm_des(self, layer: int, token_sets: NDArray[np.int64], msg_bytes: NDArray[np.float64],
+                  support: NDArray[np.bool_], pi: NDArray[np.int64], rng: np.random.Generator,
+                  agg: NDArray[np.int64] | None, extra_holders: NDArray[np.int64] | None,
+                  ) -> tuple[float, float, float, NDArray[np.float64]]:
+        if agg is None:
+            agg = linksim.choose_aggregators(token_sets, support, self.conv.aggregator, rng)
+        both = self.conv.moe_comm == "dispatch+combine"
+        phases = ("dispatch", "combine") if both else ("combine",)
+        comm = linksim.simulate_layer_comm(
+            self.topology, token_sets, msg_bytes, support, pi, agg, phases=phases,
+            tie_break=self.conv.tie_break, hop_latency_s=self.hw.hop_latency_s, layer=layer,
+            extra_holders=extra_holders, chunks=self.conv.chunks)
+        t_combine = comm.combine_s
+        t_dispatch = comm.dispatch_s if both else 0.0
+        t_moe = t_dispatch + t_combine if both else 2.0 * t_combine
+        busy = comm.link_busy_total_s if both else 2.0 * comm.link_busy_total_s
+        return t_dispatch, t_combine, t_moe, busy
+
+    def _compute(self, P_layer: NDArray[np.float64], tokens: NDArray[np.float64],
+                 active: NDArray[np.float64], extra_compute_s: NDArray[np.float64] | None,
+                 extra_stream_s: NDArray[np.float64] | None,
+                 ) -> tuple[float, float, NDArray[np.float64], NDArray[np.float64]]:
+        compute, stream = perf.expert_compute_times(P_layer, tokens, self.model, self.hw,
+                                                    self.conv, active)
+        if extra_compute_s is not None:
+            compute = compute + extra_compute_s
+        if extra_stream_s is not None and self.conv.weight_streaming:
+            stream = stream + extra_stream_s
+        t_compute = float(compute.max())
+        t_comp = float(np.maximum(compute, stream).max()) if self.conv.weight_streaming \
+            else t_compute
+        return t_comp, t_compute, compute, stream
+
+    # --------------------------------------------------------------------------- layers
+    def layer_sampled(self, placement: Placement, layer: int, token_sets: NDArray[np.int64], *,
+                      rng: np.random.Generator, fidelity: str = "des",
+                      gamma: float | None = None, P_layer: NDArray[np.float64] | None = None,
+                      agg: NDArray[np.int64] | None = None,
+                      extra_holders: NDArray[np.int64] | None = None,
+                      extra_compute_s: NDArray[np.float64] | None = None,
+                      extra_stream_s: NDArray[np.float64] | None = None,
+                      extra_s: float = 0.0) -> LayerResult:
+        """Simulate one MoE layer of one concrete decode step (per-token task set, §5.7).
+
+        Args:
+            placement: Placement (``P[layer]`` and ``pi[layer]`` are used).
+            layer: MoE layer index.
+            token_sets: int [B, k] expert ids of the step's tokens (batch order).
+            rng: Generator for aggregator draws.
+            fidelity: ``"des"`` or ``"analytic"`` (needs ``gamma``).
+            gamma: Calibration slope γ of this layer for the analytic twin.
+            P_layer: Override of ``P[layer]`` (e.g. broadcast rows zeroed), float [E, D].
+            agg: Aggregator cluster per token, int [B] (drawn with ``rng`` when None).
+            extra_holders: int [B, x] further source clusters per token (-1 = none).
+            extra_compute_s: float [D] extra expert FLOP time per cluster (dispatch of replicas).
+            extra_stream_s: float [D] extra weight-streaming time per cluster.
+            extra_s: Other time charged to the layer.
+
+        Returns:
+            The layer's latency and per-node / per-link details.
+        """
+        token_sets = np.asarray(token_sets, dtype=np.int64)
+        if token_sets.ndim != 2 or token_sets.shape[1] != self.model.top_k:
+            raise ConfigError(f"token_sets must have shape [B, k={self.model.top_k}], got "
+                              f"{token_sets.shape}")
+        batch = token_sets.shape[0]
+        P = placement.P[layer] if P_layer is None else P_layer
+        E = self.model.num_experts
+        counts = np.bincount(token_sets.ravel(), minlength=E).astype(np.float64)[:E]
+        if extra_compute_s is None and P_layer is not None:
+            # Rows zeroed by a caller without compensating work would silently drop FLOPs.
+            missing = counts[P.sum(axis=1) <= 0].sum()
+            if missing > 0:
+                raise ConfigError("P_layer has experts without holders that tokens use; pass "
+                                  "their work via extra_compute_s")
+        active = (counts > 0).astype(np.float64)
+        t_comp, t_compute, compute, stream = self._compute(P, counts, active, extra_compute_s,
+                                                           extra_stream_s)
+        nm = self.nonmoe(batch, layer)
+        if P_layer is None and is_tensor_parallel(P):
+            t_tp = perf.tp_allreduce_time(self.model, self.hw, self.conv, batch,
+                                          self.topology.bw_end_Bps)
+            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
+                               t_tp, extra_s, compute, stream, None, "tp")
+        support = P > 0
+        if fidelity == "des":
+            msg = np.full(batch, self.msg_bytes)
+            t_d, t_c, t_moe, busy = self._comm_des(layer, token_sets, msg, support,
+                                                   placement.pi[layer], rng, agg, extra_holders)
+            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c,
+                               t_moe, extra_s, compute, stream, busy, "des")
+        if fidelity == "analytic":
+            if gamma is None:
+                raise ConfigError("fidelity='analytic' needs gamma (fit it with "
+                                  "hdamoe_env.calibrate.fit_gamma)")
+            x, _ = perf.analytic_comm_sampled(support, token_sets, self.model.hidden_size,
+                                              self.conv.kappa_a, self.topology.bw_end_Bps)
+            t_moe = gamma * x * (2.0 if self.conv.gamma_combine_only else 1.0)
+            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
+                               t_moe, extra_s, compute, stream, None, "analytic")
+        raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
+
+    def layer_static(self, placement: Placement, layer: int, freqs: NDArray[np.float64],
+                     groups: NDArray[np.int64], group_freqs: NDArray[np.float64], batch: int, *,
+                     rng: np.random.Generator, agg: NDArray[np.int64] | None = None,
+                     P_layer: NDArray[np.float64] | None = None) -> LayerResult:
+        """Evaluate one MoE layer with expected loads (static evaluator, §5.7).
+
+        Args:
+            placement: Placement.
+            layer: MoE layer index.
+            freqs: float [E] activation frequency f_i (Σ = k).
+            groups: int [G, k] distinct sorted expert sets of the layer.
+            group_freqs: float [G] their frequencies f_g (Σ = 1).
+            batch: Batch size B.
+            rng: Generator for aggregator draws.
+            agg: Aggregator cluster per group (drawn when None).
+            P_layer: Override of ``P[layer]``.
+        """
+        P = placement.P[layer] if P_layer is None else P_layer
+        freqs = np.asarray(freqs, dtype=np.float64)
+        tokens = freqs * batch
+        active = perf.expected_active(freqs, batch)
+        t_comp, t_compute, compute, stream = self._compute(P, tokens, active, None, None)
+        nm = self.nonmoe(batch, layer)
+        if is_tensor_parallel(P):
+            t_tp = perf.tp_allreduce_time(self.model, self.hw, self.conv, batch,
+                                          self.topology.bw_end_Bps)
+            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
+                               t_tp, 0.0, compute, stream, None, "tp")
+        groups = np.asarray(groups, dtype=np.int64)
+        msg = np.asarray(group_freqs, dtype=np.float64) * batch * self.msg_bytes
+        t_d, t_c, t_moe, busy = self._comm_des(layer, groups, msg, P > 0, placement.pi[layer],
+                                               rng, agg, None)
+        return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c, t_moe,
+                           0.0, compute, stream, busy, "des")
+
+    # --------------------------------------------------------------------------- steps
+    def step(self, placement: Placement, step_sets: NDArray[np.int64], *,
+             rng: np.random.Generator, fidelity: str = "des",
+             gammas: Sequence[float] | None = None) -> StepResult:
+        """Simulate one decode step through every MoE layer (no online decisions).
+
+        Args:
+            placement: Placement of all layers.
+            step_sets: int [L, B, k] expert sets of the step's tokens per layer.
+            rng: Generator for aggregator draws.
+            fidelity: ``"des"`` or ``"analytic"``.
+            gammas: γ per layer for the analytic twin.
+        """
+        step_sets = np.asarray(step_sets)
+        if step_sets.shape[0] != self.model.num_moe_layers:
+            raise ConfigError(f"step_sets has {step_sets.shape[0]} layers, model "
+                              f"{self.model.key!r} has {self.model.num_moe_layers}")
+        layers = tuple(
+            self.layer_sampled(placement, layer, step_sets[layer], rng=rng, fidelity=fidelity,
+                               gamma=None if gammas is None else float(gammas[layer]))
+            for layer in range(self.model.num_moe_layers))
+        return StepResult(layers, self.dense_time(step_sets.shape[1]),
+                          {"evaluator": "sampled", "fidelity": fidelity,
+                           "placement": placement.method})
+
+    def static(self, placement: Placement, layer_stats: Iterable[tuple[NDArray[np.float64],
+               NDArray[np.int64], NDArray[np.float64]]], batch: int, *,
+               rng: np.random.Generator) -> StepResult:
+        """Evaluate a whole step with the static evaluator.
+
+        Args:
+            placement: Placement of all layers.
+            layer_stats: Per layer ``(f_i [E], groups [G, k], f_g [G])``.
+            batch: Batch size B.
+            rng: Generator for aggregator draws.
+        """
+        layers = tuple(self.layer_static(placement, layer, f, g, fg, batch, rng=rng)
+                       for layer, (f, g, fg) in enumerate(layer_stats))
+        if len(layers) != self.model.num_moe_layers:
+            raise ConfigError(f"layer_stats gives {len(layers)} layers, model has "
+                              f"{self.model.num_moe_layers}")
+        return StepResult(layers, self.dense_time(batch),
+                          {"evaluator": "static", "fidelity": "des",
+                           "placement": placement.method})
+
+
+# ------------------------------------------------------------------------------- trace evaluation
+@dataclass(frozen=True)
+class Evaluation:
+    """Mean latency of a placement over the steps of a trace.
+
+    Attributes:
+        method: Placement method name.
+        evaluator: ``"static"`` or ``"sampled"``.
+        tbt_s: Mean TBT over steps.
+        tbt_std_s: Standard deviation of TBT over steps (0 for static).
+        layer_means: Per layer the mean of every ``LayerResult`` time field (seconds).
+        breakdown: Mean compute / communication / memory / other seconds per step.
+        steps: Number of steps evaluated.
+        link_busy_s: float [num_links] mean busy time per directed link per step (all layers).
+        meta: Seeds, profile, trace id.
+    """
+
+    method: str
+    evaluator: str
+    tbt_s: float
+    tbt_std_s: float
+    layer_means: dict[str, NDArray[np.float64]]
+    breakdown: dict[str, float]
+    steps: int
+    link_busy_s: NDArray[np.float64]
+    meta: dict[str, Any]
+
+
+_LAYER_FIELDS = ("t_nm_s", "t_comp_s", "t_dispatch_s", "t_combine_s", "t_comm_moe_s",
+                 "t_extra_s", "total_s", "compute_s", "memory_s", "balancedness")
+
+
+def _summarise(method: str, evaluator: str, results: list[StepResult], num_links: int,
+               meta: dict[str, Any]) -> Evaluation:
+    tbts = np.array([r.tbt_s for r in results])
+    layer_means = {name: np.array([[getattr(lr, name) for lr in r.layers] for r in results])
+                   .mean(axis=0) for name in _LAYER_FIELDS}
+    keys = results[0].breakdown().keys()
+    breakdown = {k: float(np.mean([r.breakdown()[k] for r in results])) for k in keys}
+    busy = np.zeros(num_links)
+    for r in results:
+        for lr in r.layers:
+            if lr.link_busy_s is not None:
+                busy += lr.link_busy_s
+    return Evaluation(method, evaluator, float(tbts.mean()), float(tbts.std()), layer_means,
+                      breakdown, len(results), busy / len(results), meta)
+
+
+def check_trace(sim: MoESimulator, trace: RoutingTrace) -> None:
+    """Check that a trace fits the simulator's model (L, E, k).
+
+    Raises:
+        ConfigError: The trace was recorded for another model shape.
+    """
+    model = sim.model
+    L, _, k = trace.topk_ids.shape
+    E = trace.num_experts
+    if (L, E, k) != (model.num_moe_layers, model.num_experts, model.top_k):
+        raise ConfigError(f"trace has L={L}, E={E}, k={k} but model {model.key!r} has "
+                          f"L={model.num_moe_layers}, E={model.num_experts}, k={model.top_k}; "
+                          "use a trace of this model (or --trace synthetic)")
+
+
+def evaluate_static(sim: MoESimulator, placement: Placement, trace: RoutingTrace, batch: int,
+                    *, seed: int = 0, view: str = "content") -> Evaluation:
+    """Evaluate a placement with the static evaluator on a trace's long-term statistics.
+
+    Args:
+        sim: Simulator.
+        placement: Placement of all layers.
+        trace: Routing trace of the simulator's model.
+        batch: Batch size B.
+        seed: Seed of the aggregator draws.
+        view: Trace view (``"content"``, ``"unique"``, ``"raw"``).
+    """
+    check_trace(sim, trace)
+    sim.check_placement(placement)
+    rows = trace.view(view)
+    stats = [(trace.layer_frequencies(layer, rows), *trace.groups(layer, rows))
+             for layer in range(sim.model.num_moe_layers)]
+    result = sim.static(placement, stats, batch, rng=np.random.default_rng(seed))
+    meta = {"seed": seed, "view": view, "trace_id": trace.trace_id, "batch": batch,
+            **sim.describe()}
+    return _summarise(placement.method, "static", [result], sim.topology.num_links, meta)
+
+
+def evaluate_sampled(sim: MoESimulator, placement: Placement, trace: RoutingTrace, batch: int,
+                     *, steps: int = 16, seed: int = 0, mode: str = "streams",
+                     view: str = "content", fidelity: str = "des",
+                     gammas: Sequence[float] | None = None,
+                     progress: Any = None) -> Evaluation:
+    """Evaluate a placement on concrete decode steps formed from a trace (traces.md §6).
+
+    Args:
+        sim: Simulator.
+        placement: Placement of all layers.
+        trace: Routing trace of the simulator's model.
+        batch: Batch size B.
+        steps: Number of decode steps.
+        seed: Run seed: spawns the batching stream and the aggregator stream.
+        mode: Batching mode (``"streams"`` or ``"random_rows"``).
+        view: Trace view.
+        fidelity: ``"des"`` or ``"analytic"``.
+        gammas: γ per layer (analytic fidelity).
+        progress: Optional callable wrapping the step iterator (e.g. ``tqdm``).
+    """
+    check_trace(sim, trace)
+    sim.check_placement(placement)
+    batch_ss, agg_ss = np.random.SeedSequence(seed).spawn(2)
+    step_rows = make_steps(trace, batch, steps, np.random.default_rng(batch_ss), mode=mode,
+                           view=view)
+    agg_rng = np.random.default_rng(agg_ss)
+    ids = trace.topk_ids
+    iterator = progress(step_rows) if progress is not None else step_rows
+    results = [sim.step(placement, ids[:, rows, :], rng=agg_rng, fidelity=fidelity,
+                        gammas=gammas) for rows in iterator]
+    meta = {"seed": seed, "view": view, "mode": mode, "trace_id": trace.trace_id,
+            "batch": batch, "fidelity": fidelity, **sim.describe()}
+    return _summarise(placement.method, "sampled", results, sim.topology.num_links, meta)
+
+
+def make_steps(trace: RoutingTrace, batch: int, steps: int, rng: np.random.Generator, *,
+               mode: str = "streams", view: str = "content") -> NDArray[np.int64]:
+    """Return int [steps, B] row indices of decode steps (traces.md §6).
+
+    Raises:
+        ConfigError: Unknown batching mode or a trace too small for the request.
+    """
+    if mode not in batching.BATCH_MODES or mode == "random_rows_per_layer":
+        raise ConfigError(f"unknown batching mode {mode!r}; expected one of "
+                          f"{sorted(set(batching.BATCH_MODES) - {'random_rows_per_layer'})}")
+    try:
+        it = batching.make_steps(mode, trace, batch, rng, n_steps=steps, view=view)
+        return batching.take(it, steps)
+    except ValueError as exc:
+        raise ConfigError(f"cannot form {steps} decode steps of B={batch} ({mode}): {exc}"
+                          ) from None

@@ -1,0 +1,669 @@
+"""Tests of hdamoe_env.perf: the check values of paper-model.md §14.1–14.8 and properties.
+
+Check values are stated in µs rounded to 0.01 (R_cc to 0.001, caps to 0.0001, budgets to 0.1,
+chunk sizes to 0.1 KB); ``close`` accepts |x − value| ≤ half a unit of the last digit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hdamoe_env import perf
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.profiles import PROFILES
+from hdamoe_env.specs import MODEL_PRESETS, ModelSpec, hardware_from_setting
+
+US = 1e6
+MODELS = {
+    "deepseek": MODEL_PRESETS["deepseek-v2-lite"],
+    "mixtral": MODEL_PRESETS["mixtral-8x7b"],
+    "qwen2": MODEL_PRESETS["qwen2-57b-a14b"],
+    "qwen35": MODEL_PRESETS["qwen3.5-35b-a3b"],
+}
+PAPER = PROFILES["paper"]
+PAPER_HD = PROFILES["paper-hd"]
+FAITHFUL = PROFILES["faithful"]
+SETTINGS = ("2.5/75", "5/50", "10/25")
+ALPHA = 100e-9
+
+
+def close(x: float, value: float, digits: int = 2) -> bool:
+    """Whether ``x`` rounds to ``value`` at ``digits`` decimals (tie-tolerant)."""
+    return abs(x - value) <= 0.5 * 10.0**-digits + 1e-9
+
+
+def tp_placement(model: ModelSpec, num_nodes: int) -> np.ndarray:
+    return np.full((model.num_experts, num_nodes), 1.0 / num_nodes)
+
+
+def uniform_f(model: ModelSpec) -> np.ndarray:
+    return np.full(model.num_experts, model.top_k / model.num_experts)
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.1 TP expert computation per layer
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_1 = {  # model: {mesh: (2.5, 5, 10 TFLOPS)}
+    "deepseek": {
+        "4x4": (110.73, 55.36, 27.68),
+        "4x8": (55.36, 27.68, 13.84),
+        "8x8": (27.68, 13.84, 6.92),
+    },
+    "mixtral": {
+        "4x4": (751.62, 375.81, 187.90),
+        "4x8": (375.81, 187.90, 93.95),
+        "8x8": (187.90, 93.95, 46.98),
+    },
+    "qwen2": {
+        "4x4": (469.76, 234.88, 117.44),
+        "4x8": (234.88, 117.44, 58.72),
+        "8x8": (117.44, 58.72, 29.36),
+    },
+    "qwen35": {
+        "4x4": (53.69, 26.84, 13.42),
+        "4x8": (26.84, 13.42, 6.71),
+        "8x8": (13.42, 6.71, 3.36),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_1))
+@pytest.mark.parametrize("mesh", ["4x4", "4x8", "8x8"])
+def test_14_1_tp_expert_compute_paper(name: str, mesh: str) -> None:
+    """§14.1: k·B·2·h·I/(D·C) via Eq. 1 on the TP placement (paper, m = 1)."""
+    model = MODELS[name]
+    for tflops, expected in zip((2.5, 5, 10), TABLE_14_1[name][mesh], strict=True):
+        hw = hardware_from_setting(f"{tflops}/50", mesh)
+        P = tp_placement(model, hw.num_nodes)
+        t = perf.t_comp_static(P, uniform_f(model), 128, model, hw, PAPER)
+        assert close(t * US, expected), (name, mesh, tflops, t * US)
+        assert math.isclose(t, perf.tp_expert_compute_time(model, hw, PAPER, 128), rel_tol=1e-12)
+
+
+def test_14_1_faithful_is_three_times_paper() -> None:
+    """§14.1: faithful (m = 3) is three times the paper values; DeepSeek 4×8 at 5 TFLOPS 83.05."""
+    hw = hardware_from_setting("5/50", "4x8")
+    for model in MODELS.values():
+        ratio = perf.tp_expert_compute_time(model, hw, FAITHFUL, 128) / perf.tp_expert_compute_time(
+            model, hw, PAPER, 128
+        )
+        assert math.isclose(ratio, 3.0, rel_tol=1e-12)
+    assert close(perf.tp_expert_compute_time(MODELS["deepseek"], hw, FAITHFUL, 128) * US, 83.05)
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.2 TP communication per layer
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_2 = {  # model: {GB/s: (4·Bh/BW, 8·Bh/BW, 16·Bh/BW)}
+    "deepseek": {75: (13.98, 27.96, 55.92), 50: (20.97, 41.94, 83.89), 25: (41.94, 83.89, 167.77)},
+    "qwen35": {75: (13.98, 27.96, 55.92), 50: (20.97, 41.94, 83.89), 25: (41.94, 83.89, 167.77)},
+    "mixtral": {
+        75: (27.96, 55.92, 111.85),
+        50: (41.94, 83.89, 167.77),
+        25: (83.89, 167.77, 335.54),
+    },
+    "qwen2": {75: (24.47, 48.93, 97.87), 50: (36.70, 73.40, 146.80), 25: (73.40, 146.80, 293.60)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_2))
+def test_14_2_tp_allreduce_constants(name: str) -> None:
+    """§14.2: 4·Bh/BW (analytic TP estimate), 8·Bh/BW (paper-hd), 16·Bh/BW (paper)."""
+    model = MODELS[name]
+    for gbps, (v4, v8, v16) in TABLE_14_2[name].items():
+        hw = hardware_from_setting(f"5/{gbps}", "4x8")
+        assert close(perf.tp_allreduce_time(model, hw, PAPER, 128) * US, v16)
+        assert close(perf.tp_allreduce_time(model, hw, PAPER_HD, 128) * US, v8)
+        assert close(perf.tp_allreduce_time(model, hw, PAPER.derive(tp_const=4.0), 128) * US, v4)
+        # Eq. 2 on TP: every cluster holds a shard of every expert, so V_c = B·h for every c.
+        groups = np.arange(model.top_k)[None, :]
+        t, volume = perf.analytic_comm_static(
+            tp_placement(model, 32),
+            groups,
+            np.ones(1),
+            128,
+            model.hidden_size,
+            PAPER.kappa_a,
+            hw.link_bw_Bps,
+        )
+        assert np.allclose(volume, 128 * model.hidden_size)
+        assert close(t * US, v4)
+
+
+def test_14_2_faithful_ring() -> None:
+    """§14.2: faithful ring, D = 32, b_psum = 2, no hop latency: 2·31/32·B·h·2/BW."""
+    expected = {
+        "deepseek": (13.54, 20.32, 40.63),
+        "qwen35": (13.54, 20.32, 40.63),
+        "mixtral": (27.09, 40.63, 81.26),
+        "qwen2": (23.70, 35.55, 71.11),
+    }
+    for name, values in expected.items():
+        for setting, value in zip(SETTINGS, values, strict=True):
+            hw = hardware_from_setting(setting, "4x8")
+            assert close(perf.tp_allreduce_time(MODELS[name], hw, FAITHFUL, 128) * US, value)
+
+
+def test_5_6_ring_hop_latency_and_bw_end() -> None:
+    """§5.6: the ring adds 2(D−1) hop latencies; bw_end_Bps overrides the link bandwidth."""
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8", hop_latency_ns=10.0)
+    base = perf.tp_allreduce_time(model, hardware_from_setting("5/50", "4x8"), FAITHFUL, 128)
+    assert math.isclose(
+        perf.tp_allreduce_time(model, hw, FAITHFUL, 128), base + 62 * 10e-9, rel_tol=1e-12
+    )
+    half = perf.tp_allreduce_time(
+        model, hardware_from_setting("5/50"), FAITHFUL, 128, bw_end_Bps=25e9
+    )
+    assert math.isclose(half, 2 * base, rel_tol=1e-12)
+    assert perf.tp_allreduce_time(model, hw, FAITHFUL, 128, num_nodes=1) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.3 Non-MoE term, paper (journal formulas, L_dec = 64), 4×8
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_3 = {  # model: ((t_attn, t_mem, t_nm) at 2.5, 5, 10 TFLOPS)
+    "deepseek": ((39.43, 19.71, 59.14), (19.71, 19.71, 39.43), (9.86, 19.71, 29.57)),
+    "mixtral": ((108.21, 53.91, 162.12), (54.11, 53.91, 108.02), (27.05, 53.91, 80.96)),
+    "qwen2": ((271.03, 68.00, 339.03), (135.52, 68.00, 203.51), (67.76, 68.00, 135.76)),
+    "qwen35": ((30.62, 29.53, 60.15), (15.31, 29.53, 44.84), (7.65, 29.53, 37.19)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_3))
+def test_14_3_journal_nonmoe(name: str) -> None:
+    """§14.3 (and §5.3.3 for Qwen3.5): t_attn + t_mem per layer, 4×8."""
+    model = MODELS[name]
+    for setting, (attn, mem, total) in zip(SETTINGS, TABLE_14_3[name], strict=True):
+        t = perf.nonmoe_time(model, hardware_from_setting(setting, "4x8"), PAPER, 128)
+        assert close(t.compute_s * US, attn), (setting, t)
+        assert close(t.memory_s * US, mem), (setting, t)
+        assert close(t.total_s * US, total), (setting, t)
+        assert t.comm_s == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_3))
+def test_14_3_scales_as_32_over_d(name: str) -> None:
+    """§14.3: both terms scale exactly as 32/D for other meshes."""
+    model = MODELS[name]
+    ref = perf.nonmoe_time(model, hardware_from_setting("5/50", "4x8"), PAPER, 128)
+    for mesh, nodes in (("4x4", 16), ("8x8", 64)):
+        t = perf.nonmoe_time(model, hardware_from_setting("5/50", mesh), PAPER, 128)
+        assert math.isclose(t.compute_s, ref.compute_s * 32 / nodes, rel_tol=1e-12)
+        assert math.isclose(t.memory_s, ref.memory_s * 32 / nodes, rel_tol=1e-12)
+
+
+def test_14_3_batch_dependence() -> None:
+    """§14.3: t_attn + t_mem at B = 16 / 32 / 64, 4×8, 5 TFLOPS (also as one vectorised call)."""
+    expected = {
+        "deepseek": ((2.46, 19.67), (4.93, 19.68), (9.86, 19.69)),
+        "mixtral": ((6.76, 50.78), (13.53, 51.23), (27.05, 52.12)),
+        "qwen2": ((16.94, 67.29), (33.88, 67.39), (67.76, 67.59)),
+    }
+    hw = hardware_from_setting("5/50", "4x8")
+    for name, rows in expected.items():
+        vec = perf.nonmoe_time(MODELS[name], hw, PAPER, np.array([16, 32, 64]))
+        for j, (batch, (attn, mem)) in enumerate(zip((16, 32, 64), rows, strict=True)):
+            t = perf.nonmoe_time(MODELS[name], hw, PAPER, batch)
+            assert close(t.compute_s * US, attn) and close(t.memory_s * US, mem), (name, batch)
+            assert math.isclose(vec.total_s[j], t.total_s, rel_tol=1e-12)
+
+
+def test_14_3_whole_model() -> None:
+    """§14.3: L·t_nm, 4×8, 5 TFLOPS."""
+    hw = hardware_from_setting("5/50", "4x8")
+    for name, value in (("deepseek", 1025.07), ("mixtral", 3456.53), ("qwen2", 5698.37)):
+        assert close(perf.nonmoe_step_time(MODELS[name], hw, PAPER, 128) * US, value)
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.4 paper TP time per decode step; paper-hd non-MoE
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_4 = {  # model: ((compute, comm, non-MoE, total) at 2.5/75, 5/50, 10/25)
+    "deepseek": (
+        (1439.49, 1454.03, 1537.61, 4431.12),
+        (719.74, 2181.04, 1025.07, 3925.85),
+        (359.87, 4362.08, 768.79, 5490.74),
+    ),
+    "mixtral": (
+        (12025.91, 3579.14, 5187.93, 20792.98),
+        (6012.95, 5368.71, 3456.53, 14838.19),
+        (3006.48, 10737.42, 2590.82, 16334.72),
+    ),
+    "qwen2": (
+        (6576.67, 2740.28, 9492.79, 18809.74),
+        (3288.33, 4110.42, 5698.37, 13097.12),
+        (1644.17, 8220.84, 3801.15, 13666.15),
+    ),
+    "qwen35": (
+        (1073.74, 2236.96, 2406.09, 5716.79),
+        (536.87, 3355.44, 1793.72, 5686.03),
+        (268.44, 6710.89, 1487.54, 8466.86),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_4))
+def test_14_4_paper_tp_step(name: str) -> None:
+    """§14.4: Σ_l (TP compute + 16·Bh/BW + t_nm), 4×8, paper (no dense layer)."""
+    model = MODELS[name]
+    L = model.num_moe_layers
+    for setting, (comp, comm, nm, total) in zip(SETTINGS, TABLE_14_4[name], strict=True):
+        hw = hardware_from_setting(setting, "4x8")
+        P = tp_placement(model, hw.num_nodes)
+        t_comp = L * perf.t_comp_static(P, uniform_f(model), 128, model, hw, PAPER)
+        t_comm = L * perf.tp_allreduce_time(model, hw, PAPER, 128)
+        t_nm = perf.nonmoe_step_time(model, hw, PAPER, 128)
+        assert close(t_comp * US, comp), (setting, t_comp * US)
+        assert close(t_comm * US, comm), (setting, t_comm * US)
+        assert close(t_nm * US, nm), (setting, t_nm * US)
+        assert close((t_comp + t_comm + t_nm) * US, total), setting
+
+
+TABLE_14_4_HD = {  # model: ((t_attn, t_mem, total or None) at 2.5, 5, 10 TFLOPS)
+    "deepseek": ((33.55, 46.21, 79.77), (16.78, 46.21, 62.99), (8.39, 46.21, 54.60)),
+    "mixtral": ((120.80, 104.24, 225.04), (60.40, 104.24, 164.64), (30.20, 104.24, 134.44)),
+    "qwen2": ((93.95, 108.40, None), (46.98, 108.40, None), (23.49, 108.40, None)),
+    "qwen35": ((33.55, 54.59, None), (16.78, 54.59, None), (8.39, 54.59, None)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_4_HD))
+def test_14_4_paper_hd_nonmoe(name: str) -> None:
+    """§14.4: paper-hd non-MoE per layer (generic formula, L_kv = 1024), 4×8."""
+    model = MODELS[name]
+    for setting, (attn, mem, total) in zip(SETTINGS, TABLE_14_4_HD[name], strict=True):
+        t = perf.nonmoe_time(model, hardware_from_setting(setting, "4x8"), PAPER_HD, 128)
+        assert close(t.compute_s * US, attn) and close(t.memory_s * US, mem), (setting, t)
+        assert math.isclose(t.total_s, t.compute_s + t.memory_s, rel_tol=1e-12)
+        if total is not None:
+            assert close(t.total_s * US, total), (setting, t)
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.5 faithful values (4×8, L_ctx = 1024)
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_5 = {  # model: ((t_nm compute, DRAM, roofline), (TP compute, streaming, roofline))
+    "deepseek": ((58.09, 10.66, 58.09), (83.05, 55.36, 83.05)),
+    "mixtral": ((80.53, 31.04, 80.53), (563.71, 140.93, 563.71)),
+    "qwen2": ((411.04, 38.38, 411.04), (352.32, 176.16, 352.32)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_5))
+def test_14_5_faithful(name: str) -> None:
+    """§14.5: architecture t_nm roofline and TP expert roofline (all experts active), 5/50."""
+    model = MODELS[name]
+    hw = hardware_from_setting("5/50", "4x8")
+    (nm_c, nm_m, nm_t), (ex_c, ex_s, ex_t) = TABLE_14_5[name]
+    t = perf.nonmoe_time(model, hw, FAITHFUL, 128)
+    assert close(t.compute_s * US, nm_c) and close(t.memory_s * US, nm_m), t
+    assert close(t.total_s * US, nm_t)
+    P = tp_placement(model, hw.num_nodes)
+    n = uniform_f(model) * 128
+    compute, stream = perf.expert_compute_times(
+        P, n, model, hw, FAITHFUL, active=np.ones(model.num_experts)
+    )
+    assert compute.shape == stream.shape == (32,)
+    assert close(compute.max() * US, ex_c) and close(stream.max() * US, ex_s)
+    assert close(perf.t_comp(compute, stream) * US, ex_t)
+    # The static form (a_i = 1 − (1 − f_i)^128 ≈ 1) gives the same rounded value.
+    assert close(perf.t_comp_static(P, uniform_f(model), 128, model, hw, FAITHFUL) * US, ex_t)
+
+
+def test_14_5_memory_bound_at_10_tflops() -> None:
+    """§14.5: at 10 TFLOPS DeepSeek's TP expert phase is memory-bound: 41.52 vs 55.36 → 55.36."""
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("10/25", "4x8")
+    compute, stream = perf.expert_compute_times(
+        tp_placement(model, 32),
+        uniform_f(model) * 128,
+        model,
+        hw,
+        FAITHFUL,
+        active=np.ones(model.num_experts),
+    )
+    assert close(compute.max() * US, 41.52) and close(stream.max() * US, 55.36)
+    assert close(perf.t_comp(compute, stream) * US, 55.36)
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.6 R_cc and the Node-Balance cap
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_6 = {  # model: ((R_cc, cap) at 2.5/75, 5/50, 10/25), TP load k/D
+    "deepseek": (((3.960, 0.2348), (1.320, 0.3295), (0.330, 0.7557)), 0.1875),
+    "mixtral": (((13.440, 0.0672), (4.480, 0.0765), (1.120, 0.1183)), 0.0625),
+    "qwen2": (((9.600, 0.2760), (3.200, 0.3281), (0.800, 0.5625)), 0.2500),
+    "qwen35": (((1.920, 0.3802), (0.640, 0.6406), (0.160, 1.8125)), 0.2500),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_14_6))
+def test_14_6_rcc_and_cap(name: str) -> None:
+    """§14.6: paper* R_cc = BW·I·k/(2·D·C) and cap = (k/D)(1 + 1/R_cc), 4×8."""
+    model = MODELS[name]
+    rows, tp_load = TABLE_14_6[name]
+    assert close(model.top_k / 32, tp_load, 4)
+    for setting, (ratio, cap) in zip(SETTINGS, rows, strict=True):
+        hw = hardware_from_setting(setting, "4x8")
+        assert close(perf.r_cc(model, hw, PAPER), ratio, 3)
+        assert close(perf.r_cc(model, hw, PAPER_HD), ratio, 3)
+        closed = (
+            hw.link_bw_Bps * model.expert_intermediate * model.top_k / (2 * 32 * hw.compute_flops)
+        )
+        assert math.isclose(perf.r_cc(model, hw, PAPER), closed, rel_tol=1e-12)
+        assert close(perf.tp_ratio_cap(model, hw, PAPER), cap, 4)
+        assert perf.tp_ratio_cap(model, hw, PAPER) > tp_load  # TP is always feasible (§7.6)
+
+
+def test_14_6_min_shards_mixtral() -> None:
+    """§14.6: Mixtral layer 0, 5/50: ⌈f_i / 0.0765⌉ = [4, 4, 3, 4, 4, 4, 3, 4] (f of §14.9)."""
+    f = np.array([0.2617, 0.2346, 0.2201, 0.2832, 0.2564, 0.2817, 0.1984, 0.2639])
+    cap = perf.tp_ratio_cap(MODELS["mixtral"], hardware_from_setting("5/50"), PAPER)
+    assert perf.min_shards(f, cap).tolist() == [4, 4, 3, 4, 4, 4, 3, 4]
+
+
+def test_7_3_faithful_rcc_uses_ring() -> None:
+    """§7.3: faithful R_cc = t_comp_TP / t_TP(ring); independent of B without hop latency."""
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    expected = perf.tp_expert_compute_time(model, hw, FAITHFUL, 128) / perf.tp_allreduce_time(
+        model, hw, FAITHFUL, 128
+    )
+    assert math.isclose(perf.r_cc(model, hw, FAITHFUL), expected, rel_tol=1e-12)
+    assert math.isclose(perf.r_cc(model, hw, FAITHFUL, B=16), expected, rel_tol=1e-12)
+    with pytest.raises(ConfigError, match="R_cc is undefined"):
+        perf.r_cc(model, hw, FAITHFUL, num_nodes=1)
+
+
+def test_14_9_ep_compute_rounded_f() -> None:
+    """§14.9 (with the 4-digit f of the doc): EP, one expert per 4 clusters, 5 TFLOPS ≈ 212.87."""
+    f = np.array([0.2617, 0.2346, 0.2201, 0.2832, 0.2564, 0.2817, 0.1984, 0.2639])
+    P = np.kron(np.eye(8), np.full((1, 4), 0.25))  # expert i on clusters 4i..4i+3
+    t = perf.t_comp_static(P, f, 128, MODELS["mixtral"], hardware_from_setting("5/50"), PAPER)
+    # f rounded to 1e-4 moves t by up to 5e-5·128·2hI/(4C) ≈ 0.04 µs.
+    assert abs(t * US - 212.87) < 0.04
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.7 Broadcast
+# ------------------------------------------------------------------------------------------------
+
+TABLE_14_7 = {  # GB/s: (T_bc*(1), (2), (3), (5), (6)), c*(1) in KB
+    75: ((96.68, 181.30, 264.13, 427.32, 508.20), 61.8),
+    50: ((139.32, 264.13, 386.73, 628.94, 749.15), 50.5),
+    25: ((264.13, 508.20, 749.15, 1226.81, 1464.40), 35.7),
+}
+
+
+def test_14_7_broadcast_table_paper() -> None:
+    """§14.7: DeepSeek, D = 32, H = 2√32, S = 2·h·I = 5,767,168 B, α = 100 ns."""
+    model = MODELS["deepseek"]
+    S = perf.broadcast_payload(model, PAPER)
+    H = perf.broadcast_depth(PAPER, 32)
+    assert S == 5_767_168
+    assert math.isclose(H, 2 * math.sqrt(32))
+    assert PAPER.bc_alpha_s == ALPHA
+    for gbps, (times, chunk_kb) in TABLE_14_7.items():
+        bw = gbps * 1e9
+        vec = perf.broadcast_time(np.array([1, 2, 3, 5, 6]), S, H, ALPHA, bw)
+        for m, value, v in zip((1, 2, 3, 5, 6), times, vec, strict=True):
+            assert close(perf.broadcast_time(m, S, H, ALPHA, bw) * US, value), (gbps, m)
+            assert close(v * US, value)
+        assert close(perf.broadcast_chunk(1, S, H, ALPHA, bw) / 1e3, chunk_kb, 1)
+
+
+def test_14_7_faithful_broadcast() -> None:
+    """§14.7: faithful S = 3·h·I·2 = 17,301,504 B, H = 10 (4×8 diameter)."""
+    model = MODELS["deepseek"]
+    S = perf.broadcast_payload(model, FAITHFUL)
+    H = perf.broadcast_depth(FAITHFUL, 32, diameter=10)
+    assert S == 17_301_504 and H == 10
+    for gbps, t_us, c_kb in ((75, 262.1, 113.9), (50, 384.2, 93.0), (25, 745.7, 65.8)):
+        assert close(perf.broadcast_time(1, S, H, ALPHA, gbps * 1e9) * US, t_us, 1)
+        assert close(perf.broadcast_chunk(1, S, H, ALPHA, gbps * 1e9) / 1e3, c_kb, 1)
+    with pytest.raises(ConfigError, match="diameter"):
+        perf.broadcast_depth(FAITHFUL, 32)
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        (512, ((482.6, 5), (304.8, 2), (215.9, 0))),
+        (128, ((135.1, 1), (90.7, 0), (68.4, 0))),
+    ],
+)
+def test_14_7_budget_and_kb(batch: int, expected: tuple[tuple[float, int], ...]) -> None:
+    """§14.7 / §10.3: paper* budget (L_ctx = 1024) and k_b, DeepSeek 4×8."""
+    model = MODELS["deepseek"]
+    S = perf.broadcast_payload(model, PAPER)
+    H = perf.broadcast_depth(PAPER, 32)
+    for setting, (budget_us, k_b) in zip(SETTINGS, expected, strict=True):
+        hw = hardware_from_setting(setting, "4x8")
+        budget = perf.broadcast_budget(model, hw, PAPER, batch)
+        assert budget == perf.hd_budget(model, hw, batch)
+        assert close(budget * US, budget_us, 1), (setting, budget * US)
+        assert perf.num_broadcast(budget, S, H, ALPHA, hw.link_bw_Bps, model.num_experts) == k_b
+
+
+def test_14_7_small_batches_give_no_broadcast() -> None:
+    """§14.7: B ≤ 64 → k_b = 0 in all three settings."""
+    model = MODELS["deepseek"]
+    S = perf.broadcast_payload(model, PAPER)
+    H = perf.broadcast_depth(PAPER, 32)
+    for batch in (1, 8, 16, 32, 64):
+        for setting in SETTINGS:
+            hw = hardware_from_setting(setting, "4x8")
+            budget = perf.hd_budget(model, hw, batch)
+            assert perf.num_broadcast(budget, S, H, ALPHA, hw.link_bw_Bps, 64) == 0
+
+
+def test_10_4_chunk_is_optimal() -> None:
+    """§10.4: T_bc(c*(m); m) = T_bc*(m), and c* minimises T_bc(c; m)."""
+    S, H, bw = 5_767_168.0, 2 * math.sqrt(32), 50e9
+    for m in (1, 2, 5):
+        c_star = perf.broadcast_chunk(m, S, H, ALPHA, bw)
+        t_star = perf.broadcast_time(m, S, H, ALPHA, bw)
+        assert math.isclose(
+            perf.broadcast_time_chunked(c_star, m, S, H, ALPHA, bw), t_star, rel_tol=1e-12
+        )
+        around = perf.broadcast_time_chunked(
+            c_star * np.array([0.5, 0.9, 1.1, 2.0]), m, S, H, ALPHA, bw
+        )
+        assert np.all(around > t_star)
+    assert perf.broadcast_time(0, S, H, ALPHA, bw) == 0.0
+
+
+def test_10_3_num_broadcast_edges_and_layer_budget() -> None:
+    """§10.3: k_b bounded by max_m; the faithful budget is t_nm + t_comp of the layer."""
+    S, H, bw = 5_767_168.0, 2 * math.sqrt(32), 50e9
+    assert perf.num_broadcast(1.0, S, H, ALPHA, bw, max_m=7) == 7
+    assert perf.num_broadcast(0.0, S, H, ALPHA, bw, max_m=7) == 0
+    assert perf.num_broadcast(1.0, S, H, ALPHA, bw, max_m=0) == 0
+    t1 = perf.broadcast_time(1, S, H, ALPHA, bw)
+    assert perf.num_broadcast(t1, S, H, ALPHA, bw, 8) == 0  # strict inequality
+    model, hw = MODELS["deepseek"], hardware_from_setting("5/50")
+    budget = perf.broadcast_budget(model, hw, FAITHFUL, 128, t_nm_s=1e-5, t_comp_s=2e-5)
+    assert budget == pytest.approx(3e-5)
+    with pytest.raises(ConfigError, match="t_nm_s"):
+        perf.broadcast_budget(model, hw, FAITHFUL, 128)
+
+
+# ------------------------------------------------------------------------------------------------
+# §14.8 item 4: analytic estimator (Eq. 2)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_14_8_4_analytic_static() -> None:
+    """§14.8 item 4: V = [700, 500, 300, 500] elements; t = 2.8 µs (κ=4), 1.4 µs (κ=2)."""
+    support = np.eye(4, dtype=bool)  # expert i alone on cluster i
+    groups = np.array([[0, 1], [2, 3], [0, 3]])
+    f_g = np.array([0.5, 0.3, 0.2])
+    t4, volume = perf.analytic_comm_static(support, groups, f_g, 10, 100, PAPER.kappa_a, 1e9)
+    assert volume.tolist() == pytest.approx([700, 500, 300, 500])
+    assert close(t4 * US, 2.80)
+    t2, _ = perf.analytic_comm_static(support, groups, f_g, 10, 100, FAITHFUL.kappa_a, 1e9)
+    assert close(t2 * US, 1.40)
+    # Shares instead of a boolean support give the same holders.
+    t_shares, _ = perf.analytic_comm_static(np.eye(4), groups, f_g, 10, 100, 4.0, 1e9)
+    assert t_shares == t4
+
+
+def test_5_5_analytic_sampled_matches_static_on_expanded_tokens() -> None:
+    """§5.5: the sampled form on tokens repeating the groups by f_g equals the static form."""
+    support = np.eye(4, dtype=bool)
+    tokens = np.array([[0, 1]] * 5 + [[2, 3]] * 3 + [[0, 3]] * 2)  # B = 10 tokens
+    t, volume = perf.analytic_comm_sampled(support, tokens, 100, 4.0, 1e9)
+    assert volume.tolist() == [700, 500, 300, 500]
+    assert close(t * US, 2.80)
+
+
+def test_5_5_local_precombination_and_padding() -> None:
+    """§5.5: a cluster holding several of a token's experts counts it once; −1 pads sets."""
+    support = np.zeros((4, 2), dtype=bool)
+    support[[0, 1], 0] = True
+    support[[2, 3], 1] = True
+    t, volume = perf.analytic_comm_sampled(support, np.array([[0, 1], [2, -1]]), 10, 1.0, 1.0)
+    assert volume.tolist() == [10, 10] and t == 10
+    with pytest.raises(ConfigError, match="names expert 7"):
+        perf.analytic_comm_sampled(support, np.array([[0, 7]]), 10, 1.0, 1.0)
+    with pytest.raises(ConfigError, match="f_g"):
+        perf.analytic_comm_static(support, np.array([[0, 1]]), np.ones(2), 4, 10, 1.0, 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# §5.2 expert computation: properties
+# ------------------------------------------------------------------------------------------------
+
+
+def test_5_2_sizes() -> None:
+    """§2.2: F_e and W_e at m = 3 (faithful) and m = 1 (paper)."""
+    model = MODELS["deepseek"]
+    assert perf.expert_flops(model, FAITHFUL) == 6 * 2048 * 1408
+    assert perf.expert_bytes(model, FAITHFUL) == 17_301_504
+    assert perf.expert_flops(model, PAPER) == 2 * 2048 * 1408
+    assert perf.expert_bytes(model, PAPER) == 2 * 2048 * 1408
+
+
+def test_5_2_sampled_streams_only_active_shards() -> None:
+    """§5.2: sampled a_i = 1[n_i > 0]; paper* has no streaming term; leading layer axes work."""
+    model = ModelSpec(
+        key="tiny",
+        name="tiny",
+        num_moe_layers=2,
+        num_experts=4,
+        top_k=2,
+        hidden_size=8,
+        expert_intermediate=16,
+    )
+    hw = hardware_from_setting("5/50", (1, 2))
+    P = np.array([[1, 0], [0.5, 0.5], [0, 1], [0, 1]], dtype=float)
+    counts = np.array([2, 0, 1, 0])
+    compute, stream = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
+    f_e, w_e = perf.expert_flops(model, FAITHFUL), perf.expert_bytes(model, FAITHFUL)
+    assert np.allclose(compute, np.array([2, 1]) * f_e / hw.compute_flops)
+    assert np.allclose(stream, np.array([1, 1]) * w_e / hw.mem_bw_Bps)
+    _, stream_paper = perf.expert_compute_times(P, counts, model, hw, PAPER)
+    assert not stream_paper.any()
+    layered = perf.t_comp_sampled(
+        np.stack([P, P[::-1]]), np.stack([counts, counts]), model, hw, FAITHFUL
+    )
+    assert layered.shape == (2,)
+    assert math.isclose(layered[0], perf.t_comp(compute, stream))
+    with pytest.raises(ConfigError, match="experts"):
+        perf.expert_compute_times(P[:3], counts[:3], model, hw, FAITHFUL)
+    with pytest.raises(ConfigError, match="shape"):
+        perf.expert_compute_times(P, counts[:3], model, hw, FAITHFUL)
+
+
+def test_5_2_expected_active() -> None:
+    """§5.2: a_i = 1 − (1 − f_i)^B."""
+    a = perf.expected_active(np.array([0.0, 0.5, 1.0]), 3)
+    assert a.tolist() == pytest.approx([0.0, 0.875, 1.0])
+    with pytest.raises(ConfigError):
+        perf.expected_active(np.array([0.5]), -1)
+
+
+# ------------------------------------------------------------------------------------------------
+# §5.3.4 architecture formula: Qwen3.5 layers, dense layer, knobs
+# ------------------------------------------------------------------------------------------------
+
+
+def test_5_3_4_qwen35_full_and_linear_layers() -> None:
+    """§5.3.4: every 4th Qwen3.5 layer is full attention; the others use the DeltaNet state."""
+    model = MODELS["qwen35"]
+    hw = hardware_from_setting("5/50", "4x8")
+    D, C, M = 32, hw.compute_flops, hw.mem_bw_Bps
+    h, I_s = 2048, 512
+    full = perf.nonmoe_time(model, hw, FAITHFUL, 128, layer=3)
+    linear = perf.nonmoe_time(model, hw, FAITHFUL, 128, layer=0)
+    assert math.isclose(
+        full.compute_s, 128 * (2 * 27_262_976 + 16384 * 1024 + 6 * h * I_s) / (D * C)
+    )
+    assert math.isclose(
+        full.memory_s, (2 * (27_262_976 + 3 * h * I_s) + 128 * 1024 * 1024 * 2) / (D * M)
+    )
+    assert math.isclose(
+        linear.compute_s, 128 * (2 * 33_685_504 + 3_145_728 + 6 * h * I_s) / (D * C)
+    )
+    assert math.isclose(
+        linear.memory_s, (2 * (33_685_504 + 3 * h * I_s) + 128 * 2 * 32 * 128 * 128 * 4) / (D * M)
+    )
+    assert full.total_s == max(full.compute_s, full.memory_s)
+    step = perf.nonmoe_step_time(model, hw, FAITHFUL, 128)
+    assert math.isclose(step, 10 * full.total_s + 30 * linear.total_s, rel_tol=1e-12)
+    with pytest.raises(ConfigError, match="layer"):
+        perf.nonmoe_time(model, hw, FAITHFUL, 128, layer=40)
+
+
+def test_5_3_4_dense_layer_and_profile_rules() -> None:
+    """§5.3.4: DeepSeek's dense layer 0 joins faithful only; paper+arch is serial."""
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    dense = perf.dense_layer_time(model, hw, FAITHFUL, 128)
+    h, I_d = 2048, 10944
+    assert math.isclose(
+        dense.compute_s,
+        128 * (2 * 13_762_560 + 10240 * 1024 + 6 * h * I_d) / (32 * hw.compute_flops),
+    )
+    assert math.isclose(
+        dense.memory_s,
+        (2 * (13_762_560 + 3 * h * I_d) + 128 * 1024 * 576 * 2) / (32 * hw.mem_bw_Bps),
+    )
+    layer = perf.nonmoe_time(model, hw, FAITHFUL, 128)
+    assert math.isclose(
+        perf.nonmoe_step_time(model, hw, FAITHFUL, 128),
+        26 * layer.total_s + dense.total_s,
+        rel_tol=1e-12,
+    )
+    no_dense = FAITHFUL.derive(dense_layers=False)
+    assert math.isclose(
+        perf.nonmoe_step_time(model, hw, no_dense, 128), 26 * layer.total_s, rel_tol=1e-12
+    )
+    serial = perf.nonmoe_time(model, hw, PAPER.derive(nonmoe="arch", nonmoe_ctx_len=1024), 128)
+    assert math.isclose(serial.total_s, layer.compute_s + layer.memory_s, rel_tol=1e-12)
+
+
+def test_5_3_4_optional_knobs() -> None:
+    """§5.3.4: include_lm_head adds vocab·h once per step; nonmoe_allreduce adds a TP all-reduce."""
+    model = MODELS["mixtral"]
+    hw = hardware_from_setting("5/50", "4x8")
+    base = perf.nonmoe_step_time(model, hw, FAITHFUL, 128)
+    head = perf.lm_head_time(model, hw, FAITHFUL, 128)
+    assert math.isclose(head.compute_s, 2 * 128 * 32000 * 4096 / (32 * hw.compute_flops))
+    assert math.isclose(head.memory_s, 2 * 32000 * 4096 / (32 * hw.mem_bw_Bps))
+    with_head = perf.nonmoe_step_time(model, hw, FAITHFUL.derive(include_lm_head=True), 128)
+    assert math.isclose(with_head, base + head.total_s, rel_tol=1e-12)
+    conv = FAITHFUL.derive(nonmoe_allreduce=True)
+    t = perf.nonmoe_time(model, hw, conv, 128)
+    assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, FAITHFUL, 128))
+    assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + t.comm_s)

@@ -1,0 +1,135 @@
+"""Simulator composition (paper-model.md §5.1, §5.4, §5.7) pinned to §14 check values."""
+
+
+import numpy as np
+import pytest
+
+from hdamoe_env.calibrate import fit_gamma, fit_gammas
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
+from hdamoe_env.profiles import get_profile
+from hdamoe_env.simulator import MoESimulator, evaluate_sampled, evaluate_static
+from hdamoe_env.specs import ModelSpec, hardware_from_setting
+from traces import synthetic
+
+US = 1e6
+
+
+@pytest.fixture(scope="module")
+def ds_trace():
+    return synthetic.generate("deepseek-v2-lite", n_requests=12, seed=3)
+
+
+@pytest.mark.parametrize("setting,tbt", [("2.5/75", 4431.12), ("5/50", 3925.85),
+                                         ("10/25", 5490.74)])
+def test_paper_tp_tbt_deepseek(ds_trace, setting, tbt):  # §14.4
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting(setting), "mesh", "paper")
+    tp = tensor_parallel(26, 64, 32)
+    static = evaluate_static(sim, tp, ds_trace, 128)
+    sampled = evaluate_sampled(sim, tp, ds_trace, 128, steps=2)
+    assert round(static.tbt_s * US, 2) == tbt
+    assert abs(sampled.tbt_s * US - tbt) < 0.006  # TP compute is routing-independent
+
+
+def test_paper_tp_layer_terms(ds_trace):  # §14.1, §14.2, §14.3
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "paper")
+    ev = evaluate_static(sim, tensor_parallel(26, 64, 32), ds_trace, 128)
+    assert round(ev.layer_means["t_comp_s"][0] * US, 2) == 27.68
+    assert round(ev.layer_means["t_comm_moe_s"][0] * US, 2) == 83.89
+    assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 39.43
+
+
+def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "faithful")
+    ev = evaluate_static(sim, tensor_parallel(26, 64, 32), ds_trace, 128)
+    assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 58.09
+    assert round(ev.layer_means["t_comm_moe_s"][0] * US, 2) == 20.32
+    # TP experts: 83.05 compute vs ≤ 55.36 streaming (expected-active experts ≤ all)
+    assert round(ev.layer_means["t_comp_s"][0] * US, 2) == 83.05
+    assert ev.breakdown["compute_s"] > ev.breakdown["memory_s"]
+    assert sim.dense_time(128) > 0
+
+
+def _tiny(conv_name, aggregator="first"):
+    model = ModelSpec(key="tiny4", name="tiny4", num_moe_layers=1, num_experts=4, top_k=2,
+                      hidden_size=100, expert_intermediate=8, attn_weight_elements=100.0,
+                      kv_elements_per_token=2, core_flops_per_ctx_token=1.0)
+    hw = hardware_from_setting("1/1", "2x2")
+    conv = get_profile(conv_name, aggregator=aggregator)
+    return MoESimulator(model, hw, "mesh", conv)
+
+
+@pytest.mark.parametrize("conv,combine,dispatch,total", [("paper", 0.7, 0.0, 1.4),
+                                                          ("faithful", 1.4, 1.0, 2.4)])
+def test_static_task_set_micro_example(conv, combine, dispatch, total):  # §14.8 item 4
+    sim = _tiny(conv)
+    P = np.eye(4)[None]
+    placement = Placement(P=P, pi=identity_mapping(1, 4), method="one-per-node")
+    groups = np.array([[0, 1], [2, 3], [0, 3]])
+    fg = np.array([0.5, 0.3, 0.2])
+    freqs = np.array([0.7, 0.5, 0.3, 0.5])
+    res = sim.layer_static(placement, 0, freqs, groups, fg, 10, rng=np.random.default_rng(0))
+    assert res.t_combine_s * US == pytest.approx(combine, abs=1e-9)
+    assert res.t_dispatch_s * US == pytest.approx(dispatch, abs=1e-9)
+    assert res.t_comm_moe_s * US == pytest.approx(total, abs=1e-9)
+
+
+def test_sampled_is_deterministic_and_seeded(ds_trace):
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"))
+    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
+    a = evaluate_sampled(sim, ep, ds_trace, 32, steps=3, seed=5)
+    b = evaluate_sampled(sim, ep, ds_trace, 32, steps=3, seed=5)
+    c = evaluate_sampled(sim, ep, ds_trace, 32, steps=3, seed=6)
+    assert a.tbt_s == b.tbt_s and np.array_equal(a.link_busy_s, b.link_busy_s)
+    assert a.tbt_s != c.tbt_s
+    assert a.meta["conventions"]["name"] == "faithful" and a.meta["trace_id"]
+
+
+def test_ep_breakdown_and_links(ds_trace):
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"))
+    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
+    ev = evaluate_sampled(sim, ep, ds_trace, 128, steps=2)
+    lm = ev.layer_means
+    assert (lm["t_dispatch_s"] > 0).all() and (lm["t_combine_s"] > 0).all()
+    assert np.allclose(lm["t_comm_moe_s"], lm["t_dispatch_s"] + lm["t_combine_s"])
+    assert ev.link_busy_s.shape == (sim.topology.num_links,) and ev.link_busy_s.max() > 0
+    assert np.allclose(lm["total_s"], lm["t_nm_s"] + lm["t_comp_s"] + lm["t_comm_moe_s"])
+    # EP balancedness is below TP's perfect balance
+    assert lm["balancedness"].mean() < 1.0
+
+
+def test_trace_model_mismatch_is_clear(ds_trace):
+    sim = MoESimulator("mixtral-8x7b", hardware_from_setting("5/50"))
+    with pytest.raises(ConfigError, match="model 'mixtral-8x7b' has L=32, E=8, k=2"):
+        evaluate_static(sim, tensor_parallel(32, 8, 32), ds_trace, 128)
+    sim_ds = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50", "4x4"))
+    with pytest.raises(ConfigError, match="hardware has 16 nodes"):
+        evaluate_static(sim_ds, tensor_parallel(26, 64, 32), ds_trace, 128)
+
+
+def test_analytic_twin_and_gamma(ds_trace):  # §5.5
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"))
+    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
+    rows = ds_trace.topk_ids[0][ds_trace.view("content")]
+    fit = fit_gamma(sim, ep, 0, rows, 128, np.random.default_rng(1))
+    assert fit.method == "origin" and fit.x_s.size == 64
+    assert 0 < fit.gamma < 5 and fit.correlation > 0.5
+    again = fit_gamma(sim, ep, 0, rows, 128, np.random.default_rng(1))
+    assert again.gamma == fit.gamma
+    sets = ds_trace.topk_ids[0][:128]
+    rng = np.random.default_rng(2)
+    des = sim.layer_sampled(ep, 0, sets, rng=rng)
+    twin = sim.layer_sampled(ep, 0, sets, rng=rng, fidelity="analytic", gamma=fit.gamma)
+    assert twin.mode == "analytic" and twin.t_comm_moe_s > 0
+    assert abs(twin.t_comm_moe_s - des.t_comm_moe_s) / des.t_comm_moe_s < 0.5
+    with pytest.raises(ConfigError, match="needs gamma"):
+        sim.layer_sampled(ep, 0, sets, rng=rng, fidelity="analytic")
+
+
+def test_paper_gamma_fit_uses_ols_and_paper_batches(ds_trace):
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh",
+                       get_profile("paper", gamma_paper_batches=(256, 320, 16)))
+    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
+    rows = [ds_trace.topk_ids[layer][ds_trace.view("content")] for layer in range(2)]
+    fits = fit_gammas(sim, ep, rows, 128, seed=0)
+    assert [f.method for f in fits] == ["ols", "ols"] and fits[0].x_s.size == 4

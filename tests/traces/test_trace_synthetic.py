@@ -1,0 +1,131 @@
+"""Synthetic generator (traces.md §7): determinism, shapes, scores, predictions, statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import traces
+from traces import RoutingTrace
+from traces.synthetic import model_params
+
+SMALL = {
+    "mixtral-8x7b": (32, 8, 2),
+    "deepseek-v2-lite": (26, 64, 6),
+    "qwen2-57b-a14b": (28, 64, 8),
+    "qwen3.5-35b-a3b": (40, 256, 8),
+}
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a[..., :, None] == b[..., None, :]).sum(axis=(-1, -2)) / a.shape[-1]
+
+
+@pytest.mark.parametrize("model_key", sorted(SMALL))
+def test_shapes_distinct_ids_and_meta(model_key: str) -> None:
+    num_layers, num_experts, top_k = SMALL[model_key]
+    trace = traces.generate(model_key, n_requests=3, n_tokens=90, seed=5)
+    assert trace.topk_ids.shape == (num_layers, 90, top_k)
+    assert trace.cand_ids is not None and trace.cand_ids.shape == (num_layers, 90, 2 * top_k)
+    assert trace.num_experts == num_experts
+    trace.validate()  # ids in range, distinct, cand head = top-k
+    assert trace.meta["ids_rank_ordered"] is True
+    assert trace.meta["generator"]["seed"] == 5
+    assert trace.meta["generator"]["params_sha256"] == model_params(model_key)["sha256"]
+    assert trace.keep.all() and (trace.phase == 1).all()
+    assert len(traces.requests(trace)) == 3
+    offset = 1 if model_key == "deepseek-v2-lite" else 0
+    assert trace.meta["moe_layer_keys"][0] == str(offset)
+
+
+def test_same_seed_same_arrays() -> None:
+    a = traces.generate("deepseek-v2-lite", n_requests=4, seed=11, predictor="noisy_oracle")
+    b = traces.generate("deepseek-v2-lite", n_requests=4, seed=11, predictor="noisy_oracle")
+    c = traces.generate("deepseek-v2-lite", n_requests=4, seed=12)
+    for name, array in a.array_items():
+        np.testing.assert_array_equal(getattr(b, name), array, err_msg=name)
+    assert a.trace_id == b.trace_id != c.trace_id
+    m1 = traces.generate("mixtral-8x7b", n_tokens=500, seed=2)
+    m2 = traces.generate("mixtral-8x7b", n_tokens=500, seed=2)
+    assert m1.trace_id == m2.trace_id and m1.num_tokens == 500
+
+
+def test_request_length_options() -> None:
+    lengths = [5, 7, 11]
+    trace = traces.generate("qwen2-57b-a14b", request_lengths=lengths, with_scores=False)
+    assert np.bincount(trace.req_id).tolist() == lengths and trace.cand_ids is None
+    trace = traces.generate("deepseek-v2-lite", n_requests=4, n_tokens=401, with_scores=False)
+    assert trace.num_tokens == 401 and len(np.unique(trace.req_id)) == 4
+    with pytest.raises(ValueError, match="J="):
+        traces.generate("mixtral-8x7b", n_tokens=10, J=7)
+
+
+def test_unknown_model_key_suggests() -> None:
+    with pytest.raises(ValueError, match="did you mean 'deepseek-v2-lite'"):
+        traces.generate("deepseek-v2lite")
+    with pytest.raises(traces.UnknownNameError):
+        traces.generate("mixtral")
+
+
+@pytest.mark.parametrize("model_key", ["mixtral-8x7b", "deepseek-v2-lite"])
+def test_scores_original_topk_is_topk_ids(model_key: str) -> None:
+    """traces.md §7.5: the top-k of the scores is exactly topk_ids, in rank order."""
+    trace = traces.generate(model_key, n_requests=3, n_tokens=300, seed=4)
+    assert trace.cand_scores is not None and trace.cand_ids is not None
+    scores = trace.cand_scores.astype(np.float64)
+    assert (np.diff(scores, axis=2) <= 0).all()  # rank order
+    assert ((scores > 0) & (scores <= 1)).all()
+    assert (scores.sum(axis=2) <= 1 + 1e-5).all()  # softmax over all E
+    np.testing.assert_array_equal(trace.cand_ids[:, :, : trace.top_k], trace.topk_ids)
+    expected = "synthetic" if model_key == "mixtral-8x7b" else "softmax_all"
+    assert trace.meta["score_kind"] == expected
+
+
+def test_synthesize_scores_for_unscored_traces(tiny_mixtral: RoutingTrace) -> None:
+    bare = tiny_mixtral.replace(
+        cand_ids=None,
+        cand_scores=None,
+        meta={**tiny_mixtral.meta, "ids_rank_ordered": None, "J": None},
+    )
+    scored = traces.synthesize_scores(bare, np.random.default_rng(0), J=3)
+    scored.validate()
+    assert scored.cand_ids is not None and scored.cand_ids.shape[2] == 5
+    assert scored.meta["score_kind"] == "synthetic"
+    np.testing.assert_array_equal(
+        np.sort(scored.cand_ids[:, :, :2], axis=2), np.sort(bare.topk_ids, axis=2)
+    )
+    ranked = bare.replace(meta={**bare.meta, "ids_rank_ordered": True})
+    scored = traces.synthesize_scores(ranked, np.random.default_rng(0))
+    np.testing.assert_array_equal(scored.cand_ids[:, :, :2], bare.topk_ids)  # rank order kept
+
+
+def test_noisy_oracle_expected_accuracy() -> None:
+    """traces.md §7.6: expected |S ∩ Ŝ| / k = acc_l; layer 0 is −1."""
+    trace = traces.generate(
+        "deepseek-v2-lite", n_requests=4, n_tokens=2000, seed=8, with_scores=False
+    )
+    rng = np.random.default_rng(1)
+    acc = np.linspace(0.3, 0.95, trace.num_layers)
+    pred = traces.noisy_oracle_predictions(trace, acc, rng)
+    assert (pred[0] == -1).all()
+    measured = _overlap(pred[1:], trace.topk_ids[1:]).mean(axis=1)
+    np.testing.assert_allclose(measured, acc[1:], atol=0.02)
+    with_pred = traces.with_noisy_oracle(trace, None, rng)
+    with_pred.validate()
+    measured = _overlap(with_pred.pred_ids[1:], trace.topk_ids[1:]).mean(axis=1)
+    targets = [0.62, 0.68] + [0.83] * (trace.num_layers - 3)
+    np.testing.assert_allclose(measured, targets, atol=0.02)
+    assert with_pred.meta["predictor"]["acc"][:3] == [None, 0.62, 0.68]
+
+
+def test_mixtral_validation_statistics() -> None:
+    """traces.md §7.3 validation row (30 empirical request lengths), ±15 % relative."""
+    lengths = traces.GENERATOR_PARAMS["mixtral-8x7b"]["request_tokens"]
+    trace = traces.generate("mixtral-8x7b", request_lengths=lengths, seed=0, with_scores=False)
+    assert trace.num_tokens == 22066
+    stats = traces.trace_stats(trace, floors=False, n_batches=100)
+    assert stats["gini"] == pytest.approx(0.061, rel=0.15)
+    assert stats["max_over_mean"] == pytest.approx(1.171, rel=0.15)
+    assert stats["reuse_lag1"] == pytest.approx(0.357, rel=0.15)
+    assert stats["tv_random_B64"] == pytest.approx(0.087, rel=0.15)
+    assert stats["next_layer_table_acc"] == pytest.approx(0.428, rel=0.15)
