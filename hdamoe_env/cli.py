@@ -112,7 +112,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from hdamoe_env.simulator import MoESimulator, evaluate_sampled, evaluate_static
 
     model = get_model(args.model)
-    hw = hardware_from_setting(args.setting, args.mesh, hop_latency_ns=args.hop_latency_ns)
+    hw = hardware_from_setting(args.setting, args.mesh, hop_latency_ns=args.hop_latency_ns,
+                               node_dram_gib=args.dram_gib)
     conv = get_profile(args.conventions)
     sim = MoESimulator(model, hw, args.topology, conv)
     t0 = time.perf_counter()
@@ -125,10 +126,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for name in names:
         placement = _build_placement(name, model, hw.num_nodes, args.seed)
         if args.evaluator == "static":
-            evals[name] = evaluate_static(sim, placement, trace, args.batch, seed=args.seed)
+            evals[name] = evaluate_static(sim, placement, trace, args.batch, seed=args.seed,
+                                          view=args.view)
         else:
             evals[name] = evaluate_sampled(sim, placement, trace, args.batch, steps=args.steps,
-                                           seed=args.seed, mode=args.batching,
+                                           seed=args.seed, mode=args.batching, view=args.view,
                                            progress=_progress(args.steps, name))
     t_sim = time.perf_counter() - t0
     tp_tbt = evals["tp"].tbt_s
@@ -273,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--mesh", default="4x8", help="node grid XxY (fat-tree: 4x8 endpoints)")
     sim.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     sim.add_argument("--hop-latency-ns", type=float, default=0.0)
+    sim.add_argument("--dram-gib", type=float, default=None,
+                     help="DRAM capacity per node; placements that do not fit are rejected")
     sim.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
     sim.add_argument("--placement", default="tp,ep",
                      help="comma list of tp, ep or paths to placement .npz files")
@@ -283,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"))
     sim.add_argument("--steps", type=int, default=16, help="decode steps (sampled evaluator)")
     sim.add_argument("--batching", default="streams", choices=("streams", "random_rows"))
+    sim.add_argument("--view", default="content", choices=("content", "unique", "raw"),
+                     help="trace rows used: content (new computation only), unique, raw (all "
+                     "rows, as the reference sampled them)")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--json", default=None, help="write records to this JSON file")
     sim.set_defaults(func=cmd_simulate)

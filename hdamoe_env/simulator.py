@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env import linksim, perf
 from hdamoe_env.errors import ConfigError
-from hdamoe_env.placement import Placement
+from hdamoe_env.placement import Placement, check_memory
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model
 from hdamoe_env.topology import Topology, make_topology
@@ -162,8 +162,27 @@ class MoESimulator:
                 "topology": self.topology_spec.to_dict(), "conventions": self.conv.to_dict()}
 
     def check_placement(self, placement: Placement) -> None:
-        """Validate a placement against this model and hardware (raises ``ConfigError``)."""
+        """Validate a placement against this model and hardware.
+
+        Checks shapes, shares and mappings, and — when the hardware sets ``node_dram_gib`` —
+        that every node's expert weights plus its even share of the non-expert weights fit.
+
+        Raises:
+            ConfigError: Shape or share problems.
+            InfeasibleError: A node's weights exceed its DRAM capacity (message has the numbers).
+        """
         placement.validate(self.model, self.hw)
+        if self.hw.node_dram_bytes is not None:
+            check_memory(placement, self.model, self.hw, self.conv,
+                         reserved_bytes=self.nonexpert_weight_bytes_per_node())
+
+    def nonexpert_weight_bytes_per_node(self) -> float:
+        """Return attention, shared-expert and dense-layer weight bytes per node (split over D)."""
+        m = self.model
+        per_layer = m.attn_weight_elements + 3 * m.hidden_size * m.shared_intermediate
+        dense = m.num_dense_layers * (m.attn_weight_elements + 3 * m.hidden_size
+                                      * m.dense_intermediate)
+        return (m.num_moe_layers * per_layer + dense) * self.conv.b_w / self.num_nodes
 
     # --------------------------------------------------------------------------- pieces
     def nonmoe(self, batch: int, layer: int) -> perf.NonMoeTime:

@@ -133,3 +133,14 @@ def test_paper_gamma_fit_uses_ols_and_paper_batches(ds_trace):
     rows = [ds_trace.topk_ids[layer][ds_trace.view("content")] for layer in range(2)]
     fits = fit_gammas(sim, ep, rows, 128, seed=0)
     assert [f.method for f in fits] == ["ols", "ols"] and fits[0].x_s.size == 4
+
+
+def test_dram_capacity_is_checked(ds_trace):  # §3 node DRAM capacity, §7.3 (10)
+    from hdamoe_env.errors import InfeasibleError
+
+    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
+    ok = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50", node_dram_gib=2.0))
+    ok.check_placement(ep)
+    tight = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50", node_dram_gib=0.8))
+    with pytest.raises(InfeasibleError, match=r"GiB on node \d+ but node_dram_gib=0.8"):
+        evaluate_static(tight, ep, ds_trace, 128)
