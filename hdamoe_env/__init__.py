@@ -6,7 +6,9 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
   ``HARDWARE_PRESETS``;
 * conventions: ``Conventions``, ``PROFILES`` (``faithful`` default, ``paper``, ``paper-hd``);
 * placements: ``Placement``, ``tensor_parallel``, ``expert_parallel``;
-* simulation: ``MoESimulator``, ``simulate_messages`` (explicit message lists on any topology).
+* simulation: ``MoESimulator``, ``simulate_messages`` (explicit message lists on any topology);
+* environment: ``gymnasium.make("hdamoe_env/HdMoE-v0", ...)`` (``hdamoe_env.env.HdMoeEnv``),
+  registered at import with a string entry point (the env module is imported only on ``make``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from hdamoe_env.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, Mod
                               TopologySpec, get_model, hardware_from_setting)
 
 __version__ = "0.1.0"
+
+import gymnasium as _gymnasium  # noqa: E402 - registration needs the package metadata above
+
+if "hdamoe_env/HdMoE-v0" not in _gymnasium.registry:  # a re-import must not warn
+    _gymnasium.register(id="hdamoe_env/HdMoE-v0", entry_point="hdamoe_env.env:HdMoeEnv")
 
 __all__ = [
     "HARDWARE_PRESETS",

@@ -329,7 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_optional_commands(sub: Any) -> None:
-    """Add subcommands implemented in the application packages (baselines, agents)."""
+    """Add subcommands implemented in the application layer (bench) and in baselines."""
+    from hdamoe_env import bench
+
+    bench.add_bench_parser(sub)
+    bench.add_bench_env_parser(sub)
     try:
         from baselines import cli as baselines_cli
     except ImportError:

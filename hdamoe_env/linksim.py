@@ -152,12 +152,6 @@ def _check_ref_size(tie_ref: bool, num_messages: int) -> None:
                           f"run, got {num_messages}; use tie_break='fifo' or fewer chunks")
 
 
-@njit(cache=True, inline="always")
-def _before(ta: float, ka: int, tb: float, kb: int) -> bool:
-    """Heap order: event time, then the integer tie key (see ``_des_core``)."""
-    return ta < tb or (ta == tb and ka < kb)
-
-
 @njit(cache=True)
 def _dense_rank(values: NDArray[Any]) -> NDArray[np.int64]:
     """Return the dense rank [M] of ``values`` (equal values share a rank)."""
@@ -172,6 +166,15 @@ def _dense_rank(values: NDArray[Any]) -> NDArray[np.int64]:
     return rank
 
 
+_U_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: multiplicative (Fibonacci) hash
+
+
+@njit(cache=True, inline="always")
+def _bucket_slot(time_bits: np.uint64, key: int, shift: np.uint64) -> int:
+    """Home slot of the bucket (time, key) in a table of 2**(64 - shift) slots."""
+    return np.int64(((time_bits ^ np.uint64(key)) * _U_FIB) >> shift)
+
+
 @njit(cache=True)
 def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
@@ -182,14 +185,21 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
 ) -> float:
     """Run the §6.3 event loop; fill ``busy_time`` [L] (accumulated) and ``finish`` [M].
 
-    Events are ordered by (time, tie key). The tie key is the insertion sequence number
-    (``fifo``), or ``(static << 40) | sequence`` (``ref``) where ``static`` is the dense rank of
-    the message by (size, route lexicographic rank): one integer comparison reproduces the
-    order (time, size, route, sequence). Initial events (sequence = message index) wait in a
-    sorted pending list; the binary heap holds only messages in flight (at most one entry per
-    message; the current hop of a message is kept per message). The arrival event after the last
-    hop is not pushed: it would only update the makespan, and skipping it keeps the relative order
-    of all other events (sequence numbers stay increasing in push order).
+    Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or
+    ``static << 40`` (``ref``), where ``static`` is the dense rank of the message by (size,
+    route lexicographic rank), and the sequence is the insertion order. That is the order
+    (time, size, route, sequence) of the module docstring with one integer comparison.
+
+    Initial events (sequence = message index, below every later push) wait in a sorted pending
+    list. Events in flight (at most one per message) are grouped in *buckets* of equal
+    (time, tie key): a bucket is a FIFO linked list through ``nxt``, because pushes arrive in
+    sequence order, so its head is its earliest event. A binary heap orders the buckets and a
+    hash table (open addressing, linear probing) finds the bucket of a pushed event. MoE
+    workloads are full of exact ties (equal message sizes on equal links: the benchmark layer
+    has ~75 distinct times for ~2,500 hops), so most hops touch no heap at all; without ties
+    every bucket holds one event and the cost is one sift-down per hop, as for a plain heap.
+    The arrival event after the last hop is not pushed: it would only update the makespan, and
+    skipping it keeps the relative order of all other events.
     """
     num_msg = msg_route.shape[0]
     busy_until = np.zeros(link_bw.shape[0])
@@ -225,92 +235,167 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
         if route_ptr[r + 1] != route_ptr[r]:
             pending[q] = m
             q += 1
-    h_time = np.empty(live)
-    h_key = np.empty(live, dtype=np.int64)
-    h_msg = np.empty(live, dtype=np.int64)
-    hop = np.zeros(num_msg, dtype=np.int64)
-    n = 0
+    # per message: position of the next hop in route_links, end of its route, bucket successor
+    pos = np.empty(num_msg, dtype=np.int64)
+    stop = np.empty(num_msg, dtype=np.int64)
+    for m in range(num_msg):
+        pos[m] = route_ptr[msg_route[m]]
+        stop[m] = route_ptr[msg_route[m] + 1]
+    nxt = np.empty(num_msg, dtype=np.int64)
+    # buckets (at most one per event in flight, so at most `live`), the heap of bucket ids with
+    # their (time, key) copied for cache-friendly comparisons, and a free list of bucket ids
+    cap = max(live, 1)
+    b_time = np.empty(cap)
+    b_bits = b_time.view(np.uint64)  # the same times as raw bits, for hashing
+    b_key = np.empty(cap, dtype=np.int64)
+    b_head = np.empty(cap, dtype=np.int64)
+    b_tail = np.empty(cap, dtype=np.int64)
+    free_ids = np.empty(cap, dtype=np.int64)
+    h_time = np.empty(cap)
+    h_key = np.empty(cap, dtype=np.int64)
+    h_b = np.empty(cap, dtype=np.int64)
+    log_slots = 1
+    while (1 << log_slots) < 2 * cap:  # load factor <= 1/2 keeps probe chains short
+        log_slots += 1
+    mask = (1 << log_slots) - 1
+    shift = np.uint64(64 - log_slots)
+    table = np.full(mask + 1, -1, dtype=np.int64)
+    scratch = np.empty(1)
+    scratch_bits = scratch.view(np.uint64)
+    n = 0            # heap size
+    num_ids = 0      # bucket ids ever handed out
+    num_free = 0
     pend = 0
-    seq = num_msg
     while pend < live or n > 0:
-        from_heap = True
+        top = -1
+        root_empty = False
         if pend < live:
             mp = pending[pend]
-            if n == 0 or _before(msg_ready[mp], kbase[mp] + mp, h_time[0], h_key[0]):
-                from_heap = False
-        if from_heap:
-            t = h_time[0]
-            m = h_msg[0]
+            tp = msg_ready[mp]
+            # an initial event precedes a pushed one of equal (time, key): its sequence is lower
+            if n == 0 or tp < h_time[0] or (tp == h_time[0] and kbase[mp] <= h_key[0]):
+                m = mp
+                t = tp
+                pend += 1
+            else:
+                top = h_b[0]
         else:
-            m = pending[pend]
-            t = msg_ready[m]
-            pend += 1
-        j = hop[m]
-        r = msg_route[m]
-        link = route_links[route_ptr[r] + j]
+            top = h_b[0]
+        if top >= 0:  # pop the head of the earliest bucket
+            t = h_time[0]
+            m = b_head[top]
+            b_head[top] = nxt[m]
+            if b_head[top] < 0:  # emptied: unlink it now; its heap slot is dealt with below
+                root_empty = True
+                i = _bucket_slot(b_bits[top], b_key[top], shift)
+                while table[i] != top:
+                    i = (i + 1) & mask
+                # backward-shift deletion: pull later entries of the probe chain into the hole
+                k = (i + 1) & mask
+                while table[k] >= 0:
+                    home = _bucket_slot(b_bits[table[k]], b_key[table[k]], shift)
+                    if ((k - home) & mask) >= ((k - i) & mask):  # home not in (i, k]
+                        table[i] = table[k]
+                        i = k
+                    k = (k + 1) & mask
+                table[i] = -1
+        p = pos[m]
+        link = route_links[p]
         bu = busy_until[link]
         start = t if t > bu else bu
         end = start + msg_size[m] / link_bw[link]
         busy_until[link] = end
         busy_time[link] += end - start
         arrive = end + hop_latency
-        done = route_ptr[r] + j + 1 == route_ptr[r + 1]
-        if done:
+        new_bucket = False
+        if p + 1 == stop[m]:
             finish[m] = arrive
             if arrive > makespan:
                 makespan = arrive
         else:
-            hop[m] = j + 1
-        if from_heap:
-            if done:  # pop: sift the last entry down from the root
+            pos[m] = p + 1
+            nxt[m] = -1
+            key = kbase[m]
+            scratch[0] = arrive
+            i = _bucket_slot(scratch_bits[0], key, shift)
+            while True:
+                b = table[i]
+                if b < 0:
+                    new_bucket = True
+                    break
+                if b_time[b] == arrive and b_key[b] == key:  # append to the open bucket
+                    if b_head[b] < 0:
+                        b_head[b] = m
+                    else:
+                        nxt[b_tail[b]] = m
+                    b_tail[b] = m
+                    break
+                i = (i + 1) & mask
+            if new_bucket:
+                if root_empty:  # recycle the emptied root's id
+                    b = top
+                elif num_free > 0:
+                    num_free -= 1
+                    b = free_ids[num_free]
+                else:
+                    b = num_ids
+                    num_ids += 1
+                table[i] = b
+                b_time[b] = arrive
+                b_key[b] = key
+                b_head[b] = m
+                b_tail[b] = m
+        # heap upkeep: replace the emptied root (sift down), remove it, or add a bucket (sift up)
+        if root_empty:
+            if new_bucket:
+                kt = arrive
+                kk = kbase[m]
+                kb = top
+            else:
+                free_ids[num_free] = top
+                num_free += 1
                 n -= 1
                 if n == 0:
                     continue
                 kt = h_time[n]
                 kk = h_key[n]
-                km = h_msg[n]
-            else:  # replace the root by the message's next event
-                kt = arrive
-                kk = kbase[m] + seq
-                km = m
-                seq += 1
-            pos = 0
+                kb = h_b[n]
+            hp = 0
             while True:
-                child = 2 * pos + 1
+                child = 2 * hp + 1
                 if child >= n:
                     break
                 right = child + 1
-                if right < n and _before(h_time[right], h_key[right], h_time[child],
-                                         h_key[child]):
+                if right < n and (h_time[right] < h_time[child] or (
+                        h_time[right] == h_time[child] and h_key[right] < h_key[child])):
                     child = right
-                if _before(h_time[child], h_key[child], kt, kk):
-                    h_time[pos] = h_time[child]
-                    h_key[pos] = h_key[child]
-                    h_msg[pos] = h_msg[child]
-                    pos = child
+                if h_time[child] < kt or (h_time[child] == kt and h_key[child] < kk):
+                    h_time[hp] = h_time[child]
+                    h_key[hp] = h_key[child]
+                    h_b[hp] = h_b[child]
+                    hp = child
                 else:
                     break
-            h_time[pos] = kt
-            h_key[pos] = kk
-            h_msg[pos] = km
-        elif not done:  # push the next event (sift up)
+            h_time[hp] = kt
+            h_key[hp] = kk
+            h_b[hp] = kb
+        elif new_bucket:
             kt = arrive
-            kk = kbase[m] + seq
-            seq += 1
-            pos = n
+            kk = kbase[m]
+            hp = n
             n += 1
-            while pos > 0:
-                parent = (pos - 1) >> 1
-                if _before(kt, kk, h_time[parent], h_key[parent]):
-                    h_time[pos] = h_time[parent]
-                    h_key[pos] = h_key[parent]
-                    h_msg[pos] = h_msg[parent]
-                    pos = parent
+            while hp > 0:
+                parent = (hp - 1) >> 1
+                if kt < h_time[parent] or (kt == h_time[parent] and kk < h_key[parent]):
+                    h_time[hp] = h_time[parent]
+                    h_key[hp] = h_key[parent]
+                    h_b[hp] = h_b[parent]
+                    hp = parent
                 else:
                     break
-            h_time[pos] = kt
-            h_key[pos] = kk
-            h_msg[pos] = m
+            h_time[hp] = kt
+            h_key[hp] = kk
+            h_b[hp] = b
     return makespan
 
 

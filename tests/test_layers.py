@@ -6,9 +6,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYER = {"traces": 0, "hdamoe_env.errors": 1, "hdamoe_env.specs": 1, "hdamoe_env.profiles": 2,
          "hdamoe_env.topology": 3, "hdamoe_env.placement": 3, "hdamoe_env.perf": 4,
-         "hdamoe_env.linksim": 4, "hdamoe_env.calibrate": 5, "hdamoe_env.simulator": 6,
+         "hdamoe_env.linksim": 4, "hdamoe_env.calibrate": 5, "hdamoe_env.gating": 5,
+         "hdamoe_env.scheduling": 5, "hdamoe_env.simulator": 6,
          "hdamoe_env.env": 7, "baselines": 8, "agents": 8, "hdamoe_env.bench": 9,
-         "hdamoe_env.tb": 9, "hdamoe_env.cli": 9, "hdamoe_env.simbench": 9}
+         "hdamoe_env.tb": 9, "hdamoe_env.cli": 9, "hdamoe_env.simbench": 9,
+         "hdamoe_env.plots": 9}
 HEAVY = ("gymnasium", "torch", "stable_baselines3", "sb3_contrib", "pulp", "skopt", "highspy",
          "scipy", "tensorboard", "tensorboardX", "matplotlib")
 

@@ -1,0 +1,1206 @@
+"""Benchmark harness: methods × seeds on identical episodes of ``HdMoE-v0`` (``hdamoe bench``).
+
+Application layer (style.md §2): composes placements (``baselines``) with online agents
+(``agents``) in the env and writes records; ``agents``, ``baselines``, TensorBoard, tqdm and
+matplotlib are imported lazily.
+
+Methods (paper-model.md §9, §13 Fig. 10):
+
+| method | placement | online agent |
+|---|---|---|
+| ``tp`` | TP (§9.1) | NoOp |
+| ``ep`` | EP (§9.2, seeded) | NoOp |
+| ``hybrid`` | compute-balanced hybrid TP-EP (§9.3) | NoOp |
+| ``node-balance`` | Node Balance with the random mapping π0 (§7) | NoOp |
+| ``node-link`` | Node + Link Balance (§7–8), static | NoOp |
+| ``hd-moe`` | Node + Link Balance | ``HDMoEAgent``: pre-broadcast + dispatch (§10) |
+| ``hda-moe`` | Node + Link Balance | ``HDAMoEAgent``: + hardware-aware gating (§11) |
+| ``agent:NAME[@placement]`` | node-link unless ``@placement`` | a registered or learned agent |
+
+(A learned agent is a saved file, loaded by ``agents.learned.load_agent``.)
+
+Placements of ``hybrid``, ``node-balance`` and ``node-link`` come from a ``hdamoe place`` output
+directory (``placement_dir``) or, without one, from a quick run of the offline pipeline
+(``baselines.pipeline.run_pipeline`` with the heuristic Node Balance and a small local-search
+Link-Balance budget, :data:`QUICK_PLACEMENT`) cached under ``cache_dir`` in a directory keyed by
+the pipeline's configuration hash — model, trace id, hardware, topology, profile, seed and the
+budget. An existing complete artifact is loaded, never re-solved; an interrupted run resumes
+layer by layer. Placements are optimised at ``place_batch`` = 128 (paper §13) whatever the
+benchmark's B.
+
+Episodes: for seed s every method runs ``env.reset(seed=s)`` on its own env built from the same
+trace, so the decode steps (rows of the trace and hence the routing) are identical across methods;
+aggregator draws and predictor noise come from the same generator afterwards and may diverge once
+methods consume different numbers of draws. One episode = ``steps`` decode steps × L layers.
+
+Record per (method, seed) (JSON list / CSV rows; ``run_key`` identifies the configuration so
+that ``resume`` skips finished pairs of the same configuration): TBT mean and std over decode
+steps (µs), breakdown per decode step (compute incl. dense layers, communication, exposed memory,
+other = broadcast excess), gating perturbation (mean over gated layers), decision time per env
+step (wall time of ``agent.predict``), env steps, profile name and knob hash, placement method
+and artifact, trace id, setting, batch, and the mean busy time of every directed link per decode
+step (for the congestion heat map).
+
+``bench_env`` measures env steps per second (DES and analytic twin) against the raw simulator
+layer call, and the heuristic agents' decision time (``hdamoe bench-env``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import inspect
+import io
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hdamoe_env import __version__
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
+from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.profiles import PROFILES, get_profile
+from hdamoe_env.specs import (MODEL_PRESETS, TOPOLOGY_KINDS, ModelSpec, get_model,
+                              hardware_from_setting, parse_mesh)
+
+__all__ = [
+    "BUILTIN_METHODS",
+    "DEFAULT_METHODS",
+    "QUICK_PLACEMENT",
+    "BenchConfig",
+    "BenchResult",
+    "MethodSpec",
+    "PlacementStore",
+    "add_bench_env_parser",
+    "add_bench_parser",
+    "bench_env",
+    "cmd_bench",
+    "cmd_bench_env",
+    "default_cache_dir",
+    "format_bench_env",
+    "format_table",
+    "parse_method",
+    "read_records",
+    "resolve_agent",
+    "run_bench",
+    "run_episode",
+    "summarise",
+    "write_csv",
+    "write_json",
+]
+
+log = logging.getLogger(__name__)
+
+US = 1e6
+
+#: Placement names and the artifact file of each in a ``hdamoe place`` output directory.
+PLACEMENT_ARTIFACTS: dict[str, str | None] = {
+    "tp": None, "ep": None, "hybrid": "placement_hybrid.npz",
+    "node_balance": "placement_node_balance.npz", "node_link": "placement.npz",
+}
+
+#: Budget of the quick offline pipeline used when no placement directory is given [decision]:
+#: heuristic Node Balance (no MILP), swap local search for Link Balance with 12 DES evaluations,
+#: a 5 s limit on the hybrid's region-balance MILP.
+QUICK_PLACEMENT: dict[str, Any] = {"nb_mode": "heuristic", "lb_method": "local", "bo_calls": 12,
+                                   "lb_objective": "des", "hybrid_time_limit_s": 5.0}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A benchmark method: a placement plus an online agent.
+
+    Attributes:
+        name: Method name used in tables, records and run directories.
+        placement: One of ``PLACEMENT_ARTIFACTS`` (``tp``, ``ep``, ``hybrid``, ``node_balance``,
+            ``node_link``).
+        agent: A registered agent name (``agents.AGENTS``), a path to a saved learned agent, or
+            None (``NoOpAgent``: the static placement).
+        description: One line.
+    """
+
+    name: str
+    placement: str
+    agent: str | None = None
+    description: str = ""
+
+
+BUILTIN_METHODS: dict[str, MethodSpec] = {
+    "tp": MethodSpec("tp", "tp", None, "tensor parallelism (§9.1)"),
+    "ep": MethodSpec("ep", "ep", None, "expert parallelism (§9.2)"),
+    "hybrid": MethodSpec("hybrid", "hybrid", None, "compute-balanced hybrid TP-EP (§9.3)"),
+    "node-balance": MethodSpec("node-balance", "node_balance", None,
+                               "Node Balance with the random mapping (§7)"),
+    "node-link": MethodSpec("node-link", "node_link", None,
+                            "Node + Link Balance, static (§7–8)"),
+    "hd-moe": MethodSpec("hd-moe", "node_link", "hd-moe",
+                         "Node + Link Balance + pre-broadcast + dispatch (§9.4, §10)"),
+    "hda-moe": MethodSpec("hda-moe", "node_link", "hda-moe",
+                          "HD-MoE + hardware-aware gating (§9.4, §11)"),
+}
+DEFAULT_METHODS: tuple[str, ...] = tuple(BUILTIN_METHODS)
+#: Methods the speed-up columns compare against, in table order.
+SPEEDUP_BASELINES: tuple[str, ...] = ("tp", "ep", "hybrid", "hd-moe")
+
+
+def parse_method(text: str) -> MethodSpec:
+    """Parse a method name: a built-in one, or ``agent:NAME_OR_PATH[@placement]``.
+
+    Raises:
+        ConfigError: Unknown built-in method or placement name.
+    """
+    name = text.strip()
+    key = name.replace("_", "-")
+    if key in BUILTIN_METHODS:
+        return BUILTIN_METHODS[key]
+    if name.startswith("agent:"):
+        body = name[len("agent:"):]
+        placement = "node_link"
+        if "@" in body:
+            body, placement = body.rsplit("@", 1)
+            placement = placement.replace("-", "_")
+            if placement not in PLACEMENT_ARTIFACTS:
+                raise unknown_name("placement", placement, PLACEMENT_ARTIFACTS)
+        if not body:
+            raise ConfigError(f"method {text!r}: expected agent:NAME or agent:PATH.zip")
+        return MethodSpec(name, placement, body, f"agent {body} on {placement}")
+    raise ConfigError(f"unknown method {text!r}; expected one of {list(BUILTIN_METHODS)} or "
+                      "agent:NAME[@placement] / agent:PATH.zip"
+                      + _hint(key, BUILTIN_METHODS))
+
+
+def _hint(name: str, choices: Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --------------------------------------------------------------------------------- configuration
+def default_cache_dir() -> Path:
+    """Return the placement cache root: ``$HDAMOE_CACHE_DIR`` or ``~/.cache/hdamoe-env``."""
+    env = os.environ.get("HDAMOE_CACHE_DIR")
+    if env:
+        return Path(env) / "placements"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hdamoe-env" / "placements"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a benchmark configuration (one ``run_key``).
+
+    Attributes:
+        model: Model preset id or ``ModelSpec``.
+        trace: ``"synthetic"``, a trace path, or a loaded ``RoutingTrace``.
+        trace_requests: Requests of the synthetic trace (None: the env's default).
+        mesh: ``"XxY"``.
+        topology: ``"mesh"``, ``"torus"`` or ``"fattree"``.
+        setting: ``"TFLOPS/GBps"``.
+        batch: Tokens per decode step B.
+        conventions: Profile name.
+        steps: Decode steps per episode.
+        fidelity: ``"des"`` or ``"analytic"``.
+        predictor: Next-layer predictor of the env.
+        max_broadcast: Pre-broadcast slots of the action.
+        k_b: Manual pre-broadcast slots (None: the budget rule of §10.3).
+        placement_dir: ``hdamoe place`` output directory (None: quick pipeline, cached).
+        cache_dir: Root of the placement cache (None: :func:`default_cache_dir`).
+        placement_seed: Seed of EP and of the offline pipeline.
+        place_batch: Batch size the placements are optimised at (paper: 128).
+        place_workers: Worker processes of the quick pipeline.
+        quick: Budget of the quick pipeline (``PlaceConfig`` fields).
+        env_kwargs: Further ``HdMoeEnv`` keyword arguments (e.g. ``gating_protect_top``).
+    """
+
+    model: str | ModelSpec = "deepseek-v2-lite"
+    trace: Any = "synthetic"
+    trace_requests: int | None = None
+    mesh: str = "4x8"
+    topology: str = "mesh"
+    setting: str = "5/50"
+    batch: int = 128
+    conventions: str = "faithful"
+    steps: int = 16
+    fidelity: str = "des"
+    predictor: str = "noisy_oracle"
+    max_broadcast: int = 8
+    k_b: int | None = None
+    placement_dir: str | None = None
+    cache_dir: str | None = None
+    placement_seed: int = 0
+    place_batch: int = 128
+    place_workers: int = 1
+    quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        get_model(self.model)
+        get_profile(self.conventions)
+        parse_mesh(self.mesh)
+        if self.steps < 1 or self.batch < 1:
+            raise ConfigError(f"steps and batch must be >= 1, got {self.steps}, {self.batch}")
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The model spec."""
+        return get_model(self.model)
+
+    @property
+    def trace_label(self) -> str:
+        """``"synthetic"``, the trace path, or ``"trace:<id>"`` for a loaded trace."""
+        if isinstance(self.trace, str | os.PathLike):
+            return str(self.trace)
+        return f"trace:{getattr(self.trace, 'trace_id', '?')[:12]}"
+
+    def env_arguments(self) -> dict[str, Any]:
+        """Return the ``HdMoeEnv`` keyword arguments shared by every method."""
+        kwargs: dict[str, Any] = {
+            "model": self.model, "setting": self.setting, "mesh": self.mesh,
+            "topology": self.topology, "batch": self.batch, "conventions": self.conventions,
+            "steps_per_episode": self.steps, "fidelity": self.fidelity,
+            "predictor": self.predictor, "max_broadcast": self.max_broadcast,
+            "placement_seed": self.placement_seed, **self.env_kwargs}
+        if self.trace_requests is not None:
+            kwargs["trace_requests"] = self.trace_requests
+        if self.k_b is not None:
+            kwargs["k_b"] = self.k_b
+        return kwargs
+
+    def run_key(self, trace_id: str) -> str:
+        """Return a short hash of the configuration and the trace id (resume key)."""
+        spec = self.model_spec
+        model = spec.key if MODEL_PRESETS.get(spec.key) == spec else spec.to_dict()
+        payload = {
+            "model": model, "trace_id": trace_id, "mesh": list(parse_mesh(self.mesh)),
+            "topology": self.topology, "setting": self.setting, "batch": self.batch,
+            "conventions": get_profile(self.conventions).to_dict()["knobs_sha256"],
+            "steps": self.steps, "fidelity": self.fidelity, "predictor": self.predictor,
+            "max_broadcast": self.max_broadcast, "k_b": self.k_b,
+            "placements": (str(Path(self.placement_dir).resolve()) if self.placement_dir
+                           else {"quick": self.quick, "batch": self.place_batch}),
+            "placement_seed": self.placement_seed,
+            "env_kwargs": {k: self.env_kwargs[k] for k in sorted(self.env_kwargs)},
+        }
+        blob = json.dumps(payload, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------ placements
+class PlacementStore:
+    """Placements of the methods of one configuration, built, loaded or computed once.
+
+    ``tp`` and ``ep`` are built directly (core data constructors; EP seeded by
+    ``placement_seed``). ``hybrid``, ``node_balance`` and ``node_link`` are read from
+    ``placement_dir`` when given, else from the quick-pipeline cache (computed on first use).
+
+    Args:
+        config: The benchmark configuration.
+        trace: The loaded trace (its id keys the cache; the pipeline mines it).
+        progress: Show a tqdm bar over the layers of a quick-pipeline run.
+    """
+
+    def __init__(self, config: BenchConfig, trace: Any, *, progress: bool = True) -> None:
+        self.config = config
+        self.trace = trace
+        self.progress = progress
+        self.model = config.model_spec
+        self.hw = hardware_from_setting(config.setting, config.mesh)
+        self._cache: dict[str, tuple[Placement, str | None]] = {}
+        self.pipeline_dir: Path | None = None
+        self.pipeline_wall_s: float = 0.0
+        self.pipeline_solved = False
+
+    def get(self, name: str) -> tuple[Placement, str | None]:
+        """Return the placement of ``name`` and the artifact path it came from (or None).
+
+        Raises:
+            ConfigError: Unknown placement, or a placement file that does not fit the model.
+        """
+        name = name.replace("-", "_")
+        if name not in PLACEMENT_ARTIFACTS:
+            raise unknown_name("placement", name, PLACEMENT_ARTIFACTS)
+        hit = self._cache.get(name)
+        if hit is not None:
+            return hit
+        L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
+        if name == "tp":
+            result: tuple[Placement, str | None] = (tensor_parallel(L, E, D), None)
+        elif name == "ep":
+            result = (expert_parallel(L, E, D, np.random.default_rng(self.config.placement_seed)),
+                      None)
+        else:
+            directory = (Path(self.config.placement_dir) if self.config.placement_dir
+                         else self._quick_pipeline())
+            artifact = PLACEMENT_ARTIFACTS[name]
+            assert artifact is not None
+            path = directory / artifact
+            if not path.exists():
+                raise ConfigError(f"placement directory {str(directory)!r} has no {artifact} "
+                                  f"(needed by {name!r}); run `hdamoe place --out {directory}` "
+                                  "or omit --placement-dir to use the quick pipeline")
+            placement = Placement.load(path)
+            placement.validate(self.model, self.hw)
+            missing = placement.meta.get("layers_missing") or []
+            if missing:
+                log.warning("%s: layers %s were not placed (TP used there)", path, missing)
+            placed_on = placement.meta.get("trace_id")
+            if placed_on and placed_on != self.trace.trace_id:
+                log.info("%s was optimised on trace %s; evaluating on trace %s", path,
+                         str(placed_on)[:12], self.trace.trace_id[:12])
+            result = (placement, str(path))
+        self._cache[name] = result
+        return result
+
+    def place_config(self) -> Any:
+        """Return the ``baselines.pipeline.PlaceConfig`` of the quick pipeline."""
+        from baselines.pipeline import PlaceConfig
+
+        cfg = self.config
+        return PlaceConfig(model=cfg.model, mesh=parse_mesh(cfg.mesh), setting=cfg.setting,
+                           batch=cfg.place_batch, topology=cfg.topology, trace=cfg.trace_label,
+                           trace_requests=cfg.trace_requests, conventions=cfg.conventions,
+                           seed=cfg.placement_seed, **cfg.quick)
+
+    def cache_path(self) -> Path:
+        """Return the cache directory of this configuration's quick placements."""
+        pc = self.place_config()
+        digest = pc.config_hash(self.trace.trace_id)
+        X, Y = parse_mesh(self.config.mesh)
+        name = (f"{self.model.key}__{self.config.topology}{X}x{Y}__"
+                f"{self.config.setting.replace('/', '-')}__{self.config.conventions}__"
+                f"seed{self.config.placement_seed}__{digest}")
+        root = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
+        return root / name
+
+    def _quick_pipeline(self) -> Path:
+        if self.pipeline_dir is not None:
+            return self.pipeline_dir
+        out = self.cache_path()
+        pc = self.place_config()
+        digest = pc.config_hash(self.trace.trace_id)
+        if _complete_artifact(out, digest):
+            log.info("using cached placements in %s", out)
+            self.pipeline_dir = out
+            return out
+        try:
+            from baselines.pipeline import run_pipeline
+        except ImportError as exc:  # pragma: no cover - baselines ships with the package
+            raise DependencyNotInstalled("the quick placement needs the baselines package; "
+                                         "pass --placement-dir DIR instead") from exc
+        log.info("computing quick placements (heuristic Node Balance, local-search Link Balance) "
+                 "into %s", out)
+        bar = _bar(self.model.num_moe_layers, "placement layers", self.progress)
+        t0 = time.perf_counter()
+        try:
+            run_pipeline(pc, out, workers=max(1, self.config.place_workers), resume=True,
+                         trace=self.trace, on_layer=(lambda _: bar.update(1)) if bar else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.pipeline_wall_s = time.perf_counter() - t0
+        self.pipeline_solved = True
+        self.pipeline_dir = out
+        return out
+
+
+def _complete_artifact(directory: Path, config_hash: str) -> bool:
+    path = directory / "placement.npz"
+    if not path.exists():
+        return False
+    try:
+        meta = Placement.load(path).meta
+    except ConfigError:
+        return False
+    return meta.get("config_hash") == config_hash and not meta.get("layers_missing")
+
+
+# ------------------------------------------------------------------------------------ agents
+def resolve_agent(spec: str | None, env: Any, *, seed: int = 0) -> Any:
+    """Return the agent of a method: NoOp (None), a registered agent, or a learned one.
+
+    Learned agents are loaded with ``agents.learned.load_agent(path)`` (the hook for trained
+    SB3 / sb3-contrib policies; ``env=`` is passed when the loader accepts it).
+
+    Raises:
+        ConfigError: Unknown agent name and no such file.
+        DependencyNotInstalled: A learned agent without ``agents.learned`` or its extras.
+    """
+    import agents
+
+    if spec is None:
+        return agents.NoOpAgent.from_env(env)
+    key = spec.replace("_", "-")
+    if key in agents.AGENTS:
+        return agents.make_agent(key, env=env, seed=seed)
+    path = Path(spec)
+    if path.suffix == ".zip" or path.exists():
+        if not path.exists():
+            raise ConfigError(f"learned agent file {spec!r} does not exist")
+        try:
+            from agents import learned  # type: ignore[attr-defined]
+        except ImportError as exc:
+            raise DependencyNotInstalled(
+                f"loading the learned agent {spec!r} needs agents.learned and the rl extra "
+                '(`pip install "hdamoe-env[rl]"`)') from exc
+        loader = learned.load_agent
+        if "env" in inspect.signature(loader).parameters:
+            return loader(path, env=env)
+        return loader(path)
+    raise unknown_name("agent", spec, agents.AGENTS)
+
+
+def _accepts_masks(agent: Any) -> bool:
+    try:
+        return "action_masks" in inspect.signature(agent.predict).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------ episodes
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are optional
+        return None
+    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr,
+                disable=not sys.stderr.isatty())
+
+
+def _nanmean(values: Sequence[float]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(vals)) if vals else None
+
+
+def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
+                on_step: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run one episode and return its measurements (the method-independent record fields).
+
+    Args:
+        env: An ``HdMoeEnv``.
+        agent: Anything with SB3's ``predict``.
+        seed: ``env.reset(seed=seed)``.
+        writer: Optional scalar writer (``hdamoe_env.tb``) for per-step TensorBoard scalars.
+        on_step: Called after every env step (progress bars).
+
+    Returns:
+        TBT statistics, breakdown, gating statistics, decision time, link busy time, k_b and
+        broadcast counts.
+    """
+    base = getattr(env, "unwrapped", env)
+    masks = _accepts_masks(agent) and hasattr(base, "action_masks")
+    obs, _ = env.reset(seed=seed)
+    tbts: list[float] = []
+    totals: list[float] = []
+    sums = {"compute_us": 0.0, "t_comm_us": 0.0, "memory_us": 0.0, "t_extra_us": 0.0,
+            "t_nm_us": 0.0, "t_comp_us": 0.0, "t_dispatch_us": 0.0, "t_combine_us": 0.0,
+            "bc_makespan_us": 0.0}
+    gating: dict[str, list[float]] = {"changed_fraction": [], "top1_retention": [],
+                                      "score_mass_kept": []}
+    decision_s: list[float] = []
+    busy_sum: np.ndarray | None = None
+    kb: list[int] = []
+    nbc: list[int] = []
+    balance: list[float] = []
+    step = 0
+    layer_total = 0.0
+    t_start = time.perf_counter()
+    done = False
+    while not done:
+        kwargs = {"action_masks": base.action_masks()} if masks else {}
+        t0 = time.perf_counter()
+        action, _ = agent.predict(obs, deterministic=True, **kwargs)
+        decision_s.append(time.perf_counter() - t0)
+        obs, _reward, terminated, truncated, info = env.step(action)
+        done = bool(terminated or truncated)
+        for key in sums:
+            sums[key] += float(info.get(key, 0.0))
+        total = float(info["total_us"])
+        layer_total += total
+        busy = info.get("link_busy_us")
+        if busy is not None:
+            busy = np.asarray(busy, dtype=np.float64)
+            busy_sum = busy.copy() if busy_sum is None else busy_sum + busy
+        kb.append(int(info.get("k_b", 0)))
+        nbc.append(len(info.get("broadcast", ())))
+        if float(info.get("gating_level", 0.0)) > 0:
+            for key in gating:
+                gating[key].append(float(info.get(key, float("nan"))))
+        bal = _balancedness(base, info)
+        if bal is not None:
+            balance.append(bal)
+        if writer is not None:
+            _write_step(writer, step, info, total, busy, bal, decision_s[-1])
+        if "tbt_us" in info:
+            tbts.append(float(info["tbt_us"]))
+            totals.append(layer_total)
+            layer_total = 0.0
+            if writer is not None:
+                writer.add_scalar("latency/tbt_us", float(info["tbt_us"]), len(tbts) - 1)
+        if done and writer is not None and "episode_tbt_us" in info:
+            writer.add_scalar("latency/episode_tbt_us", float(info["episode_tbt_us"]), seed)
+        step += 1
+        if on_step is not None:
+            on_step()
+    wall = time.perf_counter() - t_start
+    n_dec = max(len(tbts), 1)
+    tbt = np.asarray(tbts, dtype=np.float64)
+    dense = float(tbt.mean() - np.mean(totals)) if tbts else 0.0
+    breakdown = {
+        "compute_us": sums["compute_us"] / n_dec + dense,
+        "communication_us": sums["t_comm_us"] / n_dec,
+        "memory_us": sums["memory_us"] / n_dec,
+        "extra_us": sums["t_extra_us"] / n_dec,
+        "dense_us": dense,
+        "t_nm_us": sums["t_nm_us"] / n_dec, "t_comp_us": sums["t_comp_us"] / n_dec,
+        "dispatch_us": sums["t_dispatch_us"] / n_dec, "combine_us": sums["t_combine_us"] / n_dec,
+        "broadcast_makespan_us": sums["bc_makespan_us"] / n_dec,
+    }
+    link = None if busy_sum is None or not busy_sum.any() else (busy_sum / n_dec).tolist()
+    return {
+        "tbt_us": float(tbt.mean()) if tbts else float("nan"),
+        "tbt_std_us": float(tbt.std()) if tbts else float("nan"),
+        "tbt_steps_us": tbt.tolist(),
+        "decode_steps": len(tbts), "env_steps": step,
+        "breakdown_us": breakdown,
+        "gating": {key: _nanmean(vals) for key, vals in gating.items()},
+        "gated_layers": len(gating["changed_fraction"]),
+        "decision_ms_per_step": 1e3 * float(np.mean(decision_s)) if decision_s else 0.0,
+        "decision_ms_p95": 1e3 * float(np.percentile(decision_s, 95)) if decision_s else 0.0,
+        "k_b_mean": float(np.mean(kb)) if kb else 0.0,
+        "broadcast_mean": float(np.mean(nbc)) if nbc else 0.0,
+        "balancedness_mean": _nanmean(balance),
+        "link_busy_us": link,
+        "episode_wall_s": wall,
+    }
+
+
+def _balancedness(env: Any, info: dict[str, Any]) -> float | None:
+    if "balancedness" in info:
+        return float(info["balancedness"])
+    last = getattr(env, "last_layer", None)
+    loads = getattr(last, "node_compute_s", None)
+    if loads is None:
+        return None
+    peak = float(np.max(loads))
+    return 1.0 if peak <= 0 else float(np.mean(loads)) / peak
+
+
+def _write_step(writer: Any, step: int, info: dict[str, Any], total_us: float,
+                busy_us: np.ndarray | None, balancedness: float | None,
+                decision_s: float) -> None:
+    values = {
+        "latency/layer_us": total_us,
+        "latency/comm_us": float(info.get("t_comm_us", 0.0)),
+        "latency/compute_us": float(info.get("t_comp_us", 0.0)),
+        "latency/nm_us": float(info.get("t_nm_us", 0.0)),
+        "latency/memory_us": float(info.get("memory_us", 0.0)),
+        "latency/extra_us": float(info.get("t_extra_us", 0.0)),
+        "broadcast/k_b": float(info.get("k_b", 0)),
+        "broadcast/experts": float(len(info.get("broadcast", ()))),
+        "agent/decision_ms": 1e3 * decision_s,
+    }
+    if busy_us is not None and total_us > 0:
+        values["links/max_util"] = float(busy_us.max()) / total_us
+        values["links/mean_util"] = float(busy_us.mean()) / total_us
+    if balancedness is not None:
+        values["nodes/balancedness"] = balancedness
+    if float(info.get("gating_level", 0.0)) > 0:
+        for key in ("top1_retention", "changed_fraction", "score_mass_kept"):
+            if key in info:
+                values[f"gating/{key}"] = float(info[key])
+    for tag, value in values.items():
+        writer.add_scalar(tag, value, step)
+
+
+# ------------------------------------------------------------------------------------ the run
+@dataclass
+class BenchResult:
+    """Result of :func:`run_bench`.
+
+    Attributes:
+        records: The records of this configuration (resumed ones included), method order.
+        all_records: Everything in the JSON output (other configurations included).
+        skipped: (method, seed) pairs taken from the existing JSON (``resume``).
+        run_key: Configuration hash.
+        topology: The run's ``Topology`` (for the heat map).
+        placement_wall_s: Wall time of a quick-pipeline run in this call (0 if cached/given).
+        wall_s: Wall time of the call.
+    """
+
+    records: list[dict[str, Any]]
+    all_records: list[dict[str, Any]]
+    skipped: list[tuple[str, int]]
+    run_key: str
+    topology: Any
+    placement_wall_s: float = 0.0
+    placement_dir: str | None = None
+    wall_s: float = 0.0
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read the records of a bench JSON file (an empty list if it does not exist).
+
+    Raises:
+        ConfigError: The file is not a JSON list of records.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); move it away or rerun "
+                          "without --resume") from None
+    if isinstance(data, dict) and "records" in data:
+        data = data["records"]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ConfigError(f"{str(path)!r} is not a list of bench records")
+    return data
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def write_json(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
+    """Write the records as a JSON list, atomically (temporary file + rename)."""
+    path = Path(path)
+    _atomic_text(path, json.dumps(list(records), indent=1, default=_json_default) + "\n")
+    return path
+
+
+CSV_FIELDS = ("method", "seed", "tbt_us", "tbt_std_us", "compute_us", "communication_us",
+              "memory_us", "extra_us", "changed_fraction", "top1_retention", "score_mass_kept",
+              "decision_ms_per_step", "env_steps", "decode_steps", "k_b_mean", "broadcast_mean",
+              "balancedness_mean", "model", "setting", "mesh", "topology", "batch", "fidelity",
+              "predictor", "profile", "knobs_sha256", "placement", "placement_artifact",
+              "agent", "trace", "trace_id", "run_key", "version")
+
+
+def write_csv(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
+    """Write one CSV row per record (scalars only), atomically."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for rec in records:
+        row = {**rec, **rec.get("breakdown_us", {}), **(rec.get("gating") or {})}
+        w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
+    path = Path(path)
+    _atomic_text(path, buf.getvalue())
+    return path
+
+
+def _load_trace(config: BenchConfig) -> tuple[Any, Any]:
+    """Build a TP env (cheap) to load the trace exactly as every method's env will."""
+    from hdamoe_env.env import HdMoeEnv
+
+    probe = HdMoeEnv(**{**config.env_arguments(), "trace": config.trace, "placement": "tp"})
+    return probe.trace, probe
+
+
+def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT_METHODS,
+              seeds: Sequence[int] = (0, 1, 2), *, json_path: str | os.PathLike[str] | None = None,
+              csv_path: str | os.PathLike[str] | None = None, resume: bool = False,
+              tensorboard_dir: str | os.PathLike[str] | None = None,
+              progress: bool = True) -> BenchResult:
+    """Run methods × seeds on identical episodes and return (and write) one record per pair.
+
+    Args:
+        config: The configuration.
+        methods: Method names (``parse_method``) or specs.
+        seeds: Episode seeds; seed s is ``env.reset(seed=s)`` for every method.
+        json_path: Write all records here after every finished pair (atomic).
+        csv_path: Write the CSV here at the end (atomic).
+        resume: Keep the records already in ``json_path`` and skip their (method, seed) pairs
+            of the same configuration (``run_key``).
+        tensorboard_dir: Write per-step scalars to ``DIR/{env_id}__{method}__{seed}__{time}``.
+        progress: tqdm bars on stderr (when installed and stderr is a terminal).
+
+    Returns:
+        The records of this configuration and bookkeeping.
+
+    Raises:
+        ConfigError: Bad method names, seeds or configuration.
+    """
+    from hdamoe_env.env import HdMoeEnv
+
+    t_run = time.perf_counter()
+    specs = [m if isinstance(m, MethodSpec) else parse_method(m) for m in methods]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"methods repeat a name: {names}")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds must be distinct and non-empty, got {seeds}")
+    trace, probe = _load_trace(config)
+    run_key = config.run_key(trace.trace_id)
+    existing = read_records(json_path) if (json_path and resume) else []
+    done = {(r.get("run_key"), r.get("method"), r.get("seed")): r for r in existing}
+    skipped = [(m, s) for m in names for s in seeds if (run_key, m, s) in done]
+    todo = [(spec, s) for spec in specs for s in seeds if (run_key, spec.name, s) not in done]
+    if skipped:
+        log.info("resume: %d of %d (method, seed) pairs already in %s", len(skipped),
+                 len(names) * len(seeds), json_path)
+    all_records = list(existing)
+    store = PlacementStore(config, trace, progress=progress)
+    env_args = {**config.env_arguments(), "trace": trace}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    total_steps = len(todo) * config.steps * config.model_spec.num_moe_layers
+    bar = _bar(total_steps, "bench env steps", progress) if todo else None
+    envs: dict[str, Any] = {}
+    conv = get_profile(config.conventions)
+    model = config.model_spec
+    try:
+        for spec, seed in todo:
+            placement, artifact = store.get(spec.placement)
+            env = envs.get(spec.name)
+            if env is None:
+                env = envs[spec.name] = HdMoeEnv(**env_args, placement=placement)
+            agent = resolve_agent(spec.agent, env, seed=seed)
+            writer = None
+            if tensorboard_dir is not None:
+                from hdamoe_env.tb import make_writer, run_dir_name
+
+                writer = make_writer(Path(tensorboard_dir) / run_dir_name(spec.name, seed,
+                                                                           timestamp=stamp))
+            try:
+                measured = run_episode(env, agent, seed, writer=writer,
+                                       on_step=(lambda: bar.update(1)) if bar else None)
+            finally:
+                if writer is not None:
+                    writer.close()
+            record = {
+                "method": spec.name, "seed": seed, **measured,
+                "agent": spec.agent or "noop", "agent_class": type(agent).__name__,
+                "placement": spec.placement, "placement_method": placement.method,
+                "placement_artifact": artifact,
+                "model": model.key, "setting": config.setting, "mesh": config.mesh,
+                "topology": config.topology, "batch": config.batch,
+                "steps_per_episode": config.steps, "fidelity": config.fidelity,
+                "predictor": config.predictor, "max_broadcast": config.max_broadcast,
+                "profile": conv.name, "knobs_sha256": conv.to_dict()["knobs_sha256"],
+                "gating_coefficients": list(getattr(env, "gating_coefficients", ())),
+                "trace": config.trace_label, "trace_id": trace.trace_id,
+                "score_kind": getattr(env, "score_kind", None),
+                "placement_seed": config.placement_seed, "run_key": run_key,
+                "version": __version__,
+            }
+            all_records.append(record)
+            done[(run_key, spec.name, seed)] = record
+            if json_path is not None:
+                write_json(json_path, all_records)
+            log.info("%s seed %d: TBT %.2f µs (%d decode steps)", spec.name, seed,
+                     record["tbt_us"], record["decode_steps"])
+    finally:
+        if bar is not None:
+            bar.close()
+    records = [done[(run_key, m, s)] for m in names for s in seeds]
+    if json_path is not None:
+        write_json(json_path, all_records)
+    if csv_path is not None:
+        write_csv(csv_path, records)
+    return BenchResult(records, all_records, skipped, run_key, probe.topology,
+                       store.pipeline_wall_s,
+                       str(store.pipeline_dir or config.placement_dir or "") or None,
+                       time.perf_counter() - t_run)
+
+
+# ------------------------------------------------------------------------------------ summary
+def _stat(values: Sequence[float]) -> tuple[float, float]:
+    vals = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if vals.size == 0:
+        return float("nan"), float("nan")
+    return float(vals.mean()), float(vals.std())
+
+
+def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aggregate records per method over seeds (mean and std over seeds).
+
+    Speed-ups ``speedup_over_<m>`` = TBT(m) / TBT(method), per seed, then averaged; present when
+    method m is among the records. ``tbt_over_tp`` = TBT / TBT(tp).
+
+    Returns:
+        One dict per method, in record order.
+    """
+    by_method: dict[str, dict[int, dict[str, Any]]] = {}
+    for rec in records:
+        by_method.setdefault(rec["method"], {})[int(rec["seed"])] = rec
+    rows = []
+    for method, per_seed in by_method.items():
+        recs = list(per_seed.values())
+        row: dict[str, Any] = {"method": method, "seeds": sorted(per_seed)}
+        row["tbt_us"], row["tbt_seed_std_us"] = _stat([r["tbt_us"] for r in recs])
+        row["tbt_step_std_us"] = _stat([r["tbt_std_us"] for r in recs])[0]
+        for base in ("tp", *SPEEDUP_BASELINES[1:]):
+            if base not in by_method:
+                continue
+            ratios = [by_method[base][s]["tbt_us"] / per_seed[s]["tbt_us"]
+                      for s in per_seed if s in by_method[base] and per_seed[s]["tbt_us"] > 0]
+            row[f"speedup_over_{base}"], row[f"speedup_over_{base}_std"] = _stat(ratios)
+        if "tp" in by_method:
+            norm = [per_seed[s]["tbt_us"] / by_method["tp"][s]["tbt_us"] for s in per_seed
+                    if s in by_method["tp"]]
+            row["tbt_over_tp"], row["tbt_over_tp_std"] = _stat(norm)
+        for key in ("compute_us", "communication_us", "memory_us", "extra_us"):
+            row[key] = _stat([r["breakdown_us"].get(key, 0.0) for r in recs])[0]
+        for key in ("changed_fraction", "top1_retention", "score_mass_kept"):
+            row[key] = _stat([(r.get("gating") or {}).get(key) for r in recs])[0]
+        row["decision_ms"], row["decision_ms_std"] = _stat(
+            [r["decision_ms_per_step"] for r in recs])
+        row["k_b_mean"] = _stat([r.get("k_b_mean", 0.0) for r in recs])[0]
+        row["broadcast_mean"] = _stat([r.get("broadcast_mean", 0.0) for r in recs])[0]
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: Any, spec: str = "{:.2f}") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return spec.format(value)
+
+
+def format_table(records: Sequence[dict[str, Any]]) -> str:
+    """Return the benchmark table (µs per decode step; mean over seeds, ± std over seeds)."""
+    rows = summarise(records)
+    present = {r["method"] for r in rows}
+    bases = [b for b in SPEEDUP_BASELINES if b in present]
+    head = ["method", "TBT µs", "±seeds", "TBT/TP"] + [f"×{b}" for b in bases] + [
+        "compute", "comm", "memory", "other", "k_b", "bcast", "changed", "top1 kept",
+        "decide ms"]
+    cells = []
+    for r in rows:
+        line = [r["method"], _fmt(r["tbt_us"]), _fmt(r["tbt_seed_std_us"]),
+                _fmt(r.get("tbt_over_tp"), "{:.3f}")]
+        line += [_fmt(r.get(f"speedup_over_{b}"), "{:.3f}") for b in bases]
+        line += [_fmt(r["compute_us"]), _fmt(r["communication_us"]), _fmt(r["memory_us"]),
+                 _fmt(r["extra_us"]), _fmt(r["k_b_mean"], "{:.1f}"),
+                 _fmt(r["broadcast_mean"], "{:.1f}"),
+                 _fmt(r["changed_fraction"], "{:.1%}"), _fmt(r["top1_retention"], "{:.1%}"),
+                 _fmt(r["decision_ms"], "{:.3f}") + (
+                     f"±{r['decision_ms_std']:.3f}" if r["decision_ms_std"] else "")]
+        cells.append(line)
+    widths = [max(len(h), *(len(c[j]) for c in cells)) if cells else len(h)
+              for j, h in enumerate(head)]
+    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------ CLI: bench
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` to an argparse subparsers object (``func`` = :func:`cmd_bench`)."""
+    p = subparsers.add_parser(
+        "bench", help="compare TP, EP, hybrid, Node/Link Balance, HD-MoE, HDA-MoE and agents "
+        "on identical episodes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="deepseek-v2-lite",
+                   help=f"model preset: {', '.join(MODEL_PRESETS)}")
+    p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
+    p.add_argument("--requests", type=int, default=None,
+                   help="synthetic trace: number of requests (default: the env's)")
+    p.add_argument("--mesh", default="4x8", help="node grid XxY")
+    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
+    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
+    p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
+    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
+                   "an agent")
+    p.add_argument("--seeds", default="0,1,2", help="comma list of episode seeds")
+    p.add_argument("--steps", type=int, default=16, help="decode steps per episode")
+    p.add_argument("--fidelity", default="des", choices=("des", "analytic"))
+    p.add_argument("--predictor", default="noisy_oracle",
+                   choices=("noisy_oracle", "oracle", "trace", "frequency"))
+    p.add_argument("--max-broadcast", type=int, default=8, help="pre-broadcast slots")
+    p.add_argument("--k-b", type=int, default=None,
+                   help="manual pre-broadcast slots per layer (default: the budget rule)")
+    p.add_argument("--gating-protect-top", type=int, default=0,
+                   help="never drop a token's m best original experts (0 = reference)")
+    p.add_argument("--placement-dir", default=None,
+                   help="`hdamoe place` output directory (default: quick pipeline, cached)")
+    p.add_argument("--cache-dir", default=None,
+                   help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
+    p.add_argument("--place-workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes of the quick placement pipeline")
+    p.add_argument("--place-seed", type=int, default=0, help="seed of EP and the pipeline")
+    p.add_argument("--json", default=None, help="write the records (JSON list) here")
+    p.add_argument("--csv", default=None, help="write the records as CSV here")
+    p.add_argument("--resume", action="store_true",
+                   help="skip (method, seed) pairs already in --json for this configuration")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="per-step TensorBoard scalars under DIR/{env}__{method}__{seed}__{time}")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG figures here")
+    p.add_argument("--heatmap-method", default=None,
+                   help="method of the link heat map (default: the last with link data)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _parse_list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"--{what} is empty")
+    return items
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``hdamoe bench``; print the table; return the exit code."""
+    try:
+        seeds = [int(s) for s in _parse_list(args.seeds, "seeds")]
+    except ValueError:
+        raise ConfigError(f"--seeds {args.seeds!r}: expected integers like 0,1,2") from None
+    methods = _parse_list(args.methods, "methods")
+    env_kwargs = {}
+    if args.gating_protect_top:
+        env_kwargs["gating_protect_top"] = args.gating_protect_top
+    config = BenchConfig(
+        model=args.model, trace=args.trace, trace_requests=args.requests, mesh=args.mesh,
+        topology=args.topology, setting=args.setting, batch=args.batch,
+        conventions=args.conventions, steps=args.steps, fidelity=args.fidelity,
+        predictor=args.predictor, max_broadcast=args.max_broadcast, k_b=args.k_b,
+        placement_dir=args.placement_dir, cache_dir=args.cache_dir,
+        placement_seed=args.place_seed, place_workers=args.place_workers, env_kwargs=env_kwargs)
+    result = run_bench(config, methods, seeds, json_path=args.json, csv_path=args.csv,
+                       resume=args.resume, tensorboard_dir=args.tensorboard,
+                       progress=not args.no_progress)
+    model = config.model_spec
+    hw = hardware_from_setting(config.setting, config.mesh)
+    rec0 = result.records[0]
+    print(f"hdamoe bench: {model.key} on {config.topology} {config.mesh} ({hw.num_nodes} nodes), "
+          f"{hw.compute_tflops:g} TFLOPS/node, {hw.link_bw_gbps:g} GB/s/link, B={config.batch}, "
+          f"{config.steps} decode steps x seeds {seeds}")
+    print(f"conventions: {rec0['profile']} · fidelity {config.fidelity} · predictor "
+          f"{config.predictor} · trace {config.trace_label} (id {rec0['trace_id'][:12]}) · "
+          f"placements: {result.placement_dir or 'built'}"
+          + (f" (quick pipeline {result.placement_wall_s:.0f} s)" if result.placement_wall_s
+             else ""))
+    print()
+    print(format_table(result.records))
+    print("\nµs per decode step (compute incl. dense layers); ×m = speed-up over m; changed / "
+          "top1 kept: gating perturbation over gated layers; decide = agent.predict per env step")
+    if result.skipped:
+        print(f"resumed {len(result.skipped)} record(s) from {args.json}")
+    if args.plots:
+        from hdamoe_env.plots import write_plots
+
+        try:
+            paths = write_plots(result.records, args.plots, topology=result.topology,
+                                heatmap_method=args.heatmap_method)
+        except DependencyNotInstalled as exc:
+            print(f"plots skipped: {exc}", file=sys.stderr)
+        else:
+            print("wrote " + ", ".join(str(p) for p in paths))
+    for path in (args.json, args.csv):
+        if path:
+            print(f"wrote {path}")
+    print(f"wall {result.wall_s:.1f} s")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ bench-env
+def _rate(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
+    """Call ``fn`` (returns the number of items it did) until ``seconds`` pass; items/s."""
+    count = 0
+    t0 = time.perf_counter()
+    while True:
+        count += fn()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return count / elapsed, count
+
+
+def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: str = "4x8",
+              setting: str = "5/50", batch: int = 128, conventions: str = "faithful",
+              seed: int = 0) -> dict[str, Any]:
+    """Measure env steps per second and heuristic decision times (``hdamoe bench-env``).
+
+    Env: EP placement (every layer simulated by the DES; TP would take the analytic all-reduce
+    path), no-op actions, DES and analytic fidelity. Baseline, same run: the raw simulator layer
+    call ``MoESimulator.layer_sampled`` on the same decode steps. Decisions: ``HDMoEAgent`` and
+    ``HDAMoEAgent`` on the observations of a DES episode (typical), and with the budget forced to
+    ``max_broadcast`` slots (worst case); baseline: ``NoOpAgent.predict``.
+
+    Returns:
+        Rates (steps/s), times (ms) and ratios.
+    """
+    import agents
+    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.simulator import make_steps
+
+    out: dict[str, Any] = {"model": model, "mesh": mesh, "setting": setting, "batch": batch,
+                           "conventions": conventions, "seconds": seconds}
+    for fidelity in ("des", "analytic"):
+        t0 = time.perf_counter()
+        env = HdMoeEnv(model=model, mesh=mesh, setting=setting, batch=batch,
+                       conventions=conventions, placement="ep", fidelity=fidelity,
+                       steps_per_episode=4, placement_seed=seed)
+        noop = agents.NoOpAgent.from_env(env).layout.noop()
+        state = {"episodes": 0}
+
+        def env_steps(env: Any = env, noop: Any = noop, state: dict[str, int] = state) -> int:
+            env.reset(seed=seed + state["episodes"])
+            state["episodes"] += 1
+            n, done = 0, False
+            while not done:
+                _, _, term, trunc, _ = env.step(noop)
+                n += 1
+                done = term or trunc
+            return n
+
+        env_steps()                                      # warm-up: JIT, γ fit, caches
+        out[f"{fidelity}_setup_s"] = time.perf_counter() - t0
+        out[f"env_{fidelity}_steps_per_s"], _ = _rate(env_steps, seconds)
+        sim, placement = env.sim, env.placement
+        rows = make_steps(env.trace, batch, 8, np.random.default_rng(seed))
+        sets = [np.asarray(env.trace.topk_ids[:, r, :], dtype=np.int64) for r in rows]
+        rng = np.random.default_rng(seed)
+        # the cost of the analytic call does not depend on the value of γ
+        gammas = [1.0] * env.num_layers if fidelity == "analytic" else None
+
+        def raw_layers(sim: Any = sim, placement: Any = placement, sets: Any = sets,
+                       gammas: Any = gammas, fidelity: str = fidelity) -> int:
+            n = 0
+            for step_sets in sets:
+                for layer in range(step_sets.shape[0]):
+                    sim.layer_sampled(placement, layer, step_sets[layer], rng=rng,
+                                      fidelity=fidelity,
+                                      gamma=None if gammas is None else gammas[layer])
+                    n += 1
+            return n
+
+        raw_layers()
+        out[f"raw_{fidelity}_layers_per_s"], _ = _rate(raw_layers, seconds)
+        out[f"ratio_{fidelity}"] = (out[f"env_{fidelity}_steps_per_s"]
+                                    / out[f"raw_{fidelity}_layers_per_s"])
+    env = HdMoeEnv(model=model, mesh=mesh, setting=setting, batch=batch,
+                   conventions=conventions, placement="ep", steps_per_episode=4,
+                   placement_seed=seed)
+    noop_agent = agents.NoOpAgent.from_env(env)
+    observations = []
+    obs, _ = env.reset(seed=seed)
+    done = False
+    while not done:
+        observations.append(obs)
+        obs, _, term, trunc, _ = env.step(noop_agent.predict(obs)[0])
+        done = term or trunc
+    worst = [{**o, "budget": np.ones(1, dtype=np.float32)} for o in observations]
+    out["k_b_mean"] = float(np.mean(env.k_b))
+    for label, agent in (("noop", noop_agent),
+                         ("hd_moe", agents.HDMoEAgent.from_env(env)),
+                         ("hda_moe", agents.HDAMoEAgent.from_env(env))):
+        for case, obs_list in (("typical", observations), ("worst", worst)):
+            times = []
+            for _ in range(3):
+                for o in obs_list:
+                    t0 = time.perf_counter()
+                    agent.predict(o)
+                    times.append(time.perf_counter() - t0)
+            out[f"decide_{label}_{case}_ms"] = 1e3 * float(np.median(times))
+            out[f"decide_{label}_{case}_p99_ms"] = 1e3 * float(np.percentile(times, 99))
+    env_step_ms = 1e3 / out["env_des_steps_per_s"]
+    out["env_des_step_ms"] = env_step_ms
+    for label in ("hd_moe", "hda_moe"):
+        out[f"ratio_decide_{label}_vs_noop"] = (out[f"decide_{label}_worst_ms"]
+                                                / max(out["decide_noop_worst_ms"], 1e-9))
+        out[f"ratio_decide_{label}_vs_env_step"] = out[f"decide_{label}_worst_ms"] / env_step_ms
+    out["targets"] = {"env_des_steps_per_s": 1000, "env_analytic_steps_per_s": 10000,
+                      "decide_hda_moe_ms": 3.0}
+    out["pass"] = {
+        "env_des_steps_per_s": out["env_des_steps_per_s"] >= 1000,
+        "env_analytic_steps_per_s": out["env_analytic_steps_per_s"] >= 10000,
+        "decide_hda_moe_ms": out["decide_hda_moe_worst_ms"] <= 3.0,
+    }
+    return out
+
+
+def format_bench_env(res: dict[str, Any]) -> str:
+    """Return the ``bench-env`` table: measurement, value, same-run baseline, ratio, target."""
+    ok = res["pass"]
+    rows = [
+        ("env steps/s, DES", f"{res['env_des_steps_per_s']:,.0f}",
+         f"raw layer_sampled DES {res['raw_des_layers_per_s']:,.0f}/s",
+         f"{res['ratio_des']:.2f}", ">= 1,000 " + ("ok" if ok["env_des_steps_per_s"] else "MISS")),
+        ("env steps/s, analytic", f"{res['env_analytic_steps_per_s']:,.0f}",
+         f"raw layer_sampled analytic {res['raw_analytic_layers_per_s']:,.0f}/s",
+         f"{res['ratio_analytic']:.2f}",
+         ">= 10,000 " + ("ok" if ok["env_analytic_steps_per_s"] else "MISS")),
+    ]
+    for label, name in (("hd_moe", "HD-MoE"), ("hda_moe", "HDA-MoE")):
+        target = ("<= 3 ms " + ("ok" if ok["decide_hda_moe_ms"] else "MISS")
+                  if label == "hda_moe" else "")
+        rows.append((f"{name} decision ms (typical)",
+                     f"{res[f'decide_{label}_typical_ms']:.3f}",
+                     f"NoOp {res['decide_noop_typical_ms']:.4f} ms", "", ""))
+        rows.append((f"{name} decision ms (k_b = max)", f"{res[f'decide_{label}_worst_ms']:.3f}",
+                     f"env DES step {res['env_des_step_ms']:.3f} ms",
+                     f"{res[f'ratio_decide_{label}_vs_env_step']:.2f}", target))
+    head = ("measurement", "value", "baseline (same run)", "ratio", "target")
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench-env`` to an argparse subparsers object (``func`` = :func:`cmd_bench_env`)."""
+    p = subparsers.add_parser(
+        "bench-env", help="env steps/s (DES, analytic) and heuristic decision time per step",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="deepseek-v2-lite")
+    p.add_argument("--mesh", default="4x8")
+    p.add_argument("--setting", default="5/50")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=cmd_bench_env)
+    return p
+
+
+def cmd_bench_env(args: argparse.Namespace) -> int:
+    """Run ``hdamoe bench-env``; print the table; return the exit code."""
+    res = bench_env(seconds=args.seconds, model=args.model, mesh=args.mesh,
+                    setting=args.setting, batch=args.batch, conventions=args.conventions,
+                    seed=args.seed)
+    print(f"env benchmark: {res['model']} {res['mesh']} {res['setting']} B={res['batch']} "
+          f"({res['conventions']}), EP placement, no-op actions; mean k_b "
+          f"{res['k_b_mean']:.2f}")
+    print(format_bench_env(res))
+    if args.json:
+        _atomic_text(Path(args.json), json.dumps(res, indent=1, default=_json_default) + "\n")
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,935 @@
+"""Gymnasium environment: one MoE layer of one decode step per ``step`` (paper-model.md §10–11).
+
+The env translates actions into simulator decisions and results into observations, reward and
+``info`` (style.md R1, R10). The physics lives below it: routing and batching in ``traces``, the
+gating greedy in ``hdamoe_env.gating``, prediction, pre-broadcast budget, dispatch, broadcast
+traffic and the per-layer latency in ``hdamoe_env.scheduling`` (which reproduces
+``MoESimulator.layer_sampled`` with cached constants), the DES in ``hdamoe_env.linksim``.
+Registered as ``hdamoe_env/HdMoE-v0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from numpy.typing import NDArray
+
+from hdamoe_env import calibrate, gating, perf, scheduling
+from hdamoe_env.errors import ConfigError, InvalidAction, unknown_name
+from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.profiles import Conventions, get_profile
+from hdamoe_env.simulator import FIDELITIES, MoESimulator, check_trace
+from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
+from traces import RoutingTrace, batching, synthetic
+from traces import load as load_trace
+
+__all__ = ["ENV_ID", "PREDICTORS", "HdMoeEnv"]
+
+logger = logging.getLogger(__name__)
+
+ENV_ID = "hdamoe_env/HdMoE-v0"
+PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
+INVALID_ACTION_MODES = ("raise", "coerce")
+
+_TRACE_CACHE: dict[tuple[Any, ...], RoutingTrace] = {}
+_GAMMA_CACHE: dict[str, NDArray[np.float64]] = {}
+#: Generic expert-level generator parameters for models without fitted ones [decision].
+_GENERIC_GENERATOR = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0, "kappa_block": 160.0}
+
+
+def _synthetic_trace(model: ModelSpec, n_requests: int, n_tokens: int, seed: int,
+                     with_pred: bool) -> RoutingTrace:
+    """Generate (and cache per process) the synthetic trace of a model (traces.md §7)."""
+    key = (model.key, model.num_moe_layers, model.num_experts, model.top_k, n_requests,
+           n_tokens, seed, with_pred)
+    hit = _TRACE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    predictor = "noisy_oracle" if with_pred else None
+    if model.key in synthetic.MODEL_KEYS:
+        trace = synthetic.generate(model.key, n_requests=n_requests, n_tokens=n_tokens,
+                                   seed=seed, predictor=predictor)
+    else:
+        params = dict(_GENERIC_GENERATOR, E=model.num_experts, k=model.top_k,
+                      L=model.num_moe_layers, clusters=max(2, min(16, model.num_experts)))
+        trace = synthetic.generate("deepseek-v2-lite", n_requests=n_requests, n_tokens=n_tokens,
+                                   seed=seed, predictor=predictor, params=params,
+                                   J=min(model.top_k, model.num_experts - model.top_k))
+    if len(_TRACE_CACHE) >= 16:
+        _TRACE_CACHE.clear()
+    _TRACE_CACHE[key] = trace
+    return trace
+
+
+class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
+    """MoE decode on a 3D near-memory-processing chip, one MoE layer per step (HDA-MoE online).
+
+    ## Description
+
+    B concurrent request streams decode token by token on an X×Y chip of compute-near-memory
+    nodes joined by a NoC (paper-model.md §5). Every env step executes one MoE layer of one decode
+    step: the router's scores of the layer's B tokens are (optionally) re-ranked by
+    hardware-aware gating (§11), up to k_b experts of the layer have been pre-broadcast to every
+    node during the previous layer (§10.3–10.5; their traffic is simulated on the NoC links), the
+    tokens of broadcast experts are dispatched to nodes by a dispatch rule (§10.6), and the layer's
+    latency t_nm + t_comp + t_comm_moe (+ broadcast time exceeding its budget) is evaluated with
+    the discrete-event NoC simulator or its γ-calibrated analytic twin (§5.5, §6). The offline
+    placement (TP, EP, or any ``Placement``) is fixed. An episode is ``steps_per_episode`` decode
+    steps × L layers.
+
+    ## Action Space
+
+    ``MultiDiscrete([E+1] * max_broadcast + [len(dispatch_rules), len(gating_levels)])``:
+
+    | index | meaning |
+    |---|---|
+    | 0 .. max_broadcast−1 | pre-broadcast slot: expert e < E, or E = none |
+    | max_broadcast | dispatch rule: index into ``dispatch_rules`` |
+    | max_broadcast + 1 | gating level: index into ``gating_levels`` |
+
+    A slot value e < E replicates expert e on every node for the current layer (conceptually
+    broadcast during the previous layer). The dispatch rule places the (token, broadcast expert)
+    pairs (§10.6). A gating level multiplies the default (r_comp, r_comm) of §11.7 (0 = plain
+    top-k).
+
+    Masks (``action_masks()``, repeated in ``info["action_mask"]``; the flat concatenation of the
+    per-dimension masks, for sb3-contrib's MaskablePPO): slots ≥ k_b of the layer allow only
+    "none"; layer 0 allows no broadcast (k_b = 0); experts already held by every node (TP-split
+    over all D) are masked. Duplicate experts in two slots, masked values, values outside the
+    space, non-integer values and wrong shapes raise ``InvalidAction``. Per-dimension masks cannot
+    exclude duplicates: with ``duplicates="ignore"`` a repeated expert counts once (use it with
+    MaskablePPO); with ``invalid_action="coerce"`` masked values and duplicates become "none"
+    (for checkers and unmasked learners that sample the raw space).
+
+    ## Observation Space
+
+    ``Dict`` of float32 ``Box``es (finite bounds, at most 2-D); all describe the CURRENT layer
+    (the one the next action acts on):
+
+    | key | shape | bounds | meaning |
+    |---|---|---|---|
+    | ``pred_load`` | [E] | [0, 1] | predicted tokens per expert ÷ B |
+    | ``node_load`` | [D] | [0, D] | predicted expert load per node ÷ TP's load k·B·w/D |
+    | ``link_busy`` | [num_links] | [0, 1] | previous layer's busy time per link ÷ its latency |
+    | ``replicas`` | [E, D] | [0, 1] | placement shares P_ic of the layer |
+    | ``layer`` | [1] | [0, 1] | l / (L − 1) |
+    | ``budget`` | [1] | [0, 1] | k_b / max_broadcast (pre-broadcast slots available) |
+
+    ``pred_load`` and ``node_load`` come from the next-layer predictor (§10.2) and are 0 at
+    layer 0 (no prediction). ``link_busy`` covers the MoE messages (DES fidelity only; the
+    analytic twin has no per-link traffic) plus the pre-broadcast traffic of the layer, is
+    clipped to 1 and is 0 at layer 0. ``replicas`` is [E·D] row-major with
+    ``flatten_replicas=True``.
+
+    ## Rewards
+
+    −(layer latency) ÷ (TP latency of the same layer and routing), so a TP placement earns ≈ −1
+    per step; with ``reward_scale=s`` (seconds) the reward is −latency / s instead.
+
+    ## Starting State
+
+    ``reset(seed=...)`` forms ``steps_per_episode`` decode steps of B rows from the trace
+    (``streams`` batching by default, traces.md §6) with ``self.np_random``; aggregator draws and
+    predictor noise also come from ``self.np_random``: the same seed gives the same rollout.
+
+    ## Episode End
+
+    ``terminated=True`` after ``steps_per_episode`` decode steps (``steps_per_episode · L`` env
+    steps). ``truncated=True`` (``info["truncated_reason"]``) only if the trace cannot supply
+    more decode steps (never with the default cycling streams).
+
+    ## Arguments
+
+    ``model``, ``setting`` ("TFLOPS/GBps"), ``mesh`` ("XxY"), ``topology``, ``batch``,
+    ``conventions``, ``trace`` ("synthetic", a ``RoutingTrace`` or a path), ``trace_requests``,
+    ``placement`` ("tp", "ep", a ``Placement`` or a ``.npz`` path), ``steps_per_episode``,
+    ``fidelity`` ("des" | "analytic"), ``predictor`` ("noisy_oracle" | "oracle" | "trace" |
+    "frequency"), ``max_broadcast``, ``gating_levels``, ``dispatch_rules``, ``reward_scale``,
+    ``render_mode`` (None | "ansi"); keyword-only extras are documented in ``__init__``.
+
+    ## Version History
+
+    * v0: initial version.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(  # noqa: C901, PLR0912, PLR0915 - one flat constructor reads best
+        self,
+        model: str | ModelSpec = "deepseek-v2-lite",
+        setting: str = "5/50",
+        mesh: str | tuple[int, int] = "4x8",
+        topology: str | TopologySpec = "mesh",
+        batch: int = 128,
+        conventions: str | Conventions = "faithful",
+        trace: str | RoutingTrace | Path = "synthetic",
+        trace_requests: int | None = None,
+        placement: str | Placement | Path = "ep",
+        steps_per_episode: int = 4,
+        fidelity: str = "des",
+        predictor: str = "noisy_oracle",
+        max_broadcast: int = 8,
+        gating_levels: Sequence[float] = (0.0, 0.5, 1.0, 2.0),
+        dispatch_rules: Sequence[str] = ("least_loaded", "first", "home"),
+        reward_scale: float | None = None,
+        render_mode: str | None = None,
+        *,
+        hardware: HardwareSpec | None = None,
+        trace_tokens: int | None = None,
+        trace_seed: int = 0,
+        batch_mode: str | None = None,
+        batch_options: dict[str, Any] | None = None,
+        view: str = "content",
+        placement_seed: int = 0,
+        measure_twin_error: bool = False,
+        gammas: Sequence[float] | None = None,
+        gamma_seed: int = 0,
+        predictor_accuracy: float | Sequence[float] | None = None,
+        gating_coefficients: tuple[float, float] | None = None,
+        gating_protect_top: int = 0,
+        gating_comp_penalty: str = "marginal_max",
+        gating_comm_penalty: str = "dispersion",
+        gating_candidate_window: int | None = None,
+        gating_include_future: bool = False,
+        k_b: int | Sequence[int] | None = None,
+        bc_max_messages: int = 20_000,
+        invalid_action: str = "raise",
+        duplicates: str = "raise",
+        flatten_replicas: bool = False,
+    ) -> None:
+        """Build the environment.
+
+        Args:
+            model: Model preset id or ``ModelSpec``.
+            setting: Compute/bandwidth label "TFLOPS/GBps" (ignored when ``hardware`` is given).
+            mesh: Mesh shape "XxY" or (X, Y) (ignored when ``hardware`` is given).
+            topology: ``"mesh"``, ``"torus"``, ``"fattree"`` or a ``TopologySpec``.
+            batch: Tokens per decode step B.
+            conventions: Profile name or ``Conventions`` (``"faithful"`` default).
+            trace: ``"synthetic"`` (generated, traces.md §7), a ``RoutingTrace``, or a path to a
+                canonical ``.npz`` trace (or a reference ``.json``).
+            trace_requests: Requests of the synthetic trace (default 32).
+            placement: ``"tp"``, ``"ep"`` (seeded by ``placement_seed``), a ``Placement`` or a
+                path to a placement ``.npz`` (``hdamoe place``).
+            steps_per_episode: Decode steps per episode.
+            fidelity: ``"des"`` (default) or ``"analytic"`` (γ-calibrated twin; γ per layer is
+                fitted lazily on the placement with ``calibrate.fit_gammas`` and cached).
+            predictor: Next-layer predictor (§10.2): ``"noisy_oracle"`` (default targets of
+                traces.md §7.6, or ``predictor_accuracy``), ``"oracle"``, ``"trace"`` (recorded
+                ``pred_ids``) or ``"frequency"`` (long-term f_i·B).
+            max_broadcast: Pre-broadcast slots in the action (k_b is capped by it).
+            gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
+            dispatch_rules: Dispatch rules offered (subset of ``scheduling.DISPATCH_RULES``).
+            reward_scale: None: reward = −latency / TP latency of the layer; a float s:
+                −latency / s (seconds).
+            render_mode: None or ``"ansi"``.
+            hardware: Full ``HardwareSpec`` (overrides ``setting`` and ``mesh``).
+            trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
+            trace_seed: Seed of the synthetic trace and of score synthesis.
+            batch_mode: Decode-step formation (default: the profile's ``batch_mode``,
+                ``"streams"``, cycling).
+            batch_options: Extra options of the batching mode (e.g. ``{"cycle": False}`` for
+                ``streams``, which can then run out of requests: the episode is truncated).
+            view: Trace view (``"content"``).
+            placement_seed: Seed of the EP placement.
+            measure_twin_error: Also evaluate the other fidelity each step and report
+                ``info["twin_error"]`` (relative error of the analytic twin vs the DES).
+            gammas: γ per layer (skips the fit).
+            gamma_seed: Seed of the γ fit.
+            predictor_accuracy: Noisy-oracle accuracy (scalar or per layer).
+            gating_coefficients: (r_comp, r_comm) at level 1 in the profile's units (default
+                §11.7, r_comp divided by the profile's m).
+            gating_protect_top: Never drop a token's m best original experts.
+            gating_comp_penalty: ``"marginal_max"``, ``"host_finish"`` or ``"host_load_mean"``.
+            gating_comm_penalty: ``"dispersion"`` or ``"new_nodes"``.
+            gating_candidate_window: Only original ranks < k + J may enter.
+            gating_include_future: Count later rows' original choices in the penalties.
+            k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
+            bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
+            invalid_action: ``"raise"`` (default) or ``"coerce"`` (see Action Space).
+            duplicates: ``"raise"`` (default) or ``"ignore"``: an expert repeated in a later
+                slot counts once. Per-dimension masks cannot exclude duplicates, so learners
+                that sample the slots independently (MaskablePPO) need ``"ignore"``
+                (``invalid_action="coerce"`` implies it).
+            flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector (row-major) instead of
+                [E, D]; SB3's ``check_env`` warns about 2-D observations.
+
+        Raises:
+            ConfigError: Any invalid argument (the message names it and the valid values).
+        """
+        super().__init__()
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise unknown_name("render mode", render_mode, self.metadata["render_modes"])
+        self.render_mode = render_mode
+        if fidelity not in FIDELITIES:
+            raise unknown_name("fidelity", fidelity, FIDELITIES)
+        if predictor not in PREDICTORS:
+            raise unknown_name("predictor", predictor, PREDICTORS)
+        if invalid_action not in INVALID_ACTION_MODES:
+            raise unknown_name("invalid_action mode", invalid_action, INVALID_ACTION_MODES)
+        if duplicates not in ("raise", "ignore"):
+            raise unknown_name("duplicates mode", duplicates, ("raise", "ignore"))
+        if not (isinstance(batch, int | np.integer) and batch >= 1):
+            raise ConfigError(f"batch must be a positive integer, got {batch!r}")
+        if not (isinstance(steps_per_episode, int | np.integer) and steps_per_episode >= 1):
+            raise ConfigError(f"steps_per_episode must be a positive integer, got "
+                              f"{steps_per_episode!r}")
+        if not (isinstance(max_broadcast, int | np.integer) and max_broadcast >= 0):
+            raise ConfigError(f"max_broadcast must be an integer >= 0, got {max_broadcast!r}")
+        rules = tuple(dispatch_rules)
+        for rule in rules:
+            if rule not in scheduling.DISPATCH_RULES:
+                raise unknown_name("dispatch rule", rule, scheduling.DISPATCH_RULES)
+        if not rules:
+            raise ConfigError("dispatch_rules must name at least one rule")
+        levels = tuple(float(x) for x in gating_levels)
+        if not levels or any(not (math.isfinite(x) and x >= 0) for x in levels):
+            raise ConfigError(f"gating_levels must be finite multipliers >= 0, got {levels}")
+        if reward_scale is not None and not (reward_scale > 0 and math.isfinite(reward_scale)):
+            raise ConfigError(f"reward_scale must be None or a positive number of seconds, got "
+                              f"{reward_scale!r}")
+
+        self.model = get_model(model)
+        self.hw = hardware if hardware is not None else hardware_from_setting(setting, mesh)
+        self.conv = get_profile(conventions)
+        self.sim = MoESimulator(self.model, self.hw, topology, self.conv)
+        self.topology = self.sim.topology
+        self.batch = int(batch)
+        self.steps_per_episode = int(steps_per_episode)
+        self.fidelity = fidelity
+        self.predictor = predictor
+        self.max_broadcast = int(max_broadcast)
+        self.dispatch_rules = rules
+        self.gating_levels = levels
+        self.reward_scale = reward_scale
+        self.measure_twin_error = bool(measure_twin_error)
+        self.invalid_action = invalid_action
+        self._ignore_duplicates = duplicates == "ignore" or invalid_action == "coerce"
+        self.batch_mode = batch_mode if batch_mode is not None else self.conv.batch_mode
+        if self.batch_mode not in batching.BATCH_MODES or self.batch_mode == \
+                "random_rows_per_layer":
+            raise unknown_name("batching mode", self.batch_mode,
+                               set(batching.BATCH_MODES) - {"random_rows_per_layer"})
+        self.view = view
+        self._batch_options = dict(batch_options or {})
+        self._bc_max_messages = int(bc_max_messages)
+        L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
+        self.num_layers, self.num_experts, self.num_nodes = L, E, D
+        self.top_k = self.model.top_k
+
+        # --- trace
+        if isinstance(trace, RoutingTrace):
+            self.trace = trace
+        elif isinstance(trace, str) and trace == "synthetic":
+            self.trace = _synthetic_trace(
+                self.model, int(trace_requests or 32),
+                int(trace_tokens or max(8192, 16 * self.batch)), int(trace_seed),
+                predictor == "trace")
+        elif isinstance(trace, str | Path):
+            path = Path(trace)
+            if path.suffix == ".json":
+                from traces.io import read_reference_json
+                self.trace = read_reference_json(path, model_key=self.model.key)
+            else:
+                self.trace = load_trace(path)
+        else:
+            raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
+                              f"{type(trace).__name__}")
+        check_trace(self.sim, self.trace)
+        self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
+                         else self.trace.topk_ids)
+        if predictor == "trace" and self.trace.pred_ids is None:
+            raise ConfigError("predictor='trace' needs a trace with recorded pred_ids; use "
+                              "predictor='noisy_oracle' or a trace with predictions")
+        self._trace_seed = int(trace_seed)
+        self._scored: RoutingTrace | None = None
+        self.score_kind = self.trace.meta.get("score_kind")
+        rows = self.trace.view(view)
+        if rows.size == 0:
+            raise ConfigError(f"view {view!r} of the trace has no rows")
+        self._freqs = np.stack([self.trace.layer_frequencies(layer, rows) for layer in range(L)])
+
+        # --- placement
+        if isinstance(placement, Placement):
+            self.placement = placement
+        elif isinstance(placement, str) and placement in ("tp", "ep"):
+            self.placement = (tensor_parallel(L, E, D) if placement == "tp" else
+                              expert_parallel(L, E, D, np.random.default_rng(placement_seed)))
+        elif isinstance(placement, str | Path):
+            self.placement = Placement.load(placement)
+        else:
+            raise ConfigError(f"placement must be 'tp', 'ep', a Placement or a path, got "
+                              f"{placement!r}")
+        self.sim.check_placement(self.placement)
+        P = self.placement.P
+        self.evaluator = scheduling.LayerEvaluator(self.sim, self.placement, self.batch)
+        tp = tensor_parallel(L, E, D)
+        self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
+            P, 1.0 / D) else scheduling.LayerEvaluator(self.sim, tp, self.batch))
+
+        # --- constants of the scheduling mechanics
+        self.w_flops = perf.expert_flops(self.model, self.conv)
+        self.compute_flops = self.hw.compute_flops
+        self._stream_s = (perf.expert_bytes(self.model, self.conv) / self.hw.mem_bw_Bps
+                          if self.conv.weight_streaming else 0.0)
+        self._dense_s = self.sim.dense_time(self.batch)
+        self.bc_payload = perf.broadcast_payload(self.model, self.conv)
+        self.bc_depth = perf.broadcast_depth(self.conv, D, self.topology.diameter)
+        cap = min(self.max_broadcast, E)
+        self.plans: list[scheduling.BroadcastPlan | None] = [None]
+        for layer in range(1, L):
+            t_nm_prev = self.sim.nonmoe(self.batch, layer - 1).total_s
+            t_comp_prev = float(perf.t_comp_static(P[layer - 1], self._freqs[layer - 1],
+                                                   self.batch, self.model, self.hw, self.conv))
+            self.plans.append(scheduling.broadcast_plan(
+                self.model, self.hw, self.conv, self.batch, self.topology.diameter,
+                float(t_nm_prev), t_comp_prev, cap))
+        kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
+        if k_b is not None:
+            manual = np.broadcast_to(np.asarray(k_b, dtype=np.int64), (L,)).copy()
+            if (manual < 0).any():
+                raise ConfigError(f"k_b must be >= 0, got {k_b!r}")
+            kb = np.minimum(manual, cap)
+            kb[0] = 0                                        # §10.3: no broadcast at layer 0
+        self.k_b = kb
+        self._budget_s = np.array([0.0] + [p.budget_s for p in self.plans[1:]
+                                           if p is not None])
+        self._bc_cache: dict[tuple[int, tuple[int, ...]], scheduling.BroadcastResult] = {}
+        self._trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
+
+        # --- gating
+        if gating_coefficients is None:
+            coef, self.gating_source = gating.default_coefficients(
+                self.model.key, self.hw.setting, self.conv.expert_matrices)
+        else:
+            coef, self.gating_source = (float(gating_coefficients[0]),
+                                        float(gating_coefficients[1])), "user"
+        self.gating_coefficients = coef
+        if self.gating_source != self.model.key:
+            logger.info("gating coefficients for %s: %s", self.model.key, self.gating_source)
+        self._gating_kwargs = dict(
+            comp_penalty=gating_comp_penalty, comm_penalty=gating_comm_penalty,
+            protect_top=int(gating_protect_top), candidate_window=gating_candidate_window,
+            include_future=bool(gating_include_future), renormalize=self.model.renormalize_topk,
+            diagnostics=False)
+        if gating_comp_penalty not in gating.COMP_PENALTIES:
+            raise unknown_name("computation penalty", gating_comp_penalty, gating.COMP_PENALTIES)
+        if gating_comm_penalty not in gating.COMM_PENALTIES:
+            raise unknown_name("communication penalty", gating_comm_penalty,
+                               gating.COMM_PENALTIES)
+        if not 0 <= int(gating_protect_top) <= self.top_k:
+            raise ConfigError(f"gating_protect_top must lie in [0, k={self.top_k}], got "
+                              f"{gating_protect_top}")
+
+        # --- predictor
+        acc = synthetic._accuracy_vector(predictor_accuracy, L) if L > 1 else np.full(1, np.nan)
+        self._pred_acc = acc
+        self._sampler = scheduling.AliasSampler(np.maximum(self._freqs / self.top_k, 1e-12))
+        self._layer_rows = np.repeat(np.arange(1, L), self.batch)
+        self._row_acc = np.repeat(acc[1:], self.batch) if L > 1 else np.zeros(0)
+
+        # --- γ of the analytic twin
+        self._gammas: NDArray[np.float64] | None = (
+            None if gammas is None else np.asarray(gammas, dtype=np.float64))
+        if self._gammas is not None and self._gammas.shape != (L,):
+            raise ConfigError(f"gammas must have one value per layer (L={L}), got shape "
+                              f"{self._gammas.shape}")
+        self._gamma_seed = int(gamma_seed)
+
+        # --- spaces
+        self._nvec = np.array([E + 1] * self.max_broadcast + [len(rules), len(levels)],
+                              dtype=np.int64)
+        self._nvec_list = self._nvec.tolist()
+        self.action_space = spaces.MultiDiscrete(self._nvec)
+        self.observation_space = spaces.Dict({
+            "pred_load": spaces.Box(0.0, 1.0, (E,), np.float32),
+            "node_load": spaces.Box(0.0, float(D), (D,), np.float32),
+            "link_busy": spaces.Box(0.0, 1.0, (self.topology.num_links,), np.float32),
+            "replicas": spaces.Box(0.0, 1.0, (E * D,) if flatten_replicas else (E, D),
+                                   np.float32),
+            "layer": spaces.Box(0.0, 1.0, (1,), np.float32),
+            "budget": spaces.Box(0.0, 1.0, (1,), np.float32),
+        })
+        self._replicas = [np.ascontiguousarray(P[layer], dtype=np.float32) for layer in range(L)]
+        if flatten_replicas:
+            self._replicas = [r.ravel() for r in self._replicas]
+        self._node_scale_all = np.ascontiguousarray(
+            P.transpose(0, 2, 1) * (D / (self.top_k * self.batch)))          # [L, D, E]
+        broadcastable = (P > 0).sum(axis=2) < D                # [L, E]: not already everywhere
+        self._masks = [self._layer_mask(int(self.k_b[layer]), broadcastable[layer])
+                       for layer in range(L)]
+        self._slot_allowed = [m[:self.max_broadcast * (E + 1)].reshape(self.max_broadcast, E + 1)
+                              for m in self._masks]
+        self._layer_frac = [np.array([layer / (L - 1) if L > 1 else 0.0], dtype=np.float32)
+                            for layer in range(L)]
+        self._budget_frac = [np.array([min(1.0, self.k_b[layer] / self.max_broadcast)
+                                       if self.max_broadcast else 0.0], dtype=np.float32)
+                             for layer in range(L)]
+        self._zeros_links = np.zeros(self.topology.num_links, dtype=np.float32)
+
+        # --- episode state
+        self._rows: NDArray[np.int64] = np.zeros((0, self.batch), dtype=np.int64)
+        self._sets: NDArray[np.int64] = np.zeros((L, self.batch, self.top_k), dtype=np.int64)
+        self._decode_step = 0
+        self._layer = 0
+        self._episode_over = True
+        self._pred_all: NDArray[np.int64] | None = None
+        self._pred_counts_all = np.zeros((L, E))
+        self._obs_pred = np.zeros((L, E), dtype=np.float32)
+        self._obs_node = np.zeros((L, D), dtype=np.float32)
+        self._prev_busy: NDArray[np.float32] = self._zeros_links
+        self._step_latency_s = 0.0
+        self._tp_totals = np.zeros(L)
+        self._tbts_us: list[float] = []
+        self._twin_rng = np.random.default_rng(0)
+        self.last_layer: scheduling.LayerTimes | None = None
+        self.last_info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ description
+    def describe(self) -> dict[str, Any]:
+        """Return the configuration agents and harnesses need (plain Python values)."""
+        return {
+            "env_id": ENV_ID, "model": self.model.key, "num_layers": self.num_layers,
+            "num_experts": self.num_experts, "top_k": self.top_k, "num_nodes": self.num_nodes,
+            "num_links": self.topology.num_links, "batch": self.batch,
+            "hardware": self.hw.to_dict(), "topology": self.sim.topology_spec.to_dict(),
+            "conventions": self.conv.to_dict(), "placement": self.placement.method,
+            "fidelity": self.fidelity, "predictor": self.predictor,
+            "max_broadcast": self.max_broadcast, "dispatch_rules": list(self.dispatch_rules),
+            "gating_levels": list(self.gating_levels),
+            "gating_coefficients": list(self.gating_coefficients),
+            "gating_coefficients_source": self.gating_source,
+            "w_flops": self.w_flops, "compute_flops": self.compute_flops,
+            "k_b": self.k_b.tolist(), "bc_budget_s": self._budget_s.tolist(),
+            "steps_per_episode": self.steps_per_episode, "trace_id": self.trace.trace_id,
+            "score_kind": self.score_kind, "ref_bookkeeping": self.conv.ref_bookkeeping,
+            "skip_zero_priority": self.conv.skip_zero_priority,
+        }
+
+    def _layer_mask(self, kb: int, broadcastable: NDArray[np.bool_]) -> NDArray[np.bool_]:
+        E = self.num_experts
+        slots = np.zeros((self.max_broadcast, E + 1), dtype=bool)
+        slots[:, E] = True
+        slots[:kb, :E] = broadcastable
+        tail = np.ones(len(self.dispatch_rules) + len(self.gating_levels), dtype=bool)
+        mask = np.concatenate([slots.ravel(), tail])
+        mask.flags.writeable = False
+        return mask
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, NDArray[np.float32]], dict[str, Any]]:
+        """Start an episode: form the decode steps from the trace with ``self.np_random``.
+
+        Args:
+            seed: Seed of ``self.np_random`` (batching, aggregators, predictor noise).
+            options: Unused.
+
+        Returns:
+            The observation of layer 0 of the first decode step and an info dict.
+        """
+        super().reset(seed=seed)
+        rng = self.np_random
+        kwargs: dict[str, Any] = {"n_steps": self.steps_per_episode, "view": self.view}
+        if self.batch_mode == "streams":
+            kwargs["cycle"] = True
+        kwargs.update(self._batch_options)
+        try:
+            steps = batching.make_steps(self.batch_mode, self.trace, self.batch, rng, **kwargs)
+            self._rows = batching.take(steps, self.steps_per_episode)
+        except ValueError as exc:
+            raise ConfigError(f"cannot form decode steps of B={self.batch} ({self.batch_mode}) "
+                              f"from the trace: {exc}") from None
+        if self._rows.shape[0] == 0:
+            raise ConfigError(f"the trace supplies no decode step of B={self.batch} "
+                              f"({self.batch_mode})")
+        self._twin_rng = np.random.default_rng(int(rng.integers(2**63)))
+        self._decode_step = 0
+        self._tbts_us = []
+        self._episode_over = False
+        self._begin_decode_step()
+        obs = self._observation()
+        info = {"action_mask": self._masks[0].copy(), "decode_step": 0, "layer": 0,
+                "k_b": int(self.k_b[0]), "fidelity": self.fidelity}
+        return obs, info
+
+    def _begin_decode_step(self) -> None:
+        rows = self._rows[self._decode_step]
+        self._sets = self._routing[:, rows, :].astype(np.int64)
+        self._tp_totals = self._tp_evaluator.tp_totals(self._sets)
+        self._predict_step()
+        self._layer = 0
+        self._step_latency_s = 0.0
+        self._prev_busy = self._zeros_links
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return the flat bool mask of the next action (sb3-contrib ``MaskablePPO``)."""
+        return self._masks[self._layer].copy()
+
+    def step(self, action: Any) -> tuple[dict[str, NDArray[np.float32]], SupportsFloat, bool,
+                                         bool, dict[str, Any]]:
+        """Execute the current MoE layer with the action's pre-broadcast, dispatch and gating.
+
+        Args:
+            action: int array of the action space (see the class docstring).
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``; ``info`` holds the layer's breakdown
+            in µs, per-link busy time, the broadcast, k_b, gating statistics and, at the end of a
+            decode step, ``tbt_us`` (``episode_tbt_us`` at the end of the episode).
+
+        Raises:
+            InvalidAction: The action is outside the space, violates the mask or repeats an
+                expert.
+            ConfigError: ``step`` called before ``reset`` or after the episode ended.
+        """
+        if self._episode_over:
+            raise ConfigError("step() called before reset() or after the episode ended; call "
+                              "reset()")
+        layer = self._layer
+        broadcast, rule_idx, level_idx = self._decode_action(action)
+        rule = self.dispatch_rules[rule_idx]
+        level = self.gating_levels[level_idx]
+        orig_sets = self._sets[layer]
+        sets = orig_sets
+        gstats = (0.0, 1.0, 1.0)
+        if level > 0:
+            g = self._gate(layer, level)
+            sets = g.sets
+            gstats = (g.changed_fraction, g.top1_retention, g.score_mass_kept)
+        P_layer = extra_holders = extra_compute = extra_stream = None
+        bc_busy = None
+        bc_makespan = 0.0
+        bc_chunks = 0
+        extra_s = 0.0
+        if broadcast:
+            d = scheduling.dispatch_broadcast(
+                sets, self.placement.P[layer], broadcast, self.w_flops, rule=rule,
+                ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
+                stream_s=self._stream_s)
+            P_layer, extra_holders = d.P_layer, d.extra_holders
+            extra_compute, extra_stream = d.extra_compute_s, d.extra_stream_s
+            bres = self._broadcast_traffic(layer, broadcast)
+            bc_busy, bc_makespan, bc_chunks = bres.link_busy_s, bres.makespan_s, bres.chunks
+            if self.conv.bc_charge_excess:
+                extra_s = max(0.0, bc_makespan - float(self._budget_s[layer]))
+        res = self.evaluator.evaluate(
+            layer, sets, rng=self.np_random, fidelity=self.fidelity,
+            gamma=self._gamma(layer) if self.fidelity == "analytic" else None, P_layer=P_layer,
+            extra_holders=extra_holders, extra_compute_s=extra_compute,
+            extra_stream_s=extra_stream, extra_s=extra_s)
+        total = res.total_s
+        tp_total = float(self._tp_totals[layer])
+        reward = -total / (tp_total if self.reward_scale is None else self.reward_scale)
+        busy = res.link_busy_s
+        if bc_busy is not None:
+            busy = bc_busy if busy is None else busy + bc_busy
+        info: dict[str, Any] = {
+            "decode_step": self._decode_step, "layer": layer, "mode": res.mode,
+            "t_nm_us": res.t_nm_s * 1e6, "t_comp_us": res.t_comp_s * 1e6,
+            "t_dispatch_us": res.t_dispatch_s * 1e6, "t_combine_us": res.t_combine_s * 1e6,
+            "t_comm_us": res.t_comm_moe_s * 1e6, "t_extra_us": res.t_extra_s * 1e6,
+            "total_us": total * 1e6, "tp_total_us": tp_total * 1e6,
+            "compute_us": (res.t_nm_compute_s + res.t_comp_compute_s) * 1e6,
+            "memory_us": ((res.t_nm_s - res.t_nm_compute_s)
+                          + (res.t_comp_s - res.t_comp_compute_s)) * 1e6,
+            "link_busy_us": (np.zeros(self.topology.num_links) if busy is None else busy * 1e6),
+            "broadcast": tuple(broadcast), "k_b": int(self.k_b[layer]),
+            "bc_link_busy_us": (np.zeros(self.topology.num_links) if bc_busy is None
+                                else bc_busy * 1e6),
+            "bc_makespan_us": bc_makespan * 1e6,
+            "bc_budget_us": float(self._budget_s[layer]) * 1e6,
+            "bc_chunks": bc_chunks,
+            "dispatch_rule": rule, "gating_level": level,
+            "changed_fraction": gstats[0], "top1_retention": gstats[1],
+            "score_mass_kept": gstats[2],
+            "balancedness": (1.0 if res.t_comp_compute_s <= 0 else float(
+                res.node_compute_s.sum()) / (self.num_nodes * res.t_comp_compute_s)),
+        }
+        if self.measure_twin_error:
+            self._twin(info, layer, sets, res, P_layer, extra_holders, extra_compute,
+                       extra_stream, extra_s)
+        self.last_layer = res
+        self._step_latency_s += total
+        self._prev_busy = (self._zeros_links if busy is None or total <= 0 else
+                           np.minimum(busy / total, 1.0).astype(np.float32))
+        terminated = truncated = False
+        if layer + 1 < self.num_layers:
+            self._layer = layer + 1
+        else:
+            tbt_us = (self._step_latency_s + self._dense_s) * 1e6
+            info["tbt_us"] = tbt_us
+            self._tbts_us.append(tbt_us)
+            self._decode_step += 1
+            if self._decode_step >= self.steps_per_episode:
+                terminated = True
+            elif self._decode_step >= self._rows.shape[0]:
+                truncated = True
+                info["truncated_reason"] = (
+                    f"the trace supplied only {self._rows.shape[0]} decode steps of "
+                    f"B={self.batch} ({self.batch_mode}); the episode needs "
+                    f"{self.steps_per_episode}")
+            else:
+                self._begin_decode_step()
+            if terminated or truncated:
+                info["episode_tbt_us"] = float(np.mean(self._tbts_us))
+                self._episode_over = True
+                self._layer = 0
+                self._prev_busy = self._zeros_links
+        obs = self._observation()
+        info["action_mask"] = self._masks[self._layer].copy()
+        self.last_info = info
+        return obs, float(reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        """Return a one-line text summary of the last layer (``render_mode="ansi"``)."""
+        if self.render_mode != "ansi":
+            return None
+        info = self.last_info
+        if not info:
+            return "HdMoE: no step yet"
+        return (f"step {info['decode_step']} layer {info['layer']}: {info['total_us']:.2f} us "
+                f"(nm {info['t_nm_us']:.2f}, comp {info['t_comp_us']:.2f}, comm "
+                f"{info['t_comm_us']:.2f}, extra {info['t_extra_us']:.2f}); broadcast "
+                f"{list(info['broadcast'])} of k_b={info['k_b']}, dispatch "
+                f"{info['dispatch_rule']}, gating x{info['gating_level']:g}")
+
+    # ------------------------------------------------------------------ internals
+    def _decode_action(self, action: Any) -> tuple[list[int], int, int]:
+        """Validate an action and return (broadcast list, dispatch index, gating index)."""
+        n = self._nvec.size
+        if type(action) is np.ndarray and action.dtype == np.int64 and action.shape == (n,):
+            a = action                                   # the common case (SB3, agents)
+        else:
+            a = np.asarray(action)
+        if a.shape != (n,):
+            raise InvalidAction(f"action must have shape ({n},) = {self.max_broadcast} broadcast "
+                                f"slots + dispatch + gating, got shape {a.shape}")
+        if a.dtype.kind not in "iu":
+            if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
+                raise InvalidAction(f"action must hold integers, got {a.tolist()} (dtype "
+                                    f"{a.dtype})")
+        values = a.astype(np.int64, copy=False).tolist()
+        if min(values) < 0 or any(v >= hi for v, hi in zip(values, self._nvec_list,
+                                                              strict=True)):
+            i = next(j for j, (v, hi) in enumerate(zip(values, self._nvec_list, strict=True))
+                     if not 0 <= v < hi)
+            raise InvalidAction(f"action[{i}] ({self._slot_name(i)}) = {values[i]} is outside "
+                                f"[0, {self._nvec_list[i] - 1}]")
+        E, mb = self.num_experts, self.max_broadcast
+        broadcast: list[int] = []
+        if mb and values[:mb].count(E) < mb:
+            allowed = self._slot_allowed[self._layer]
+            for i, v in enumerate(values[:mb]):
+                if v == E:
+                    continue
+                if not allowed[i, v]:
+                    if self.invalid_action == "coerce":
+                        continue
+                    raise InvalidAction(self._mask_message(i, v))
+                if v in broadcast:
+                    if self._ignore_duplicates:
+                        continue
+                    raise InvalidAction(f"action[{i}] (broadcast slot {i}) repeats expert {v}; "
+                                        f"each expert may be broadcast once (use {E} = none)")
+                broadcast.append(v)
+        return broadcast, values[mb], values[mb + 1]
+
+    def _slot_name(self, i: int) -> str:
+        mb = self.max_broadcast
+        if i < mb:
+            return f"broadcast slot {i}"
+        return "dispatch rule" if i == mb else "gating level"
+
+    def _mask_message(self, slot: int, value: int) -> str:
+        E = self.num_experts
+        layer = self._layer
+        kb = int(self.k_b[layer])
+        if slot >= kb:
+            why = ("layer 0 allows no broadcast" if layer == 0 else
+                   f"only {kb} pre-broadcast slot(s) fit the budget of layer {layer}")
+            return (f"action[{slot}] (broadcast slot {slot}) = {value} is masked: {why}; allowed "
+                    f"values: [{E}] (none)")
+        return (f"action[{slot}] (broadcast slot {slot}) = {value} is masked at layer {layer}: "
+                f"expert {value} is already held by every node; allowed values: the unmasked "
+                f"experts of action_masks() or {E} (none)")
+
+    def _gate(self, layer: int, level: float) -> gating.GatingResult:
+        rows = self._rows[self._decode_step]
+        trace = self._scored_trace()
+        assert trace.cand_ids is not None and trace.cand_scores is not None
+        ids = trace.cand_ids[layer, rows]
+        vals = trace.cand_scores[layer, rows]
+        r_comp, r_comm = self.gating_coefficients
+        return gating.hardware_aware_gating(
+            (ids, vals), self.top_k, self.placement.P[layer], self.w_flops, self.compute_flops,
+            level * r_comp, level * r_comm, **self._gating_kwargs)
+
+    def _scored_trace(self) -> RoutingTrace:
+        """Return the trace with router candidates, synthesising scores once if it has none."""
+        if self._scored is None:
+            if self.trace.cand_ids is not None:
+                self._scored = self.trace
+            else:
+                logger.info("trace %s has no router scores: synthesising them (traces.md §7.5); "
+                            "gating results are indicative only", self.trace.trace_id)
+                self._scored = synthetic.synthesize_scores(
+                    self.trace, np.random.default_rng(self._trace_seed))
+                self.score_kind = "synthetic"
+        return self._scored
+
+    def _broadcast_traffic(self, layer: int, broadcast: list[int]
+                           ) -> scheduling.BroadcastResult:
+        key = (layer, tuple(broadcast))
+        hit = self._bc_cache.get(key)
+        if hit is None:
+            chunk = float(perf.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
+                                               self.conv.bc_alpha_s, self.hw.link_bw_Bps))
+            hit = scheduling.simulate_broadcast(
+                self.topology, self.placement.P[layer], broadcast, self.bc_payload, chunk,
+                pi=self.placement.pi[layer], alpha_s=self.conv.bc_alpha_s,
+                hop_latency_s=self.hw.hop_latency_s, tie_break=self.conv.tie_break,
+                max_messages=self._bc_max_messages, trees=self._trees)
+            if len(self._bc_cache) >= 4096:
+                self._bc_cache.clear()
+            self._bc_cache[key] = hit
+        return hit
+
+    def _gamma(self, layer: int) -> float:
+        if self._gammas is None:
+            self._gammas = self._fit_gammas()
+        return float(self._gammas[layer])
+
+    def _fit_gammas(self) -> NDArray[np.float64]:
+        P = self.placement.P
+        L, D = self.num_layers, self.num_nodes
+        if np.allclose(P, 1.0 / D):
+            return np.zeros(L)                     # TP layers never use γ
+        digest = hashlib.sha256()
+        digest.update(json.dumps(self.sim.describe(), sort_keys=True).encode())
+        digest.update(P.tobytes())
+        digest.update(self.placement.pi.tobytes())
+        digest.update(f"{self.trace.trace_id}|{self.view}|{self.batch}|{self._gamma_seed}"
+                      .encode())
+        key = digest.hexdigest()
+        hit = _GAMMA_CACHE.get(key)
+        if hit is None:
+            rows = self.trace.view(self.view)
+            per_layer = [self._routing[layer, rows].astype(np.int64) for layer in range(L)]
+            fits = calibrate.fit_gammas(self.sim, self.placement, per_layer, self.batch,
+                                        self._gamma_seed)
+            hit = np.array([f.gamma for f in fits])
+            logger.info("fitted gamma per layer for the analytic twin: %s", hit.round(3))
+            _GAMMA_CACHE[key] = hit
+        return hit
+
+    def _twin(self, info: dict[str, Any], layer: int, sets: NDArray[np.int64],
+              res: scheduling.LayerTimes, P_layer: NDArray[np.float64] | None,
+              extra_holders: NDArray[np.int64] | None, extra_compute: NDArray[np.float64] | None,
+              extra_stream: NDArray[np.float64] | None, extra_s: float) -> None:
+        """Evaluate the other fidelity (own random stream) and report the twin's error."""
+        other = "analytic" if self.fidelity == "des" else "des"
+        twin = self.evaluator.evaluate(
+            layer, sets, rng=self._twin_rng, fidelity=other,
+            gamma=self._gamma(layer), P_layer=P_layer, extra_holders=extra_holders,
+            extra_compute_s=extra_compute, extra_stream_s=extra_stream, extra_s=extra_s)
+        des, ana = (res, twin) if self.fidelity == "des" else (twin, res)
+        info["twin_total_us"] = twin.total_s * 1e6
+        info["twin_comm_us"] = twin.t_comm_moe_s * 1e6
+        info["twin_error"] = (ana.total_s - des.total_s) / des.total_s if des.total_s else 0.0
+        info["twin_comm_error"] = ((ana.t_comm_moe_s - des.t_comm_moe_s) / des.t_comm_moe_s
+                                   if des.t_comm_moe_s else 0.0)
+
+    def _predict_step(self) -> None:
+        """Predict layers 1..L−1 of the decode step (each made at layer l − 1, §10.2).
+
+        Only the per-expert counts n̂_i enter the observation; layer 0 has no prediction.
+        """
+        L, B, k, E = self.num_layers, self.batch, self.top_k, self.num_experts
+        pred: NDArray[np.int64] | None
+        if self.predictor == "noisy_oracle":
+            pred = np.full((L, B, k), -1, dtype=np.int64)
+            if L > 1:
+                flat = scheduling.noisy_oracle_sets(
+                    self._sets[1:].reshape(-1, k), self._row_acc, self._sampler, self.np_random,
+                    layer_of_row=self._layer_rows)
+                pred[1:] = flat.reshape(L - 1, B, k)
+        elif self.predictor == "oracle":
+            pred = self._sets.copy()
+            pred[0] = -1
+        elif self.predictor == "trace":
+            assert self.trace.pred_ids is not None
+            pred = self.trace.pred_ids[:, self._rows[self._decode_step]].astype(np.int64)
+            pred[0] = -1
+        else:
+            pred = None
+        if pred is None:                                     # frequency: long-term f_i·B
+            counts = self._freqs * B
+            counts[0] = 0.0
+        else:
+            valid = pred >= 0
+            keys = np.where(valid, pred + (np.arange(L) * E)[:, None, None], L * E)
+            counts = np.bincount(keys.ravel(), minlength=L * E + 1)[:L * E].reshape(
+                L, E).astype(np.float64)
+        self._pred_all = pred
+        self._pred_counts_all = counts
+        node = np.einsum("lde,le->ld", self._node_scale_all, counts)
+        self._obs_pred = np.minimum(counts / B, 1.0).astype(np.float32)
+        self._obs_node = np.minimum(node, float(self.num_nodes)).astype(np.float32)
+
+    def _observation(self) -> dict[str, NDArray[np.float32]]:
+        layer = self._layer
+        if self._episode_over:
+            pred = np.zeros(self.num_experts, dtype=np.float32)
+            node = np.zeros(self.num_nodes, dtype=np.float32)
+        else:
+            pred = self._obs_pred[layer].copy()
+            node = self._obs_node[layer].copy()
+        return {
+            "pred_load": pred,
+            "node_load": node,
+            "link_busy": self._prev_busy.copy(),
+            "replicas": self._replicas[layer].copy(),
+            "layer": self._layer_frac[layer].copy(),
+            "budget": self._budget_frac[layer].copy(),
+        }
+
+    # ------------------------------------------------------------------ accessors for agents
+    @property
+    def current_layer(self) -> int:
+        """MoE layer the next action acts on."""
+        return self._layer
+
+    @property
+    def decode_step(self) -> int:
+        """Decode step (within the episode) of the next action."""
+        return self._decode_step
+
+    @property
+    def predicted_sets(self) -> NDArray[np.int64] | None:
+        """int [B, k] predicted sets of the current layer (−1 at layer 0; None: ``frequency``)."""
+        return None if self._pred_all is None else self._pred_all[self._layer]
+
+    @property
+    def predicted_counts(self) -> NDArray[np.float64]:
+        """float [E] predicted tokens per expert n̂_i of the current layer (0 at layer 0)."""
+        return self._pred_counts_all[self._layer].copy()
+
+    def plan(self, layer: int | None = None) -> scheduling.BroadcastPlan | None:
+        """Return the pre-broadcast plan (budget, k_b, chunk, T_bc*) of a layer (None: layer 0)."""
+        return self.plans[self._layer if layer is None else layer]
+
+    def config_digest(self) -> str:
+        """Return a short hash of the configuration (for caching results)."""
+        blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+

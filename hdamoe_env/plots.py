@@ -1,0 +1,273 @@
+"""PNG figures of a benchmark run: normalised TBT, latency breakdown, link-congestion heat map.
+
+Application layer (style.md §2): reads the records written by :mod:`hdamoe_env.bench` and draws
+them with matplotlib (the ``plot`` extra), imported lazily inside every function; pyplot's global
+state is never touched (figures are ``matplotlib.figure.Figure`` objects rendered by the Agg
+canvas), so plotting is safe in worker processes and tests.
+
+* :func:`plot_normalised_tbt` — TBT ÷ TBT of TP per method, mean over seeds with the spread
+  (paper Fig. 10 style);
+* :func:`plot_breakdown` — stacked compute / communication / memory / other µs per decode step
+  (paper Fig. 13 style);
+* :func:`plot_link_heatmap` — mean busy time of every directed link per decode step drawn on the
+  X×Y endpoint grid (paper Figs. 18–19 style): each directed link is an arrow between its two
+  endpoints, offset to its right-hand side so that both directions are visible; torus wrap links
+  are drawn as stubs at the border; on a fat-tree (links to switches) the endpoint cells are
+  coloured by the busy time of their injection plus ejection links.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from hdamoe_env.errors import DependencyNotInstalled
+
+__all__ = ["plot_breakdown", "plot_link_heatmap", "plot_normalised_tbt", "write_plots"]
+
+log = logging.getLogger(__name__)
+
+_BREAKDOWN = (("compute_us", "compute"), ("communication_us", "communication"),
+              ("memory_us", "memory"), ("extra_us", "other"))
+
+
+def _figure(width: float, height: float) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise DependencyNotInstalled('plots need matplotlib; run `pip install "hdamoe-env[plot]"`'
+                                     ) from exc
+    return Figure(figsize=(width, height), dpi=120, layout="constrained")
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _methods_in_order(records: Sequence[dict[str, Any]]) -> list[str]:
+    seen: list[str] = []
+    for rec in records:
+        if rec["method"] not in seen:
+            seen.append(rec["method"])
+    return seen
+
+
+def _by_method(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        out.setdefault(rec["method"], []).append(rec)
+    return out
+
+
+def _title(records: Sequence[dict[str, Any]]) -> str:
+    rec = records[0]
+    return (f"{rec.get('model', '?')} · {rec.get('topology', 'mesh')} {rec.get('mesh', '')} · "
+            f"{rec.get('setting', '')} · B={rec.get('batch', '?')}")
+
+
+def plot_normalised_tbt(records: Sequence[dict[str, Any]], path: str | Path, *,
+                        baseline: str = "tp") -> Path:
+    """Draw TBT ÷ TBT(baseline) per method (mean over seeds, error bar = std over seeds).
+
+    Args:
+        records: Bench records (one per method and seed) of one configuration.
+        path: PNG file to write.
+        baseline: Method that normalises (its bar is 1); absolute TBT in µs when it is absent.
+
+    Returns:
+        The path written.
+    """
+    groups = _by_method(records)
+    base = {r["seed"]: r["tbt_us"] for r in groups.get(baseline, [])}
+    methods = _methods_in_order(records)
+    means, spreads = [], []
+    for m in methods:
+        if base:
+            vals = [r["tbt_us"] / base[r["seed"]] for r in groups[m] if r["seed"] in base]
+        else:
+            vals = [r["tbt_us"] for r in groups[m]]
+        means.append(float(np.mean(vals)) if vals else np.nan)
+        spreads.append(float(np.std(vals)) if vals else 0.0)
+    fig = _figure(max(4.0, 0.9 * len(methods) + 1.5), 3.4)
+    ax = fig.add_subplot()
+    x = np.arange(len(methods))
+    bars = ax.bar(x, means, yerr=spreads, capsize=3, color="#4c72b0")
+    for bar, value in zip(bars, means, strict=True):
+        ax.annotate(f"{value:.2f}" if base else f"{value:.0f}",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.set_xticks(x, methods, rotation=20, ha="right")
+    ax.set_ylabel(f"TBT / TBT({baseline})" if base else "TBT (µs)")
+    if base:
+        ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
+    ax.set_title(f"normalised TBT — {_title(records)}", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_breakdown(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Draw stacked compute / communication / memory / other µs per decode step per method.
+
+    Args:
+        records: Bench records; ``breakdown_us`` is averaged over seeds.
+        path: PNG file to write.
+
+    Returns:
+        The path written.
+    """
+    groups = _by_method(records)
+    methods = _methods_in_order(records)
+    fig = _figure(max(4.0, 0.9 * len(methods) + 2.5), 3.4)
+    ax = fig.add_subplot()
+    x = np.arange(len(methods))
+    bottom = np.zeros(len(methods))
+    colors = ("#4c72b0", "#dd8452", "#55a868", "#8172b3")
+    for (key, label), color in zip(_BREAKDOWN, colors, strict=True):
+        vals = np.array([np.mean([r["breakdown_us"].get(key, 0.0) for r in groups[m]])
+                         for m in methods])
+        ax.bar(x, vals, bottom=bottom, label=label, color=color)
+        bottom += vals
+    ax.set_xticks(x, methods, rotation=20, ha="right")
+    ax.set_ylabel("µs per decode step")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"latency breakdown — {_title(records)}", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_link_heatmap(topology: Any, link_busy_us: ArrayLike, path: str | Path, *,
+                      title: str = "") -> Path:
+    """Draw the busy time of every directed link on the endpoint grid.
+
+    Args:
+        topology: ``hdamoe_env.topology.Topology`` (``grid_shape``, ``endpoint_coords``,
+            ``link_src``, ``link_dst``, ``num_endpoints``).
+        link_busy_us: float [num_links] busy time per directed link (µs per decode step).
+        path: PNG file to write.
+        title: Figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: ``link_busy_us`` does not have one value per link.
+    """
+    from matplotlib import colormaps
+    from matplotlib.collections import LineCollection
+    from matplotlib.colors import Normalize
+
+    busy = np.asarray(link_busy_us, dtype=np.float64)
+    if busy.shape != (topology.num_links,):
+        raise ValueError(f"link_busy_us has shape {busy.shape}; expected [{topology.num_links}]"
+                         " (one value per directed link)")
+    X, Y = topology.grid_shape
+    N = topology.num_endpoints
+    coords = np.asarray(topology.endpoint_coords)[:N]
+    src = np.asarray(topology.link_src)
+    dst = np.asarray(topology.link_dst)
+    fig = _figure(1.2 * Y + 2.0, 1.2 * X + 1.0)
+    ax = fig.add_subplot()
+    cmap = colormaps["inferno_r"]
+    norm = Normalize(vmin=0.0, vmax=max(float(busy.max()), 1e-12))
+    node_busy = np.zeros(N)
+    segments, colors = [], []
+    for link in range(topology.num_links):
+        u, v = int(src[link]), int(dst[link])
+        if u >= N or v >= N:                       # a switch: fat-tree
+            if min(u, v) < N:                      # injection or ejection link of an endpoint
+                node_busy[min(u, v)] += busy[link]
+            continue
+        (r1, c1), (r2, c2) = coords[u], coords[v]
+        dr, dc = int(r2 - r1), int(c2 - c1)
+        wrap = abs(dr) + abs(dc) != 1
+        if wrap:                                   # torus wrap link: a stub leaving the grid
+            dr, dc = -int(np.sign(dr)), -int(np.sign(dc))
+        # offset to the right-hand side of the direction of travel (rows grow downwards)
+        off_r, off_c = 0.12 * dc, -0.12 * dr
+        start = np.array([c1 + off_c, r1 + off_r], dtype=float)
+        length = 0.45 if wrap else 1.0
+        end = start + length * np.array([dc, dr], dtype=float)
+        start = start + 0.18 * np.array([dc, dr])
+        end = end - (0.0 if wrap else 0.18) * np.array([dc, dr])
+        segments.append([start, end])
+        colors.append(cmap(norm(busy[link])))
+        ax.annotate("", xy=end, xytext=start,
+                    arrowprops={"arrowstyle": "-|>", "color": cmap(norm(busy[link])),
+                                "lw": 2.2, "shrinkA": 0, "shrinkB": 0})
+    if segments:
+        ax.add_collection(LineCollection(segments, colors=colors, linewidths=0))
+    cell_norm = Normalize(vmin=0.0, vmax=max(float(node_busy.max()), 1e-12))
+    for node in range(N):
+        r, c = coords[node]
+        face = cmap(cell_norm(node_busy[node])) if node_busy.any() else "white"
+        ax.add_patch(_square(c, r, face))
+        ax.text(c, r, str(node), ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.8, Y - 0.2)
+    ax.set_ylim(X - 0.2, -0.8)
+    ax.set_aspect("equal")
+    ax.set_xticks(range(Y))
+    ax.set_yticks(range(X))
+    ax.set_xlabel("column")
+    ax.set_ylabel("row")
+    from matplotlib.cm import ScalarMappable
+
+    mappable = ScalarMappable(norm=norm if segments else cell_norm, cmap=cmap)
+    label = "link busy µs / decode step" if segments else "endpoint link busy µs / step"
+    fig.colorbar(mappable, ax=ax, label=label, shrink=0.8)
+    ax.set_title(title or f"link congestion ({topology.kind} {X}x{Y})", fontsize=9)
+    return _save(fig, path)
+
+
+def _square(col: float, row: float, face: Any) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((col - 0.18, row - 0.18), 0.36, 0.36, facecolor=face, edgecolor="0.3",
+                     lw=0.8, zorder=3)
+
+
+def write_plots(records: Sequence[dict[str, Any]], out_dir: str | Path, *,
+                topology: Any = None, heatmap_method: str | None = None,
+                baseline: str = "tp") -> list[Path]:
+    """Write the three figures of a benchmark run into ``out_dir``.
+
+    Args:
+        records: Bench records of one configuration.
+        out_dir: Directory (created).
+        topology: The run's topology (needed for the heat map; skipped when None).
+        heatmap_method: Method whose mean ``link_busy_us`` is drawn (default: the last method
+            with link data, i.e. the most advanced one of the default list).
+        baseline: Normalising method of the TBT bars.
+
+    Returns:
+        The PNG paths written.
+    """
+    out = Path(out_dir)
+    if not records:
+        log.warning("no bench records to plot")
+        return []
+    paths = [plot_normalised_tbt(records, out / "normalised_tbt.png", baseline=baseline),
+             plot_breakdown(records, out / "breakdown.png")]
+    if topology is not None:
+        groups = _by_method(records)
+        candidates = [m for m in _methods_in_order(records)
+                      if any(r.get("link_busy_us") for r in groups[m])]
+        method = heatmap_method if heatmap_method in candidates else (
+            candidates[-1] if candidates else None)
+        if heatmap_method is not None and heatmap_method not in candidates:
+            log.warning("method %r has no link data (TP's all-reduce is analytic); drawing %r",
+                        heatmap_method, method)
+        if method is not None:
+            busy = np.mean([r["link_busy_us"] for r in groups[method] if r.get("link_busy_us")],
+                           axis=0)
+            safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in method)
+            paths.append(plot_link_heatmap(
+                topology, busy, out / f"link_heatmap_{safe}.png",
+                title=f"{method}: link busy time per decode step — {_title(records)}"))
+    return paths

@@ -1,0 +1,992 @@
+"""Online dynamic scheduling: prediction, pre-broadcast budget and selection, dispatch, broadcast
+traffic, and a cached per-layer evaluator for the online loop.
+
+Implements paper-model.md §10 (paper §V-C):
+
+* §10.2 — next-layer prediction: a fast noisy oracle (traces.md §7.6 semantics) and predicted
+  per-expert counts;
+* §10.3–10.4 — the runtime budget (``paper*``: the HD formula, one value per run; ``faithful``:
+  t_nm(l−1) + t_comp(l−1) of the layer the broadcast hides behind) and k_b from the α–β
+  pipelined-broadcast model with the optimal chunk size c*(m) (``broadcast_slots``,
+  ``broadcast_plan``);
+* §10.5 — priority detection and repeated selection on the most congested node, with both
+  bookkeeping variants of §10.9 (``priority_broadcast``);
+* §10.6–10.7 — communication-efficient dispatch of (token, broadcast expert) pairs, replicas for
+  one step, the all-k-broadcast case (``dispatch_broadcast``);
+* §10.8 — the pre-broadcast traffic as DES messages on the NoC links (``broadcast_messages``,
+  ``simulate_broadcast``) and the latency of a layer with dynamic scheduling
+  (``LayerEvaluator``: the same numbers as ``MoESimulator.layer_sampled``, with every per-layer
+  constant precomputed; the online loop evaluates thousands of layers per second).
+
+Everything is numpy plus the package's DES (``linksim``); no RL (style.md R1). Units are SI.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from hdamoe_env import linksim, perf
+from hdamoe_env.errors import ConfigError, unknown_name
+from hdamoe_env.placement import Placement
+from hdamoe_env.profiles import Conventions
+from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.topology import Topology
+
+if TYPE_CHECKING:  # the evaluator reads a simulator's attributes; simulator sits above (§2)
+    from hdamoe_env.simulator import MoESimulator
+
+__all__ = [
+    "DISPATCH_RULES",
+    "AliasSampler",
+    "BroadcastPlan",
+    "BroadcastResult",
+    "DispatchResult",
+    "HolderTable",
+    "LayerEvaluator",
+    "LayerTimes",
+    "aggregators",
+    "broadcast_messages",
+    "broadcast_plan",
+    "broadcast_slots",
+    "broadcast_tree",
+    "dispatch_broadcast",
+    "noisy_oracle_sets",
+    "priority_broadcast",
+    "simulate_broadcast",
+]
+
+DISPATCH_RULES = ("least_loaded", "first", "home")
+
+
+# ------------------------------------------------------------------------------ §10.3–10.4
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastPlan:
+    """The pre-broadcast budget of a layer and what fits into it (§10.3–10.4).
+
+    Attributes:
+        budget_s: Time the broadcast may hide behind, seconds.
+        k_b: Number of experts that fit, max{m : T_bc*(m) < budget}, capped at ``max_m``.
+        payload_bytes: S, bytes per expert.
+        depth_hops: H, pipeline depth.
+        chunk_bytes: c*(k_b) (c*(1) when k_b = 0), bytes.
+        time_s: T_bc*(k_b), seconds (0 when k_b = 0).
+    """
+
+    budget_s: float
+    k_b: int
+    payload_bytes: float
+    depth_hops: float
+    chunk_bytes: float
+    time_s: float
+
+
+def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch: int,
+                   topology_diameter: int | None, t_nm_prev: float | None,
+                   t_comp_prev: float | None, max_m: int) -> BroadcastPlan:
+    """Return the budget, k_b, payload, depth and chunk size of a pre-broadcast (§10.3–10.4).
+
+    Args:
+        model: The model (S from h, I).
+        hw: The hardware (D, C, BW, BW_mem).
+        conv: The conventions (``bc_budget``, ``bc_payload``, ``bc_depth``, ``bc_alpha_s``).
+        batch: Tokens per decode step B.
+        topology_diameter: Diameter in hops (``bc_depth="diameter"``).
+        t_nm_prev: t_nm of the layer the broadcast hides behind (``bc_budget="layer"``), s.
+        t_comp_prev: Its expert phase (static evaluator at B), s.
+        max_m: Cap on k_b (e.g. the env's ``max_broadcast``, at most E).
+
+    Returns:
+        The plan.
+    """
+    budget = float(perf.broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
+    S = perf.broadcast_payload(model, conv)
+    H = perf.broadcast_depth(conv, hw.num_nodes, topology_diameter)
+    alpha, bw = conv.bc_alpha_s, hw.link_bw_Bps
+    k_b = perf.num_broadcast(budget, S, H, alpha, bw, max_m)
+    chunk = float(perf.broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
+    time = float(perf.broadcast_time(k_b, S, H, alpha, bw))
+    return BroadcastPlan(budget, k_b, S, H, chunk, time)
+
+
+def broadcast_slots(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch: int,
+                    topology_diameter: int | None, t_nm_prev: float | None,
+                    t_comp_prev: float | None, max_m: int) -> int:
+    """Return k_b, the number of experts pre-broadcast for one layer (§10.3).
+
+    ``paper*`` (``bc_budget="hd"``): the HD budget formula, the same for every layer;
+    ``faithful`` (``"layer"``): t_nm(l−1) + t_comp(l−1). k_b = max{m : T_bc*(m) < budget} with
+    the α–β model at the optimal chunk size. See ``broadcast_plan`` for the arguments.
+    """
+    return broadcast_plan(model, hw, conv, batch, topology_diameter, t_nm_prev, t_comp_prev,
+                          max_m).k_b
+
+
+# ------------------------------------------------------------------------------ §10.5
+
+
+def priority_broadcast(P_next: ArrayLike, pred_counts: ArrayLike, w: float, C: float, k_b: int,
+                       *, ref_bookkeeping: bool = False, skip_zero_priority: bool = True,
+                       token_sets_pred: ArrayLike | None = None) -> list[int]:
+    """Choose up to k_b experts to pre-broadcast by priority on the congested node (§10.5, §10.9).
+
+    Each round: predicted loads L̂_c, congested node c* = argmax L̂ (lowest index on ties),
+    prio_i = P_{i,c*}·n̂_i·w/C, pick e* = argmax prio (highest id on ties), zero P_{e*,:}.
+    Already picked experts are never picked again. Loads per round:
+
+    * ``ref_bookkeeping=True``: Σ_i P_ic·n̂_i·w over the working copy (a picked expert's load
+      disappears);
+    * ``False``: the same plus the predicted dispatch of the picked experts — the least-loaded
+      greedy of §10.6 on the predicted sets ``token_sets_pred``; without sets
+      [decision] a picked expert's predicted work is spread evenly over the D nodes.
+
+    Args:
+        P_next: float [E, D] placement of the layer the broadcast is for.
+        pred_counts: float [E] predicted tokens per expert n̂_i.
+        w: Work per (token, expert), FLOP.
+        C: Node throughput, FLOP/s.
+        k_b: Number of rounds.
+        ref_bookkeeping: Reference bookkeeping (see above).
+        skip_zero_priority: Stop when the best priority is 0 (``faithful``); otherwise the
+            highest unpicked id wins, as in the reference.
+        token_sets_pred: int [B, k] predicted sets (``ref_bookkeeping=False``).
+
+    Returns:
+        The chosen experts in pick order (at most k_b).
+    """
+    P = np.array(P_next, dtype=np.float64)
+    n = np.asarray(pred_counts, dtype=np.float64)
+    if P.ndim != 2 or n.shape != (P.shape[0],):
+        raise ConfigError(f"P_next must be [E, D] and pred_counts [E]; got {P.shape} and "
+                          f"{n.shape}")
+    num_experts, num_nodes = P.shape
+    orig = P.copy()
+    chosen: list[int] = []
+    picked = np.zeros(num_experts, dtype=bool)
+    for _ in range(min(int(k_b), num_experts)):
+        loads = (n @ P) * w
+        if not ref_bookkeeping and chosen:
+            if token_sets_pred is not None:
+                d = dispatch_broadcast(token_sets_pred, orig, chosen, w)
+                loads = loads + d.node_flops
+            else:
+                loads = loads + n[chosen].sum() * w / num_nodes
+        c_star = int(np.argmax(loads))
+        prio = P[:, c_star] * n * w / C
+        prio[picked] = -np.inf
+        best = float(prio.max())
+        if best == -np.inf or (skip_zero_priority and best <= 0):
+            break
+        e = num_experts - 1 - int(np.argmax(prio[::-1]))     # ties: highest expert id
+        chosen.append(e)
+        picked[e] = True
+        P[e, :] = 0.0
+    return chosen
+
+
+# ------------------------------------------------------------------------------ §10.6–10.7
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchResult:
+    """Where the (token, broadcast expert) pairs of one layer are computed (§10.6–10.8).
+
+    Attributes:
+        nodes: int64 [B, k] node of every (token, slot) whose expert is broadcast, −1 elsewhere.
+        node_flops: float64 [D] dispatched work per node, FLOP.
+        extra_compute_s: float64 [D] the same in seconds (``node_flops / C``).
+        extra_stream_s: float64 [D] weight streaming of the replicas: a node computing at least
+            one token of broadcast expert e streams W_e once (``stream_s`` per pair).
+        P_layer: float64 [E, D] the placement with the broadcast rows zeroed.
+        extra_holders: int64 [B, x] dispatch nodes joining each token's holder set for the DES
+            (−1 = none), or None. With ``ref_bookkeeping`` only tokens whose experts are all
+            broadcast get them (they have no other holder).
+        orphans: bool [B] tokens all of whose k experts are broadcast.
+    """
+
+    nodes: NDArray[np.int64]
+    node_flops: NDArray[np.float64]
+    extra_compute_s: NDArray[np.float64]
+    extra_stream_s: NDArray[np.float64]
+    P_layer: NDArray[np.float64]
+    extra_holders: NDArray[np.int64] | None
+    orphans: NDArray[np.bool_]
+
+
+_HOLDER_LISTS: dict[bytes, list[list[int]]] = {}
+
+
+def _holder_lists(P: NDArray[np.float64]) -> list[list[int]]:
+    """Return the ascending holder clusters of every expert (cached by the placement bytes)."""
+    key = P.tobytes() + bytes(str(P.shape), "ascii")
+    hit = _HOLDER_LISTS.get(key)
+    if hit is None:
+        rows, cols = np.nonzero(P > 0)
+        hit = [[] for _ in range(P.shape[0])]
+        for i, c in zip(rows.tolist(), cols.tolist(), strict=True):
+            hit[i].append(c)
+        if len(_HOLDER_LISTS) >= 256:
+            _HOLDER_LISTS.clear()
+        _HOLDER_LISTS[key] = hit
+    return hit
+
+
+def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[int], w: float,
+                       *, rule: str = "least_loaded", ref_bookkeeping: bool = False,
+                       compute_flops: float = 1.0, stream_s: float = 0.0) -> DispatchResult:
+    """Dispatch every (token, broadcast expert) pair to one node (paper-model.md §10.6–10.7).
+
+    Loads start from the non-broadcast experts, L_c = Σ_{i ∉ bc} P_ic·n_i·w (actual counts).
+    For each broadcast expert e in broadcast order and each token t with e ∈ S_t in batch order,
+    the candidates are ``cand = [c for j in S_t (token order) for c in nodes_orig(j)]`` (original
+    placement, duplicates allowed) and
+
+    * ``"least_loaded"`` (the paper's rule): the first candidate with minimal L_c;
+    * ``"first"``: the first candidate (the lowest holder of the token's first expert);
+    * ``"home"``: the least-loaded of e's own original holders (the replica is ignored);
+
+    then L[c_t] += w. A token all of whose experts are broadcast has no node of its own: its
+    candidates are all D nodes (``home``: e's holders) [decision §10.7], and its dispatch nodes
+    become its holders for communication. ``ref_bookkeeping`` re-initialises the decision loads
+    at each broadcast expert (earlier dispatch increments are dropped, §10.9) and keeps the
+    dispatch nodes out of the communication (except for such tokens); the work charged is always
+    the sum of all increments.
+
+    Args:
+        token_sets: int [B, k] expert sets of the layer being executed (batch order).
+        P: float [E, D] original placement of the layer.
+        broadcast: Broadcast experts, distinct, in broadcast order.
+        w: Work per (token, expert), FLOP.
+        rule: ``"least_loaded"``, ``"first"`` or ``"home"``.
+        ref_bookkeeping: Reference bookkeeping (above).
+        compute_flops: C, FLOP/s, to express the dispatched work in seconds.
+        stream_s: Streaming time of one broadcast expert's weights on one node, W_e / BW_mem
+            (0 when the profile does not stream weights).
+
+    Returns:
+        The dispatch nodes and what they add to the layer (see ``DispatchResult``).
+
+    Raises:
+        ConfigError: Unknown rule, bad shapes, or duplicate / out-of-range broadcast experts.
+    """
+    if rule not in DISPATCH_RULES:
+        raise unknown_name("dispatch rule", rule, DISPATCH_RULES)
+    shares = np.ascontiguousarray(P, dtype=np.float64)
+    sets = np.asarray(token_sets, dtype=np.int64)
+    num_experts, num_nodes = shares.shape
+    if sets.ndim != 2:
+        raise ConfigError(f"token_sets must have shape [B, k], got {sets.shape}")
+    bc = [int(e) for e in broadcast]
+    if len(set(bc)) != len(bc) or any(not 0 <= e < num_experts for e in bc):
+        raise ConfigError(f"broadcast experts must be distinct ids in [0, {num_experts}), got "
+                          f"{bc}")
+    num_tokens, top_k = sets.shape
+    is_bc = np.zeros(num_experts, dtype=bool)
+    is_bc[bc] = True
+    P_layer = shares.copy()
+    P_layer[is_bc] = 0.0
+    nodes = np.full((num_tokens, top_k), -1, dtype=np.int64)
+    flops = np.zeros(num_nodes)
+    computes = np.zeros((len(bc), num_nodes), dtype=bool)
+    slot_bc = is_bc[sets]                                        # [B, k]
+    orphans = slot_bc.all(axis=1)
+    if bc:
+        counts = np.bincount(sets.ravel(), minlength=num_experts).astype(np.float64)
+        counts[is_bc] = 0.0
+        base = ((counts @ shares) * w).tolist()
+        holders = _holder_lists(shares)
+        loads = list(base)
+        work = [0.0] * num_nodes
+        all_nodes = list(range(num_nodes))
+        rows_of = {e: np.flatnonzero((sets == e).any(axis=1)).tolist() for e in bc}
+        set_rows = sets.tolist()
+        orphan_rows = orphans.tolist()
+        for b, e in enumerate(bc):
+            if ref_bookkeeping and b:
+                loads = list(base)                               # §10.9: increments dropped
+            own = holders[e]
+            for t in rows_of[e]:
+                row = set_rows[t]
+                if rule == "home":
+                    cand = own
+                elif orphan_rows[t]:
+                    cand = all_nodes
+                else:
+                    cand = [c for j in row for c in holders[j]]
+                c_t = cand[0]
+                if rule != "first":
+                    best = loads[c_t]
+                    for c in cand:
+                        if loads[c] < best:
+                            c_t, best = c, loads[c]
+                loads[c_t] += w
+                work[c_t] += w
+                nodes[t, row.index(e)] = c_t
+                computes[b, c_t] = True
+        flops = np.asarray(work)
+    extra_stream = computes.sum(axis=0) * float(stream_s)
+    extra_holders = None
+    if bc:
+        mask = nodes >= 0 if not ref_bookkeeping else (nodes >= 0) & orphans[:, None]
+        if mask.any():
+            width = int(mask.sum(axis=1).max())
+            order = np.argsort(~mask, axis=1, kind="stable")[:, :width]
+            picked = np.take_along_axis(nodes, order, axis=1)
+            extra_holders = np.where(np.take_along_axis(mask, order, axis=1), picked, -1)
+    return DispatchResult(nodes, flops, flops / compute_flops, extra_stream, P_layer,
+                          extra_holders, orphans)
+
+
+# ------------------------------------------------------------------------------ aggregators
+
+
+@dataclass(frozen=True, eq=False)
+class HolderTable:
+    """Holder clusters of every expert of one layer, for fast aggregator draws (§6.2).
+
+    Attributes:
+        support: bool [E, D] P_ic > 0.
+        num_holders: int64 [E].
+        table: int64 [E, h] the holders in ascending order (padded with the last holder).
+        all_held: whether every expert has at least one holder.
+    """
+
+    support: NDArray[np.bool_]
+    num_holders: NDArray[np.int64]
+    table: NDArray[np.int64]
+    all_held: bool
+
+    @classmethod
+    def from_shares(cls, P: ArrayLike) -> HolderTable:
+        """Build the table of a share (or bool support) matrix [E, D]."""
+        support = np.ascontiguousarray(np.asarray(P) > 0)
+        num = support.sum(axis=1).astype(np.int64)
+        width = max(1, int(num.max(initial=1)))
+        order = np.argsort(~support, axis=1, kind="stable")[:, :width]
+        last = np.take_along_axis(order, np.maximum(num - 1, 0)[:, None], axis=1)
+        table = np.where(np.arange(width) < num[:, None], order, last).astype(np.int64)
+        return cls(support, num, table, bool((num > 0).all()))
+
+
+def aggregators(token_sets: NDArray[np.int64], holders: HolderTable, rule: str,
+                rng: np.random.Generator, extra_holders: NDArray[np.int64] | None = None
+                ) -> NDArray[np.int64]:
+    """Choose every token's aggregator cluster, exactly as ``linksim.choose_aggregators`` (§6.2).
+
+    Same rules (``ref``, ``uniform``, ``first``), the same random calls in the same order and
+    therefore the same result for the same generator state, but with the holder structure
+    precomputed. Extension: a token none of whose experts has a holder (all its experts
+    broadcast, §10.7) aggregates on one of its ``extra_holders`` (uniformly at random for
+    ``uniform``, the lowest otherwise) instead of raising.
+
+    Args:
+        token_sets: int64 [T, k] expert ids (validated by the caller).
+        holders: The layer's holder table.
+        rule: ``"ref"``, ``"uniform"`` or ``"first"``.
+        rng: Generator.
+        extra_holders: int64 [T, x] further holders (−1 = none), needed for holder-less tokens.
+
+    Returns:
+        int64 [T] aggregator clusters.
+
+    Raises:
+        ConfigError: Unknown rule, or a holder-less token without extra holders.
+    """
+    if rule not in linksim.AGGREGATOR_RULES:
+        raise unknown_name("aggregator rule", rule, linksim.AGGREGATOR_RULES)
+    num_tokens, top_k = token_sets.shape
+    if num_tokens == 0:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.arange(num_tokens)
+    if holders.all_held:
+        valid = None
+        nvalid = np.full(num_tokens, top_k, dtype=np.int64)
+        orphan = None
+    else:
+        valid = holders.num_holders[token_sets] > 0
+        nvalid = valid.sum(axis=1)
+        orphan = nvalid == 0
+        if not orphan.any():
+            orphan = None
+        else:
+            nvalid = np.where(orphan, 1, nvalid)
+    if rule == "first":
+        keyed = token_sets if valid is None else np.where(valid, token_sets,
+                                                          holders.support.shape[0])
+        expert = keyed.min(axis=1)
+        if orphan is not None:
+            expert = np.where(orphan, token_sets[:, 0], expert)
+    else:
+        u = rng.integers(0, nvalid)
+        pos = u if valid is None else (np.cumsum(valid, axis=1) <= u[:, None]).sum(axis=1)
+        expert = token_sets[rows, np.minimum(pos, top_k - 1)]
+    if rule == "uniform":
+        v = rng.integers(0, np.maximum(holders.num_holders[expert], 1) if orphan is not None
+                         else holders.num_holders[expert])
+        agg = holders.table[expert, v]
+    else:
+        agg = holders.table[expert, 0]
+    if orphan is not None:
+        agg = agg.copy()
+        idx = np.flatnonzero(orphan)
+        if extra_holders is None:
+            t = int(idx[0])
+            raise ConfigError(f"token {t} (experts {token_sets[t].tolist()}) has no expert with a "
+                              "holder and no extra holders")
+        ex = extra_holders[idx]
+        ok = ex >= 0
+        count = ok.sum(axis=1)
+        if (count == 0).any():
+            t = int(idx[np.flatnonzero(count == 0)[0]])
+            raise ConfigError(f"token {t} has no holder and no extra holder cluster")
+        if rule == "uniform":
+            pick = rng.integers(0, count)
+            col = (np.cumsum(ok, axis=1) <= pick[:, None]).sum(axis=1)
+            agg[idx] = ex[np.arange(idx.size), col]
+        else:
+            agg[idx] = np.where(ok, ex, np.iinfo(np.int64).max).min(axis=1)
+    return agg.astype(np.int64, copy=False)
+
+
+# ------------------------------------------------------------------------------ §10.2 prediction
+
+
+class AliasSampler:
+    """Exact O(1) sampling of experts ∝ popularity p_l (Walker/Vose alias tables, one per layer).
+
+    Args:
+        shares: float [E] or [L, E] non-negative popularity (each row with a positive sum).
+    """
+
+    def __init__(self, shares: ArrayLike) -> None:
+        p = np.atleast_2d(np.asarray(shares, dtype=np.float64))
+        if p.ndim != 2 or (p < 0).any() or not (p.sum(axis=1) > 0).all():
+            raise ConfigError("shares must be a non-negative [E] or [L, E] array with positive "
+                              "row sums")
+        self.num_layers, self.num_experts = p.shape
+        self.prob = np.ones(p.shape)
+        self.alias = np.tile(np.arange(self.num_experts), (self.num_layers, 1))
+        for layer in range(self.num_layers):
+            self._build(layer, p[layer] / p[layer].sum())
+
+    def _build(self, layer: int, p: NDArray[np.float64]) -> None:
+        scaled = (p * self.num_experts).tolist()
+        small = [i for i, v in enumerate(scaled) if v < 1.0]
+        large = [i for i, v in enumerate(scaled) if v >= 1.0]
+        prob, alias = self.prob[layer], self.alias[layer]
+        while small and large:
+            s_i, l_i = small.pop(), large.pop()
+            prob[s_i] = scaled[s_i]
+            alias[s_i] = l_i
+            scaled[l_i] = scaled[l_i] + scaled[s_i] - 1.0
+            (small if scaled[l_i] < 1.0 else large).append(l_i)
+        for i in small + large:                       # numerical leftovers: probability 1
+            prob[i] = 1.0
+
+    def sample(self, layers: NDArray[np.int64] | None, size: int, rng: np.random.Generator
+               ) -> NDArray[np.int64]:
+        """Return int64 [R, size] experts drawn ∝ p of each row's layer (``layers`` [R]).
+
+        ``layers=None`` samples R = 1 row... use ``layers`` of length R with 1-D shares as
+        zeros. One uniform per draw: its integer part picks the column, its fraction the coin.
+        """
+        rows = 1 if layers is None else layers.size
+        v = rng.random((rows, size)) * self.num_experts
+        col = v.astype(np.int64)
+        np.minimum(col, self.num_experts - 1, out=col)
+        coin = v - col
+        lay = np.zeros((rows, 1), dtype=np.int64) if layers is None else layers[:, None]
+        keep = coin < self.prob[lay, col]
+        return np.where(keep, col, self.alias[lay, col])
+
+
+def noisy_oracle_sets(actual: NDArray[np.int64], acc: float | NDArray[np.float64],
+                      sampler: AliasSampler, rng: np.random.Generator, *,
+                      layer_of_row: NDArray[np.int64] | None = None, oversample: int = 3
+                      ) -> NDArray[np.int64]:
+    """Predict sets with a noisy oracle (traces.md §7.6 semantics, vectorised).
+
+    Every expert of a row's actual set is kept with probability acc and otherwise replaced by an
+    expert drawn ∝ p_l from those not in the actual set, never twice in a row. Rejection
+    sampling, exact: in every round each pending replaced slot draws ``oversample`` candidates
+    ∝ p and takes the first not in the actual set nor among the row's accepted replacements;
+    when two pending slots of a row pick the same expert the earlier slot keeps it and the other
+    draws again. The expected overlap |S ∩ Ŝ|/k is exactly acc. Rows of several layers can be
+    predicted in one call.
+
+    Args:
+        actual: int64 [N, k] actual sets.
+        acc: Accuracy in [0, 1], scalar or float [N] per row.
+        sampler: Popularity sampler (one layer, or per layer with ``layer_of_row``).
+        rng: Generator.
+        layer_of_row: int64 [N] layer of every row (default: layer 0 of the sampler).
+        oversample: Candidates drawn per pending slot and round.
+
+    Returns:
+        int64 [N, k] predicted sets.
+    """
+    num_rows, top_k = actual.shape
+    pred = actual.copy()
+    accuracy = np.asarray(acc, dtype=np.float64)
+    replace = rng.random((num_rows, top_k)) >= (accuracy if accuracy.ndim == 0
+                                                 else accuracy[:, None])
+    rows, cols = np.nonzero(replace)                  # row-major: slots in column order
+    if rows.size == 0:
+        return pred
+    num_experts = sampler.num_experts
+    lay = (np.zeros(rows.size, dtype=np.int64) if layer_of_row is None
+           else np.asarray(layer_of_row, dtype=np.int64)[rows])
+    pred[rows, cols] = -1
+    pending = np.arange(rows.size)
+    small = num_experts <= 64
+    one = np.uint64(1)
+    if small:                                         # forbidden experts as row bitmasks
+        forbid = np.bitwise_or.reduce(np.left_shift(one, actual.astype(np.uint64)), axis=1)
+    for _ in range(64):
+        r = rows[pending]
+        cand = sampler.sample(lay[pending], oversample, rng)               # [P, m]
+        # Forbidden: the actual set and the replacements accepted so far.
+        if small:
+            member = (np.right_shift(forbid[r][:, None], cand.astype(np.uint64)) & one) \
+                .astype(bool)
+        else:
+            taken = np.concatenate([actual[r], pred[r]], axis=1)
+            member = (taken[:, None, :] == cand[:, :, None]).any(axis=2)
+        ok = ~member.all(axis=1)
+        pick = cand[np.arange(pending.size), np.argmax(~member, axis=1)]
+        key = np.where(ok, r * num_experts + pick, -1 - np.arange(pending.size))
+        order = np.argsort(key, kind="stable")       # stable: the earlier slot of a row wins
+        dup = np.zeros(pending.size, dtype=bool)
+        dup[order[1:]] = key[order][1:] == key[order][:-1]
+        accept = ok & ~dup
+        pred[r[accept], cols[pending[accept]]] = pick[accept]
+        if small:
+            np.bitwise_or.at(forbid, r[accept], np.left_shift(one, pick[accept].astype(
+                np.uint64)))
+        pending = pending[~accept]
+        if pending.size == 0:
+            return pred
+    for slot in pending.tolist():                    # pathological popularity: uniform fallback
+        t = int(rows[slot])
+        allowed = np.setdiff1d(np.arange(num_experts), np.concatenate([actual[t], pred[t]]))
+        pred[t, int(cols[slot])] = int(rng.choice(allowed))
+    return pred
+
+
+# ------------------------------------------------------------------------------ broadcast traffic
+
+
+def broadcast_tree(topology: Topology, source: int) -> tuple[NDArray[np.int64],
+                                                             NDArray[np.int64]]:
+    """Return the broadcast tree of a source endpoint: parent [N] and depth [N] (source: −1, 0).
+
+    [decision] The parent of endpoint v is the last endpoint before v on the topology's route
+    source → v (the source itself when the route passes only switches). On a mesh or torus with
+    dimension-ordered routing this is the dimension-ordered spanning tree (the source's row, then
+    every column; depth ≤ diameter), whose edges are single links; on the fat-tree it is a star
+    (the switches do not replicate).
+    """
+    n = topology.num_endpoints
+    parent = np.full(n, -1, dtype=np.int64)
+    for v in range(n):
+        if v == source:
+            continue
+        route = topology.route(source, v)
+        prev = source
+        for link in route[:-1]:
+            u = int(topology.link_dst[link])
+            if u < n:
+                prev = u
+        parent[v] = prev
+    depth = np.zeros(n, dtype=np.int64)
+    for v in range(n):
+        d, u = 0, v
+        while u != source:
+            u = int(parent[u])
+            d += 1
+            if d > n:
+                raise ConfigError("broadcast tree has a cycle; the topology's routes are not "
+                                  "prefix-consistent")
+        depth[v] = d
+    return parent, depth
+
+
+@dataclass(frozen=True, eq=False)
+class BroadcastMessages:
+    """DES messages of a pre-broadcast (inputs of ``linksim.simulate_messages``).
+
+    Attributes:
+        src: int64 [M] sending endpoint. dst: int64 [M] receiving endpoint.
+        size_bytes: float64 [M] chunk bytes plus the start-up α expressed as bytes (α·BW).
+        ready_s: float64 [M] release times of the contention-free pipeline schedule.
+        expert: int64 [M] broadcast expert of every message.
+        chunks: chunks per expert. chunk_bytes: payload per chunk.
+    """
+
+    src: NDArray[np.int64]
+    dst: NDArray[np.int64]
+    size_bytes: NDArray[np.float64]
+    ready_s: NDArray[np.float64]
+    expert: NDArray[np.int64]
+    chunks: int
+    chunk_bytes: float
+
+
+def broadcast_messages(topology: Topology, P_layer: ArrayLike, experts: Sequence[int],
+                       S_bytes: float, chunks: int, *, pi: ArrayLike | None = None,
+                       alpha_s: float = 0.0, hop_latency_s: float = 0.0,
+                       trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] | None = None
+                       ) -> BroadcastMessages:
+    """Build the DES messages of a chunk-pipelined tree broadcast of every expert (§10.4, §10.8).
+
+    [decision] Scheme. Every broadcast expert e is sent whole (S bytes) from one holder — the
+    cluster with its largest share (lowest id on ties), at endpoint pi[c] — to every other
+    endpoint along ``broadcast_tree``: each tree edge (parent → child) forwards every chunk once
+    (store-and-forward per chunk). The S bytes are cut into ``chunks`` equal chunks; a chunk
+    message costs α + c/BW on its link (α as α·BW extra bytes), and chunk j of the edge into a
+    node at depth d is released at (j + d − 1)·(α + c/BW + hop latency): the contention-free
+    pipeline schedule, whose makespan for one expert on a path of depth H is
+    (S/c + H − 1)·(α + c/BW) ≈ T_bc(c) of the α–β model. The DES then serialises everything that
+    shares a link (several experts, crossing trees). Approximation: a chunk delayed by
+    contention does not delay its forwarding (release times are fixed), so downstream delays are
+    not propagated; the bandwidth term (m·S/BW on the busiest link) is captured.
+
+    Args:
+        topology: The NoC.
+        P_layer: float [E, D] original placement shares of the layer (source holders).
+        experts: Broadcast experts.
+        S_bytes: Payload per expert, bytes.
+        chunks: Chunks per expert (>= 1).
+        pi: int [D] endpoint of every cluster (identity by default).
+        alpha_s: Start-up latency per chunk message, seconds.
+        hop_latency_s: The DES hop latency (added to the schedule's slot).
+        trees: Optional cache {source endpoint: broadcast_tree(...)}.
+
+    Returns:
+        The messages, expert-major, then edge, then chunk.
+    """
+    shares = np.asarray(P_layer, dtype=np.float64)
+    n = topology.num_endpoints
+    mapping = np.arange(n) if pi is None else np.asarray(pi, dtype=np.int64)
+    chunks = int(chunks)
+    if chunks < 1:
+        raise ConfigError(f"chunks must be >= 1, got {chunks}")
+    bw = topology.bw_end_Bps
+    chunk = float(S_bytes) / chunks
+    size = chunk + alpha_s * bw
+    slot = size / bw + hop_latency_s
+    src_l, dst_l, ready_l, exp_l = [], [], [], []
+    j = np.arange(chunks, dtype=np.float64)
+    for e in experts:
+        cluster = int(np.argmax(shares[int(e)]))
+        source = int(mapping[cluster])
+        tree = None if trees is None else trees.get(source)
+        if tree is None:
+            tree = broadcast_tree(topology, source)
+            if trees is not None:
+                trees[source] = tree
+        parent, depth = tree
+        child = np.flatnonzero(parent >= 0)
+        src_l.append(np.repeat(parent[child], chunks))
+        dst_l.append(np.repeat(child, chunks))
+        ready_l.append(((j[None, :] + depth[child][:, None] - 1) * slot).ravel())
+        exp_l.append(np.full(child.size * chunks, int(e), dtype=np.int64))
+    if not src_l:
+        empty_i = np.zeros(0, dtype=np.int64)
+        return BroadcastMessages(empty_i, empty_i, np.zeros(0), np.zeros(0), empty_i, chunks,
+                                 chunk)
+    src = np.concatenate(src_l)
+    return BroadcastMessages(src, np.concatenate(dst_l), np.full(src.size, size),
+                             np.concatenate(ready_l), np.concatenate(exp_l), chunks, chunk)
+
+
+@dataclass(frozen=True, eq=False)
+class BroadcastResult:
+    """Simulated pre-broadcast traffic of one layer.
+
+    Attributes:
+        makespan_s: Finish time of the last chunk, seconds (0 when nothing is broadcast).
+        link_busy_s: float64 [num_links] busy time per directed link, seconds.
+        num_messages: Number of DES messages.
+        chunks: Chunks per expert simulated.
+        chunk_bytes: Payload per simulated chunk.
+    """
+
+    makespan_s: float
+    link_busy_s: NDArray[np.float64]
+    num_messages: int
+    chunks: int
+    chunk_bytes: float
+
+
+def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence[int],
+                       S_bytes: float, chunk_bytes: float, *, pi: ArrayLike | None = None,
+                       alpha_s: float = 0.0, hop_latency_s: float = 0.0,
+                       tie_break: str = "fifo", max_messages: int = 20_000,
+                       trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] | None = None
+                       ) -> BroadcastResult:
+    """Simulate the pre-broadcast of ``experts`` on idle links with the DES (§10.8).
+
+    Chunks per expert = ⌈S / chunk_bytes⌉ (the caller passes c*(m) of the α–β model); to bound
+    the cost the count is reduced so that at most ``max_messages`` messages are simulated
+    ([decision]; larger chunks overstate the pipeline fill by (H − 1)·(c_sim − c)/BW).
+
+    Args:
+        topology: The NoC.
+        P_layer: float [E, D] original shares of the layer.
+        experts: Broadcast experts.
+        S_bytes: Payload per expert, bytes.
+        chunk_bytes: Target chunk size, bytes.
+        pi: int [D] cluster → endpoint.
+        alpha_s: Start-up latency per message, seconds.
+        hop_latency_s: DES hop latency, seconds.
+        tie_break: DES tie rule.
+        max_messages: Cap on the number of messages.
+        trees: Optional broadcast-tree cache.
+
+    Returns:
+        Makespan and per-link busy time.
+    """
+    experts = list(experts)
+    if not experts:
+        return BroadcastResult(0.0, np.zeros(topology.num_links), 0, 0, 0.0)
+    if not chunk_bytes > 0:
+        raise ConfigError(f"chunk_bytes must be positive, got {chunk_bytes!r}")
+    chunks = max(1, math.ceil(float(S_bytes) / float(chunk_bytes)))
+    per_chunk = len(experts) * (topology.num_endpoints - 1)
+    chunks = max(1, min(chunks, max_messages // max(per_chunk, 1)))
+    msgs = broadcast_messages(topology, P_layer, experts, S_bytes, chunks, pi=pi,
+                              alpha_s=alpha_s, hop_latency_s=hop_latency_s, trees=trees)
+    des = linksim.simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
+                                    tie_break=tie_break, hop_latency_s=hop_latency_s)
+    return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), chunks,
+                           msgs.chunk_bytes)
+
+
+# ------------------------------------------------------------------------------ layer evaluation
+
+
+@dataclass(slots=True, eq=False)
+class LayerTimes:
+    """Latency of one MoE layer (the fields of ``simulator.LayerResult``; seconds).
+
+    Attributes:
+        layer, t_nm_s, t_nm_compute_s, t_comp_s, t_comp_compute_s, t_dispatch_s, t_combine_s,
+        t_comm_moe_s, t_extra_s, node_compute_s [D], node_stream_s [D], link_busy_s
+        [num_links] or None, mode (``"tp"``, ``"des"``, ``"analytic"``): as in ``LayerResult``.
+    """
+
+    layer: int
+    t_nm_s: float
+    t_nm_compute_s: float
+    t_comp_s: float
+    t_comp_compute_s: float
+    t_dispatch_s: float
+    t_combine_s: float
+    t_comm_moe_s: float
+    t_extra_s: float
+    node_compute_s: NDArray[np.float64]
+    node_stream_s: NDArray[np.float64]
+    link_busy_s: NDArray[np.float64] | None
+    mode: str
+
+    @property
+    def total_s(self) -> float:
+        """Layer latency t_nm + t_comp + t_comm_moe + extra."""
+        return self.t_nm_s + self.t_comp_s + self.t_comm_moe_s + self.t_extra_s
+
+
+class _LayerConst:
+    """Per-layer constants of the evaluator."""
+
+    __slots__ = ("P", "bitmask", "holders", "is_tp", "nm_compute", "nm_total", "pi", "support")
+
+    def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: perf.NonMoeTime,
+                 is_tp: bool) -> None:
+        self.P = np.ascontiguousarray(P)
+        self.support = self.P > 0
+        self.pi = np.ascontiguousarray(pi, dtype=np.int64)
+        self.nm_total = float(nm.total_s)
+        self.nm_compute = float(nm.compute_s)
+        self.is_tp = is_tp
+        self.holders = HolderTable.from_shares(self.support)
+        self.bitmask = _bitmask(self.support)
+
+
+def _bitmask(support: NDArray[np.bool_]) -> NDArray[np.uint64] | None:
+    """Return uint64 [E] holder bitmasks (None for more than 64 clusters)."""
+    if support.shape[1] > 64:
+        return None
+    weights = np.left_shift(np.uint64(1), np.arange(support.shape[1], dtype=np.uint64))
+    return (support.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+
+
+class LayerEvaluator:
+    """Evaluate single MoE layers of one placement at one batch size, with cached constants.
+
+    The same composition and the same floating-point operations as
+    ``MoESimulator.layer_sampled`` (tests pin equality): t_nm from the simulator's cache,
+    expert phase by §5.2 (plus the dispatched replica work and streaming), MoE communication by
+    the TP all-reduce, the DES (``linksim.simulate_layer_comm``) or the γ-calibrated analytic
+    twin. Differences: no input validation (the online loop passes well-formed arrays),
+    aggregators drawn by ``aggregators`` (identical draws to ``choose_aggregators``; holder-less
+    tokens use their extra holders), and the analytic V_c counted with holder bitmasks.
+
+    Args:
+        sim: The simulator (model, hardware, topology, conventions).
+        placement: The placement of all layers.
+        batch: Tokens per decode step B.
+    """
+
+    def __init__(self, sim: MoESimulator, placement: Placement, batch: int) -> None:
+        self.sim = sim
+        model, hw, conv = sim.model, sim.hw, sim.conv
+        self.model, self.hw, self.conv = model, hw, conv
+        self.batch = int(batch)
+        self.num_experts = model.num_experts
+        self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
+        self.stream_per_s = perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+        self.t_tp = float(perf.tp_allreduce_time(model, hw, conv, batch,
+                                                 sim.topology.bw_end_Bps))
+        self.msg = np.full(self.batch, sim.msg_bytes)
+        self.both = conv.moe_comm == "dispatch+combine"
+        self.phases = ("dispatch", "combine") if self.both else ("combine",)
+        self.analytic_scale = conv.kappa_a / sim.topology.bw_end_Bps
+        self.analytic_factor = 2.0 if conv.gamma_combine_only else 1.0
+        tp_share = 1.0 / placement.num_nodes
+        self.layers = [
+            _LayerConst(placement.P[layer], placement.pi[layer], sim.nonmoe(self.batch, layer),
+                        bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)))
+            for layer in range(placement.num_layers)]
+
+    def evaluate(self, layer: int, token_sets: NDArray[np.int64], *, rng: np.random.Generator,
+                 fidelity: str = "des", gamma: float | None = None,
+                 P_layer: NDArray[np.float64] | None = None,
+                 agg: NDArray[np.int64] | None = None,
+                 extra_holders: NDArray[np.int64] | None = None,
+                 extra_compute_s: NDArray[np.float64] | None = None,
+                 extra_stream_s: NDArray[np.float64] | None = None,
+                 extra_s: float = 0.0) -> LayerTimes:
+        """Evaluate one layer of one decode step (arguments as ``MoESimulator.layer_sampled``).
+
+        Args:
+            layer: MoE layer index.
+            token_sets: int64 [B, k] expert sets (batch order), well-formed.
+            rng: Generator for the aggregator draws (DES only).
+            fidelity: ``"des"`` or ``"analytic"``.
+            gamma: γ of the layer (analytic).
+            P_layer: Override of the layer's shares (broadcast rows zeroed).
+            agg: Aggregators [B] (drawn with ``rng`` when None).
+            extra_holders: int64 [B, x] further holders per token (−1 = none).
+            extra_compute_s: float [D] dispatched replica work per cluster, seconds.
+            extra_stream_s: float [D] replica weight streaming per cluster, seconds.
+            extra_s: Other time charged to the layer (broadcast excess), seconds.
+
+        Returns:
+            The layer's times.
+        """
+        const = self.layers[layer]
+        P = const.P if P_layer is None else P_layer
+        counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
+        compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
+        if self.conv.weight_streaming:
+            active = (counts > 0).astype(np.float64)
+            stream = np.einsum("...ed,...e->...d", P, active) * self.stream_per_s
+        else:
+            stream = np.zeros_like(compute)
+        if extra_compute_s is not None:
+            compute = compute + extra_compute_s
+        if extra_stream_s is not None and self.conv.weight_streaming:
+            stream = stream + extra_stream_s
+        t_compute = float(compute.max())
+        # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
+        t_comp = max(t_compute, float(stream.max())) if self.conv.weight_streaming \
+            else t_compute
+        if P_layer is None and const.is_tp:
+            return LayerTimes(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
+                              0.0, self.t_tp, extra_s, compute, stream, None, "tp")
+        if fidelity == "des":
+            if P_layer is None:
+                support, holders = const.support, const.holders
+            else:
+                support = P > 0
+                holders = HolderTable.from_shares(support)
+            if agg is None:
+                agg = aggregators(token_sets, holders, self.conv.aggregator, rng, extra_holders)
+            comm = linksim.simulate_layer_comm(
+                self.sim.topology, token_sets, self.msg, support, const.pi, agg,
+                phases=self.phases, tie_break=self.conv.tie_break,
+                hop_latency_s=self.hw.hop_latency_s, layer=layer, extra_holders=extra_holders,
+                chunks=self.conv.chunks)
+            t_combine = comm.combine_s
+            if self.both:
+                t_dispatch = comm.dispatch_s
+                t_moe = t_dispatch + t_combine
+                busy = comm.link_busy_total_s
+            else:
+                t_dispatch = 0.0
+                t_moe = 2.0 * t_combine
+                busy = 2.0 * comm.link_busy_total_s
+            return LayerTimes(layer, const.nm_total, const.nm_compute, t_comp, t_compute,
+                              t_dispatch, t_combine, t_moe, extra_s, compute, stream, busy, "des")
+        if fidelity == "analytic":
+            if gamma is None:
+                raise ConfigError("fidelity='analytic' needs gamma")
+            peak = self._max_touch(token_sets, const, P_layer)
+            x = self.conv.kappa_a * (float(self.model.hidden_size) * peak) \
+                / self.sim.topology.bw_end_Bps
+            t_moe = gamma * x * self.analytic_factor
+            return LayerTimes(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
+                              0.0, t_moe, extra_s, compute, stream, None, "analytic")
+        raise ConfigError(f"unknown fidelity {fidelity!r}; expected 'des' or 'analytic'")
+
+    def tp_totals(self, step_sets: NDArray[np.int64]) -> NDArray[np.float64]:
+        """Return the latency [L] of every layer of one decode step under this TP placement.
+
+        Vectorised over layers (one call per decode step); the same terms as ``evaluate`` in its
+        TP branch (t_nm + expert phase + TP all-reduce), up to floating-point summation order.
+
+        Args:
+            step_sets: int64 [L, B, k] expert sets of the step.
+
+        Raises:
+            ConfigError: The placement is not TP in every layer.
+        """
+        if not all(c.is_tp for c in self.layers):
+            raise ConfigError("tp_totals needs a TP placement in every layer")
+        num_layers = step_sets.shape[0]
+        E = self.num_experts
+        flat = (step_sets + (np.arange(num_layers) * E)[:, None, None]).ravel()
+        counts = np.bincount(flat, minlength=num_layers * E).astype(np.float64).reshape(
+            num_layers, E)
+        share = self.layers[0].P[0, 0]
+        t_compute = counts.sum(axis=1) * share * self.flops_per_s            # equal on all nodes
+        if self.conv.weight_streaming:
+            stream = (counts > 0).sum(axis=1) * share * self.stream_per_s
+            t_comp = np.maximum(t_compute, stream)
+        else:
+            t_comp = t_compute
+        nm = np.array([c.nm_total for c in self.layers[:num_layers]])
+        return nm + t_comp + self.t_tp
+
+    @staticmethod
+    def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,
+                   P_layer: NDArray[np.float64] | None) -> float:
+        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| (the sampled V_c / h of Eq. 2)."""
+        support = const.support if P_layer is None else P_layer > 0
+        masks = const.bitmask if P_layer is None else _bitmask(support)
+        if masks is None:
+            return float(support[token_sets].any(axis=1).sum(axis=0).max(initial=0))
+        touched = np.bitwise_or.reduce(masks[token_sets], axis=1)          # [B] uint64
+        if sys.byteorder != "little":
+            touched = touched.byteswap()
+        bits = np.unpackbits(touched.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+        return float(bits.sum(axis=0, dtype=np.int64).max(initial=0))

@@ -1,0 +1,210 @@
+"""TensorBoard adapter for the package's own scalars (dependencies.md §5, style.md R16).
+
+Application layer: the simulator and the env return data; only ``bench`` (and ``cli``) write
+through this module. Writers are looked up lazily, in this order:
+
+1. ``tensorboardX.SummaryWriter`` (torch-free, the ``tb`` extra);
+2. a small wrapper over ``tensorboard.summary.writer.event_file_writer.EventFileWriter`` that
+   writes ``Event`` protocol buffers with ``simple_value`` summaries (the ``log`` extra) — the
+   same files TensorBoard reads;
+3. a no-op writer that logs one warning per process.
+
+Tags are namespaced (``latency/tbt_us``, ``latency/comm_us``, ``links/max_util``,
+``nodes/balancedness``, ``gating/top1_retention``, ``train/*``); run directories are named
+``{env_id}__{method}__{seed}__{timestamp}`` (:func:`run_dir_name`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+__all__ = [
+    "BACKENDS",
+    "ENV_ID",
+    "NoOpWriter",
+    "ScalarWriter",
+    "make_writer",
+    "run_dir_name",
+]
+
+log = logging.getLogger(__name__)
+
+#: The registered Gymnasium id without its namespace (a slash does not belong in a directory).
+ENV_ID = "HdMoE-v0"
+#: Writer back ends in the order they are tried.
+BACKENDS = ("tensorboardX", "tensorboard", "noop")
+
+_warned_noop = False
+_SAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
+
+
+class ScalarWriter(Protocol):
+    """What ``bench`` needs from a TensorBoard writer."""
+
+    backend: str
+    logdir: Path | None
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        """Record ``value`` under ``tag`` at global step ``step``."""
+
+    def flush(self) -> None:
+        """Write pending events to disk."""
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+
+
+class _WriterBase:
+    backend = "base"
+    logdir: Path | None = None
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def add_scalars(self, values: dict[str, float], step: int) -> None:
+        """Record several scalars at the same step; non-finite values are skipped."""
+        for tag, value in values.items():
+            self.add_scalar(tag, value, step)
+
+    def flush(self) -> None:  # pragma: no cover - overridden
+        """Write pending events to disk."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        """Flush and close."""
+
+    def __enter__(self) -> _WriterBase:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class NoOpWriter(_WriterBase):
+    """A writer that drops everything (no TensorBoard package installed)."""
+
+    backend = "noop"
+
+    def __init__(self, logdir: str | Path | None = None) -> None:
+        self.logdir = None if logdir is None else Path(logdir)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        """Drop the scalar."""
+
+    def flush(self) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+
+class _TensorboardXWriter(_WriterBase):
+    backend = "tensorboardX"
+
+    def __init__(self, logdir: Path, summary_writer: Any) -> None:
+        self.logdir = logdir
+        self._writer = summary_writer(logdir=str(logdir))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        value = float(value)
+        if math.isfinite(value):
+            self._writer.add_scalar(tag, value, int(step))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class _EventFileWriter(_WriterBase):
+    """Scalars as ``Event`` protobufs through the ``tensorboard`` package's file writer."""
+
+    backend = "tensorboard"
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self.logdir = logdir
+        self._event = event_pb2.Event
+        self._summary = summary_pb2.Summary
+        self._writer = EventFileWriter(str(logdir))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        value = float(value)
+        if not math.isfinite(value):
+            return
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(self._event(wall_time=time.time(), step=int(step),
+                                           summary=summary))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def make_writer(logdir: str | Path, *, backend: str | None = None) -> _WriterBase:
+    """Return a scalar writer for ``logdir`` (created), trying the back ends in order.
+
+    Args:
+        logdir: Run directory of the event file.
+        backend: Force one of ``BACKENDS`` (None: the first that imports).
+
+    Returns:
+        A writer with ``add_scalar(tag, value, step)``, ``add_scalars``, ``flush`` and
+        ``close``; usable as a context manager. ``writer.backend`` names the back end.
+
+    Raises:
+        ValueError: ``backend`` is not one of ``BACKENDS``.
+    """
+    global _warned_noop
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown TensorBoard backend {backend!r}; expected one of "
+                         f"{list(BACKENDS)}")
+    path = Path(logdir)
+    if backend in (None, "tensorboardX"):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            if backend == "tensorboardX":
+                raise
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            return _TensorboardXWriter(path, SummaryWriter)
+    if backend in (None, "tensorboard"):
+        try:
+            writer = _EventFileWriter(path)
+        except ImportError:
+            if backend == "tensorboard":
+                raise
+        else:
+            return writer
+    if not _warned_noop and backend is None:
+        log.warning("TensorBoard logging is off: neither tensorboardX nor tensorboard is "
+                    "installed (pip install \"hdamoe-env[tb]\" or \"hdamoe-env[log]\")")
+        _warned_noop = True
+    return NoOpWriter(path)
+
+
+def run_dir_name(method: str, seed: int, *, env_id: str = ENV_ID,
+                 timestamp: str | None = None) -> str:
+    """Return ``{env_id}__{method}__{seed}__{timestamp}`` with path-safe parts (style.md R16).
+
+    Args:
+        method: Method name (``"hd-moe"``, ``"agent:greedy-prebroadcast"``, ...).
+        seed: Episode seed.
+        env_id: Environment id (namespace dropped).
+        timestamp: ``YYYYmmdd-HHMMSS`` (default: now).
+    """
+    stamp = timestamp or time.strftime("%Y%m%d-%H%M%S")
+    parts = [env_id.rsplit("/", 1)[-1], method, str(seed), stamp]
+    return "__".join(_SAFE.sub("-", p).strip("-") or "x" for p in parts)

@@ -1,0 +1,29 @@
+"""Fixtures of the agent tests: a tiny model (L = 2, E = 4, k = 2) on a 2×2 mesh (style.md R15)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hdamoe_env.specs import ModelSpec
+
+
+@pytest.fixture
+def tiny_agent_model() -> ModelSpec:
+    return ModelSpec(key="tiny", name="tiny", num_moe_layers=2, num_experts=4, top_k=2,
+                     hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
+                     kv_elements_per_token=2 * 64, core_flops_per_ctx_token=4 * 64,
+                     hybrid_regions=2)
+
+
+@pytest.fixture
+def make_tiny_env(tiny_agent_model):
+    from hdamoe_env.env import HdMoeEnv
+
+    def make(**kwargs):
+        args = dict(model=tiny_agent_model, mesh="2x2", setting="1/1", batch=8,
+                    steps_per_episode=2, placement="ep", k_b=2, trace_requests=4,
+                    trace_tokens=256)
+        args.update(kwargs)
+        return HdMoeEnv(**args)
+
+    return make

@@ -1,0 +1,133 @@
+"""Offline pipeline (paper-model.md §8.5): artifacts, resume, determinism, backends."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pulp")
+
+from baselines import METHODS, method_placement
+from baselines.pipeline import PlaceConfig, parse_layers, run_pipeline, sweep_rho_mem
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.placement import Placement
+
+
+@pytest.fixture
+def cfg(nb_model):
+    return PlaceConfig(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
+                       lb_method="local", bo_calls=6, time_limit_s=10, seed=5)
+
+
+@pytest.fixture
+def trace(make_trace):
+    return make_trace(2, 4, 2, 300, seed=1)
+
+
+def test_pipeline_artifacts(cfg, trace, tmp_path):
+    res = run_pipeline(cfg, tmp_path, trace=trace)
+    assert res.computed == [0, 1] and res.skipped == []
+    for name in ("placement.npz", "placement_node_balance.npz", "placement_hybrid.npz",
+                 "placement_ep.npz", "run.json", "layer_000.npz", "layer_001.json"):
+        assert (tmp_path / name).exists(), name
+    pl = Placement.load(tmp_path / "placement.npz")
+    assert pl.P.shape == (2, 4, 4) and pl.meta["layers_missing"] == []
+    assert pl.meta["trace_id"] == trace.trace_id and pl.meta["seed"] == 5
+    assert set(pl.meta["latency_us"]["0"]) == {"tp", "ep", "hybrid", "node_balance", "node_link"}
+    rec = json.loads((tmp_path / "layer_000.json").read_text())
+    assert rec["node_balance"]["path"] in ("milp-optimal", "milp-feasible", "warm-start",
+                                           "heuristic", "tp", "ep-repaired")
+    assert "solver_version" in rec["node_balance"]["solver"]
+    lat = rec["latency_us"]
+    # the guard keeps Node+Link no slower than TP; Link Balance never worsens π0 as evaluated
+    assert lat["node_link"]["total_us"] <= lat["tp"]["total_us"] + 1e-9
+    for name in ("tp", "ep", "hybrid", "node_link"):
+        assert method_placement(name, num_layers=2, num_experts=4, num_nodes=4,
+                                run_dir=tmp_path).P.shape == (2, 4, 4)
+    assert set(METHODS) >= {"tp", "ep", "hybrid", "node_balance", "node_link", "hd_moe"}
+    rows = res.table_rows()
+    assert [r["layer"] for r in rows] == [0, 1] and len(rows[0]["node_link"]) == 3
+
+
+def test_interrupted_run_resumes_and_skips_finished_layers(cfg, trace, tmp_path):
+    class Stop(Exception):
+        pass
+
+    def interrupt(outcome):
+        raise Stop                      # the process dies right after layer 0 was written
+
+    with pytest.raises(Stop):
+        run_pipeline(cfg, tmp_path, trace=trace, on_layer=interrupt)
+    assert (tmp_path / "layer_000.json").exists() and not (tmp_path / "layer_001.json").exists()
+    partial = Placement.load(tmp_path / "placement.npz")
+    assert partial.meta["layers_missing"] == [1]
+    stamp = os.stat(tmp_path / "layer_000.npz").st_mtime_ns
+    seen = []
+    res = run_pipeline(cfg, tmp_path, trace=trace, resume=True, on_layer=seen.append)
+    assert res.skipped == [0] and res.computed == [1] and [o.layer for o in seen] == [1]
+    assert os.stat(tmp_path / "layer_000.npz").st_mtime_ns == stamp
+    assert Placement.load(tmp_path / "placement.npz").meta["layers_missing"] == []
+    again = run_pipeline(cfg, tmp_path, trace=trace, resume=True)
+    assert again.computed == [] and again.skipped == [0, 1]
+
+
+def test_resume_refuses_a_changed_configuration(cfg, trace, tmp_path, make_trace):
+    run_pipeline(cfg, tmp_path, trace=trace, layers="0")
+    changed = PlaceConfig(**{**cfg.__dict__, "bo_calls": 7})
+    with pytest.raises(ConfigError, match="another configuration.*bo_calls"):
+        run_pipeline(changed, tmp_path, trace=trace, resume=True)
+    other = make_trace(2, 4, 2, 300, seed=2)
+    with pytest.raises(ConfigError, match="trace_id"):
+        run_pipeline(cfg, tmp_path, trace=other, resume=True)
+    # without --resume the directory is overwritten from scratch
+    res = run_pipeline(changed, tmp_path, trace=trace, layers="1")
+    assert res.computed == [1] and not (tmp_path / "layer_000.json").exists()
+
+
+def test_same_seed_same_placement(cfg, trace, tmp_path):
+    a = run_pipeline(cfg, tmp_path / "a", trace=trace).placement
+    b = run_pipeline(cfg, tmp_path / "b", trace=trace, layers="1").placement
+    b = run_pipeline(cfg, tmp_path / "b", trace=trace, layers="0", resume=True).placement
+    assert np.array_equal(a.P, b.P) and np.array_equal(a.pi, b.pi)
+    c = run_pipeline(PlaceConfig(**{**cfg.__dict__, "seed": 6}), tmp_path / "c",
+                     trace=trace).placement
+    assert not (np.array_equal(a.pi, c.pi) and np.array_equal(a.P, c.P))
+
+
+def test_parse_layers():
+    assert parse_layers("0-3", 26) == (0, 1, 2, 3)
+    assert parse_layers("0,2,5", 26) == (0, 2, 5)
+    assert parse_layers("5,0-1", 26) == (0, 1, 5)
+    assert parse_layers(None, 3) == (0, 1, 2)
+    for bad in ("3-1", "x", "26", "0-30"):
+        with pytest.raises(ConfigError):
+            parse_layers(bad, 26)
+
+
+def test_ray_backend_needs_ray(cfg, trace, tmp_path):
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        with pytest.raises(DependencyNotInstalled, match="ray"):
+            run_pipeline(cfg, tmp_path, trace=trace, backend="ray", workers=2)
+    else:
+        pytest.skip("ray is installed")
+
+
+def test_rho_mem_sweep(cfg, trace, tmp_path):
+    rows = sweep_rho_mem(cfg, [None, 1.0], tmp_path, layers="0", trace=trace)
+    assert [r["rho_mem"] for r in rows] == [None, 1.0]
+    for r in rows:
+        assert r["dram_max_over_mean"] >= 1.0 and r["tbt_us"] > 0 and r["tbt_tp_us"] > 0
+    capped = Placement.load(tmp_path / "rho_1" / "placement_node_balance.npz")
+    assert (capped.P[0].sum(axis=0) <= 1.0 + 1e-6).all()
+
+
+@pytest.mark.slow
+def test_two_workers_match_one(cfg, trace, tmp_path):
+    a = run_pipeline(cfg, tmp_path / "a", trace=trace, workers=1).placement
+    b = run_pipeline(cfg, tmp_path / "b", trace=trace, workers=2).placement
+    assert np.array_equal(a.P, b.P) and np.array_equal(a.pi, b.pi)

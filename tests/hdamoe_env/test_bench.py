@@ -1,0 +1,173 @@
+"""Benchmark harness and its figures on a tiny configuration (bench.py, plots.py; §9, §13)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from hdamoe_env import bench, plots
+from hdamoe_env.bench import BenchConfig, parse_method, run_bench
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec
+from hdamoe_env.topology import make_topology
+
+TINY = ModelSpec(key="tiny", name="tiny", num_moe_layers=2, num_experts=4, top_k=2,
+                 hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
+                 kv_elements_per_token=2 * 64, core_flops_per_ctx_token=4 * 64,
+                 hybrid_regions=2)
+
+
+def _config(tmp_path, **kw):
+    args = dict(model=TINY, mesh="2x2", setting="1/1", batch=8, steps=2, k_b=1,
+                trace_requests=4, cache_dir=str(tmp_path / "cache"), place_batch=8,
+                env_kwargs={"trace_tokens": 256})
+    args.update(kw)
+    return BenchConfig(**args)
+
+
+def test_parse_method():
+    assert parse_method("hd-moe").placement == "node_link"
+    assert parse_method("hda_moe").agent == "hda-moe"
+    spec = parse_method("agent:greedy-prebroadcast@ep")
+    assert (spec.placement, spec.agent) == ("ep", "greedy-prebroadcast")
+    assert parse_method("agent:runs/ppo.zip").agent == "runs/ppo.zip"
+    with pytest.raises(ConfigError, match="did you mean 'hybrid'"):
+        parse_method("hybird")
+    with pytest.raises(ConfigError):
+        parse_method("agent:noop@ring")
+
+
+def test_bench_records_resume_and_cache(tmp_path, monkeypatch):
+    out = tmp_path / "bench.json"
+    cfg = _config(tmp_path)
+    res = run_bench(cfg, ["tp", "ep", "hd-moe"], [0, 1], json_path=out,
+                    csv_path=tmp_path / "bench.csv", progress=False)
+    assert [(r["method"], r["seed"]) for r in res.records] == [
+        ("tp", 0), ("tp", 1), ("ep", 0), ("ep", 1), ("hd-moe", 0), ("hd-moe", 1)]
+    for rec in res.records:
+        assert rec["tbt_us"] > 0 and rec["decode_steps"] == 2
+        assert rec["env_steps"] == 4 and rec["decision_ms_per_step"] >= 0
+        assert set(rec["breakdown_us"]) >= {"compute_us", "communication_us", "memory_us",
+                                            "extra_us"}
+        assert rec["profile"] == "faithful" and rec["trace_id"] and rec["run_key"] == res.run_key
+    hd = [r for r in res.records if r["method"] == "hd-moe"][0]
+    assert hd["placement_artifact"].endswith("placement.npz") and hd["agent"] == "hd-moe"
+    assert json.loads(out.read_text()) == res.all_records
+    assert (tmp_path / "bench.csv").read_text().count("\n") == 7
+    assert res.placement_wall_s > 0
+
+    def boom(*a, **k):
+        raise AssertionError("resume must not rerun finished (method, seed) pairs")
+
+    monkeypatch.setattr(bench, "run_episode", boom)
+    again = run_bench(cfg, ["tp", "ep", "hd-moe"], [0, 1], json_path=out, resume=True,
+                      progress=False)
+    assert len(again.skipped) == 6 and again.records == res.records
+    assert again.placement_wall_s == 0.0          # placement artifact reused, never re-solved
+    monkeypatch.undo()
+    more = run_bench(cfg, ["tp", "agent:random@ep"], [0, 1, 2], json_path=out, resume=True,
+                     progress=False)
+    assert len(more.skipped) == 2 and len(more.records) == 6
+    assert len(json.loads(out.read_text())) == 6 + 4
+    assert "TBT/TP" in bench.format_table(more.records)
+
+
+def test_summary_speedups():
+    recs = [{"method": m, "seed": s, "tbt_us": t, "tbt_std_us": 0.0, "breakdown_us": {},
+             "decision_ms_per_step": 0.1, "gating": None}
+            for m, t in (("tp", 10.0), ("ep", 8.0), ("hd-moe", 5.0)) for s in (0, 1)]
+    rows = {r["method"]: r for r in bench.summarise(recs)}
+    assert rows["hd-moe"]["speedup_over_tp"] == pytest.approx(2.0)
+    assert rows["hd-moe"]["speedup_over_ep"] == pytest.approx(1.6)
+    assert rows["ep"]["tbt_over_tp"] == pytest.approx(0.8)
+    assert "speedup_over_hybrid" not in rows["tp"]
+
+
+def test_placement_dir_is_used(tmp_path):
+    from hdamoe_env.placement import tensor_parallel
+
+    d = tmp_path / "place"
+    tensor_parallel(2, 4, 4).with_layers(method="node_link").save(d / "placement.npz")
+    res = run_bench(_config(tmp_path, placement_dir=str(d)), ["node-link"], [0],
+                    progress=False)
+    assert res.records[0]["placement_artifact"] == str(d / "placement.npz")
+    with pytest.raises(ConfigError, match="placement_hybrid.npz"):
+        run_bench(_config(tmp_path, placement_dir=str(d)), ["hybrid"], [0], progress=False)
+
+
+def test_parser_defaults():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    bench.add_bench_parser(sub)
+    bench.add_bench_env_parser(sub)
+    args = parser.parse_args(["bench"])
+    assert args.model == "deepseek-v2-lite" and args.mesh == "4x8" and args.setting == "5/50"
+    assert args.batch == 128 and args.methods.split(",") == list(bench.DEFAULT_METHODS)
+    assert args.func is bench.cmd_bench
+    assert parser.parse_args(["bench-env"]).func is bench.cmd_bench_env
+
+
+# ------------------------------------------------------------------ figures (plots.py)
+
+def _plot_records(num_links):
+    rng = np.random.default_rng(0)
+    out = []
+    for method, tbt in (("tp", 10.0), ("ep", 8.0), ("hd-moe", 6.0)):
+        for seed in (0, 1):
+            out.append({"method": method, "seed": seed, "tbt_us": tbt + seed,
+                        "breakdown_us": {"compute_us": 3.0, "communication_us": tbt - 4,
+                                         "memory_us": 0.5, "extra_us": 0.5},
+                        "link_busy_us": None if method == "tp" else
+                        rng.random(num_links).tolist(),
+                        "model": "tiny", "mesh": "2x3", "setting": "1/1", "batch": 8})
+    return out
+
+
+def _png(path):
+    assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("kind", ["mesh", "torus", "fattree"])
+def test_write_plots(tmp_path, kind):
+    pytest.importorskip("matplotlib")
+    if kind == "fattree":
+        spec = TopologySpec(kind=kind, pods=2, leaves_per_pod=2, endpoints_per_leaf=2,
+                            aggs_per_pod=1, core_switches=1)
+        hw = HardwareSpec(mesh_shape=(2, 4))
+    else:
+        spec, hw = TopologySpec(kind=kind), HardwareSpec(mesh_shape=(2, 3))
+    topo = make_topology(spec, hw)
+    paths = plots.write_plots(_plot_records(topo.num_links), tmp_path, topology=topo,
+                              heatmap_method="hd-moe")
+    assert [p.name for p in paths] == ["normalised_tbt.png", "breakdown.png",
+                                       "link_heatmap_hd-moe.png"]
+    for p in paths:
+        _png(p)
+
+
+def test_heatmap_checks_the_link_count(tmp_path):
+    pytest.importorskip("matplotlib")
+    topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
+    with pytest.raises(ValueError, match="one value per directed link"):
+        plots.plot_link_heatmap(topo, np.zeros(3), tmp_path / "x.png")
+
+
+def test_cmd_bench_prints_the_table_and_writes_outputs(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_bench_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--mesh", "2x2", "--setting", "1/1", "--batch", "8",
+                              "--methods", "tp,ep", "--seeds", "0", "--steps", "2",
+                              "--requests", "4", "--json", str(tmp_path / "r.json"),
+                              "--csv", str(tmp_path / "r.csv"), "--no-progress",
+                              "--tensorboard", str(tmp_path / "tb"),
+                              "--cache-dir", str(tmp_path / "cache")])
+    args.model = TINY                       # presets only on the command line; a spec here
+    assert bench.cmd_bench(args) == 0
+    out = capsys.readouterr().out
+    assert "TBT/TP" in out and "ep" in out
+    assert len(json.loads((tmp_path / "r.json").read_text())) == 2
+    runs = sorted(p.name.split("__")[1] for p in (tmp_path / "tb").iterdir())
+    assert runs == ["ep", "tp"]
