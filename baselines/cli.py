@@ -32,6 +32,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
+    p.add_argument("--hop-latency-ns", type=float, default=0.0)
     p.add_argument("--trace", default="synthetic",
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=int, default=None,
@@ -89,7 +90,8 @@ def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
         conventions=args.conventions, rho_mem=rho_mem, nb_mode=args.nb_mode,
         time_limit_s=args.time_limit, mip_gap=args.mip_gap, solver=args.solver,
         lb_method=_LB_CHOICES[args.lb_method], bo_calls=args.bo_calls,
-        lb_objective=args.lb_objective, guard=None if args.no_guard else "tp", seed=args.seed)
+        lb_objective=args.lb_objective, hop_latency_ns=args.hop_latency_ns,
+        guard=None if args.no_guard else "tp", seed=args.seed)
 
 
 def _progress_bar(total: int) -> Any:

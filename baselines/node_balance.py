@@ -1220,6 +1220,8 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
                    "candidates": {n: s["objective_us"] for n, s in scores.items()},
                    **{k: v for k, v in scores[best].items()},
                    "wall_s": time.perf_counter() - t_start, "flags": flags})
+    for flag in flags:
+        log.warning("Node Balance: %s", flag)
     if not _feasible(P_best, coeffs, tol=1e-6):  # internal invariant
         raise SolverError(f"Node Balance produced a placement that violates the caps ({path})")
     return NodeBalanceResult(P_layer=P_best, record=record)

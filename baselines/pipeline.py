@@ -33,8 +33,8 @@ Artifacts in the output directory (every file written atomically: temporary file
 
 * ``run.json`` — the configuration, its hash and the trace id;
 * ``layer_LLL.npz`` (``P``/``pi`` final Node+Link placement, ``P_nb`` Node-Balance shares,
-  ``pi_lb`` Link-Balance mapping, ``pi0``, ``P_hybrid``, ``P_ep``) and ``layer_LLL.json`` (γ fit, solver and optimiser records, timings,
-  per-method latencies) for every finished layer;
+  ``pi_lb`` Link-Balance mapping, ``pi0``, ``P_hybrid``, ``P_ep``) and ``layer_LLL.json`` (γ fit,
+  solver and optimiser records, timings, per-method latencies) for every finished layer;
 * ``placement.npz`` — the merged Node+Link placement (``Placement.save``; layers not placed yet
   are TP with the identity mapping and listed in ``meta["layers_missing"]``), plus
   ``placement_node_balance.npz``, ``placement_hybrid.npz`` and ``placement_ep.npz``.
@@ -334,7 +334,7 @@ def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: ND
 
 
 def _layer_dram_budget(config: PlaceConfig) -> float | None:
-    """[decision] With ``node_dram_gib`` set, each layer gets an equal share of every node's DRAM."""
+    """[decision] With ``node_dram_gib`` set, every layer gets an equal share of each node's DRAM."""
     cap = config.hardware.node_dram_bytes
     return None if cap is None else cap / config.model_spec.num_moe_layers
 
@@ -723,6 +723,8 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
     computed: list[int] = []
 
     def done(outcome: LayerOutcome) -> None:
+        log.info("layer %d finished in %.1f s (%s)", outcome.layer,
+                 outcome.record["timings_s"]["total_s"], outcome.record["node_balance"]["path"])
         _write_layer(out, outcome)
         outcomes[outcome.layer] = outcome
         computed.append(outcome.layer)

@@ -55,7 +55,9 @@ def _synthetic_trace(model: ModelSpec, n_requests: int, n_tokens: int, seed: int
     if hit is not None:
         return hit
     predictor = "noisy_oracle" if with_pred else None
-    if model.key in synthetic.MODEL_KEYS:
+    preset = synthetic.model_params(model.key) if model.key in synthetic.MODEL_KEYS else None
+    if preset is not None and (preset["L"], preset["E"], preset["k"]) == (
+            model.num_moe_layers, model.num_experts, model.top_k):
         trace = synthetic.generate(model.key, n_requests=n_requests, n_tokens=n_tokens,
                                    seed=seed, predictor=predictor)
     else:
@@ -431,7 +433,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               f"{gating_protect_top}")
 
         # --- predictor
-        acc = synthetic._accuracy_vector(predictor_accuracy, L) if L > 1 else np.full(1, np.nan)
+        acc = self._accuracies(predictor_accuracy)
         self._pred_acc = acc
         self._sampler = scheduling.AliasSampler(np.maximum(self._freqs / self.top_k, 1e-12))
         self._layer_rows = np.repeat(np.arange(1, L), self.batch)
@@ -514,6 +516,25 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "score_kind": self.score_kind, "ref_bookkeeping": self.conv.ref_bookkeeping,
             "skip_zero_priority": self.conv.skip_zero_priority,
         }
+
+    def _accuracies(self, value: float | Sequence[float] | None) -> NDArray[np.float64]:
+        """Return the noisy-oracle accuracy per layer (entry 0 unused; traces.md §7.6)."""
+        L = self.num_layers
+        if value is None:
+            return synthetic.default_oracle_accuracy(L)
+        acc = np.asarray(value, dtype=np.float64)
+        if acc.ndim == 0:
+            acc = np.full(L, float(acc))
+        elif acc.shape == (L - 1,):
+            acc = np.concatenate(([np.nan], acc))
+        elif acc.shape != (L,):
+            raise ConfigError(f"predictor_accuracy must be a scalar or have L={L} (or L-1) "
+                              f"values, got shape {acc.shape}")
+        acc = acc.copy()
+        acc[0] = np.nan
+        if ((acc[1:] < 0) | (acc[1:] > 1)).any():
+            raise ConfigError(f"predictor_accuracy must lie in [0, 1], got {acc[1:].tolist()}")
+        return acc
 
     def _layer_mask(self, kb: int, broadcastable: NDArray[np.bool_]) -> NDArray[np.bool_]:
         E = self.num_experts
@@ -882,7 +903,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 L, E).astype(np.float64)
         self._pred_all = pred
         self._pred_counts_all = counts
-        node = np.einsum("lde,le->ld", self._node_scale_all, counts)
+        node = np.matmul(self._node_scale_all, counts[:, :, None])[:, :, 0]          # [L, D]
         self._obs_pred = np.minimum(counts / B, 1.0).astype(np.float32)
         self._obs_node = np.minimum(node, float(self.num_nodes)).astype(np.float32)
 

@@ -171,8 +171,31 @@ _U_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: multiplicative (
 
 @njit(cache=True, inline="always")
 def _bucket_slot(time_bits: np.uint64, key: int, shift: np.uint64) -> int:
-    """Home slot of the bucket (time, key) in a table of 2**(64 - shift) slots."""
+    """Home slot of the bucket (time, key) in a hash table of 2**(64 - shift) slots."""
     return np.int64(((time_bits ^ np.uint64(key)) * _U_FIB) >> shift)
+
+
+@njit(cache=True)
+def _table_delete(table: NDArray[np.int64], b: int, b_bits: NDArray[np.uint64],
+                  b_key: NDArray[np.int64], shift: np.uint64) -> None:
+    """Remove bucket ``b`` from the linear-probing ``table`` (backward-shift deletion).
+
+    Later entries of the probe chain whose home slot does not lie in (hole, entry] move into
+    the hole, so lookups never need tombstones.
+    """
+    mask = table.shape[0] - 1
+    i = _bucket_slot(b_bits[b], b_key[b], shift)
+    while table[i] != b:
+        i = (i + 1) & mask
+    k = (i + 1) & mask
+    while table[k] >= 0:
+        e = table[k]
+        home = _bucket_slot(b_bits[e], b_key[e], shift)
+        if ((k - home) & mask) >= ((k - i) & mask):
+            table[i] = e
+            i = k
+        k = (k + 1) & mask
+    table[i] = -1
 
 
 @njit(cache=True)
@@ -187,17 +210,21 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
 
     Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or
     ``static << 40`` (``ref``), where ``static`` is the dense rank of the message by (size,
-    route lexicographic rank), and the sequence is the insertion order. That is the order
-    (time, size, route, sequence) of the module docstring with one integer comparison.
+    route lexicographic rank), and the sequence is the insertion order (initial events: the
+    message index, below every later push). That is the order (time, size, route, sequence) of
+    the module docstring.
 
-    Initial events (sequence = message index, below every later push) wait in a sorted pending
-    list. Events in flight (at most one per message) are grouped in *buckets* of equal
-    (time, tie key): a bucket is a FIFO linked list through ``nxt``, because pushes arrive in
-    sequence order, so its head is its earliest event. A binary heap orders the buckets and a
-    hash table (open addressing, linear probing) finds the bucket of a pushed event. MoE
-    workloads are full of exact ties (equal message sizes on equal links: the benchmark layer
-    has ~75 distinct times for ~2,500 hops), so most hops touch no heap at all; without ties
-    every bucket holds one event and the cost is one sift-down per hop, as for a plain heap.
+    Events of equal (time, tie key) form a *bucket*: a linked list through ``nxt`` in sequence
+    order, since pushes arrive in sequence order and are appended. A binary heap orders the
+    buckets by (time, key) and a hash table (linear probing) finds the open bucket of a pushed
+    event. The earliest bucket is taken out of the heap and the table and its events are run in
+    list order. That is exact: every push has time >= the bucket's time and the key of its
+    message, so it sorts after the whole bucket; a push with an equal time (a zero-duration
+    hop) opens a fresh bucket of the same (time, key) that runs next. MoE workloads are full of
+    exact ties (equal message sizes on equal links: the benchmark layer has ~75 distinct event
+    times for ~2,500 hops), so most hops cost one append and no heap work. Without ties every
+    bucket holds one event and a hop costs one sift-down plus two table updates.
+
     The arrival event after the last hop is not pushed: it would only update the makespan, and
     skipping it keeps the relative order of all other events.
     """
@@ -208,13 +235,19 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
         size_rank = _dense_rank(msg_size)
         composite = size_rank * (msg_rank.max() + 1) + msg_rank
         kbase = _dense_rank(composite) << _KEY_SHIFT
-    # pending initial events sorted by (ready, initial key); messages with empty routes finish
+    # per message: position of the next hop in route_links and the end of its route;
+    # messages with empty routes finish at their ready time
+    pos = np.empty(num_msg, dtype=np.int64)
+    stop = np.empty(num_msg, dtype=np.int64)
+    nxt = np.empty(num_msg, dtype=np.int64)
     makespan = 0.0
     live = 0
     sorted_ready = True
     for m in range(num_msg):
         r = msg_route[m]
-        if route_ptr[r + 1] == route_ptr[r]:
+        pos[m] = route_ptr[r]
+        stop[m] = route_ptr[r + 1]
+        if pos[m] == stop[m]:
             finish[m] = msg_ready[m]
             if msg_ready[m] > makespan:
                 makespan = msg_ready[m]
@@ -224,26 +257,11 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
             sorted_ready = False
     if sorted_ready and not tie_ref:
         order0 = np.arange(num_msg)
-    else:
+    else:  # initial events by (ready, key, message index)
         by_key = np.argsort(kbase + np.arange(num_msg), kind="mergesort")
         order0 = by_key[np.argsort(msg_ready[by_key], kind="mergesort")]
-    pending = np.empty(live, dtype=np.int64)
-    q = 0
-    for i in range(num_msg):
-        m = order0[i]
-        r = msg_route[m]
-        if route_ptr[r + 1] != route_ptr[r]:
-            pending[q] = m
-            q += 1
-    # per message: position of the next hop in route_links, end of its route, bucket successor
-    pos = np.empty(num_msg, dtype=np.int64)
-    stop = np.empty(num_msg, dtype=np.int64)
-    for m in range(num_msg):
-        pos[m] = route_ptr[msg_route[m]]
-        stop[m] = route_ptr[msg_route[m] + 1]
-    nxt = np.empty(num_msg, dtype=np.int64)
-    # buckets (at most one per event in flight, so at most `live`), the heap of bucket ids with
-    # their (time, key) copied for cache-friendly comparisons, and a free list of bucket ids
+    # buckets: at most one per event in flight, so at most `live`; the heap keeps (time, key)
+    # next to the bucket id so comparisons need no indirection
     cap = max(live, 1)
     b_time = np.empty(cap)
     b_bits = b_time.view(np.uint64)  # the same times as raw bits, for hashing
@@ -262,140 +280,142 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     table = np.full(mask + 1, -1, dtype=np.int64)
     scratch = np.empty(1)
     scratch_bits = scratch.view(np.uint64)
-    n = 0            # heap size
-    num_ids = 0      # bucket ids ever handed out
+    # initial buckets: runs of equal (ready, key) in sorted order; a sorted array is a heap
+    n = 0
+    for i in range(num_msg):
+        m = order0[i]
+        if pos[m] == stop[m]:
+            continue
+        nxt[m] = -1
+        tm = msg_ready[m] + 0.0  # -0.0 -> +0.0: equal times must have equal bits
+        km = kbase[m]
+        if n > 0 and tm == h_time[n - 1] and km == h_key[n - 1]:
+            b = h_b[n - 1]
+            nxt[b_tail[b]] = m
+            b_tail[b] = m
+            continue
+        b = n
+        b_time[b] = tm
+        b_key[b] = km
+        b_head[b] = m
+        b_tail[b] = m
+        k = _bucket_slot(b_bits[b], km, shift)
+        while table[k] >= 0:
+            k = (k + 1) & mask
+        table[k] = b
+        h_time[n] = tm
+        h_key[n] = km
+        h_b[n] = b
+        n += 1
+    num_ids = n
     num_free = 0
-    pend = 0
-    while pend < live or n > 0:
-        top = -1
-        root_empty = False
-        if pend < live:
-            mp = pending[pend]
-            tp = msg_ready[mp]
-            # an initial event precedes a pushed one of equal (time, key): its sequence is lower
-            if n == 0 or tp < h_time[0] or (tp == h_time[0] and kbase[mp] <= h_key[0]):
-                m = mp
-                t = tp
-                pend += 1
-            else:
-                top = h_b[0]
-        else:
-            top = h_b[0]
-        if top >= 0:  # pop the head of the earliest bucket
-            t = h_time[0]
-            m = b_head[top]
-            b_head[top] = nxt[m]
-            if b_head[top] < 0:  # emptied: unlink it now; its heap slot is dealt with below
-                root_empty = True
-                i = _bucket_slot(b_bits[top], b_key[top], shift)
-                while table[i] != top:
-                    i = (i + 1) & mask
-                # backward-shift deletion: pull later entries of the probe chain into the hole
-                k = (i + 1) & mask
-                while table[k] >= 0:
-                    home = _bucket_slot(b_bits[table[k]], b_key[table[k]], shift)
-                    if ((k - home) & mask) >= ((k - i) & mask):  # home not in (i, k]
-                        table[i] = table[k]
-                        i = k
-                    k = (k + 1) & mask
-                table[i] = -1
-        p = pos[m]
-        link = route_links[p]
-        bu = busy_until[link]
-        start = t if t > bu else bu
-        end = start + msg_size[m] / link_bw[link]
-        busy_until[link] = end
-        busy_time[link] += end - start
-        arrive = end + hop_latency
-        new_bucket = False
-        if p + 1 == stop[m]:
-            finish[m] = arrive
-            if arrive > makespan:
-                makespan = arrive
-        else:
+    while n > 0:
+        # take the earliest bucket out of the table; its heap slot is refilled below
+        ob = h_b[0]
+        t = h_time[0]
+        key = h_key[0]
+        m = b_head[ob]
+        _table_delete(table, ob, b_bits, b_key, shift)
+        free_ids[num_free] = ob
+        num_free += 1
+        held = -1       # first bucket opened by this one: it replaces the root afterwards
+        last = -1       # bucket of the previous push: pushes of one bucket often share a time
+        last_time = 0.0
+        while m >= 0:
+            nm = nxt[m]
+            p = pos[m]
+            link = route_links[p]
+            bu = busy_until[link]
+            start = t if t > bu else bu
+            end = start + msg_size[m] / link_bw[link]
+            busy_until[link] = end
+            busy_time[link] += end - start
+            arrive = end + hop_latency
+            if p + 1 == stop[m]:
+                finish[m] = arrive
+                if arrive > makespan:
+                    makespan = arrive
+                m = nm
+                continue
             pos[m] = p + 1
             nxt[m] = -1
-            key = kbase[m]
-            scratch[0] = arrive
-            i = _bucket_slot(scratch_bits[0], key, shift)
-            while True:
-                b = table[i]
-                if b < 0:
-                    new_bucket = True
-                    break
-                if b_time[b] == arrive and b_key[b] == key:  # append to the open bucket
-                    if b_head[b] < 0:
-                        b_head[b] = m
+            if last < 0 or arrive != last_time:
+                scratch[0] = arrive
+                i = _bucket_slot(scratch_bits[0], key, shift)
+                while True:
+                    b = table[i]
+                    if b < 0 or (b_time[b] == arrive and b_key[b] == key):
+                        break
+                    i = (i + 1) & mask
+                last_time = arrive
+                if b < 0:  # open a bucket
+                    if num_free > 0:
+                        num_free -= 1
+                        b = free_ids[num_free]
                     else:
-                        nxt[b_tail[b]] = m
+                        b = num_ids
+                        num_ids += 1
+                    table[i] = b
+                    b_time[b] = arrive
+                    b_key[b] = key
+                    b_head[b] = m
                     b_tail[b] = m
-                    break
-                i = (i + 1) & mask
-            if new_bucket:
-                if root_empty:  # recycle the emptied root's id
-                    b = top
-                elif num_free > 0:
-                    num_free -= 1
-                    b = free_ids[num_free]
-                else:
-                    b = num_ids
-                    num_ids += 1
-                table[i] = b
-                b_time[b] = arrive
-                b_key[b] = key
-                b_head[b] = m
-                b_tail[b] = m
-        # heap upkeep: replace the emptied root (sift down), remove it, or add a bucket (sift up)
-        if root_empty:
-            if new_bucket:
-                kt = arrive
-                kk = kbase[m]
-                kb = top
-            else:
-                free_ids[num_free] = top
-                num_free += 1
-                n -= 1
-                if n == 0:
+                    last = b
+                    if held < 0:
+                        held = b
+                    else:  # sift up; the stale root (t, key) sorts before every new bucket
+                        hp = n
+                        n += 1
+                        while hp > 0:
+                            parent = (hp - 1) >> 1
+                            if arrive < h_time[parent] or (arrive == h_time[parent]
+                                                           and key < h_key[parent]):
+                                h_time[hp] = h_time[parent]
+                                h_key[hp] = h_key[parent]
+                                h_b[hp] = h_b[parent]
+                                hp = parent
+                            else:
+                                break
+                        h_time[hp] = arrive
+                        h_key[hp] = key
+                        h_b[hp] = b
+                    m = nm
                     continue
-                kt = h_time[n]
-                kk = h_key[n]
-                kb = h_b[n]
-            hp = 0
-            while True:
-                child = 2 * hp + 1
-                if child >= n:
-                    break
-                right = child + 1
-                if right < n and (h_time[right] < h_time[child] or (
-                        h_time[right] == h_time[child] and h_key[right] < h_key[child])):
-                    child = right
-                if h_time[child] < kt or (h_time[child] == kt and h_key[child] < kk):
-                    h_time[hp] = h_time[child]
-                    h_key[hp] = h_key[child]
-                    h_b[hp] = h_b[child]
-                    hp = child
-                else:
-                    break
-            h_time[hp] = kt
-            h_key[hp] = kk
-            h_b[hp] = kb
-        elif new_bucket:
-            kt = arrive
-            kk = kbase[m]
-            hp = n
-            n += 1
-            while hp > 0:
-                parent = (hp - 1) >> 1
-                if kt < h_time[parent] or (kt == h_time[parent] and kk < h_key[parent]):
-                    h_time[hp] = h_time[parent]
-                    h_key[hp] = h_key[parent]
-                    h_b[hp] = h_b[parent]
-                    hp = parent
-                else:
-                    break
-            h_time[hp] = kt
-            h_key[hp] = kk
-            h_b[hp] = b
+                last = b
+            nxt[b_tail[last]] = m
+            b_tail[last] = m
+            m = nm
+        # replace the root by the held bucket, or remove it; then sift down
+        if held >= 0:
+            kt = b_time[held]
+            kk = key
+            kb = held
+        else:
+            n -= 1
+            if n == 0:
+                break
+            kt = h_time[n]
+            kk = h_key[n]
+            kb = h_b[n]
+        hp = 0
+        while True:
+            child = 2 * hp + 1
+            if child >= n:
+                break
+            right = child + 1
+            if right < n and (h_time[right] < h_time[child] or (
+                    h_time[right] == h_time[child] and h_key[right] < h_key[child])):
+                child = right
+            if h_time[child] < kt or (h_time[child] == kt and h_key[child] < kk):
+                h_time[hp] = h_time[child]
+                h_key[hp] = h_key[child]
+                h_b[hp] = h_b[child]
+                hp = child
+            else:
+                break
+        h_time[hp] = kt
+        h_key[hp] = kk
+        h_b[hp] = kb
     return makespan
 
 

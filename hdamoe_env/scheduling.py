@@ -493,19 +493,23 @@ class AliasSampler:
 
     def sample(self, layers: NDArray[np.int64] | None, size: int, rng: np.random.Generator
                ) -> NDArray[np.int64]:
-        """Return int64 [R, size] experts drawn ∝ p of each row's layer (``layers`` [R]).
+        """Return int64 [R, size] experts drawn ∝ p of each row's layer.
 
-        ``layers=None`` samples R = 1 row... use ``layers`` of length R with 1-D shares as
-        zeros. One uniform per draw: its integer part picks the column, its fraction the coin.
+        Args:
+            layers: int64 [R] layer of every row (zeros for 1-D shares); None draws one row of
+                layer 0.
+            size: Draws per row.
+            rng: Generator. One uniform per draw: its integer part (× E) picks the column, its
+                fraction flips the column's coin.
         """
         rows = 1 if layers is None else layers.size
         v = rng.random((rows, size)) * self.num_experts
         col = v.astype(np.int64)
         np.minimum(col, self.num_experts - 1, out=col)
         coin = v - col
-        lay = np.zeros((rows, 1), dtype=np.int64) if layers is None else layers[:, None]
-        keep = coin < self.prob[lay, col]
-        return np.where(keep, col, self.alias[lay, col])
+        flat = col if layers is None else col + (layers * self.num_experts)[:, None]
+        keep = coin < self.prob.ravel().take(flat)
+        return np.where(keep, col, self.alias.ravel().take(flat))
 
 
 def noisy_oracle_sets(actual: NDArray[np.int64], acc: float | NDArray[np.float64],

@@ -1,4 +1,4 @@
-"""Link Balance (paper-model.md §8): every optimiser returns a valid mapping, never worse than x0."""
+"""Link Balance (paper-model.md §8): valid mappings, never worse than x0 as evaluated."""
 
 from __future__ import annotations
 

@@ -91,5 +91,6 @@ def test_evaluate_hybrid(nb_model, profile):
         with pytest.raises(ConfigError, match="slip"):
             static.evaluate_hybrid(sim2, hyb, 0, f, groups, gf, 128, rng=np.random.default_rng(0))
         s2 = static.evaluate_hybrid(sim2, hyb, 0, f, groups, gf, 128,
-                                    rng=np.random.default_rng(0), slip_support=np.eye(4, dtype=bool))
+                                    rng=np.random.default_rng(0),
+                                    slip_support=np.eye(4, dtype=bool))
         assert s2["slip"] is True

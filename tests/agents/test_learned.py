@@ -1,0 +1,208 @@
+"""Learned agents (agents/learned.py): train, save, load, evaluate, resume, determinism, threads.
+
+Tiny configuration: the L = 2, E = 4 model of ``conftest.py`` on a 2×2 mesh with k_b = 2 forced,
+2 decode steps per episode (4 env steps); a few hundred training steps take a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
+
+from agents import learned  # noqa: E402
+
+SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
+
+
+@pytest.fixture
+def env_kwargs(tiny_agent_model):
+    return dict(model=tiny_agent_model, mesh="2x2", setting="1/1", batch=8, steps_per_episode=2,
+                placement="ep", k_b=2, trace_requests=4, trace_tokens=256)
+
+
+def _train(env_kwargs, out, algo="maskable-ppo", timesteps=256, **kw):
+    kw.setdefault("hyperparams", SMALL_PPO if "ppo" in algo else None)
+    kw.setdefault("evaluate_after", False)
+    kw.setdefault("tensorboard", False)
+    return learned.train(algo, env_kwargs, timesteps, out_dir=out, checkpoint_every=128, **kw)
+
+
+def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
+    import torch
+
+    path = _train(env_kwargs, tmp_path, evaluate_after=True, eval_steps=2,
+                  eval_seeds=[0, 1], tensorboard=True, eval_baselines=["noop", "hd-moe", "hda-moe"])
+    assert path == tmp_path / "model.zip" and path.exists()
+    assert (tmp_path / "vecnormalize.pkl").exists()
+    meta = json.loads((tmp_path / "learned.json").read_text())
+    assert meta["algo"] == "maskable-ppo" and meta["num_timesteps"] >= 256
+    assert meta["torch_threads"] == 1 and torch.get_num_threads() == 1
+    # held-out evaluation: synthetic trace seed + 1000, both fidelities, learned vs heuristics
+    ev = json.loads((tmp_path / "eval.json").read_text())
+    assert "trace_seed 1000" in ev["split"]
+    assert set(ev["tables"]) == {"analytic", "des"}
+    methods = {r["method"] for r in ev["records"]}
+    assert {"learned", "noop", "hd-moe", "hda-moe"} <= methods
+    assert "twin_gap" in ev["summary"]
+    assert "learned_vs_hda-moe" in ev["summary"]["des"]
+    assert (tmp_path / "eval.md").read_text().startswith("held-out split")
+    assert any((tmp_path / "tb").rglob("events.out.tfevents*"))
+    # the loaded agent runs on a strict env (2-D replicas, duplicates raise) without masks too
+    agent = learned.load_agent(tmp_path, env=make_tiny_env())
+    env = make_tiny_env(fidelity="analytic")
+    obs, _ = env.reset(seed=3)
+    done = False
+    while not done:
+        action, _ = agent.predict(obs, deterministic=True)
+        assert action.dtype == np.int64 and action.shape == env.action_space.shape
+        obs, _, term, trunc, _ = env.step(action)
+        done = term or trunc
+    # batched observations, as from a VecEnv
+    obs, _ = env.reset(seed=4)
+    batch = {k: np.stack([v, v]) for k, v in obs.items()}
+    actions, _ = agent.predict(batch, action_masks=np.stack([env.action_masks()] * 2))
+    assert actions.shape == (2, *env.action_space.shape)
+
+
+def test_bench_resolves_learned_agent(env_kwargs, tmp_path, make_tiny_env):
+    from hdamoe_env.bench import resolve_agent
+
+    _train(env_kwargs, tmp_path, timesteps=128)
+    agent = resolve_agent(str(tmp_path / "model.zip"), make_tiny_env())
+    assert isinstance(agent, learned.LearnedAgent) and agent.vecnorm is not None
+
+
+def test_resume_continues_step_count(env_kwargs, tmp_path):
+    _train(env_kwargs, tmp_path, timesteps=128)
+    first = learned.latest_checkpoint(tmp_path)
+    assert first is not None and first.name == "ckpt_128.zip"
+    _train(env_kwargs, tmp_path, timesteps=256, resume=True)
+    meta = json.loads((tmp_path / "learned.json").read_text())
+    assert meta["resumed_at"] == 128 and meta["num_timesteps"] == 256
+    assert learned.latest_checkpoint(tmp_path).name == "ckpt_256.zip"
+    # a checkpoint loads on its own, with its own normalisation statistics
+    agent = learned.load_agent(tmp_path / "checkpoints" / "ckpt_128.zip")
+    assert agent.algo == "maskable-ppo" and agent.vecnorm is not None
+
+
+@pytest.mark.parametrize(("algo", "mode"), [("ppo", "ranked"), ("a2c", "ranked"),
+                                            ("maskable-ppo", "full")])
+def test_other_algorithms_and_action_modes(env_kwargs, tmp_path, algo, mode, make_tiny_env):
+    _train(env_kwargs, tmp_path, algo=algo, timesteps=128, action_mode=mode)
+    agent = learned.load_agent(tmp_path)
+    env = make_tiny_env()
+    obs, _ = env.reset(seed=0)
+    env.step(agent.predict(obs, action_masks=env.action_masks())[0])
+
+
+def test_ranked_action_translation():
+    from agents.base import ActionLayout
+
+    lay = ActionLayout(4, 2)
+    pred = np.array([0.1, 0.5, 0.0, 0.3])
+    full_mask = np.concatenate([[True, True, True, False, True], [True, True, True, True, True],
+                                np.ones(3 + 4, dtype=bool)])
+    # expert 3 is masked, expert 2 has no predicted load: candidates are 1 then 0
+    assert learned.ranked_candidates(pred, full_mask[:4], 3).tolist() == [1, 0]
+    rmask = learned.ranked_mask(full_mask, lay, 3, pred)
+    assert rmask[:4].tolist() == [True, True, False, True]
+    full = learned.ranked_to_full(np.array([0, 3, 2, 1]), lay, 3, pred, full_mask)
+    assert full.tolist() == [1, 4, 2, 1]
+
+
+def test_deterministic_evaluation(env_kwargs, tmp_path):
+    _train(env_kwargs, tmp_path, timesteps=128)
+    kw = dict(seeds=[5, 6], steps=2, fidelities=["des"], baselines=["noop"])
+    a = learned.evaluate(tmp_path, **kw)
+    b = learned.evaluate(tmp_path, **kw)
+    def tbt(res):
+        return [(r["method"], r["seed"], r["tbt_steps_us"]) for r in res["records"]]
+
+    assert tbt(a) == tbt(b)
+    assert any(r["method"] == "learned" for r in a["records"])
+
+
+def test_same_seed_same_policy(env_kwargs, tmp_path):
+    import torch
+
+    _train(env_kwargs, tmp_path / "a", timesteps=128, seed=3)
+    _train(env_kwargs, tmp_path / "b", timesteps=128, seed=3)
+    pa = learned.load_agent(tmp_path / "a").model.policy.state_dict()
+    pb = learned.load_agent(tmp_path / "b").model.policy.state_dict()
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_threads_set_to_one(env_kwargs, tmp_path):
+    import torch
+
+    torch.set_num_threads(2)
+    _train(env_kwargs, tmp_path, algo="a2c", timesteps=16)
+    assert torch.get_num_threads() == 1
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    assert json.loads((tmp_path / "learned.json").read_text())["torch_threads"] == 1
+
+
+@pytest.mark.slow
+def test_threads_honoured_in_fresh_process(tmp_path):
+    code = (
+        "import torch\n"
+        "torch.set_num_threads(2)\n"
+        "from agents import learned\n"
+        "from hdamoe_env.specs import ModelSpec\n"
+        "m = ModelSpec(key='tiny', name='tiny', num_moe_layers=2, num_experts=4, top_k=2, "
+        "hidden_size=64, expert_intermediate=128, attn_weight_elements=4*64*64, "
+        "kv_elements_per_token=2*64, core_flops_per_ctx_token=4*64)\n"
+        "kw = dict(model=m, mesh='2x2', setting='1/1', batch=8, steps_per_episode=2, "
+        "placement='ep', k_b=2, trace_requests=4, trace_tokens=256)\n"
+        f"learned.train('a2c', kw, 16, out_dir={str(tmp_path)!r}, checkpoint_every=0, "
+        "tensorboard=False, evaluate_after=False)\n"
+        "import os; print(torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert out.stdout.split()[-2:] == ["1", "1"]
+    assert json.loads((tmp_path / "learned.json").read_text())["torch_threads"] == 1
+
+
+def test_bad_arguments(env_kwargs, tmp_path):
+    from hdamoe_env.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm"):
+        learned.train("dqn", env_kwargs, 8, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="hyperparameters"):
+        learned.train("ppo", env_kwargs, 8, out_dir=tmp_path, hyperparams={"nsteps": 3})
+    with pytest.raises(ConfigError, match="no learned model"):
+        learned.load_agent(tmp_path / "missing")
+
+
+def test_cli_parsers(env_kwargs, tmp_path, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    learned.add_train_parser(sub)
+    learned.add_evaluate_parser(sub)
+    args = parser.parse_args(["train", "--algo", "ppo", "--timesteps", "64", "--k-b", "2",
+                              "--batch", "8", "--hp", "n_steps=32", "--out", str(tmp_path)])
+    assert args.func is learned.cmd_train and learned._parse_hp(args.hp) == {"n_steps": 32}
+    assert learned._env_kwargs_from_args(args)["k_b"] == 2
+    _train(env_kwargs, tmp_path, timesteps=64)
+    args = parser.parse_args(["evaluate", "--agent", f"{tmp_path},greedy-hda", "--baselines",
+                              "noop", "--seeds", "1", "--steps", "1", "--fidelity", "des"])
+    assert learned.cmd_evaluate(args) == 0
+    text = capsys.readouterr().out
+    assert "learned" in text and "hda-moe" in text and "noop" in text
+
+
+@pytest.mark.slow
+def test_subproc_vec_env(env_kwargs, tmp_path):
+    _train(env_kwargs, tmp_path, timesteps=256, n_envs=2)
+    assert json.loads((tmp_path / "learned.json").read_text())["n_envs"] == 2
