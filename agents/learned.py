@@ -536,13 +536,24 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     resolved = {k: v for k, v in _resolve_placement(user_kwargs).items()
                 if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
     env_args = _env_arguments(resolved, key, fidelity)
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
+    if ckpt is not None and (out / META_FILE).exists():
+        earlier = json.loads((out / META_FILE).read_text())
+        if earlier.get("algo", key) != key:
+            raise ConfigError(f"--resume: {out} was trained with {earlier['algo']!r}, not "
+                              f"{key!r}; pass --algo {earlier['algo']} or a new --out")
+        if (earlier.get("action_mode", action_mode), earlier.get("num_candidates",
+                                                                 num_candidates)) != (
+                action_mode, num_candidates):
+            raise ConfigError(f"--resume: {out} was trained with action_mode "
+                              f"{earlier.get('action_mode')!r}, K={earlier.get('num_candidates')}"
+                              f"; pass the same --action-mode/--candidates or a new --out")
     _seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates)
     vecnorm = None
-    ckpt = latest_checkpoint(out) if resume else None
-    if resume and ckpt is None:
-        log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
     if normalize_obs:
         stats = ckpt.with_name(ckpt.stem + "_" + VECNORM_FILE) if ckpt else None
         if stats is not None and stats.exists():
@@ -610,7 +621,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                        trace=eval_trace, baselines=eval_baselines, out_dir=out)
         if tb_dir is not None:
             ref = {m: v for m, v in res["summary"].get(fidelity, {}).get("tbt_us", {}).items()
-                   if m in ("noop", "hda-moe")}
+                   if m in ("noop", "hardware-aware-gating", "hda-moe")}
             try:
                 plot_learning_curve(out, reference={f"{m} (held-out, {fidelity})": v
                                                     for m, v in ref.items()})
@@ -1029,8 +1040,8 @@ def plot_learning_curve(out_dir: str | os.PathLike[str], path: str | os.PathLike
         if data:
             ax.plot([s for s, _ in data], [v for _, v in data], label="learned")
         if tag == "latency/tbt_us":
-            for name, value in (reference or {}).items():
-                ax.axhline(value, ls="--", lw=1, label=name)
+            for i, (name, value) in enumerate((reference or {}).items()):
+                ax.axhline(value, ls="--", lw=1, color=f"C{i + 1}", label=name)
             ax.legend(fontsize=8)
         ax.set_xlabel("env steps")
         ax.set_title(label, fontsize=10)

@@ -55,7 +55,6 @@ import logging
 import multiprocessing
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,11 +70,18 @@ from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
 from hdamoe_env import linksim, perf
 from hdamoe_env.calibrate import fit_gamma
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.fileio import atomic_write, load_trace_file, write_json
 from hdamoe_env.placement import Placement, expert_parallel, identity_mapping
 from hdamoe_env.profiles import get_profile
 from hdamoe_env.simulator import MoESimulator, is_tensor_parallel
-from hdamoe_env.specs import (MODEL_PRESETS, HardwareSpec, ModelSpec, TopologySpec, get_model,
-                              hardware_from_setting)
+from hdamoe_env.specs import (
+    MODEL_PRESETS,
+    HardwareSpec,
+    ModelSpec,
+    TopologySpec,
+    get_model,
+    hardware_from_setting,
+)
 
 __all__ = [
     "METHOD_NAMES",
@@ -248,24 +254,15 @@ def load_trace(config: PlaceConfig) -> Any:
     """Load the run's routing trace (``synthetic`` or a ``.json``/``.npz`` path).
 
     Raises:
-        ConfigError: The trace file does not exist.
-        TraceFormatError: The file is malformed.
+        TraceFormatError: The trace file does not exist or is malformed.
     """
-    import traces
     from traces import synthetic
 
     model = config.model_spec
     if config.trace == "synthetic":
         seed = config.seed if config.trace_seed is None else config.trace_seed
         return synthetic.generate(model.key, n_requests=config.trace_requests, seed=seed)
-    path = Path(config.trace)
-    if not path.exists():
-        raise ConfigError(f"trace file {config.trace!r} does not exist; pass a .json reference "
-                          "trace, a .hdtrace.npz file, or 'synthetic'")
-    if path.suffix == ".json":
-        return traces.read_reference_json(path, model_key=model.key, E=model.num_experts,
-                                          k=model.top_k, layer_key_offset=model.layer_key_offset)
-    return traces.load(path)
+    return load_trace_file(config.trace, model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,33 +439,8 @@ def place_layer(task: _LayerTask) -> LayerOutcome:
 # files
 
 
-def _atomic_write_bytes(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as fh:
-            write(fh)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
-
-
 def _write_json(path: Path, data: Any) -> None:
-    _atomic_write_bytes(path, lambda fh: fh.write(json.dumps(data, indent=1, sort_keys=True,
-                                                             default=_json_default) + "\n"), "w")
+    write_json(path, data, sort_keys=True)
 
 
 def _layer_paths(out: Path, layer: int) -> tuple[Path, Path]:
@@ -477,7 +449,7 @@ def _layer_paths(out: Path, layer: int) -> tuple[Path, Path]:
 
 def _write_layer(out: Path, outcome: LayerOutcome) -> None:
     npz, js = _layer_paths(out, outcome.layer)
-    _atomic_write_bytes(npz, lambda fh: np.savez_compressed(fh, **outcome.arrays))
+    atomic_write(npz, lambda fh: np.savez_compressed(fh, **outcome.arrays), "wb")
     _write_json(js, outcome.record)        # the JSON marks the layer as finished
 
 

@@ -57,7 +57,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,10 +67,17 @@ import numpy as np
 
 from hdamoe_env import __version__
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
+from hdamoe_env.fileio import atomic_write, json_default
 from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
 from hdamoe_env.profiles import PROFILES, get_profile
-from hdamoe_env.specs import (MODEL_PRESETS, TOPOLOGY_KINDS, ModelSpec, get_model,
-                              hardware_from_setting, parse_mesh)
+from hdamoe_env.specs import (
+    MODEL_PRESETS,
+    TOPOLOGY_KINDS,
+    ModelSpec,
+    get_model,
+    hardware_from_setting,
+    parse_mesh,
+)
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -672,33 +678,13 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+    atomic_write(path, lambda fh: fh.write(text))
 
 
 def write_json(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
     """Write the records as a JSON list, atomically (temporary file + rename)."""
     path = Path(path)
-    _atomic_text(path, json.dumps(list(records), indent=1, default=_json_default) + "\n")
+    _atomic_text(path, json.dumps(list(records), indent=1, default=json_default) + "\n")
     return path
 
 
@@ -1201,6 +1187,6 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
           f"{res['k_b_mean']:.2f}")
     print(format_bench_env(res))
     if args.json:
-        _atomic_text(Path(args.json), json.dumps(res, indent=1, default=_json_default) + "\n")
+        _atomic_text(Path(args.json), json.dumps(res, indent=1, default=json_default) + "\n")
         print(f"wrote {args.json}")
     return 0

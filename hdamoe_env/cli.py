@@ -9,10 +9,8 @@ subcommand that needs them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,10 +20,16 @@ import numpy as np
 
 from hdamoe_env import __version__
 from hdamoe_env.errors import HdMoeError, TraceFormatError
+from hdamoe_env.fileio import load_trace_file, write_json
 from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
 from hdamoe_env.profiles import PROFILES, get_profile
-from hdamoe_env.specs import (MODEL_PRESETS, TOPOLOGY_KINDS, ModelSpec, get_model,
-                              hardware_from_setting)
+from hdamoe_env.specs import (
+    MODEL_PRESETS,
+    TOPOLOGY_KINDS,
+    ModelSpec,
+    get_model,
+    hardware_from_setting,
+)
 
 __all__ = ["load_trace", "main", "write_json_atomic"]
 
@@ -45,24 +49,7 @@ def _progress(total: int | None = None, desc: str = "") -> Callable[[Iterable[An
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
     """Write JSON to ``path`` atomically (temp file in the same directory, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, default=_json_default)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+    return write_json(path, data)
 
 
 def load_trace(spec: str, model: ModelSpec, seed: int, *, requests: int | None = None) -> Any:
@@ -72,19 +59,11 @@ def load_trace(spec: str, model: ModelSpec, seed: int, *, requests: int | None =
         TraceFormatError: The file is malformed.
         ConfigError: The file does not exist.
     """
-    import traces
     from traces import synthetic
 
     if spec == "synthetic":
         return synthetic.generate(model.key, n_requests=requests, seed=seed)
-    path = Path(spec)
-    if not path.exists():
-        raise TraceFormatError(f"trace file {spec!r} does not exist; pass a .json reference "
-                               "trace, a .hdtrace.npz file, or 'synthetic'")
-    if path.suffix == ".json":
-        return traces.read_reference_json(path, model_key=model.key, E=model.num_experts,
-                                          k=model.top_k, layer_key_offset=model.layer_key_offset)
-    return traces.load(path)
+    return load_trace_file(spec, model)
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], fmt: str = "{:.2f}") -> str:
@@ -211,7 +190,7 @@ def cmd_traces_stats(args: argparse.Namespace) -> int:
             label = f"synthetic:{model.key}"
         else:
             model = None
-            trace = _load_any_trace(spec)
+            trace = load_trace_file(spec)
             label = Path(spec).name
         columns[label] = stats.trace_stats(trace, view=args.view, B=args.batch,
                                            rng_seed=args.seed)
@@ -219,15 +198,6 @@ def cmd_traces_stats(args: argparse.Namespace) -> int:
     if args.json:
         write_json_atomic(args.json, columns)
     return 0
-
-
-def _load_any_trace(spec: str) -> Any:
-    import traces
-
-    path = Path(spec)
-    if not path.exists():
-        raise TraceFormatError(f"trace file {spec!r} does not exist")
-    return traces.read_reference_json(path) if path.suffix == ".json" else traces.load(path)
 
 
 def cmd_traces_gen(args: argparse.Namespace) -> int:
@@ -334,6 +304,10 @@ def _add_optional_commands(sub: Any) -> None:
 
     bench.add_bench_parser(sub)
     bench.add_bench_env_parser(sub)
+    from agents import learned  # torch and SB3 are imported inside its commands only
+
+    learned.add_train_parser(sub)
+    learned.add_evaluate_parser(sub)
     try:
         from baselines import cli as baselines_cli
     except ImportError:

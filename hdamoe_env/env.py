@@ -25,12 +25,12 @@ from numpy.typing import NDArray
 
 from hdamoe_env import calibrate, gating, perf, scheduling
 from hdamoe_env.errors import ConfigError, InvalidAction, unknown_name
+from hdamoe_env.fileio import load_trace_file
 from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.simulator import FIDELITIES, MoESimulator, check_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
-from traces import load as load_trace
 
 __all__ = ["ENV_ID", "PREDICTORS", "HdMoeEnv"]
 
@@ -337,12 +337,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 int(trace_tokens or max(8192, 16 * self.batch)), int(trace_seed),
                 predictor == "trace")
         elif isinstance(trace, str | Path):
-            path = Path(trace)
-            if path.suffix == ".json":
-                from traces.io import read_reference_json
-                self.trace = read_reference_json(path, model_key=self.model.key)
-            else:
-                self.trace = load_trace(path)
+            self.trace = load_trace_file(trace, self.model)
         else:
             raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
                               f"{type(trace).__name__}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hdamoe_env.errors import ConfigError, InfeasibleError
+from hdamoe_env.fileio import atomic_write, json_default
 from hdamoe_env.profiles import Conventions
 from hdamoe_env.specs import HardwareSpec, ModelSpec
 
@@ -139,17 +139,10 @@ class Placement:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": PLACEMENT_FORMAT, "format_version": PLACEMENT_FORMAT_VERSION,
                 "method": self.method, **self.meta}
-        meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True, default=_json_default)
+        meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True, default=json_default)
                                    .encode(), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            with open(tmp, "wb") as fh:
-                np.savez_compressed(fh, P=self.P, pi=self.pi, meta=meta_bytes)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        atomic_write(path, lambda fh: np.savez_compressed(fh, P=self.P, pi=self.pi,
+                                                          meta=meta_bytes), "wb")
         return path
 
     @classmethod
@@ -179,16 +172,6 @@ class Placement:
         meta.pop("format", None)
         meta.pop("format_version", None)
         return cls(P=P, pi=pi, method=method, meta=meta)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
 
 # --------------------------------------------------------------------------------- constructors

@@ -88,6 +88,10 @@ def test_resume_continues_step_count(env_kwargs, tmp_path):
     meta = json.loads((tmp_path / "learned.json").read_text())
     assert meta["resumed_at"] == 128 and meta["num_timesteps"] == 256
     assert learned.latest_checkpoint(tmp_path).name == "ckpt_256.zip"
+    from hdamoe_env.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="resume"):
+        _train(env_kwargs, tmp_path, timesteps=512, resume=True, action_mode="full")
     # a checkpoint loads on its own, with its own normalisation statistics
     agent = learned.load_agent(tmp_path / "checkpoints" / "ckpt_128.zip")
     assert agent.algo == "maskable-ppo" and agent.vecnorm is not None
