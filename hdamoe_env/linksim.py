@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.errors import ConfigError, unknown_name
@@ -169,33 +171,40 @@ def _dense_rank(values: NDArray[Any]) -> NDArray[np.int64]:
 _U_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: multiplicative (Fibonacci) hash
 
 
+@intrinsic
+def _float_bits(typingctx: Any, x: Any) -> Any:
+    """Reinterpret a float64 as its uint64 bit pattern (no conversion)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.uint64(types.float64), codegen
+
+
 @njit(cache=True, inline="always")
-def _bucket_slot(time_bits: np.uint64, key: int, shift: np.uint64) -> int:
-    """Home slot of the bucket (time, key) in a hash table of 2**(64 - shift) slots."""
-    return np.int64(((time_bits ^ np.uint64(key)) * _U_FIB) >> shift)
+def _home_slot(bits: np.uint64, key: int, shift: np.uint64) -> int:
+    """Home slot of (time bits, tie key) in a hash table of 2**(64 - shift) slots."""
+    return np.int64(((bits ^ np.uint64(key)) * _U_FIB) >> shift)
 
 
 @njit(cache=True)
-def _table_delete(table: NDArray[np.int64], b: int, b_bits: NDArray[np.uint64],
-                  b_key: NDArray[np.int64], shift: np.uint64) -> None:
-    """Remove bucket ``b`` from the linear-probing ``table`` (backward-shift deletion).
+def _table_remove(i: int, s_bits: NDArray[np.uint64], s_key: NDArray[np.int64],
+                  s_b: NDArray[np.int64], b_slot: NDArray[np.int64], shift: np.uint64) -> None:
+    """Empty slot ``i`` of the linear-probing table (backward-shift deletion).
 
-    Later entries of the probe chain whose home slot does not lie in (hole, entry] move into
-    the hole, so lookups never need tombstones.
+    Later entries of the probe chain whose home slot does not lie cyclically in (hole, entry]
+    move into the hole, so lookups never meet tombstones.
     """
-    mask = table.shape[0] - 1
-    i = _bucket_slot(b_bits[b], b_key[b], shift)
-    while table[i] != b:
-        i = (i + 1) & mask
+    mask = s_b.shape[0] - 1
     k = (i + 1) & mask
-    while table[k] >= 0:
-        e = table[k]
-        home = _bucket_slot(b_bits[e], b_key[e], shift)
+    while s_b[k] >= 0:
+        home = _home_slot(s_bits[k], s_key[k], shift)
         if ((k - home) & mask) >= ((k - i) & mask):
-            table[i] = e
+            s_bits[i] = s_bits[k]
+            s_key[i] = s_key[k]
+            s_b[i] = s_b[k]
+            b_slot[s_b[i]] = i
             i = k
         k = (k + 1) & mask
-    table[i] = -1
+    s_b[i] = -1
 
 
 @njit(cache=True)
@@ -216,17 +225,21 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
 
     Events of equal (time, tie key) form a *bucket*: a linked list through ``nxt`` in sequence
     order, since pushes arrive in sequence order and are appended. A binary heap orders the
-    buckets by (time, key) and a hash table (linear probing) finds the open bucket of a pushed
-    event. The earliest bucket is taken out of the heap and the table and its events are run in
-    list order. That is exact: every push has time >= the bucket's time and the key of its
-    message, so it sorts after the whole bucket; a push with an equal time (a zero-duration
-    hop) opens a fresh bucket of the same (time, key) that runs next. MoE workloads are full of
-    exact ties (equal message sizes on equal links: the benchmark layer has ~75 distinct event
-    times for ~2,500 hops), so most hops cost one append and no heap work. Without ties every
-    bucket holds one event and a hop costs one sift-down plus two table updates.
+    buckets by (time, key) and a hash table (linear probing on the time's bits and the key)
+    finds the open bucket of a pushed event. The earliest bucket is taken out of the heap and
+    the table and its events are run in list order. That is exact: every push has a time >= the
+    bucket's time and the key of its message, so it sorts after the whole bucket; a push with
+    an equal time (a zero-duration hop) opens a fresh bucket of the same (time, key) that runs
+    next. MoE workloads are full of exact ties (equal message sizes on equal links: the
+    benchmark layer has ~75 distinct event times for ~2,500 hops), so most hops cost one table
+    lookup and an append, and no heap work; without ties every bucket holds one event and a
+    hop costs one sift-down plus a table insert and removal.
 
-    The arrival event after the last hop is not pushed: it would only update the makespan, and
-    skipping it keeps the relative order of all other events.
+    Times are compared by their bit patterns in the table, which is exact because no event
+    time is -0.0 (initial times are normalised with ``+ 0.0``; later ones are sums of
+    non-negative terms starting from +0.0) or NaN (inputs are finite). The arrival event after
+    the last hop is not pushed: it would only update the makespan, and skipping it keeps the
+    relative order of all other events.
     """
     num_msg = msg_route.shape[0]
     busy_until = np.zeros(link_bw.shape[0])
@@ -260,53 +273,57 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     else:  # initial events by (ready, key, message index)
         by_key = np.argsort(kbase + np.arange(num_msg), kind="mergesort")
         order0 = by_key[np.argsort(msg_ready[by_key], kind="mergesort")]
-    # buckets: at most one per event in flight, so at most `live`; the heap keeps (time, key)
-    # next to the bucket id so comparisons need no indirection
+    # buckets (at most one per event in flight, so at most `live`): list head and tail, table
+    # slot; the heap keeps (time, key) next to the bucket id so comparisons need no indirection
     cap = max(live, 1)
-    b_time = np.empty(cap)
-    b_bits = b_time.view(np.uint64)  # the same times as raw bits, for hashing
-    b_key = np.empty(cap, dtype=np.int64)
     b_head = np.empty(cap, dtype=np.int64)
     b_tail = np.empty(cap, dtype=np.int64)
+    b_slot = np.empty(cap, dtype=np.int64)
     free_ids = np.empty(cap, dtype=np.int64)
     h_time = np.empty(cap)
     h_key = np.empty(cap, dtype=np.int64)
     h_b = np.empty(cap, dtype=np.int64)
+    # hash table (time bits, key) -> bucket, -1 = empty slot
     log_slots = 1
     while (1 << log_slots) < 2 * cap:  # load factor <= 1/2 keeps probe chains short
         log_slots += 1
-    mask = (1 << log_slots) - 1
     shift = np.uint64(64 - log_slots)
-    table = np.full(mask + 1, -1, dtype=np.int64)
-    scratch = np.empty(1)
-    scratch_bits = scratch.view(np.uint64)
+    mask = (1 << log_slots) - 1
+    s_bits = np.empty(mask + 1, dtype=np.uint64)
+    s_key = np.empty(mask + 1, dtype=np.int64)
+    s_b = np.full(mask + 1, -1, dtype=np.int64)
     # initial buckets: runs of equal (ready, key) in sorted order; a sorted array is a heap
     n = 0
+    prev = -1
     for i in range(num_msg):
         m = order0[i]
         if pos[m] == stop[m]:
             continue
-        nxt[m] = -1
         tm = msg_ready[m] + 0.0  # -0.0 -> +0.0: equal times must have equal bits
         km = kbase[m]
-        if n > 0 and tm == h_time[n - 1] and km == h_key[n - 1]:
-            b = h_b[n - 1]
-            nxt[b_tail[b]] = m
-            b_tail[b] = m
-            continue
-        b = n
-        b_time[b] = tm
-        b_key[b] = km
-        b_head[b] = m
-        b_tail[b] = m
-        k = _bucket_slot(b_bits[b], km, shift)
-        while table[k] >= 0:
-            k = (k + 1) & mask
-        table[k] = b
-        h_time[n] = tm
-        h_key[n] = km
-        h_b[n] = b
-        n += 1
+        if prev >= 0 and tm == h_time[n - 1] and km == h_key[n - 1]:
+            nxt[prev] = m
+        else:
+            if prev >= 0:
+                nxt[prev] = -1
+                b_tail[n - 1] = prev
+            bits = _float_bits(tm)
+            k = _home_slot(bits, km, shift)
+            while s_b[k] >= 0:
+                k = (k + 1) & mask
+            s_bits[k] = bits
+            s_key[k] = km
+            s_b[k] = n
+            b_slot[n] = k
+            b_head[n] = m
+            h_time[n] = tm
+            h_key[n] = km
+            h_b[n] = n
+            n += 1
+        prev = m
+    if prev >= 0:
+        nxt[prev] = -1
+        b_tail[n - 1] = prev
     num_ids = n
     num_free = 0
     while n > 0:
@@ -315,12 +332,11 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
         t = h_time[0]
         key = h_key[0]
         m = b_head[ob]
-        _table_delete(table, ob, b_bits, b_key, shift)
+        _table_remove(b_slot[ob], s_bits, s_key, s_b, b_slot, shift)
         free_ids[num_free] = ob
         num_free += 1
-        held = -1       # first bucket opened by this one: it replaces the root afterwards
-        last = -1       # bucket of the previous push: pushes of one bucket often share a time
-        last_time = 0.0
+        held = -1  # first bucket opened by this one: it replaces the root afterwards
+        held_time = 0.0
         while m >= 0:
             nm = nxt[m]
             p = pos[m]
@@ -339,55 +355,51 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
                 continue
             pos[m] = p + 1
             nxt[m] = -1
-            if last < 0 or arrive != last_time:
-                scratch[0] = arrive
-                i = _bucket_slot(scratch_bits[0], key, shift)
-                while True:
-                    b = table[i]
-                    if b < 0 or (b_time[b] == arrive and b_key[b] == key):
-                        break
-                    i = (i + 1) & mask
-                last_time = arrive
-                if b < 0:  # open a bucket
-                    if num_free > 0:
-                        num_free -= 1
-                        b = free_ids[num_free]
+            bits = _float_bits(arrive)
+            i = _home_slot(bits, key, shift)
+            while s_b[i] >= 0 and not (s_bits[i] == bits and s_key[i] == key):
+                i = (i + 1) & mask
+            b = s_b[i]
+            if b >= 0:  # append to the open bucket
+                nxt[b_tail[b]] = m
+                b_tail[b] = m
+                m = nm
+                continue
+            if num_free > 0:  # open a bucket
+                num_free -= 1
+                b = free_ids[num_free]
+            else:
+                b = num_ids
+                num_ids += 1
+            s_bits[i] = bits
+            s_key[i] = key
+            s_b[i] = b
+            b_slot[b] = i
+            b_head[b] = m
+            b_tail[b] = m
+            if held < 0:
+                held = b
+                held_time = arrive
+            else:  # sift up; the stale root (t, key) sorts before every new bucket
+                hp = n
+                n += 1
+                while hp > 0:
+                    parent = (hp - 1) >> 1
+                    if arrive < h_time[parent] or (arrive == h_time[parent]
+                                                   and key < h_key[parent]):
+                        h_time[hp] = h_time[parent]
+                        h_key[hp] = h_key[parent]
+                        h_b[hp] = h_b[parent]
+                        hp = parent
                     else:
-                        b = num_ids
-                        num_ids += 1
-                    table[i] = b
-                    b_time[b] = arrive
-                    b_key[b] = key
-                    b_head[b] = m
-                    b_tail[b] = m
-                    last = b
-                    if held < 0:
-                        held = b
-                    else:  # sift up; the stale root (t, key) sorts before every new bucket
-                        hp = n
-                        n += 1
-                        while hp > 0:
-                            parent = (hp - 1) >> 1
-                            if arrive < h_time[parent] or (arrive == h_time[parent]
-                                                           and key < h_key[parent]):
-                                h_time[hp] = h_time[parent]
-                                h_key[hp] = h_key[parent]
-                                h_b[hp] = h_b[parent]
-                                hp = parent
-                            else:
-                                break
-                        h_time[hp] = arrive
-                        h_key[hp] = key
-                        h_b[hp] = b
-                    m = nm
-                    continue
-                last = b
-            nxt[b_tail[last]] = m
-            b_tail[last] = m
+                        break
+                h_time[hp] = arrive
+                h_key[hp] = key
+                h_b[hp] = b
             m = nm
         # replace the root by the held bucket, or remove it; then sift down
         if held >= 0:
-            kt = b_time[held]
+            kt = held_time
             kk = key
             kb = held
         else:
