@@ -18,8 +18,9 @@ event order (first come, first served). The earliest pending event is popped; it
 Two implementations share those semantics and agree bit for bit (same floating-point operations
 in the same order):
 
-* the production kernel (numba ``@njit(cache=True)``): a binary heap on preallocated arrays, one
-  entry per in-flight message, per-link ``busy_until`` and ``busy_time`` arrays;
+* the production kernel (numba ``@njit(cache=True)``): events of equal time grouped in buckets
+  (linked lists), a binary heap of buckets and a hash table from time to open bucket
+  (``_des_core``), per-link ``busy_until`` and ``busy_time`` arrays;
 * ``simulate_messages_oracle``: a small pure-Python interval calendar (per-link reserved intervals,
   earliest-gap search at or after the ready time, heap of plain tuples), i.e. the reference
   semantics of §6.3 "Equivalence with the reference"; it exists for tests and benchmarks.
@@ -144,8 +145,9 @@ class LayerComm:
 # compiled kernel
 
 
-_KEY_SHIFT = 40  # ref tie key = (static rank << 40) | sequence; needs sequence < 2**40
-_MAX_REF_MESSAGES = 1 << 22  # static rank < 2**22, so the key stays below 2**62
+# ref tie key = dense rank of size_rank * (num_routes + 1) + route_rank: the limit keeps that
+# product far below 2**63
+_MAX_REF_MESSAGES = 1 << 22
 
 
 def _check_ref_size(tie_ref: bool, num_messages: int) -> None:
@@ -179,61 +181,93 @@ def _float_bits(typingctx: Any, x: Any) -> Any:
     return types.uint64(types.float64), codegen
 
 
+@intrinsic
+def _count_trailing_zeros(typingctx: Any, x: Any) -> Any:
+    """Index of the lowest set bit of a non-zero uint64 (LLVM ``cttz``)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.uint64(types.uint64), codegen
+
+
 @njit(cache=True, inline="always")
-def _home_slot(bits: np.uint64, key: int, shift: np.uint64) -> int:
-    """Home slot of (time bits, tie key) in a hash table of 2**(64 - shift) slots."""
-    return np.int64(((bits ^ np.uint64(key)) * _U_FIB) >> shift)
+def _home_slot(bits: np.uint64, shift: np.uint64) -> np.uint64:
+    """Home slot of a time (as bits) in a hash table of 2**(64 - shift) slots."""
+    return (bits * _U_FIB) >> shift
 
 
 @njit(cache=True)
-def _table_remove(i: int, s_bits: NDArray[np.uint64], s_key: NDArray[np.int64],
-                  s_b: NDArray[np.int64], b_slot: NDArray[np.int64], shift: np.uint64) -> None:
+def _table_remove(i: np.uint64, s_bits: NDArray[np.uint64], s_b: NDArray[np.int64],
+                  b_slot: NDArray[np.uint64], shift: np.uint64) -> None:
     """Empty slot ``i`` of the linear-probing table (backward-shift deletion).
 
     Later entries of the probe chain whose home slot does not lie cyclically in (hole, entry]
     move into the hole, so lookups never meet tombstones.
     """
-    mask = s_b.shape[0] - 1
-    k = (i + 1) & mask
+    mask = np.uint64(s_b.shape[0] - 1)
+    one = np.uint64(1)
+    k = (i + one) & mask
     while s_b[k] >= 0:
-        home = _home_slot(s_bits[k], s_key[k], shift)
+        home = _home_slot(s_bits[k], shift)
         if ((k - home) & mask) >= ((k - i) & mask):
             s_bits[i] = s_bits[k]
-            s_key[i] = s_key[k]
             s_b[i] = s_b[k]
             b_slot[s_b[i]] = i
             i = k
-        k = (k + 1) & mask
+        k = (k + one) & mask
     s_b[i] = -1
 
 
 @njit(cache=True)
+def _stable_sort_by_key(run: NDArray[np.int64], count: int, key: NDArray[np.int64]) -> None:
+    """Sort ``run[:count]`` by ``key[run[i]]``, keeping the order of equal keys."""
+    if count <= 32:  # insertion sort: buckets are short and mostly in key order already
+        for i in range(1, count):
+            m = run[i]
+            j = i - 1
+            while j >= 0 and key[run[j]] > key[m]:
+                run[j + 1] = run[j]
+                j -= 1
+            run[j + 1] = m
+    else:
+        part = run[:count].copy()
+        order = np.argsort(key[part], kind="mergesort")
+        for i in range(count):
+            run[i] = part[order[i]]
+
+
+@njit(cache=True)
 def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
-    msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
+    pos: NDArray[np.int64], stop: NDArray[np.int64], msg_size: NDArray[np.float64],
     msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
-    route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
-    link_bw: NDArray[np.float64], hop_latency: float, tie_ref: bool,
-    busy_time: NDArray[np.float64], finish: NDArray[np.float64],
+    route_links: NDArray[np.int32], link_bw: NDArray[np.float64], hop_latency: float,
+    tie_ref: bool, busy_time: NDArray[np.float64], finish: NDArray[np.float64],
 ) -> float:
     """Run the §6.3 event loop; fill ``busy_time`` [L] (accumulated) and ``finish`` [M].
 
-    Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or
-    ``static << 40`` (``ref``), where ``static`` is the dense rank of the message by (size,
-    route lexicographic rank), and the sequence is the insertion order (initial events: the
-    message index, below every later push). That is the order (time, size, route, sequence) of
-    the module docstring.
+    Message m crosses the links ``route_links[pos[m]:stop[m]]``; ``pos`` is the cursor of the
+    next hop and is advanced in place (callers pass a scratch array). ``msg_rank`` is the
+    route's lexicographic rank (read with ``tie_ref`` only).
 
-    Events of equal (time, tie key) form a *bucket*: a linked list through ``nxt`` in sequence
-    order, since pushes arrive in sequence order and are appended. A binary heap orders the
-    buckets by (time, key) and a hash table (linear probing on the time's bits and the key)
-    finds the open bucket of a pushed event. The earliest bucket is taken out of the heap and
-    the table and its events are run in list order. That is exact: every push has a time >= the
-    bucket's time and the key of its message, so it sorts after the whole bucket; a push with
-    an equal time (a zero-duration hop) opens a fresh bucket of the same (time, key) that runs
-    next. MoE workloads are full of exact ties (equal message sizes on equal links: the
-    benchmark layer has ~75 distinct event times for ~2,500 hops), so most hops cost one table
-    lookup and an append, and no heap work; without ties every bucket holds one event and a
-    hop costs one sift-down plus a table insert and removal.
+    Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or the dense
+    rank of the message by (size, route rank) (``ref``), and the sequence is the insertion
+    order (initial events: the message index, below every later push). That is the order
+    (time, size, route, sequence) of the module docstring.
+
+    Events of equal time form a *bucket*: a linked list through ``nxt`` in sequence order,
+    since pushes arrive in sequence order and are appended. A binary heap orders the buckets by
+    time and a hash table (linear probing on the time's bits) finds the open bucket of a
+    pushed event. The earliest bucket is taken out of the heap and the table; under ``ref`` its
+    list is relinked in stable tie-key order, which is (key, sequence) order. Then its events
+    run in list order. Pushes made meanwhile have times >= the bucket's time. A later time, or
+    an equal time (a zero-duration hop) with a key >= every key still waiting in the list,
+    sorts after the whole bucket and goes to a bucket of its own (an equal time opens a fresh
+    bucket that runs next). An equal time with a smaller key (``ref`` only) is linked into the
+    waiting list after the events of keys <= its own.
+
+    MoE workloads are full of exact ties (equal message sizes on equal links: the benchmark
+    layer has ~75 distinct event times for ~2,500 hops), so most hops cost one table lookup and
+    an append, and no heap work; without ties every bucket holds one event and a hop costs one
+    sift-down plus a table insert and removal, about what a heap of single events costs.
 
     Times are compared by their bit patterns in the table, which is exact because no event
     time is -0.0 (initial times are normalised with ``+ 0.0``; later ones are sums of
@@ -241,25 +275,18 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     the last hop is not pushed: it would only update the makespan, and skipping it keeps the
     relative order of all other events.
     """
-    num_msg = msg_route.shape[0]
+    num_msg = pos.shape[0]
     busy_until = np.zeros(link_bw.shape[0])
     kbase = np.zeros(num_msg, dtype=np.int64)
     if tie_ref and num_msg > 0:
         size_rank = _dense_rank(msg_size)
-        composite = size_rank * (msg_rank.max() + 1) + msg_rank
-        kbase = _dense_rank(composite) << _KEY_SHIFT
-    # per message: position of the next hop in route_links and the end of its route;
+        kbase = _dense_rank(size_rank * (msg_rank.max() + 1) + msg_rank)
     # messages with empty routes finish at their ready time
-    pos = np.empty(num_msg, dtype=np.int64)
-    stop = np.empty(num_msg, dtype=np.int64)
     nxt = np.empty(num_msg, dtype=np.int64)
     makespan = 0.0
     live = 0
     sorted_ready = True
     for m in range(num_msg):
-        r = msg_route[m]
-        pos[m] = route_ptr[r]
-        stop[m] = route_ptr[r + 1]
         if pos[m] == stop[m]:
             finish[m] = msg_ready[m]
             if msg_ready[m] > makespan:
@@ -268,56 +295,54 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
             live += 1
         if m > 0 and msg_ready[m] < msg_ready[m - 1]:
             sorted_ready = False
-    if sorted_ready and not tie_ref:
+    if sorted_ready:
         order0 = np.arange(num_msg)
-    else:  # initial events by (ready, key, message index)
-        by_key = np.argsort(kbase + np.arange(num_msg), kind="mergesort")
-        order0 = by_key[np.argsort(msg_ready[by_key], kind="mergesort")]
+    else:  # initial events by ready time, then message index (= their sequence)
+        order0 = np.argsort(msg_ready, kind="mergesort")
     # buckets (at most one per event in flight, so at most `live`): list head and tail, table
-    # slot; the heap keeps (time, key) next to the bucket id so comparisons need no indirection
+    # slot; the heap keeps the time next to the bucket id so comparisons need no indirection
     cap = max(live, 1)
     b_head = np.empty(cap, dtype=np.int64)
     b_tail = np.empty(cap, dtype=np.int64)
-    b_slot = np.empty(cap, dtype=np.int64)
+    b_slot = np.empty(cap, dtype=np.uint64)
     free_ids = np.empty(cap, dtype=np.int64)
     h_time = np.empty(cap)
-    h_key = np.empty(cap, dtype=np.int64)
     h_b = np.empty(cap, dtype=np.int64)
-    # hash table (time bits, key) -> bucket, -1 = empty slot
+    run = np.empty(cap, dtype=np.int64)  # scratch for sorting a bucket (ref)
+    # hash table time bits -> bucket, -1 = empty slot
     log_slots = 1
     while (1 << log_slots) < 2 * cap:  # load factor <= 1/2 keeps probe chains short
         log_slots += 1
     shift = np.uint64(64 - log_slots)
-    mask = (1 << log_slots) - 1
-    s_bits = np.empty(mask + 1, dtype=np.uint64)
-    s_key = np.empty(mask + 1, dtype=np.int64)
-    s_b = np.full(mask + 1, -1, dtype=np.int64)
-    # initial buckets: runs of equal (ready, key) in sorted order; a sorted array is a heap
+    mask = np.uint64((1 << log_slots) - 1)
+    one = np.uint64(1)
+    s_bits = np.empty(1 << log_slots, dtype=np.uint64)
+    s_b = np.full(1 << log_slots, -1, dtype=np.int64)
+    # initial buckets: runs of equal ready time in sorted order; a sorted array is a heap
     n = 0
     prev = -1
+    run_bits = np.uint64(0)
     for i in range(num_msg):
         m = order0[i]
         if pos[m] == stop[m]:
             continue
         tm = msg_ready[m] + 0.0  # -0.0 -> +0.0: equal times must have equal bits
-        km = kbase[m]
-        if prev >= 0 and tm == h_time[n - 1] and km == h_key[n - 1]:
+        bits = _float_bits(tm)
+        if prev >= 0 and bits == run_bits:
             nxt[prev] = m
         else:
             if prev >= 0:
                 nxt[prev] = -1
                 b_tail[n - 1] = prev
-            bits = _float_bits(tm)
-            k = _home_slot(bits, km, shift)
+            run_bits = bits
+            k = _home_slot(bits, shift)
             while s_b[k] >= 0:
-                k = (k + 1) & mask
+                k = (k + one) & mask
             s_bits[k] = bits
-            s_key[k] = km
             s_b[k] = n
             b_slot[n] = k
             b_head[n] = m
             h_time[n] = tm
-            h_key[n] = km
             h_b[n] = n
             n += 1
         prev = m
@@ -330,17 +355,30 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
         # take the earliest bucket out of the table; its heap slot is refilled below
         ob = h_b[0]
         t = h_time[0]
-        key = h_key[0]
-        m = b_head[ob]
-        _table_remove(b_slot[ob], s_bits, s_key, s_b, b_slot, shift)
+        _table_remove(b_slot[ob], s_bits, s_b, b_slot, shift)
         free_ids[num_free] = ob
         num_free += 1
+        m = b_head[ob]
+        max_key = 0  # largest key in the bucket (ref): the key of its last event
+        if tie_ref and nxt[m] >= 0:  # relink the list in (key, sequence) order
+            count = 0
+            while m >= 0:
+                run[count] = m
+                count += 1
+                m = nxt[m]
+            _stable_sort_by_key(run, count, kbase)
+            for j in range(count - 1):
+                nxt[run[j]] = run[j + 1]
+            nxt[run[count - 1]] = -1
+            m = run[0]
+            max_key = kbase[run[count - 1]]
         held = -1  # first bucket opened by this one: it replaces the root afterwards
         held_time = 0.0
         while m >= 0:
             nm = nxt[m]
             p = pos[m]
-            link = route_links[p]
+            # unsigned indices: values loaded from arrays skip numba's negative-index wraparound
+            link = np.uint64(route_links[np.uint64(p)])
             bu = busy_until[link]
             start = t if t > bu else bu
             end = start + msg_size[m] / link_bw[link]
@@ -354,14 +392,27 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
                 m = nm
                 continue
             pos[m] = p + 1
+            if tie_ref and arrive == t and nm >= 0 and kbase[m] < max_key:
+                # zero-duration hop that sorts before waiting events of this bucket: link it in
+                # after the last waiting event with a key <= its own (the last one's is larger)
+                if kbase[nm] > kbase[m]:
+                    nxt[m] = nm
+                    continue  # it runs next
+                q = nm
+                while kbase[nxt[q]] <= kbase[m]:
+                    q = nxt[q]
+                nxt[m] = nxt[q]
+                nxt[q] = m
+                m = nm
+                continue
             nxt[m] = -1
             bits = _float_bits(arrive)
-            i = _home_slot(bits, key, shift)
-            while s_b[i] >= 0 and not (s_bits[i] == bits and s_key[i] == key):
-                i = (i + 1) & mask
-            b = s_b[i]
+            k = _home_slot(bits, shift)
+            while s_b[k] >= 0 and s_bits[k] != bits:
+                k = (k + one) & mask
+            b = s_b[k]
             if b >= 0:  # append to the open bucket
-                nxt[b_tail[b]] = m
+                nxt[np.uint64(b_tail[b])] = m
                 b_tail[b] = m
                 m = nm
                 continue
@@ -371,43 +422,37 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
             else:
                 b = num_ids
                 num_ids += 1
-            s_bits[i] = bits
-            s_key[i] = key
-            s_b[i] = b
-            b_slot[b] = i
+            s_bits[k] = bits
+            s_b[k] = b
+            b_slot[b] = k
             b_head[b] = m
             b_tail[b] = m
             if held < 0:
                 held = b
                 held_time = arrive
-            else:  # sift up; the stale root (t, key) sorts before every new bucket
+            else:  # sift up; the stale root (time t) sorts before every new bucket
                 hp = n
                 n += 1
                 while hp > 0:
                     parent = (hp - 1) >> 1
-                    if arrive < h_time[parent] or (arrive == h_time[parent]
-                                                   and key < h_key[parent]):
+                    if arrive < h_time[parent]:
                         h_time[hp] = h_time[parent]
-                        h_key[hp] = h_key[parent]
                         h_b[hp] = h_b[parent]
                         hp = parent
                     else:
                         break
                 h_time[hp] = arrive
-                h_key[hp] = key
                 h_b[hp] = b
             m = nm
         # replace the root by the held bucket, or remove it; then sift down
         if held >= 0:
             kt = held_time
-            kk = key
             kb = held
         else:
             n -= 1
             if n == 0:
                 break
             kt = h_time[n]
-            kk = h_key[n]
             kb = h_b[n]
         hp = 0
         while True:
@@ -415,18 +460,15 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
             if child >= n:
                 break
             right = child + 1
-            if right < n and (h_time[right] < h_time[child] or (
-                    h_time[right] == h_time[child] and h_key[right] < h_key[child])):
+            if right < n and h_time[right] < h_time[child]:
                 child = right
-            if h_time[child] < kt or (h_time[child] == kt and h_key[child] < kk):
+            if h_time[child] < kt:
                 h_time[hp] = h_time[child]
-                h_key[hp] = h_key[child]
                 h_b[hp] = h_b[child]
                 hp = child
             else:
                 break
         h_time[hp] = kt
-        h_key[hp] = kk
         h_b[hp] = kb
     return makespan
 
@@ -440,8 +482,8 @@ def _des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
     """Compiled entry of ``simulate_messages``: returns (makespan, busy [L], finish [M])."""
     busy = np.zeros(link_bw.shape[0])
     finish = np.zeros(msg_route.shape[0])
-    makespan = _des_core(msg_route, msg_size, msg_ready, msg_rank, route_ptr, route_links,
-                         link_bw, hop_latency, tie_ref, busy, finish)
+    makespan = _des_core(route_ptr[msg_route], route_ptr[msg_route + 1], msg_size, msg_ready,
+                         msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish)
     return makespan, busy, finish
 
 
@@ -469,89 +511,96 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     msg_bytes: NDArray[np.float64], chunks: int, layer: int,
     pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
     route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
-    route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool,
+    route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
     phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
     makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
-) -> None:
+) -> bool:
     """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
 
     Messages are ordered by token, then ascending source cluster, then chunk index — the order of
-    ``layer_messages`` expanded as in ``simulate_messages``.
+    ``layer_messages`` expanded as in ``simulate_messages``. Returns False, without simulating,
+    when the inputs fail ``_layer_inputs_ok`` (checking here saves a second compiled call).
     """
+    if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
+        return False
     num_tokens, top_k = token_sets.shape
     num_experts, num_clusters = holder_mask.shape
     num_ep = pi.shape[0]
-    # holders of every expert in CSR form
-    hptr = np.zeros(num_experts + 1, dtype=np.int64)
-    for e in range(num_experts):
-        cnt = 0
-        for c in range(num_clusters):
-            if holder_mask[e, c]:
-                cnt += 1
-        hptr[e + 1] = hptr[e] + cnt
-    hidx = np.empty(hptr[num_experts], dtype=np.int64)
-    q = 0
+    # holder clusters of every expert as a bit set (64 clusters per word): a token's sources are
+    # the OR of its experts' sets, read in ascending order by counting trailing zeros
+    words = (num_clusters + 63) >> 6
+    hbits = np.zeros((num_experts, words), dtype=np.uint64)
     for e in range(num_experts):
         for c in range(num_clusters):
             if holder_mask[e, c]:
-                hidx[q] = c
-                q += 1
+                hbits[e, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+    touch = np.empty(words, dtype=np.uint64)
     # (token, source cluster) pairs, token-major, ascending cluster
-    stamp = np.full(num_clusters, -1, dtype=np.int64)
     pair_tok = np.empty(num_tokens * num_clusters, dtype=np.int64)
     pair_cl = np.empty(num_tokens * num_clusters, dtype=np.int64)
     npairs = 0
     for t in range(num_tokens):
+        touch[:] = 0
         for j in range(top_k):
             e = token_sets[t, j]
-            for q in range(hptr[e], hptr[e + 1]):
-                stamp[hidx[q]] = t
+            for w in range(words):
+                touch[w] |= hbits[e, w]
         for j in range(extra.shape[1]):
             c = extra[t, j]
             if c >= 0:
-                stamp[c] = t
+                touch[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
         a = agg[t]
-        for c in range(num_clusters):
-            if stamp[c] == t and c != a:
+        touch[a >> 6] &= ~(np.uint64(1) << np.uint64(a & 63))
+        for w in range(words):
+            x = touch[w]
+            while x:
                 pair_tok[npairs] = t
-                pair_cl[npairs] = c
+                pair_cl[npairs] = (w << 6) + np.int64(_count_trailing_zeros(x))
                 npairs += 1
+                x &= x - np.uint64(1)
+    # sizes, ready times and endpoints are the same in every phase: build them once
     num_msg = npairs * chunks
-    msg_route = np.empty(num_msg, dtype=np.int64)
     msg_size = np.empty(num_msg)
     msg_ready = np.zeros(num_msg)
+    holder_ep = np.empty(npairs, dtype=np.int64)
+    agg_ep = np.empty(npairs, dtype=np.int64)
+    for i in range(npairs):
+        t = pair_tok[i]
+        holder_ep[i] = pi[pair_cl[i]]
+        agg_ep[i] = pi[agg[t]]
+        size = msg_bytes[t] / chunks
+        for ch in range(chunks):
+            msg_size[i * chunks + ch] = size
+    pos = np.empty(num_msg, dtype=np.int64)
+    stop = np.empty(num_msg, dtype=np.int64)
     msg_rank = np.zeros(num_msg, dtype=np.int64)
     finish = np.empty(num_msg)
     for p in range(phase_codes.shape[0]):
         combine = phase_codes[p] == 1
         m = 0
         for i in range(npairs):
-            t = pair_tok[i]
-            holder_ep = pi[pair_cl[i]]
-            agg_ep = pi[agg[t]]
             if combine:
-                s = holder_ep
-                d = agg_ep
+                s = holder_ep[i]
+                d = agg_ep[i]
             else:
-                s = agg_ep
-                d = holder_ep
+                s = agg_ep[i]
+                d = holder_ep[i]
             base = pair_ptr[s * num_ep + d]
             ncand = pair_ptr[s * num_ep + d + 1] - base
-            size = msg_bytes[t] / chunks
             for ch in range(chunks):
                 r = base
                 if ncand > 1:
-                    h = _flow_hash4(layer, t, s, ch)
+                    h = _flow_hash4(layer, pair_tok[i], s, ch)
                     r = base + np.int64(h % np.uint64(ncand))
-                msg_route[m] = r
-                msg_size[m] = size
+                pos[m] = route_ptr[r]
+                stop[m] = route_ptr[r + 1]
                 if tie_ref:
                     msg_rank[m] = route_rank[r]
                 m += 1
-        makespan_out[p] = _des_core(msg_route, msg_size, msg_ready, msg_rank, route_ptr,
-                                    route_links, link_bw, hop_latency, tie_ref, busy_out[p],
-                                    finish)
+        makespan_out[p] = _des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
+                                    link_bw, hop_latency, tie_ref, busy_out[p], finish)
         count_out[p] = num_msg
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -968,30 +1017,50 @@ def _layer_inputs_ok(ts: NDArray[np.int64], hm: NDArray[np.bool_], size: NDArray
 
 
 def _fast_layer_inputs(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: ArrayLike,
-                       agg: ArrayLike, pi: ArrayLike, extra_holders: ArrayLike | None,
-                       num_endpoints: int) -> tuple[NDArray[Any], ...]:
-    """Convert and validate layer inputs cheaply (one compiled check on the hot path).
+                       agg: ArrayLike, pi: ArrayLike,
+                       extra_holders: ArrayLike | None) -> tuple[NDArray[Any], ...] | None:
+    """Convert well-formed layer inputs cheaply, or return None.
 
-    Well-formed inputs (the common case) are converted with at most one copy each and checked
-    by ``_layer_inputs_ok``; anything else goes through ``_as_layer_inputs``, which raises the
-    detailed ``ConfigError``.
+    The common case (integer token sets, a bool holder mask, no extra holders) is converted
+    with at most one copy each and no checks: ``_layer_kernel`` validates in compiled code.
+    Anything else returns None and goes through ``_as_layer_inputs``. Dtype kinds are tested
+    directly because ``np.issubdtype`` costs ~0.4 us per call on this hot path.
     """
     ts = np.asarray(token_sets)
     hm = np.asarray(holder_mask)
     size = np.asarray(msg_bytes, dtype=np.float64)
-    if (ts.ndim == 2 and np.issubdtype(ts.dtype, np.integer) and hm.ndim == 2
-            and hm.dtype == np.bool_ and size.ndim <= 1 and extra_holders is None):
-        ts = np.ascontiguousarray(ts, dtype=np.int64)
-        hm = np.ascontiguousarray(hm)
-        if size.ndim == 0:
-            size = np.full(ts.shape[0], float(size))
-        ag = np.ascontiguousarray(agg, dtype=np.int64).reshape(-1)
-        p = np.ascontiguousarray(pi, dtype=np.int64).reshape(-1)
-        ex = np.zeros((ts.shape[0], 0), dtype=np.int64)
-        if _layer_inputs_ok(ts, hm, size, ag, p, ex, num_endpoints):
-            return ts, size, hm, ag, p, ex
-    return _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders,
-                            num_endpoints)
+    if not (ts.ndim == 2 and ts.dtype.kind in "iu" and hm.ndim == 2 and hm.dtype == np.bool_
+            and size.ndim <= 1 and extra_holders is None):
+        return None
+    ts = np.ascontiguousarray(ts, dtype=np.int64)
+    hm = np.ascontiguousarray(hm)
+    if size.ndim == 0:
+        size = np.full(ts.shape[0], float(size))
+    ag = np.ascontiguousarray(agg, dtype=np.int64)
+    p = np.ascontiguousarray(pi, dtype=np.int64)
+    if ag.ndim != 1:
+        ag = ag.reshape(-1)
+    if p.ndim != 1:
+        p = p.reshape(-1)
+    return ts, size, hm, ag, p, np.zeros((ts.shape[0], 0), dtype=np.int64)
+
+
+_PHASE_CODES: dict[tuple[str, ...], NDArray[np.int64]] = {}  # validated phase tuple -> codes
+
+
+def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
+    """Validate a phase tuple once and cache its kernel codes (0 dispatch, 1 combine)."""
+    codes = _PHASE_CODES.get(phase_names)
+    if codes is None:
+        for name in phase_names:
+            if name not in PHASES:
+                raise unknown_name("phase", name, PHASES)
+        if len(set(phase_names)) != len(phase_names):
+            raise ConfigError(f"phases must not repeat, got {list(phase_names)}")
+        codes = np.array([PHASES.index(x) for x in phase_names], dtype=np.int64)
+        codes.setflags(write=False)
+        _PHASE_CODES[phase_names] = codes
+    return codes
 
 
 def layer_messages(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: ArrayLike,
@@ -1092,25 +1161,34 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     hop = _check_scalar("hop_latency_s", hop_latency_s)
     chunks = _check_chunks(chunks)
     phase_names = tuple(phases)
-    for name in phase_names:
-        if name not in PHASES:
-            raise unknown_name("phase", name, PHASES)
-    if len(set(phase_names)) != len(phase_names):
-        raise ConfigError(f"phases must not repeat, got {list(phase_names)}")
+    codes = _phase_codes(phase_names)
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
         raise ConfigError(f"layer must be an integer >= 0, got {layer!r}")
-    ts, size, hm, ag, p, ex = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi,
-                                                 extra_holders, topology.num_endpoints)
-    _check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
-    codes = np.array([PHASES.index(x) for x in phase_names], dtype=np.int64)
     busy = np.zeros((codes.size, topology.num_links))
     makespan = np.zeros(codes.size)
     counts = np.zeros(codes.size, dtype=np.int64)
-    _layer_kernel(ts, hm, ex, ag, p, size, chunks, int(layer), topology.pair_route_ptr,
-                  topology.route_ptr, topology.route_links, topology.link_bw_Bps,
-                  topology.route_lex_rank, hop, tie_ref, codes, busy, makespan, counts)
-    return LayerComm(phase_names, tuple(float(x) for x in makespan), busy,
-                     tuple(int(x) for x in counts))
+    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts)
+    arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
+    if arrays is None or not _run_layer_kernel(arrays, *args):
+        # the slow path converts everything and raises the detailed ConfigError
+        arrays = _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders,
+                                  topology.num_endpoints)
+        if not _run_layer_kernel(arrays, *args):
+            raise ConfigError("layer inputs failed validation")  # not reached: see above
+    return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
+
+
+def _run_layer_kernel(arrays: tuple[NDArray[Any], ...], chunks: int, layer: int,
+                      topology: Topology, hop: float, tie_ref: bool, codes: NDArray[np.int64],
+                      busy: NDArray[np.float64], makespan: NDArray[np.float64],
+                      counts: NDArray[np.int64]) -> bool:
+    """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
+    ts, size, hm, ag, p, ex = arrays
+    _check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
+    return _layer_kernel(ts, hm, ex, ag, p, size, chunks, layer, topology.pair_route_ptr,
+                         topology.route_ptr, topology.route_links, topology.link_bw_Bps,
+                         topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
+                         busy, makespan, counts)
 
 
 # --------------------------------------------------------------------------------------------
