@@ -308,6 +308,9 @@ def _add_optional_commands(sub: Any) -> None:
 
     learned.add_train_parser(sub)
     learned.add_evaluate_parser(sub)
+    from hdamoe_env import reproduce
+
+    reproduce.add_reproduce_parser(sub)
     try:
         from baselines import cli as baselines_cli
     except ImportError:

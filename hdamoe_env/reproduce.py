@@ -1,0 +1,663 @@
+"""The paper's evaluation as one command (``hdamoe reproduce --suite quick|full --out DIR``).
+
+Application layer (style.md §2), like :mod:`hdamoe_env.bench`: it composes the benchmark harness,
+the offline placement pipeline (``baselines``) and the agents into the experiment grid of
+paper-model.md §13, and writes a self-contained report (:mod:`hdamoe_env.report`).
+
+Work is split into **cells**. A cell is one unit of the grid with a stable key (a hash of its
+kind and parameters): a ``placement`` cell computes (or finds cached) the quick-pipeline
+placements of one configuration; a ``bench`` cell runs methods × seeds on identical episodes of
+``HdMoE-v0`` (:func:`hdamoe_env.bench.run_bench`); a ``sweep_mem`` cell runs the memory-cap sweep
+(:func:`baselines.pipeline.sweep_rho_mem`). Every finished cell is written atomically to
+``OUT/cells/<key>.json`` and the raw records of all finished cells to ``OUT/results.jsonl``; a
+rerun with the same ``OUT`` skips finished cells (resume after an interruption loses at most the
+cells that were running). Placement cells run first (the bench cells of a configuration share
+them); the rest then run in any order.
+
+Backends: ``process`` (``concurrent.futures`` with ``--workers N`` spawned processes, or inline
+for one worker) and ``ray`` (one Ray task per cell; ``ray.init()`` starts a local Ray instance
+on this machine unless ``--ray-address`` names a cluster). Ray 2.x removed the single-process
+``local_mode``; the local instance is what "Ray locally" means with the pinned Ray.
+
+Suites (:func:`suite_cells`): ``tiny`` (seconds; tests), ``quick`` (≤ 20 minutes on 2 cores:
+DeepSeek-V2-Lite synthetic and Mixtral on its real reasoning trace, the reduced grid of every
+figure) and ``full`` (all four models, every setting, batch 16–128, both profiles, meshes and
+topologies; hours on 2 cores, meant for ``--workers N`` or a Ray cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hdamoe_env import __version__
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.fileio import json_default, write_json
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BACKENDS",
+    "CELL_FORMAT",
+    "SUITES",
+    "Cell",
+    "ReproduceResult",
+    "add_reproduce_parser",
+    "cmd_reproduce",
+    "read_results",
+    "run_cell",
+    "run_suite",
+    "shrink",
+    "suite_cells",
+]
+
+#: Bumped when the meaning of a cell's parameters or records changes (invalidates resume).
+CELL_FORMAT = 1
+BACKENDS = ("process", "ray")
+SUITES = ("tiny", "quick", "full")
+#: Default location of the real Mixtral reasoning trace (paper §13: placements are optimised on
+#: the MT-Bench reasoning trace).
+DEFAULT_MIXTRAL_DIR = "../shared/reference-traces/mixtral"
+#: Record fields dropped from the JSONL unless a figure needs them (the link heat maps).
+_BULKY = ("link_busy_us",)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of the experiment grid.
+
+    Attributes:
+        figure: Figure / study id (e.g. ``"fig10_end_to_end"``); groups cells in the report.
+        kind: ``"placement"``, ``"bench"`` or ``"sweep_mem"``.
+        params: JSON-serialisable parameters (see :func:`run_cell`).
+        tags: Extra fields copied into every record of the cell (e.g. ``{"r_comp": -3e4}``).
+    """
+
+    figure: str
+    kind: str
+    params: Mapping[str, Any]
+    tags: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in _RUNNERS:
+            raise ConfigError(f"cell kind {self.kind!r}; expected one of {list(_RUNNERS)}")
+
+    @property
+    def key(self) -> str:
+        """Stable 16-hex-digit key of the cell (resume key)."""
+        payload = {"format": CELL_FORMAT, "figure": self.figure, "kind": self.kind,
+                   "params": self.params, "tags": self.tags}
+        blob = json.dumps(payload, sort_keys=True, default=json_default).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        """Short human-readable description."""
+        cfg = self.params.get("config", self.params)
+        parts = [self.figure, self.kind, str(cfg.get("model", "")), str(cfg.get("setting", "")),
+                 f"B={cfg.get('batch', '')}", str(cfg.get("conventions", "faithful"))]
+        if cfg.get("mesh", "4x8") != "4x8":
+            parts.append(str(cfg["mesh"]))
+        if cfg.get("topology", "mesh") != "mesh":
+            parts.append(str(cfg["topology"]))
+        parts += [f"{k}={v}" for k, v in sorted(self.tags.items())]
+        return " ".join(p for p in parts if p)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``Cell(**d)`` rebuilds it)."""
+        return {"figure": self.figure, "kind": self.kind, "params": dict(self.params),
+                "tags": dict(self.tags)}
+
+
+# --------------------------------------------------------------------------------- cell runners
+def _bench_config(params: Mapping[str, Any], cache_dir: str | None) -> Any:
+    from hdamoe_env.bench import BenchConfig
+
+    kwargs = dict(params)
+    kwargs.setdefault("cache_dir", cache_dir)
+    kwargs.setdefault("place_workers", 1)
+    return BenchConfig(**kwargs)
+
+
+def _placement_dir_of(params: Mapping[str, Any], cache_dir: str | None) -> str:
+    """Compute (or find cached) the quick placements of a configuration; return the directory."""
+    from hdamoe_env.bench import PlacementStore, _load_trace
+
+    config = _bench_config(params, cache_dir)
+    trace, _ = _load_trace(config)
+    store = PlacementStore(config, trace, progress=False)
+    store.get("node_link")
+    return str(store.pipeline_dir)
+
+
+def _run_placement(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
+    t0 = time.perf_counter()
+    directory = _placement_dir_of(params["config"], cache_dir)
+    meta: dict[str, Any] = {}
+    run = Path(directory) / "placement.npz"
+    if run.exists():
+        from hdamoe_env.placement import Placement
+
+        meta = {k: v for k, v in Placement.load(run).meta.items()
+                if k in ("trace_id", "config_hash", "layers_missing")}
+    layer_s = []
+    for f in sorted(Path(directory).glob("layer_*.json")):
+        try:
+            layer_s.append(float(json.loads(f.read_text())["timings_s"]["total_s"]))
+        except (KeyError, ValueError, OSError):
+            continue
+    return [{"placement_dir": directory, "wall_s": time.perf_counter() - t0,
+             "pipeline_cpu_s": sum(layer_s), **meta, **params["config"]}]
+
+
+def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
+    from hdamoe_env.bench import run_bench
+
+    cfg = dict(params["config"])
+    env_kwargs = dict(cfg.get("env_kwargs", {}))
+    published = env_kwargs.pop("gating_coefficients_published", None)
+    if published is not None:  # §11.7 units (w = 2·h·I): r_comp ÷ m in the profile (§11.3)
+        from hdamoe_env.profiles import get_profile
+
+        m = get_profile(cfg.get("conventions", "faithful")).expert_matrices
+        env_kwargs["gating_coefficients"] = (float(published[0]) / m, float(published[1]))
+    cfg["env_kwargs"] = env_kwargs
+    source = params.get("placement_from")
+    if source is not None:  # placements optimised on another trace (paper Fig. 21)
+        cfg["placement_dir"] = _placement_dir_of(source, cache_dir)
+    config = _bench_config(cfg, cache_dir)
+    result = run_bench(config, list(params["methods"]), list(params["seeds"]), progress=False)
+    keep = set(params.get("keep", ()))
+    records = []
+    for rec in result.records:
+        rec = {k: v for k, v in rec.items() if k not in _BULKY or k in keep}
+        rec["topology"] = config.topology
+        records.append(rec)
+    return records
+
+
+def _run_sweep_mem(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
+    from baselines.pipeline import PlaceConfig, sweep_rho_mem
+    from hdamoe_env.bench import QUICK_PLACEMENT, default_cache_dir
+
+    cfg = dict(params["config"])
+    mesh = cfg.pop("mesh", "4x8")
+    X, Y = (int(v) for v in str(mesh).lower().split("x"))
+    budget = {**QUICK_PLACEMENT, **params.get("budget", {})}
+    pc = PlaceConfig(mesh=(X, Y), **{**budget, **cfg})
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    out = root / f"sweep_mem__{pc.config_hash('sweep')}"
+    rows = sweep_rho_mem(pc, list(params["rho"]), out, layers=params.get("layers"),
+                         resume=True)
+    return [{**row, "model": pc.model_spec.key, "setting": pc.setting, "mesh": mesh,
+             "batch": pc.batch, "profile": pc.conventions} for row in rows]
+
+
+_RUNNERS: dict[str, Callable[[Mapping[str, Any], str | None], list[dict[str, Any]]]] = {
+    "placement": _run_placement,
+    "bench": _run_bench,
+    "sweep_mem": _run_sweep_mem,
+}
+
+
+def run_cell(cell: Cell | Mapping[str, Any], cache_dir: str | None = None) -> dict[str, Any]:
+    """Run one cell and return its payload (what ``OUT/cells/<key>.json`` holds).
+
+    Args:
+        cell: A :class:`Cell` or its :meth:`Cell.to_dict` form (what worker processes receive).
+        cache_dir: Placement cache root (None: the bench harness's default).
+
+    Returns:
+        ``{"key", "cell", "records", "wall_s", "version", "finished"}``; every record carries
+        ``figure``, ``cell`` (the key) and the cell's tags.
+    """
+    if not isinstance(cell, Cell):
+        cell = Cell(**cell)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.perf_counter()
+    records = _RUNNERS[cell.kind](cell.params, cache_dir)
+    for rec in records:
+        rec.update({"figure": cell.figure, "cell": cell.key, "kind": cell.kind, **cell.tags})
+    return {"key": cell.key, "cell": cell.to_dict(), "records": records,
+            "wall_s": time.perf_counter() - t0, "version": __version__,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def shrink(cell: Cell) -> Cell:
+    """Return a seconds-sized version of a bench cell (TP and EP only, one seed, one step).
+
+    Used by the tests to run "the smallest cell of a suite" without the placement pipeline.
+    """
+    if cell.kind != "bench":
+        raise ConfigError(f"shrink() takes a bench cell, got kind {cell.kind!r}")
+    params = dict(cell.params)
+    params["config"] = {**params["config"], "steps": 1}
+    params["methods"] = ["tp", "ep"]
+    params["seeds"] = [0]
+    params.pop("placement_from", None)
+    return dataclasses.replace(cell, params=params)
+
+
+# -------------------------------------------------------------------------------------- suites
+METHODS_E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe", "hda-moe")
+
+
+def _mixtral_trace(mixtral_dir: str | None, category: str = "reasoning") -> str | None:
+    if mixtral_dir is None:
+        return None
+    path = Path(mixtral_dir) / f"experts_{category}_mixtral.json"
+    return str(path) if path.exists() else None
+
+
+def _cfg(model: str, trace: str, setting: str, batch: int, conventions: str = "faithful",
+         mesh: str = "4x8", topology: str = "mesh", steps: int = 8,
+         **extra: Any) -> dict[str, Any]:
+    cfg = {"model": model, "trace": trace, "setting": setting, "batch": batch,
+           "conventions": conventions, "mesh": mesh, "topology": topology, "steps": steps}
+    cfg.update(extra)
+    return cfg
+
+
+def _placement_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a bench configuration the placements depend on."""
+    keys = ("model", "trace", "setting", "conventions", "mesh", "topology", "trace_requests")
+    key = {k: cfg[k] for k in keys if k in cfg}
+    trace_kwargs = {k: v for k, v in cfg.get("env_kwargs", {}).items()
+                    if k in ("trace_seed", "trace_tokens", "view")}  # what changes the trace
+    if trace_kwargs:
+        key["env_kwargs"] = trace_kwargs
+    return key
+
+
+def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
+                seeds: Sequence[int] | None = None) -> list[Cell]:
+    """Return the cells of a suite (placement cells first, no duplicates).
+
+    Args:
+        suite: ``"tiny"``, ``"quick"`` or ``"full"``.
+        mixtral_dir: Directory of the real Mixtral traces (``experts_<category>_mixtral.json``);
+            Mixtral cells are left out when it is None or missing.
+        seeds: Episode seeds (default: (0, 1) for quick and full, (0,) for tiny).
+
+    Raises:
+        ConfigError: Unknown suite.
+    """
+    if suite not in SUITES:
+        raise ConfigError(f"unknown suite {suite!r}; expected one of {list(SUITES)}")
+    full = suite == "full"
+    seeds = list(seeds) if seeds is not None else ([0] if suite == "tiny" else [0, 1])
+    cells: list[Cell] = []
+
+    def bench(figure: str, cfg: dict[str, Any], methods: Sequence[str], *,
+              placement: bool = True, keep: Sequence[str] = (), tags: Mapping[str, Any] = (),
+              placement_from: dict[str, Any] | None = None) -> None:
+        needs = placement and any(m not in ("tp", "ep") for m in methods)
+        if needs:
+            src = placement_from if placement_from is not None else cfg
+            cells.append(Cell("placements", "placement", {"config": _placement_key(src)}))
+        params: dict[str, Any] = {"config": cfg, "methods": list(methods), "seeds": seeds}
+        if keep:
+            params["keep"] = list(keep)
+        if placement_from is not None:
+            params["placement_from"] = _placement_key(placement_from)
+        cells.append(Cell(figure, "bench", params, dict(tags)))
+
+    if suite == "tiny":
+        bench("fig10_end_to_end", _cfg("deepseek-v2-lite", "synthetic", "5/50", 8, steps=1,
+                                       trace_requests=16), ("tp", "ep"), placement=False)
+        bench("fig10_end_to_end", _cfg("deepseek-v2-lite", "synthetic", "2.5/75", 8, steps=1,
+                                       trace_requests=16), ("tp", "ep"), placement=False)
+        return _dedupe(cells)
+
+    ds = ("deepseek-v2-lite", "synthetic")
+    models = [ds]
+    mixtral = _mixtral_trace(mixtral_dir)
+    if mixtral is not None:
+        models.append(("mixtral-8x7b", mixtral))
+    if full:
+        models += [("qwen2-57b-a14b", "synthetic"), ("qwen3.5-35b-a3b", "synthetic")]
+    settings = ("2.5/75", "5/50", "10/25")
+    batches = (16, 32, 64, 128) if full else (32, 128)
+    profiles = ("faithful", "paper")
+    steps = 8
+
+    # Fig. 10: end-to-end, every setting and batch; the headline under both profiles
+    for model, trace in models:
+        for setting in settings:
+            for conv in profiles:
+                for batch in (batches if conv == "faithful" or full else (128,)):
+                    keep = ("link_busy_us",) if (setting == "5/50" and batch == 128) else ()
+                    bench("fig10_end_to_end", _cfg(model, trace, setting, batch, conv,
+                                                   steps=steps), METHODS_E2E, keep=keep)
+    # Fig. 11: mesh size at 5/50; Fig. 12: topology at 32 endpoints (5 TFLOPS assumed, §13)
+    scale_models = models if full else [ds]
+    for model, trace in scale_models:
+        for mesh in ("4x4", "8x8"):
+            bench("fig11_mesh", _cfg(model, trace, "5/50", 128, mesh=mesh, steps=steps),
+                  ("tp", "ep", "hybrid", "hd-moe", "hda-moe"))
+        for topo in ("torus", "fattree"):
+            bench("fig12_topology", _cfg(model, trace, "5/50", 128, topology=topo, steps=steps),
+                  ("tp", "ep", "hybrid", "hd-moe", "hda-moe"))
+    # Fig. 20: memory cap (DeepSeek, 5/50, B = 128)
+    cells.append(Cell("fig20_memory_cap", "sweep_mem", {
+        "config": {"model": "deepseek-v2-lite", "trace": "synthetic", "setting": "5/50",
+                   "batch": 128, "conventions": "faithful", "mesh": "4x8"},
+        "rho": [None, 1.5, 1.25, 1.1, 1.02], "layers": None if full else "0-3"}))
+    # Fig. 21: static vs dynamic placement; placement optimised on the seed-0 synthetic trace
+    # (the "reasoning" trace), runtime traces from other seeds (other "categories"); Mixtral:
+    # the real categories
+    dyn_batch = 512 if full else 128
+    runtime: list[tuple[str, str, dict[str, Any], str]] = [
+        (ds[0], "synthetic", {"trace_seed": s}, f"synthetic seed {s}") for s in (1, 2, 3)]
+    if full and mixtral is not None:
+        for category in ("extraction", "humanities", "roleplay", "stem", "writing"):
+            path = _mixtral_trace(mixtral_dir, category)
+            if path is not None:
+                runtime.append(("mixtral-8x7b", path, {}, category))
+    for setting, k_b in (("5/50", 2), ("2.5/75", 5)):
+        for model, trace, env_kwargs, category in runtime:
+            src_trace = mixtral if model == "mixtral-8x7b" else "synthetic"
+            src = _cfg(model, src_trace, setting, 128)
+            cfg = _cfg(model, trace, setting, dyn_batch, steps=steps, k_b=k_b,
+                       env_kwargs=env_kwargs)
+            bench("fig21_dynamic", cfg, ("node-link", "hd-moe"), placement_from=src,
+                  tags={"category": category, "k_b": k_b})
+    # Fig. 22: gating vs batch (DeepSeek, 2.5/75)
+    for batch in ((1, 2, 4, 8, 32, 64, 128) if full else (1, 4, 8, 32, 128)):
+        bench("fig22_gating_batch", _cfg(ds[0], "synthetic", "2.5/75", batch, steps=steps),
+              ("node-link", "hd-moe", "agent:hardware-aware-gating", "hda-moe"))
+    # Fig. 24: sensitivity to r_comp (r_comm = 0) and r_comm (r_comp = -3e4), DeepSeek 2.5/75
+    # B = 32; published units (w = 2·h·I), converted to the profile in the env (÷ m)
+    r_comps = (0.0, -1e4, -3e4, -5e4, -1e5) + ((-2e5,) if full else ())
+    r_comms = (0.0, -0.01, -0.03, -0.06, -0.1) + ((-0.2,) if full else ())
+    sweep = [(rc, 0.0, "r_comp") for rc in r_comps] + [(-3e4, rm, "r_comm") for rm in r_comms]
+    for r_comp, r_comm, axis in sweep:
+        cfg = _cfg(ds[0], "synthetic", "2.5/75", 32, steps=steps,
+                   env_kwargs={"gating_coefficients_published": [r_comp, r_comm]})
+        bench("fig24_sensitivity", cfg, ("node-link", "hda-moe"),
+              tags={"r_comp": r_comp, "r_comm": r_comm, "axis": axis})
+    return _dedupe(cells)
+
+
+def _dedupe(cells: Iterable[Cell]) -> list[Cell]:
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        seen.setdefault(cell.key, cell)
+    ordered = list(seen.values())
+    return [c for c in ordered if c.kind == "placement"] + [
+        c for c in ordered if c.kind != "placement"]
+
+
+# -------------------------------------------------------------------------------------- runner
+@dataclass
+class ReproduceResult:
+    """What :func:`run_suite` did.
+
+    Attributes:
+        out_dir: The output directory.
+        payloads: Cell payloads of every finished cell of the suite, in suite order.
+        computed: Keys of the cells computed in this call.
+        skipped: Keys of the cells found finished (resume).
+        wall_s: Wall time of this call.
+    """
+
+    out_dir: Path
+    payloads: list[dict[str, Any]]
+    computed: list[str]
+    skipped: list[str]
+    wall_s: float
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """All records of the finished cells."""
+        return [r for p in self.payloads for r in p["records"]]
+
+
+def _cell_path(out: Path, key: str) -> Path:
+    return out / "cells" / f"{key}.json"
+
+
+def _read_cell(out: Path, cell: Cell) -> dict[str, Any] | None:
+    path = _cell_path(out, cell.key)
+    if not path.exists():
+        return None
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        log.warning("%s is unreadable; the cell runs again", path)
+        return None
+    if payload.get("key") != cell.key or "records" not in payload:
+        log.warning("%s does not belong to cell %s; it runs again", path, cell.key)
+        return None
+    return payload
+
+
+def write_results_jsonl(path: Path, payloads: Sequence[dict[str, Any]]) -> Path:
+    """Write every record of ``payloads`` as one JSON line, atomically."""
+    from hdamoe_env.fileio import atomic_write
+
+    def write(fh: Any) -> None:
+        for payload in payloads:
+            for rec in payload["records"]:
+                fh.write(json.dumps(rec, default=json_default, sort_keys=True) + "\n")
+
+    atomic_write(path, write, mode="w")
+    return path
+
+
+def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a ``results.jsonl`` (or the ``OUT`` directory holding it)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.jsonl"
+    if not p.exists():
+        raise ConfigError(f"{str(p)!r} does not exist; run `hdamoe reproduce --out DIR` first")
+    records = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            raise ConfigError(f"{p}:{n}: not a JSON line ({exc})") from None
+    return records
+
+
+def _execute(cells: Sequence[Cell], *, workers: int, backend: str, cache_dir: str | None,
+             ray_address: str | None, done: Callable[[dict[str, Any]], None]) -> None:
+    if not cells:
+        return
+    if backend == "ray":
+        try:
+            import ray
+        except ImportError as exc:
+            raise DependencyNotInstalled(
+                "backend='ray' needs Ray (`pip install -c constraints.txt -e '.[ray]'`); or use "
+                "backend='process' (--workers N)") from exc
+        started = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                      "ignore_reinit_error": True}
+            if ray_address:
+                kwargs["address"] = ray_address
+            else:
+                kwargs["num_cpus"] = max(1, workers)
+            ray.init(**kwargs)
+            started = True
+        try:
+            remote = ray.remote(num_cpus=1)(run_cell)
+            pending = [remote.remote(c.to_dict(), cache_dir) for c in cells]
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                done(ray.get(ready[0]))
+        finally:
+            if started:
+                ray.shutdown()
+        return
+    if workers <= 1 or len(cells) == 1:
+        for cell in cells:
+            done(run_cell(cell, cache_dir))
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(run_cell, c.to_dict(), cache_dir) for c in cells]
+        try:
+            for fut in concurrent.futures.as_completed(futures):
+                done(fut.result())
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers: int = 1,
+              backend: str = "process", cache_dir: str | None = None, resume: bool = True,
+              ray_address: str | None = None,
+              on_cell: Callable[[Cell, dict[str, Any], int, int], None] | None = None
+              ) -> ReproduceResult:
+    """Run cells (placements first), writing every finished cell at once; skip finished ones.
+
+    Args:
+        cells: The cells (e.g. :func:`suite_cells`).
+        out_dir: Output directory; ``cells/`` and ``results.jsonl`` are written here.
+        workers: Parallel worker processes, or Ray CPUs of a local Ray instance.
+        backend: ``"process"`` or ``"ray"``.
+        cache_dir: Placement cache root (None: ``$HDAMOE_CACHE_DIR`` or ``~/.cache/hdamoe-env``).
+        resume: Skip cells whose result file is present and belongs to the same cell (default).
+        ray_address: Address of a running Ray cluster (None: start a local instance).
+        on_cell: Called in the parent after every finished cell (cell, payload, done, total).
+
+    Returns:
+        The payloads of every finished cell and the bookkeeping.
+
+    Raises:
+        ConfigError: Unknown backend or bad worker count.
+        DependencyNotInstalled: ``backend="ray"`` without Ray.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}; expected one of {list(BACKENDS)}")
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    by_key = {c.key: c for c in cells}
+    payloads: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    if resume:
+        for cell in cells:
+            found = _read_cell(out, cell)
+            if found is not None:
+                payloads[cell.key] = found
+                skipped.append(cell.key)
+    computed: list[str] = []
+    total = len(cells)
+
+    def ordered() -> list[dict[str, Any]]:
+        return [payloads[c.key] for c in cells if c.key in payloads]
+
+    def done(payload: dict[str, Any]) -> None:
+        key = payload["key"]
+        write_json(_cell_path(out, key), payload)
+        payloads[key] = payload
+        computed.append(key)
+        write_results_jsonl(out / "results.jsonl", ordered())
+        log.info("cell %s (%s) finished in %.1f s", key, by_key[key].label, payload["wall_s"])
+        if on_cell is not None:
+            on_cell(by_key[key], payload, len(payloads), total)
+
+    write_json(out / "suite.json", {"cells": [c.to_dict() | {"key": c.key} for c in cells],
+                                    "version": __version__})
+    for phase in ("placement", None):
+        todo = [c for c in cells if c.key not in payloads
+                and ((c.kind == "placement") == (phase == "placement"))]
+        _execute(todo, workers=workers, backend=backend, cache_dir=cache_dir,
+                 ray_address=ray_address, done=done)
+    write_results_jsonl(out / "results.jsonl", ordered())
+    return ReproduceResult(out, ordered(), computed, skipped, time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``reproduce`` to an argparse subparsers object (``func`` = :func:`cmd_reproduce`)."""
+    p = subparsers.add_parser(
+        "reproduce", help="the paper's evaluation grid, ablations, figures and a report",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--suite", default="quick", choices=SUITES,
+                   help="quick: <= 20 min on 2 cores; full: the whole grid")
+    p.add_argument("--out", required=True, help="output directory (report.md, figures/, "
+                   "results.jsonl, cells/)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="parallel worker processes (or Ray CPUs)")
+    p.add_argument("--backend", default="process", choices=BACKENDS)
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument("--mixtral-dir", default=DEFAULT_MIXTRAL_DIR,
+                   help="directory of the real Mixtral traces experts_<category>_mixtral.json "
+                   "(Mixtral cells are skipped when it is missing)")
+    p.add_argument("--cache-dir", default=None,
+                   help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
+    p.add_argument("--seeds", default=None, help="comma list of episode seeds")
+    p.add_argument("--fresh", action="store_true",
+                   help="ignore finished cells in --out and compute everything again")
+    p.add_argument("--report-only", action="store_true",
+                   help="only (re)write the report from --out/results.jsonl")
+    p.add_argument("--list", action="store_true", help="list the suite's cells and exit")
+    p.set_defaults(func=cmd_reproduce)
+    return p
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Run ``hdamoe reproduce``; return the exit code."""
+    from hdamoe_env import report
+
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"--seeds {args.seeds!r}: expected integers like 0,1") from None
+    mixtral_dir = args.mixtral_dir if args.mixtral_dir and Path(args.mixtral_dir).is_dir() else None
+    if args.mixtral_dir and mixtral_dir is None:
+        print(f"hdamoe reproduce: {args.mixtral_dir!r} not found; Mixtral cells are skipped "
+              "(pass --mixtral-dir DIR)", file=sys.stderr)
+    cells = suite_cells(args.suite, mixtral_dir=mixtral_dir, seeds=seeds)
+    out = Path(args.out)
+    if args.list:
+        for cell in cells:
+            print(f"{cell.key}  {cell.label}")
+        print(f"{len(cells)} cells")
+        return 0
+    command = " ".join(["hdamoe reproduce", f"--suite {args.suite}", f"--out {args.out}"]
+                       + ([f"--mixtral-dir {args.mixtral_dir}"]
+                          if args.mixtral_dir != DEFAULT_MIXTRAL_DIR else [])
+                       + ([f"--seeds {args.seeds}"] if args.seeds else []))
+    if not args.report_only:
+        def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
+            print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
+
+        result = run_suite(cells, out, workers=args.workers, backend=args.backend,
+                           cache_dir=args.cache_dir, resume=not args.fresh,
+                           ray_address=args.ray_address, on_cell=tick)
+        print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
+              f"wall {result.wall_s:.1f} s")
+        meta = {"suite": args.suite, "command": command, "wall_s": result.wall_s,
+                "computed": len(result.computed), "resumed": len(result.skipped),
+                "workers": args.workers, "backend": args.backend}
+        write_json(out / "run.json", meta)
+    path = report.write_report(out, suite=args.suite, command=command)
+    print(f"wrote {path}")
+    return 0
