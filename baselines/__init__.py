@@ -60,6 +60,8 @@ METHODS: dict[str, Method] = {
                            "Node Balance shares with the random mapping π0"),
     "node_link": Method("node_link", "placement.npz", (),
                         "Node Balance + Link Balance (static HD-MoE placement)"),
+    "node_link_raw": Method("node_link_raw", "placement_node_link_raw.npz", (),
+                            "Node Balance + Link Balance without the TP guard (ablations)"),
     "hd_moe": Method("hd_moe", "placement.npz", ("prebroadcast", "dispatch"),
                      "node_link + dynamic scheduling (§10)"),
     "hda_moe": Method("hda_moe", "placement.npz", ("prebroadcast", "dispatch", "gating"),

@@ -36,8 +36,10 @@ Artifacts in the output directory (every file written atomically: temporary file
   ``pi_lb`` Link-Balance mapping, ``pi0``, ``P_hybrid``, ``P_ep``) and ``layer_LLL.json`` (γ fit,
   solver and optimiser records, timings, per-method latencies) for every finished layer;
 * ``placement.npz`` — the merged Node+Link placement (``Placement.save``; layers not placed yet
-  are TP with the identity mapping and listed in ``meta["layers_missing"]``), plus
-  ``placement_node_balance.npz``, ``placement_hybrid.npz`` and ``placement_ep.npz``.
+  are TP with the identity mapping and listed in ``meta["layers_missing"]``; layers where the TP
+  guard kept TP in ``meta["layers_guarded"]``), plus ``placement_node_link_raw.npz`` (Node + Link
+  Balance without the guard, for ablations), ``placement_node_balance.npz``,
+  ``placement_hybrid.npz`` and ``placement_ep.npz``.
 
 ``resume=True`` skips layers whose files exist with the same configuration hash, and refuses to
 continue a directory written with another configuration. Layers run in parallel with
@@ -506,18 +508,22 @@ def _merge(out: Path, outcomes: dict[int, LayerOutcome], model: ModelSpec, D: in
                          for l in range(L)])
 
     arrays = {"node_link": (stack("P", tp), stack("pi", ident)),
+              "node_link_raw": (stack("P_nb", tp), stack("pi_lb", ident)),
               "node_balance": (stack("P_nb", tp), stack("pi0", ident)),
               "hybrid": (stack("P_hybrid", tp), stack(None, ident)),
               "ep": (stack("P_ep", tp), stack("pi0", ident))}
     placed = sorted(outcomes)
     common = {**meta, "layers_placed": placed,
               "layers_missing": [l for l in range(L) if l not in outcomes],
+              "layers_guarded": [l for l in placed
+                                 if outcomes[l].record.get("guard", {}).get("applied")],
               "gammas": {str(l): outcomes[l].record["gamma"]["gamma"] for l in placed},
               "latency_us": {str(l): outcomes[l].record["latency_us"] for l in placed},
               "solver": {str(l): _solver_summary(outcomes[l].record) for l in placed},
               "timings_s": {str(l): outcomes[l].record["timings_s"] for l in placed}}
     result = None
     for name, fname in (("node_link", PLACEMENT_FILE),
+                        ("node_link_raw", "placement_node_link_raw.npz"),
                         ("node_balance", "placement_node_balance.npz"),
                         ("hybrid", "placement_hybrid.npz"), ("ep", "placement_ep.npz")):
         P, pi = arrays[name]

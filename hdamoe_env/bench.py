@@ -13,6 +13,7 @@ Methods (paper-model.md §9, §13 Fig. 10):
 | ``hybrid`` | compute-balanced hybrid TP-EP (§9.3) | NoOp |
 | ``node-balance`` | Node Balance with the random mapping π0 (§7) | NoOp |
 | ``node-link`` | Node + Link Balance (§7–8), static | NoOp |
+| ``node-link-raw`` | the same without the TP guard (ablations; not in the default set) | NoOp |
 | ``hd-moe`` | Node + Link Balance | ``HDMoEAgent``: pre-broadcast + dispatch (§10) |
 | ``hda-moe`` | Node + Link Balance | ``HDAMoEAgent``: + hardware-aware gating (§11) |
 | ``agent:NAME[@placement]`` | node-link unless ``@placement`` | a registered or learned agent |
@@ -113,6 +114,7 @@ US = 1e6
 PLACEMENT_ARTIFACTS: dict[str, str | None] = {
     "tp": None, "ep": None, "hybrid": "placement_hybrid.npz",
     "node_balance": "placement_node_balance.npz", "node_link": "placement.npz",
+    "node_link_raw": "placement_node_link_raw.npz",
 }
 
 #: Budget of the quick offline pipeline used when no placement directory is given [decision]:
@@ -149,12 +151,14 @@ BUILTIN_METHODS: dict[str, MethodSpec] = {
                                "Node Balance with the random mapping (§7)"),
     "node-link": MethodSpec("node-link", "node_link", None,
                             "Node + Link Balance, static (§7–8)"),
+    "node-link-raw": MethodSpec("node-link-raw", "node_link_raw", None,
+                                "Node + Link Balance without the TP guard (ablations)"),
     "hd-moe": MethodSpec("hd-moe", "node_link", "hd-moe",
                          "Node + Link Balance + pre-broadcast + dispatch (§9.4, §10)"),
     "hda-moe": MethodSpec("hda-moe", "node_link", "hda-moe",
                           "HD-MoE + hardware-aware gating (§9.4, §11)"),
 }
-DEFAULT_METHODS: tuple[str, ...] = tuple(BUILTIN_METHODS)
+DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "node-link-raw")
 #: Methods the speed-up columns compare against, in table order.
 SPEEDUP_BASELINES: tuple[str, ...] = ("tp", "ep", "hybrid", "hd-moe")
 
@@ -422,8 +426,9 @@ class PlacementStore:
 
 def _complete_artifact(directory: Path, config_hash: str) -> bool:
     path = directory / "placement.npz"
-    if not path.exists():
-        return False
+    if not path.exists() or not all((directory / a).exists()
+                                    for a in PLACEMENT_ARTIFACTS.values() if a):
+        return False  # an older cache without every artifact: the resumed pipeline merges again
     try:
         meta = Placement.load(path).meta
     except ConfigError:

@@ -295,6 +295,26 @@ def _bal(records: list[dict[str, Any]], cell: str, method: str) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def _guarded(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """``"g/L"``: layers of the cell's placement where the TP guard kept TP (from its record)."""
+    keys = ("model", "setting", "mesh", "topology", "trace")
+    for rec in records:
+        if rec.get("kind") == "placement" and all(
+                str(rec.get(k, "")) == str(meta.get(k, "")) for k in keys) and \
+                rec.get("conventions") == meta.get("profile", meta.get("conventions")):
+            if "layers_guarded" not in rec:
+                return "?"
+            from hdamoe_env.specs import get_model
+
+            return f"{len(rec['layers_guarded'])}/{get_model(rec['model']).num_moe_layers}"
+    return "?"
+
+
+def _lb_method(r: dict[str, Any]) -> str:
+    """The Link-Balance column of the ablation: the unguarded placement when it was measured."""
+    return "node-link-raw" if "node-link-raw" in r else "node-link"
+
+
 def _sec_link_balance(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
     cells = [(m, r) for m, r in cell_tables(records, "fig10_end_to_end")
              if m.get("profile") == "faithful" and m["batch"] == 128
@@ -303,36 +323,42 @@ def _sec_link_balance(records: list[dict[str, Any]], figs: _Figures) -> list[str
         return []
     out = ["## Ablation: Link Balance vs Node Balance alone (paper Figs. 18–19)", "",
            "Profile `faithful`, B = 128, static placements: Node Balance with the random "
-           "physical mapping π0 vs Node + Link Balance (the mapping chosen by local search on "
-           "the DES). Communication = dispatch + combine per decode step (µs); max/mean = "
-           "busiest link ÷ mean link busy time."]
+           "physical mapping π0 vs Node + Link Balance (the same shares with the mapping chosen "
+           "by local search on the DES), both *without* the TP guard (`node-link-raw`), so the "
+           "mapping is all that differs. Communication = dispatch + combine per decode step "
+           "(µs); max/mean = busiest link ÷ mean link busy time (recorded at 5/50 only). "
+           "Guarded = layers where the end-to-end `node-link` placement falls back to TP "
+           "because the static evaluator found TP faster."]
     rows = []
     heat: list[tuple[dict[str, Any], list[float], list[float]]] = []
     for meta, r in cells:
+        lb = _lb_method(r)
         nb = _links(records, meta["cell"], "node-balance")
-        nl = _links(records, meta["cell"], "node-link")
+        nl = _links(records, meta["cell"], lb)
         rows.append([_model(meta), meta["setting"],
                      _f(r["node-balance"]["communication_us"], "{:.1f}"),
-                     _f(r["node-link"]["communication_us"], "{:.1f}"),
-                     _f(r["node-balance"]["communication_us"]
-                        / r["node-link"]["communication_us"]
-                        if r["node-link"]["communication_us"] else float("nan")),
-                     _f(_peak(nb)), _f(_peak(nl)), _f(_speedup(r, "node-link", "node-balance"))])
+                     _f(r[lb]["communication_us"], "{:.1f}"),
+                     _f(r["node-balance"]["communication_us"] / r[lb]["communication_us"]
+                        if r[lb]["communication_us"] else float("nan")),
+                     _f(_peak(nb)), _f(_peak(nl)), _f(_speedup(r, lb, "node-balance")),
+                     _guarded(records, meta)])
         if nb is not None and nl is not None:
             heat.append((meta, nb, nl))
     out += ["", _table(["model", "setting", "comm NB", "comm NB+LB", "comm NB ÷ NB+LB",
-                        "link max/mean NB", "link max/mean NB+LB", "TBT speed-up"], rows)]
+                        "link max/mean NB", "link max/mean NB+LB", "TBT speed-up",
+                        "guarded"], rows)]
     if figs.enabled and heat:
         from hdamoe_env.plots import plot_link_heatmap
         from hdamoe_env.specs import hardware_from_setting
         from hdamoe_env.topology import make_topology
 
         for meta, nb, nl in heat:
+            lb = _lb_method(next(r for m, r in cells if m is meta))
             hw = hardware_from_setting(meta["setting"], meta["mesh"])
             topo = make_topology(meta.get("topology", "mesh"), hw)
             safe = f"{meta['model']}_{meta['setting'].replace('/', '-')}"
             imgs = []
-            for label, busy in (("node-balance", nb), ("node-link", nl)):
+            for label, busy in (("node-balance", nb), (lb, nl)):
                 name = f"fig19_links_{safe}_{label}.png"
                 plot_link_heatmap(topo, busy, figs.dir / name,
                                   title=f"{_model(meta)} {meta['setting']} B=128 {label}: "
@@ -604,7 +630,8 @@ def _claim_link_balance(records: list[dict[str, Any]]) -> tuple[str, str]:
     for profile in ("faithful", "paper"):
         for meta, r in _e2e(records, profile, batch=128):
             if "node-link" in r and "node-balance" in r:
-                a, b = r["node-balance"]["communication_us"], r["node-link"]["communication_us"]
+                lb = _lb_method(r)
+                a, b = r["node-balance"]["communication_us"], r[lb]["communication_us"]
                 ok.append(b < a)
                 ev.append(f"{_model(meta)} {meta['setting']} {profile}: {a:.0f} → {b:.0f} µs")
     if not ok:
@@ -753,8 +780,10 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
             f"Regenerate: `{cmd}` (finished cells in `cells/` are reused; `--fresh` recomputes "
             "everything, `--report-only` rewrites this file).", "",
             f"{len(records)} records from {len(cells)} cells; "
-            + (f"last run wall time {run['wall_s'] / 60:.1f} min with {run.get('workers')} "
-               f"worker(s), backend {run.get('backend')}; " if run.get("wall_s") else "")
+            + (f"last run: {run.get('computed', '?')} cell(s) computed, "
+               f"{run.get('resumed', '?')} resumed from `cells/`, wall time "
+               f"{run['wall_s'] / 60:.1f} min with {run.get('workers')} worker(s), backend "
+               f"{run.get('backend')}; " if run.get("wall_s") else "")
             + f"written {time.strftime('%Y-%m-%d')}. Raw records: `results.jsonl` (one JSON "
             "object per method × seed × cell). Profiles: `faithful` is the physically "
             "consistent default, `paper` the journal code's conventions (paper-model.md §4); "

@@ -151,7 +151,7 @@ def _run_placement(params: Mapping[str, Any], cache_dir: str | None) -> list[dic
         from hdamoe_env.placement import Placement
 
         meta = {k: v for k, v in Placement.load(run).meta.items()
-                if k in ("trace_id", "config_hash", "layers_missing")}
+                if k in ("trace_id", "config_hash", "layers_missing", "layers_guarded")}
     layer_s = []
     for f in sorted(Path(directory).glob("layer_*.json")):
         try:
@@ -251,7 +251,8 @@ def shrink(cell: Cell) -> Cell:
 
 
 # -------------------------------------------------------------------------------------- suites
-METHODS_E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe", "hda-moe")
+METHODS_E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "node-link-raw", "hd-moe",
+               "hda-moe")
 
 
 def _mixtral_trace(mixtral_dir: str | None, category: str = "reasoning") -> str | None:
