@@ -37,6 +37,11 @@ Decisions:
   used in training (training episodes are seeded by SB3 from ``seed``). For a real trace, pass
   ``eval_trace`` (e.g. another category); without it the same trace is used with unseen
   episode seeds, and the table says so.
+* [decision] ``action_mode="residual"`` (:class:`ResidualHDA`) acts as a deviation from the
+  greedy HDA-MoE action of the layer; value 0 of every dimension is "keep" and its logit starts
+  biased (:data:`RESIDUAL_KEEP_LOGIT`), so an untrained policy equals HDA-MoE. Every lever acts on
+  the layer it is chosen for, so ``gamma = 0`` (a per-layer bandit) is the recommended setting
+  (docs/results/learned/README.md: with 0.99 nothing was learned in 20 k steps).
 """
 
 from __future__ import annotations
@@ -231,7 +236,7 @@ def _env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict
     return kwargs
 
 
-ACTION_MODES: tuple[str, ...] = ("ranked", "full")
+ACTION_MODES: tuple[str, ...] = ("ranked", "full", "residual")
 
 
 def ranked_candidates(pred_load: NDArray[Any], allowed: NDArray[np.bool_],
@@ -329,6 +334,171 @@ def _wrap_ranked(env: Any, num_candidates: int) -> Any:
     return _Ranked(env)
 
 
+# --------------------------------------------------------------------- residual action mode
+#: Broadcast operations of the residual action (dimension 0), applied to the greedy's set.
+RESIDUAL_OPS: tuple[str, ...] = ("keep", "drop_last", "drop_all", "swap_last")
+#: Logit added to the "keep the greedy's choice" value of every residual dimension at
+#: initialisation, so that an untrained policy acts like HDA-MoE (p(keep) ≈ 0.7–0.9).
+RESIDUAL_KEEP_LOGIT = 2.0
+
+
+@dataclass(frozen=True)
+class ResidualChoice:
+    """The greedy reference's decision for one layer and the deviations it admits.
+
+    Attributes:
+        base: int64 [max_broadcast + 2] the reference agent's (HDA-MoE's) action.
+        slots: Per broadcast op of :data:`RESIDUAL_OPS`, the expert list it yields, or None when
+            the op is unavailable (nothing to drop or swap) or equal to an earlier op.
+        mask: bool [4 + R + G] mask of the residual action (model space).
+    """
+
+    base: NDArray[np.int64]
+    slots: tuple[tuple[int, ...] | None, ...]
+    mask: NDArray[np.bool_]
+
+
+class ResidualHDA:
+    """Residual action design: HDA-MoE's greedy decision plus a learned deviation.
+
+    The policy acts in ``MultiDiscrete([4, R, G])`` (R dispatch rules, G gating levels):
+
+    * dimension 0, the broadcast op on the greedy pre-broadcast set of the layer (§10.5):
+      ``keep`` it, ``drop_last`` pick, ``drop_all`` (no broadcast), or ``swap_last`` pick for
+      the next expert the greedy priority would choose;
+    * dimension 1, a dispatch-rule offset: rule (greedy's + v) mod R;
+    * dimension 2, a gating-level offset: level index (greedy's + v) mod G.
+
+    Value 0 of every dimension reproduces the reference agent's action exactly, and
+    :func:`train` biases those logits by :data:`RESIDUAL_KEEP_LOGIT`, so learning starts at the
+    greedy agent's performance and explores deviations from it. The env's mask is mapped onto
+    the residual space (unavailable or redundant ops masked; "keep" always allowed).
+
+    Args:
+        reference: The greedy agent (an ``agents.composite.CompositeAgent``, by default
+            HDA-MoE built from the env's specs) whose action is the residual's origin.
+        num_nodes: D, to reshape a flat ``replicas`` observation to [E, D].
+    """
+
+    def __init__(self, reference: Any, num_nodes: int) -> None:
+        self.reference = reference
+        self.layout: ActionLayout = reference.layout
+        self.num_nodes = int(num_nodes)
+        lay = self.layout
+        self.nvec = np.array([len(RESIDUAL_OPS), len(lay.dispatch_rules),
+                              len(lay.gating_levels)], dtype=np.int64)
+
+    @classmethod
+    def from_env(cls, env: Any) -> ResidualHDA:
+        """Build the residual design with HDA-MoE from an ``HdMoeEnv``'s specs."""
+        from agents.composite import HDAMoEAgent
+
+        base = getattr(env, "unwrapped", env)
+        return cls(HDAMoEAgent.from_env(base), int(base.num_nodes))
+
+    def _observation(self, observation: dict[str, Any]) -> dict[str, NDArray[Any]]:
+        obs = dict(observation)
+        obs["replicas"] = np.asarray(observation["replicas"]).reshape(
+            self.layout.num_experts, self.num_nodes)
+        return obs
+
+    def choose(self, observation: dict[str, Any],
+               full_mask: NDArray[np.bool_] | None) -> ResidualChoice:
+        """Return the reference decision and the residual options for one raw observation.
+
+        Args:
+            observation: One (unbatched, unnormalised) ``HdMoE-v0`` observation.
+            full_mask: The env's flat ``action_masks()`` (None: everything allowed).
+        """
+        lay = self.layout
+        obs = self._observation(observation)
+        parts = None if full_mask is None else lay.split_mask(full_mask)
+        base = np.asarray(self.reference.act(obs, parts), dtype=np.int64)
+        keep = tuple(int(e) for e in base[: lay.max_broadcast] if int(e) != lay.none)
+        swap: tuple[int, ...] | None = None
+        broadcaster = getattr(self.reference, "broadcast", None)
+        if keep and broadcaster is not None and len(keep) < lay.num_experts:
+            wider = dict(obs, budget=np.array([(len(keep) + 1) / max(1, lay.max_broadcast)],
+                                              dtype=np.float32))
+            if len(keep) + 1 <= lay.max_broadcast:
+                ext = broadcaster.choose_broadcast(wider, None)
+            else:
+                ext = []
+            cand = [e for e in ext if e not in keep]
+            if cand and (parts is None or parts[len(keep) - 1][cand[0]]):
+                swap = (*keep[:-1], int(cand[0]))
+        slots = (keep, keep[:-1] if keep else None, () if len(keep) >= 2 else None, swap)
+        mask = np.zeros(int(self.nvec.sum()), dtype=bool)
+        mask[: len(RESIDUAL_OPS)] = [s is not None for s in slots]
+        r0, g0 = int(base[-2]), int(base[-1])
+        n_r, n_g = int(self.nvec[1]), int(self.nvec[2])
+        rules = np.ones(n_r, dtype=bool) if parts is None else parts[-2]
+        levels = np.ones(n_g, dtype=bool) if parts is None else parts[-1]
+        off = len(RESIDUAL_OPS)
+        mask[off: off + n_r] = [bool(rules[(r0 + v) % n_r]) for v in range(n_r)]
+        mask[off + n_r:] = [bool(levels[(g0 + v) % n_g]) for v in range(n_g)]
+        return ResidualChoice(base, slots, mask)
+
+    def to_full(self, action: NDArray[Any], choice: ResidualChoice) -> NDArray[np.int64]:
+        """Translate a residual action into an ``HdMoE-v0`` action (unavailable op → keep)."""
+        lay = self.layout
+        a = np.asarray(action, dtype=np.int64).reshape(-1)
+        chosen = choice.slots[int(a[0])] if 0 <= int(a[0]) < len(choice.slots) else None
+        if chosen is None:
+            chosen = choice.slots[0]
+        full = np.full(lay.max_broadcast + 2, lay.none, dtype=np.int64)
+        full[: len(chosen)] = chosen
+        full[-2] = (int(choice.base[-2]) + int(a[1])) % int(self.nvec[1])
+        full[-1] = (int(choice.base[-1]) + int(a[2])) % int(self.nvec[2])
+        return full
+
+
+def _wrap_residual(env: Any) -> Any:
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    class _Residual(gym.Wrapper):  # type: ignore[misc]
+        def __init__(self, env: Any) -> None:
+            super().__init__(env)
+            self.residual = ResidualHDA.from_env(env)
+            self.action_space = spaces.MultiDiscrete(self.residual.nvec)
+            self._choice: ResidualChoice | None = None
+
+        def _update(self, obs: Any) -> None:
+            self._choice = self.residual.choose(obs, self.env.unwrapped.action_masks())
+
+        def reset(self, **kwargs: Any) -> Any:
+            obs, info = self.env.reset(**kwargs)
+            self._update(obs)
+            return obs, info
+
+        def action_masks(self) -> NDArray[np.bool_]:
+            assert self._choice is not None
+            return self._choice.mask.copy()
+
+        def step(self, action: Any) -> Any:
+            assert self._choice is not None
+            full = self.residual.to_full(action, self._choice)
+            obs, reward, terminated, truncated, info = self.env.step(full)
+            info["residual_deviation"] = bool(np.any(np.asarray(action) != 0))
+            if not (terminated or truncated):
+                self._update(obs)
+            return obs, reward, terminated, truncated, info
+
+    return _Residual(env)
+
+
+def _bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
+    """Add ``logit`` to the action-net bias of value 0 of every dimension (residual start)."""
+    import torch
+
+    starts = np.concatenate([[0], np.cumsum(np.asarray(nvec))[:-1]]).astype(int)
+    with torch.no_grad():
+        bias = model.policy.action_net.bias
+        for s in starts:
+            bias[int(s)] += float(logit)
+
+
 @dataclass
 class _EnvFactory:
     """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker)."""
@@ -345,6 +515,8 @@ class _EnvFactory:
         env = HdMoeEnv(**self.kwargs)
         if self.action_mode == "ranked":
             env = _wrap_ranked(env, self.num_candidates)
+        elif self.action_mode == "residual":
+            env = _wrap_residual(env)
         return Monitor(env)
 
 
@@ -358,7 +530,8 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
         n_envs: Number of env copies.
         seed: Seed of the vector env (copy i gets seed + i on its first reset).
         start_method: ``multiprocessing`` start method of ``SubprocVecEnv`` (None: SB3's).
-        action_mode: ``"full"`` (the env's action) or ``"ranked"`` (:class:`RankedBroadcast`).
+        action_mode: ``"full"`` (the env's action), ``"ranked"`` (:class:`RankedBroadcast`) or
+            ``"residual"`` (:class:`ResidualHDA`).
         num_candidates: K of the ranked action.
 
     Returns:
@@ -470,6 +643,17 @@ def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
     return None if best is None else best[1]
 
 
+def _layout_meta(venv: Any) -> dict[str, Any]:
+    """Return the env's action layout and node count (``learned.json``, for loading)."""
+    base = venv.envs[0].unwrapped if hasattr(venv, "envs") else None
+    if base is None:
+        return {}
+    lay = ActionLayout.from_env(base)
+    return {"num_experts": lay.num_experts, "max_broadcast": lay.max_broadcast,
+            "dispatch_rules": list(lay.dispatch_rules), "gating_levels": list(lay.gating_levels),
+            "num_nodes": int(base.num_nodes)}
+
+
 # ----------------------------------------------------------------------------------- train
 def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           timesteps: int = 10_000, n_envs: int = 1, seed: int = 0,
@@ -480,7 +664,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           eval_steps: int = 16, eval_fidelities: Sequence[str] | None = None,
           eval_trace: Any = None, eval_baselines: Sequence[str] | None = None,
           threads: int = 1, start_method: str | None = None, progress: bool = False,
-          action_mode: str = "ranked", num_candidates: int = 4) -> Path:
+          action_mode: str = "ranked", num_candidates: int = 4,
+          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT) -> Path:
     """Train a policy for ``HdMoE-v0`` and save it (and its held-out evaluation) in ``out_dir``.
 
     Args:
@@ -509,8 +694,11 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         start_method: ``SubprocVecEnv`` start method.
         progress: SB3 progress bar.
         action_mode: ``"ranked"`` (default, :class:`RankedBroadcast`: slot = rank among the
-            ``num_candidates`` most-loaded predicted experts) or ``"full"`` (expert ids).
+            ``num_candidates`` most-loaded predicted experts), ``"full"`` (expert ids) or
+            ``"residual"`` (:class:`ResidualHDA`: HDA-MoE's action + a learned deviation; the
+            policy starts biased towards "no deviation" by ``residual_keep_logit``).
         num_candidates: K of the ranked action.
+        residual_keep_logit: Initial logit bonus of "keep the greedy's choice" (residual mode).
 
     Returns:
         The path of the saved model (``out_dir/model.zip``).
@@ -581,6 +769,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     else:
         model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
                     verbose=0, device="cpu", **_model_kwargs(hp))
+        if action_mode == "residual" and residual_keep_logit:
+            _bias_keep(model, venv.action_space.nvec, residual_keep_logit)
     start_steps = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - start_steps)
     if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode
@@ -603,8 +793,13 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
         "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
         "num_candidates": num_candidates, "complete": True,
+        "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,
+        "layout": _layout_meta(venv),
         "norm_obs_keys": list(vecnorm.norm_obs_keys) if vecnorm is not None else [],
-        "env_kwargs": _jsonable(user_kwargs), "train_env_kwargs": _jsonable(env_args),
+        "env_kwargs": _jsonable(user_kwargs),
+        "train_env_kwargs": _jsonable({k: (v if k != "placement" or isinstance(v, str) else
+                                           f"<Placement {getattr(v, 'method', '?')}>")
+                                       for k, v in env_args.items()}),
         "num_timesteps": int(model.num_timesteps), "resumed_from": str(ckpt) if ckpt else None,
         "resumed_at": start_steps if ckpt else None, "wall_s": wall,
         "steps_per_s": (int(model.num_timesteps) - start_steps) / wall if wall > 0 else None,
@@ -633,7 +828,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         to_dict = getattr(value, "to_dict", None)
-        return to_dict() if to_dict else dataclasses.asdict(value)
+        return _jsonable(to_dict() if to_dict else dataclasses.asdict(value))
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -678,13 +873,47 @@ class LearnedAgent:
         nvec = np.asarray(model.action_space.nvec)
         self.action_mode = self.meta.get("action_mode", "full")
         self.num_candidates = int(self.meta.get("num_candidates", int(nvec[0]) - 1))
-        num_experts = (self._shapes["pred_load"][0] if self.action_mode == "ranked"
-                       else int(nvec[0]) - 1)
-        #: Layout of the env's (full) action; the model acts in the ranked space if so trained.
-        self.layout = ActionLayout(int(num_experts), int(nvec.size) - 2,
-                                   tuple(f"rule{i}" for i in range(int(nvec[-2]))),
-                                   tuple(float(i) for i in range(int(nvec[-1]))))
+        saved = self.meta.get("layout") or {}
+        if self.action_mode == "residual":
+            if not saved:
+                raise ConfigError("a residual-mode learned agent needs the action layout of "
+                                  "its learned.json; retrain or pass the run directory")
+            self.layout = ActionLayout(int(saved["num_experts"]), int(saved["max_broadcast"]),
+                                       tuple(saved["dispatch_rules"]),
+                                       tuple(saved["gating_levels"]))
+        else:
+            num_experts = (self._shapes["pred_load"][0] if self.action_mode == "ranked"
+                           else int(nvec[0]) - 1)
+            #: Layout of the env's (full) action; the model may act in the ranked space.
+            self.layout = ActionLayout(int(num_experts), int(nvec.size) - 2,
+                                       tuple(f"rule{i}" for i in range(int(nvec[-2]))),
+                                       tuple(float(i) for i in range(int(nvec[-1]))))
         self._masked = self.algo == "maskable-ppo"
+        self._residual: ResidualHDA | None = None
+
+    def bind(self, env: Any) -> None:
+        """Use ``env``'s specs for the greedy reference of a residual-mode agent (else no-op)."""
+        if self.action_mode == "residual":
+            self._residual = ResidualHDA.from_env(env)
+
+    def residual_design(self) -> ResidualHDA:
+        """Return the :class:`ResidualHDA` of a residual-mode agent (built from ``learned.json``
+        unless :meth:`bind` gave an env)."""
+        if self._residual is None:
+            from agents.composite import HDAMoEAgent
+            from hdamoe_env.specs import ModelSpec, hardware_from_setting
+
+            kw = self.meta.get("env_kwargs", {})
+            model = kw.get("model", "deepseek-v2-lite")
+            model = ModelSpec.from_dict(model) if isinstance(model, dict) else model
+            lay = self.layout
+            ref = HDAMoEAgent(model, hardware_from_setting(kw.get("setting", "5/50"),
+                                                           kw.get("mesh", "4x8")),
+                              kw.get("conventions", "faithful"), batch=int(kw.get("batch", 128)),
+                              max_broadcast=lay.max_broadcast, dispatch_rules=lay.dispatch_rules,
+                              gating_levels=lay.gating_levels)
+            self._residual = ResidualHDA(ref, int(self.meta["layout"]["num_nodes"]))
+        return self._residual
 
     def _prepare(self, observation: dict[str, Any]) -> tuple[dict[str, NDArray[Any]], bool]:
         batched = np.asarray(observation["budget"]).ndim > 1       # budget is [1] per env
@@ -719,7 +948,16 @@ class LearnedAgent:
         masks = (None if action_masks is None else
                  np.asarray(action_masks, dtype=bool).reshape(n, -1))
         kwargs: dict[str, Any] = {}
-        if self._masked and masks is not None:
+        choices: list[ResidualChoice] = []
+        if self.action_mode == "residual":
+            design = self.residual_design()
+            for i in range(n):
+                row = {k: (np.asarray(v)[i] if batched else v) for k, v in observation.items()}
+                choices.append(design.choose(row, None if masks is None else masks[i]))
+            if self._masked:
+                model_masks = np.stack([c.mask for c in choices])
+                kwargs["action_masks"] = model_masks if batched else model_masks[0]
+        elif self._masked and masks is not None:
             model_masks = masks if self.action_mode == "full" else np.stack(
                 [ranked_mask(masks[i], lay, K, pred[i]) for i in range(n)])
             kwargs["action_masks"] = model_masks if batched else model_masks[0]
@@ -728,8 +966,12 @@ class LearnedAgent:
         rows = []
         for i in range(n):
             mask_i = None if masks is None else masks[i]
-            full = action[i] if self.action_mode == "full" else ranked_to_full(
-                action[i], lay, K, pred[i], mask_i)
+            if self.action_mode == "residual":
+                full = self.residual_design().to_full(action[i], choices[i])
+            elif self.action_mode == "full":
+                full = action[i]
+            else:
+                full = ranked_to_full(action[i], lay, K, pred[i], mask_i)
             rows.append(self._coerce(full, mask_i, float(budget[i])))
         return (np.stack(rows) if batched else rows[0]), state
 
@@ -806,6 +1048,7 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
         vecnorm.training = False
     agent = LearnedAgent(model, vecnorm, meta, model_path)
     if env is not None:
+        agent.bind(env)
         nvec = np.asarray(getattr(env, "unwrapped", env).action_space.nvec)
         if not np.array_equal(nvec, agent.layout.nvec):
             raise ConfigError(f"the learned agent at {str(path)!r} was trained for actions "
@@ -1069,6 +1312,9 @@ def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--placement", default=None,
                    help="tp | ep | node_link | hybrid | node_balance (default ep)")
     p.add_argument("--placement-dir", default=None, help="`hdamoe place` output directory")
+    p.add_argument("--gating-levels", default=None,
+                   help="comma list of gating levels of the action, index 0 = off (default "
+                   "0,0.5,1,2); every compared method runs on the same env")
 
 
 def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None
@@ -1082,6 +1328,13 @@ def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
         value = getattr(args, attr, None)
         if value is not None:
             kwargs[key] = value
+    levels = getattr(args, "gating_levels", None)
+    if levels is not None:
+        try:
+            kwargs["gating_levels"] = [float(v) for v in levels.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"--gating-levels {levels!r}: expected numbers like "
+                              "0,0.5,1,2") from None
     if "placement_dir" in kwargs:          # a bench field, not an HdMoeEnv argument
         kwargs.setdefault("placement", "node_link")
     return kwargs
@@ -1097,7 +1350,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--timesteps", type=int, default=10_000, help="total env steps")
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
-                   "expert ids")
+                   "expert ids; residual: HDA-MoE's action + a learned deviation")
+    p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
+                   help="residual mode: initial logit bonus of 'keep the greedy's choice'")
     p.add_argument("--candidates", type=int, default=4, help="K of the ranked action")
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
@@ -1153,7 +1408,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                  hyperparams=_parse_hp(args.hp), evaluate_after=not args.no_eval,
                  eval_seeds=_seeds(args.eval_seeds), eval_steps=args.eval_steps,
                  eval_trace=args.eval_trace, progress=args.progress,
-                 action_mode=args.action_mode, num_candidates=args.candidates)
+                 action_mode=args.action_mode, num_candidates=args.candidates,
+                 residual_keep_logit=args.keep_logit)
     meta = json.loads((Path(args.out) / META_FILE).read_text())
     print(f"hdamoe train: {meta['algo']} {meta['num_timesteps']} steps on {args.fidelity} "
           f"({meta['steps_per_s'] or 0:.0f} steps/s, training wall {meta['wall_s']:.1f} s) "

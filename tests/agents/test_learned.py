@@ -210,3 +210,48 @@ def test_cli_parsers(env_kwargs, tmp_path, capsys):
 def test_subproc_vec_env(env_kwargs, tmp_path):
     _train(env_kwargs, tmp_path, timesteps=256, n_envs=2)
     assert json.loads((tmp_path / "learned.json").read_text())["n_envs"] == 2
+
+
+def test_residual_action_mode(env_kwargs, tmp_path, make_tiny_env):
+    """Residual action: value 0 = HDA-MoE's action; an untrained (biased) policy acts like it."""
+    from agents import ActionLayout, HDAMoEAgent
+
+    env = make_tiny_env(flatten_replicas=True)
+    design = learned.ResidualHDA.from_env(env)
+    ref = HDAMoEAgent.from_env(make_tiny_env())
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(ActionLayout.from_env(env).noop())                    # reach layer 1
+    choice = design.choose(obs, env.action_masks())
+    obs2 = dict(obs, replicas=obs["replicas"].reshape(4, -1))
+    expected = ref.predict(obs2, action_masks=env.action_masks())[0]
+    assert design.to_full(np.zeros(3, dtype=np.int64), choice).tolist() == expected.tolist()
+    keep = choice.slots[0]
+    assert len(keep) == 2 and choice.mask[:4].tolist() == [True, True, True, choice.slots[3] is not None]
+    assert design.to_full(np.array([1, 0, 0]), choice)[:2].tolist() == [keep[0], 4]
+    assert design.to_full(np.array([2, 1, 1]), choice).tolist()[:2] == [4, 4]
+    if choice.slots[3] is not None:                  # swap: the next greedy pick replaces the last
+        swapped = design.to_full(np.array([3, 0, 0]), choice)[:2].tolist()
+        assert swapped[0] == keep[0] and swapped[1] not in keep
+    assert design.to_full(np.array([2, 1, 1]), choice)[-1] == (int(expected[-1]) + 1) % 4
+    # timesteps=0: the saved policy is the biased initialisation, i.e. exactly HDA-MoE
+    _train(env_kwargs, tmp_path, timesteps=0, action_mode="residual")
+    meta = json.loads((tmp_path / "learned.json").read_text())
+    assert meta["action_mode"] == "residual" and meta["layout"]["num_nodes"] == 4
+    agent = learned.load_agent(tmp_path, env=make_tiny_env())
+    unbound = learned.load_agent(tmp_path)                  # reference rebuilt from learned.json
+    strict = make_tiny_env()
+    obs, _ = strict.reset(seed=5)
+    done = False
+    while not done:
+        act = agent.predict(obs, action_masks=strict.action_masks())[0]
+        assert act.tolist() == ref.predict(obs, action_masks=strict.action_masks())[0].tolist()
+        assert unbound.predict(obs, action_masks=strict.action_masks())[0].tolist() == act.tolist()
+        obs, _, term, trunc, _ = strict.step(act)
+        done = term or trunc
+    # and it trains (resume keeps the mode) and runs on the bench's strict env
+    _train(env_kwargs, tmp_path / "t", timesteps=128, action_mode="residual")
+    from hdamoe_env.bench import resolve_agent
+
+    agent = resolve_agent(str(tmp_path / "t"), make_tiny_env())
+    obs, _ = strict.reset(seed=6)
+    strict.step(agent.predict(obs, action_masks=strict.action_masks())[0])
