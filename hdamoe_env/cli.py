@@ -1,7 +1,8 @@
 """Command-line interface ``hdamoe`` (application layer, style.md §2).
 
 Subcommands: ``simulate`` (per-layer latency and TBT of TP/EP or a saved placement),
-``bench-sim`` (DES kernel vs oracle speed), ``traces stats|gen|convert``, and, when their extras
+``bench-sim`` (DES kernel vs oracle speed), ``traces stats|gen|convert`` and
+``traces train-tiny|record|fidelity`` (real routing, ``hdamoe_env.record_cli``), and, when their extras
 are installed, the offline placement commands. Heavy dependencies are imported inside the
 subcommand that needs them.
 """
@@ -294,8 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--out", required=True)
     conv.set_defaults(func=cmd_traces_convert)
 
+    _add_record_commands(tsub)
+
     _add_optional_commands(sub)
     return parser
+
+
+def _add_record_commands(tsub: Any) -> None:
+    """Add ``traces train-tiny|record|fidelity`` (issue 7; torch/transformers imported lazily)."""
+    from hdamoe_env import record_cli
+
+    record_cli.add_record_parsers(tsub)
 
 
 def _add_optional_commands(sub: Any) -> None:

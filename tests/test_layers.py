@@ -10,9 +10,10 @@ LAYER = {"traces": 0, "hdamoe_env.errors": 1, "hdamoe_env.specs": 1, "hdamoe_env
          "hdamoe_env.scheduling": 5, "hdamoe_env.simulator": 6,
          "hdamoe_env.env": 7, "baselines": 8, "agents": 8, "hdamoe_env.bench": 9,
          "hdamoe_env.tb": 9, "hdamoe_env.cli": 9, "hdamoe_env.simbench": 9,
+         "hdamoe_env.record_cli": 9,
          "hdamoe_env.plots": 9}
 HEAVY = ("gymnasium", "torch", "stable_baselines3", "sb3_contrib", "pulp", "skopt", "highspy",
-         "scipy", "tensorboard", "tensorboardX", "matplotlib")
+         "scipy", "tensorboard", "tensorboardX", "matplotlib", "transformers")
 
 
 def _layer_of(module: str) -> int | None:

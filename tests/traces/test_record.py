@@ -1,0 +1,258 @@
+"""Recording real routing from a transformers MoE model, gating inside it, fidelity metrics.
+
+Uses a randomly initialised tiny Mixtral-config model (no download, no training).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the [record] extra (torch) is not installed")
+transformers = pytest.importorskip(
+    "transformers", reason="the [record] extra (transformers) is not installed")
+
+import traces  # noqa: E402
+from traces import fidelity, record  # noqa: E402
+from traces.tiny_model import ByteTokenizer, TinyModelSpec, tiny_config  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _random_model(layers: int = 3, seed: int = 0):
+    spec = TinyModelSpec(hidden_size=32, intermediate_size=48, num_layers=layers, num_heads=2,
+                         num_kv_heads=1, max_positions=256)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.MixtralForCausalLM(tiny_config(spec))
+        gen = torch.Generator().manual_seed(seed)
+        for module in model.modules():   # spread the router scores: no near-ties
+            if type(module).__name__ == "MixtralTopKRouter":
+                module.weight.data = torch.randn(module.weight.shape, generator=gen)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _random_model()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ByteTokenizer()
+
+
+PROMPTS = ["def add(a, b):\n    return a + b\n", "import os\nprint(os.getcwd())"]
+
+
+@pytest.fixture(scope="module")
+def trace(model, tok):
+    return record.record_generate(model, tok, PROMPTS, max_new_tokens=6)
+
+
+def _router_topk(model, ids):
+    out = model(input_ids=torch.tensor([ids]), output_router_logits=True, use_cache=False)
+    k = model.config.num_experts_per_tok
+    return [torch.topk(torch.softmax(r.float(), -1), k, dim=-1).indices.numpy()
+            for r in out.router_logits]
+
+
+def test_trace_structure(trace, tok):
+    L, T, k = trace.topk_ids.shape
+    assert (L, k) == (3, 2) and trace.num_experts == 8 and trace.meta["J"] == 2
+    assert trace.meta["score_kind"] == "softmax_all" and trace.meta["ids_rank_ordered"]
+    lengths = [len(tok.encode(p)) for p in PROMPTS]
+    assert T == sum(n + 6 - 1 for n in lengths)
+    assert np.array_equal(np.unique(trace.req_id), [0, 1])
+    first = trace.req_id == 0
+    assert (trace.phase[first][: lengths[0]] == 0).all()
+    assert (trace.phase[first][lengths[0]:] == 1).all()
+    assert (trace.pred_ids[0] == -1).all() and (trace.pred_ids[1:] >= 0).all()
+    scores = trace.cand_scores.astype(np.float64)
+    assert (np.diff(scores, axis=2) <= 1e-7).all()        # candidates in rank order
+
+
+def test_ids_match_router_topk(model, tok, trace):
+    k = trace.top_k
+    for r, prompt in enumerate(PROMPTS):
+        ids = tok.encode(prompt)
+        rows = np.flatnonzero(trace.req_id == r)
+        ref = _router_topk(model, ids)
+        for layer in range(trace.num_layers):
+            got = trace.topk_ids[layer, rows[: len(ids)]]
+            np.testing.assert_array_equal(np.sort(got, 1), np.sort(ref[layer], 1))
+            np.testing.assert_array_equal(got, ref[layer])       # rank order too
+        assert trace.topk_ids.shape[2] == k
+
+
+def test_decode_rows_match_full_forward(model, tok, trace):
+    """Decode rows (KV cache) agree with a cache-free forward pass of the generated sequence."""
+    for r, prompt in enumerate(PROMPTS):
+        ids = tok.encode(prompt)
+        rows = np.flatnonzero(trace.req_id == r)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                             pad_token_id=tok.pad_id, eos_token_id=tok.eos_id)
+        full = out[0, :-1].tolist()
+        assert len(full) == rows.size
+        ref = _router_topk(model, full)
+        for layer in range(trace.num_layers):
+            same = (np.sort(trace.topk_ids[layer, rows], 1) == np.sort(ref[layer], 1)).all(1)
+            assert same.mean() >= 0.95
+
+
+def test_next_layer_prediction_is_next_router_on_router_input(model, tok, trace):
+    captured = {}
+    layers = model.model.layers
+    handles = [layers[i].post_attention_layernorm.register_forward_hook(
+        lambda m, a, o, i=i: captured.__setitem__(i, o.detach()[0])) for i in range(len(layers))]
+    try:
+        ids = tok.encode(PROMPTS[0])
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    rows = np.flatnonzero(trace.req_id == 0)[: len(ids)]
+    k = trace.top_k
+    for layer in range(trace.num_layers - 1):
+        w_next = layers[layer + 1].mlp.gate.weight
+        probs = torch.softmax(captured[layer] @ w_next.T, dim=-1)
+        pred = torch.topk(probs, k, dim=-1).indices.numpy()
+        np.testing.assert_array_equal(trace.pred_ids[layer + 1, rows], pred)
+    acc = record.prediction_accuracy(trace)
+    assert np.isnan(acc["overlap"][0]) and all(0 <= v <= 1 for v in acc["overlap"][1:])
+
+
+def test_save_load_roundtrip_and_stats(tmp_path, trace):
+    path = traces.save(trace, tmp_path / "rec.hdtrace.npz")
+    back = traces.load(path)
+    assert back.trace_id == trace.trace_id
+    stats = traces.trace_stats(back, view="raw", B=4, rng_seed=0)
+    assert stats
+
+
+def test_policy_identity_and_weights(model, tok):
+    """An identity policy reproduces the logits; the original weights reach the experts."""
+    ids = torch.tensor([tok.encode(PROMPTS[0])])
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+        with record.RoutingRecorder(model, policy=lambda layer, s, orig: orig):
+            same = model(input_ids=ids, use_cache=False).logits
+        swapped = lambda layer, s, orig: orig[:, ::-1].copy()  # noqa: E731 same set, other order
+        with record.RoutingRecorder(model, policy=swapped):
+            perm = model(input_ids=ids, use_cache=False).logits
+    assert torch.equal(ref, same)
+    torch.testing.assert_close(ref, perm, rtol=1e-5, atol=1e-5)
+
+
+def test_expert_output_reconstructs_block(model, tok):
+    ids = torch.tensor([tok.encode(PROMPTS[1])])
+    block = model.model.layers[1].mlp
+    seen = {}
+    h1 = block.gate.register_forward_hook(lambda m, a, o: seen.update(x=a[0], o=o))
+    h2 = block.register_forward_hook(lambda m, a, o: seen.update(y=o))
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+        _, w, idx = seen["o"]
+        x = seen["x"].reshape(-1, 32)
+        y = torch.zeros_like(x)
+        for slot in range(idx.shape[1]):
+            for e in range(8):
+                rows = idx[:, slot] == e
+                if rows.any():
+                    y[rows] += w[rows, slot, None] * fidelity.expert_output(block.experts, e,
+                                                                            x[rows])
+    h1.remove()
+    h2.remove()
+    torch.testing.assert_close(y, seen["y"].reshape(-1, 32), rtol=1e-5, atol=1e-6)
+
+
+def test_zero_gating_is_identity_and_gating_changes(model, tok):
+    from agents.model_gating import GatingSetup
+
+    seqs = [tok.encode(p * 3)[:64] for p in PROMPTS]
+    adapter = record.resolve_adapter(model)
+    setup = GatingSetup.for_model(8, 2, 3, placement="ep", seed=0)
+    base = fidelity.run_reference(model, adapter, seqs)
+    zero = fidelity.routing_impact(model, adapter, seqs, setup.policy(0.0, batch=16),
+                                   reference=base)
+    assert zero.kl == 0.0 and zero.ppl_ratio == 1.0 and zero.top1_retention == 1.0
+    assert zero.top1_agreement == 100.0 and zero.rms_shift_pp == 0.0
+    np.testing.assert_array_equal(zero.gated_ids, base.orig_ids)
+    strong = fidelity.routing_impact(model, adapter, seqs, setup.policy(1.0, batch=16),
+                                     reference=base)
+    assert strong.changed_token_ratio > 0 and strong.kl > 0
+    lat = setup.simulate(base.orig_ids, strong.gated_ids, batch=16)
+    assert lat["sim_steps"] == 8 and lat["tbt_gated_us"] > 0
+    cache = fidelity.cache_prior_policy(base.orig_ids, base.scores, lam=0.5)
+    cp = fidelity.routing_impact(model, adapter, seqs, cache, reference=base)
+    assert cp.top1_retention == 1.0
+
+
+def test_substitutability_shapes(model, tok):
+    seqs = [tok.encode(p) for p in PROMPTS]
+    sub = fidelity.substitutability(model, record.resolve_adapter(model), seqs, num_tokens=8)
+    assert sub.matrix.shape == (2, 2) and sub.per_layer.shape == (3, 2, 2)
+    assert np.all(np.abs(sub.matrix) <= 1 + 1e-9)
+    assert -1 <= sub.control_random_sum <= 1 and -1 <= sub.control_replace_random <= 1
+
+
+def test_bad_model_dir_is_typed(tmp_path):
+    with pytest.raises(record.ModelFormatError, match="train-tiny") as info:
+        record.load_model(tmp_path / "missing")
+    assert "missing" in str(info.value)
+
+
+def test_unknown_architecture_is_typed():
+    cfg = transformers.MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                     num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        dense = transformers.MistralForCausalLM(cfg)
+    with pytest.raises(record.ModelFormatError, match="'mistral'.*ADAPTERS"):
+        record.resolve_adapter(dense)
+    with pytest.raises(record.ModelFormatError, match="unknown router adapter"):
+        record.resolve_adapter(dense, "mixtrall")
+
+
+def test_cli_bad_model_dir(tmp_path, capsys):
+    from hdamoe_env.cli import main
+
+    code = main(["traces", "record", "--model-dir", str(tmp_path / "nope"), "--stdlib-heldout",
+                 "--out", str(tmp_path / "x.npz")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "train-tiny" in err
+
+
+def test_cli_record_on_saved_model(tmp_path, model, capsys):
+    from hdamoe_env.cli import main
+
+    model.save_pretrained(tmp_path / "m")
+    ByteTokenizer().save(tmp_path / "m")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("x = 1\n\ny = 2\n")
+    out = tmp_path / "r.hdtrace.npz"
+    assert main(["traces", "record", "--model-dir", str(tmp_path / "m"), "--prompts",
+                 str(prompts), "--max-new-tokens", "3", "--out", str(out)]) == 0
+    assert "next-layer prediction" in capsys.readouterr().out
+    back = traces.load(out)
+    assert back.num_layers == 3 and np.unique(back.req_id).size == 2
+
+
+def test_train_tiny_smoke_and_heldout_split(tmp_path):
+    from traces.tiny_model import is_heldout, stdlib_corpus, train_tiny
+
+    corpus = stdlib_corpus(max_train_bytes=200_000)
+    assert corpus.heldout_files and all(is_heldout(f) for f in corpus.heldout_files)
+    assert corpus.heldout_files == stdlib_corpus(max_train_bytes=0).heldout_files
+    spec = TinyModelSpec(hidden_size=16, intermediate_size=16, num_layers=2, num_heads=2,
+                         num_kv_heads=1, max_positions=64)
+    res = train_tiny(tmp_path / "m", minutes=1.0, seed=3, spec=spec, seq_len=32, batch_size=2,
+                     max_steps=2, log=lambda line: None)
+    assert res.steps == 2 and np.isfinite(res.heldout_loss)
+    loaded, tok = record.load_model(tmp_path / "m")
+    assert loaded.config.num_local_experts == 8 and tok.vocab_size == 259
+    assert (tmp_path / "m" / "hdamoe_training.json").is_file()
