@@ -256,3 +256,30 @@ def test_train_tiny_smoke_and_heldout_split(tmp_path):
     loaded, tok = record.load_model(tmp_path / "m")
     assert loaded.config.num_local_experts == 8 and tok.vocab_size == 259
     assert (tmp_path / "m" / "hdamoe_training.json").is_file()
+
+
+def test_recorded_trace_drives_env_trace_predictor(trace):
+    """A recorded trace (ids + next-layer predictions) runs in HdMoE-v0 with predictor='trace'."""
+    import dataclasses
+
+    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.specs import get_model
+
+    base = get_model("mixtral-8x7b")
+    spec = dataclasses.replace(base, key="mixtral-8x7b@L3", num_moe_layers=trace.num_layers)
+    env = HdMoeEnv(model=spec, trace=trace, batch=4, predictor="trace", fidelity="analytic",
+                   steps_per_episode=1)
+    from agents import NoOpAgent
+
+    agent = NoOpAgent.from_env(env)
+    obs, info = env.reset(seed=0)
+    loads = [obs["pred_load"].copy()]
+    for _ in range(trace.num_layers - 1):
+        obs, reward, terminated, truncated, info = env.step(agent.predict(obs)[0])
+        assert np.isfinite(reward)
+        loads.append(obs["pred_load"].copy())
+        if terminated or truncated:
+            break
+    # layer 0 has no prediction (-1 rows); later layers see the recorded prediction's load
+    assert len(loads) >= 2 and all(np.isfinite(x).all() for x in loads)
+    assert any(x.sum() > 0 for x in loads[1:])
