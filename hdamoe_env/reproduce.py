@@ -107,7 +107,8 @@ class Cell:
         """Short human-readable description."""
         cfg = self.params.get("config", self.params)
         parts = [self.figure, self.kind, str(cfg.get("model", "")), str(cfg.get("setting", "")),
-                 f"B={cfg.get('batch', '')}", str(cfg.get("conventions", "faithful"))]
+                 f"B={cfg['batch']}" if "batch" in cfg else "",
+                 str(cfg.get("conventions", "faithful"))]
         if cfg.get("mesh", "4x8") != "4x8":
             parts.append(str(cfg["mesh"]))
         if cfg.get("topology", "mesh") != "mesh":
