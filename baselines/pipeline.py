@@ -633,12 +633,23 @@ def _run_tasks(tasks: list[_LayerTask], workers: int, backend: str,
         for task in tasks:
             done(place_layer(task))
         return
-    # one BLAS/OpenMP thread per worker (dependencies.md §4); inherited by the children
+    spawn_pool_map(place_layer, [(t,) for t in tasks], workers, done)
+
+
+def spawn_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], workers: int,
+                   done: Callable[[Any], None]) -> None:
+    """Run ``fn(*args)`` for every ``args`` in ``calls`` in a spawn process pool.
+
+    ``done`` gets each result in completion order; on an error or interruption the calls not
+    started yet are cancelled and the exception propagates (finished results were already
+    handed to ``done``, so a resumable caller loses nothing). One BLAS/OpenMP thread per worker
+    (dependencies.md §4), inherited by the children.
+    """
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(place_layer, t) for t in tasks]
+        futures = [pool.submit(fn, *args) for args in calls]
         try:
             for fut in concurrent.futures.as_completed(futures):
                 done(fut.result())

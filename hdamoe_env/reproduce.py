@@ -28,12 +28,10 @@ topologies; hours on 2 cores, meant for ``--workers N`` or a Ray cluster).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import sys
 import time
@@ -512,17 +510,9 @@ def _execute(cells: Sequence[Cell], *, workers: int, backend: str, cache_dir: st
         for cell in cells:
             done(run_cell(cell, cache_dir))
         return
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(run_cell, c.to_dict(), cache_dir) for c in cells]
-        try:
-            for fut in concurrent.futures.as_completed(futures):
-                done(fut.result())
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+    from baselines.pipeline import spawn_pool_map
+
+    spawn_pool_map(run_cell, [(c.to_dict(), cache_dir) for c in cells], workers, done)
 
 
 def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers: int = 1,

@@ -15,7 +15,7 @@ one from nothing:
 * :func:`train_tiny` — a seeded training loop (AdamW, cosine schedule, Mixtral's load-balancing
   auxiliary loss) with a wall-clock budget, saved with ``save_pretrained`` plus the tokenizer and a
   ``hdamoe_training.json`` record;
-* :func:`load_tiny` — loads a saved model directory (local files only).
+* loading a saved model directory (local files only): :func:`traces.record.load_model`.
 
 Weights are never committed: the default output directory is ``~/.cache/hdamoe-env/tiny-mixtral``.
 
@@ -45,7 +45,6 @@ __all__ = [
     "TinyModelSpec",
     "TrainResult",
     "import_torch_transformers",
-    "load_tiny",
     "stdlib_corpus",
     "tiny_config",
     "train_tiny",
@@ -420,29 +419,3 @@ def train_tiny(out_dir: str | os.PathLike[str] = DEFAULT_MODEL_DIR, *, minutes: 
     log(f"saved {target}: {step} steps in {wall:.0f} s, held-out {heldout:.3f} nats/byte "
         f"({heldout / math.log(2):.3f} bits/byte)")
     return result
-
-
-def load_tiny(model_dir: str | os.PathLike[str]) -> tuple[Any, ByteTokenizer]:
-    """Load a model saved by :func:`train_tiny` (or any local transformers MoE checkpoint).
-
-    Args:
-        model_dir: Directory with ``config.json`` and the weights.
-
-    Returns:
-        ``(model in eval mode, tokenizer)``.
-
-    Raises:
-        FileNotFoundError: The directory or its ``config.json`` is missing (message says how to
-            create it).
-    """
-    torch, transformers = import_torch_transformers()
-    path = Path(model_dir).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model directory {str(path)!r} has no config.json; train one with "
-            f"`hdamoe traces train-tiny --out {path}` or pass a directory written by "
-            "save_pretrained")
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                              dtype=torch.float32)
-    model.eval()
-    return model, ByteTokenizer.load(path)
