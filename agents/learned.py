@@ -4,7 +4,7 @@ Implements issue 5 on top of paper-model.md §10–11 (the online decisions of `
 pre-broadcast slots, the dispatch rule and the gating level of every MoE layer). A policy is
 trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on vectorised copies of the
 env, usually on the γ-calibrated analytic twin (``fidelity="analytic"``, fast), and evaluated by
-the benchmark harness (``hdamoe_env.bench``) against the paper's greedy agents on held-out
+the benchmark harness (``hdamoe_env.app.bench``) against the paper's greedy agents on held-out
 request streams, on the twin and on the DES.
 
 This is the only module that imports or seeds torch (style.md R7); torch, stable-baselines3 and
@@ -1068,8 +1068,8 @@ _TRAIN_ONLY = ("fidelity", "flatten_replicas", "duplicates", "invalid_action",
 
 def _bench_config(env_kwargs: dict[str, Any], *, fidelity: str, steps: int,
                   trace: Any = None) -> Any:
-    """Map ``HdMoeEnv`` kwargs onto a ``hdamoe_env.bench.BenchConfig``."""
-    from hdamoe_env.bench import BenchConfig
+    """Map ``HdMoeEnv`` kwargs onto a ``hdamoe_env.app.bench.BenchConfig``."""
+    from hdamoe_env.app.bench import BenchConfig
 
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
@@ -1107,7 +1107,7 @@ def _held_out(env_kwargs: dict[str, Any], trace: Any) -> tuple[dict[str, Any], A
 
 
 def _methods(agent_specs: Sequence[str], placement: str) -> list[Any]:
-    from hdamoe_env.bench import MethodSpec
+    from hdamoe_env.app.bench import MethodSpec
 
     methods = []
     n_learned = sum(1 for s in agent_specs if Path(s).exists() or s.endswith(".zip"))
@@ -1152,7 +1152,7 @@ def evaluate(agent_paths: str | os.PathLike[str] | Sequence[str] | None, *,
         the summary gives per fidelity the mean TBT of every method and the learned agents'
         relative gap to HDA-MoE and NoOp, and the twin-vs-DES gap of every method.
     """
-    from hdamoe_env import bench
+    from hdamoe_env.app import bench
 
     if agent_paths is None:
         paths: list[str] = []

@@ -10,12 +10,12 @@ Modules:
   simulated annealing, random search and the MST proxy (§8);
 * :mod:`baselines.pipeline` — the per-layer offline pipeline (§8.5) with parallel workers,
   atomic per-layer artifacts and resume; the memory-cap sweep;
-* :mod:`baselines.cli` — ``hdamoe place`` and ``hdamoe sweep-mem``.
+* :mod:`hdamoe_env.app.place` — ``hdamoe place`` and ``hdamoe sweep-mem``.
 
 ``METHODS`` names every placement method of §9 and where its placement comes from: built on
 the fly (``tp``, ``ep``) or read from a pipeline output directory (``artifact``). ``hd_moe`` and
 ``hda_moe`` are the Node+Link placement plus the names of their online agents, which the
-application layer (``hdamoe_env.bench``) resolves; this package never imports ``agents``.
+application layer (``hdamoe_env.app.bench``) resolves; this package never imports ``agents``.
 PuLP, highspy, scikit-optimize and scipy are imported lazily inside the functions that need them.
 """
 

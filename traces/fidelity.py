@@ -9,7 +9,7 @@ transformers are imported lazily; the module is optional and not used by the sim
   Cache-prior reference, ...) patched into the routers; the end-to-end metrics of §12 Table IX:
   KL(p‖q), PPL ratio, top-1 agreement, RMS shift, top-1 routing retention, and the changed-token
   ratio, top-k overlap and replaced ratio per rank. The gated "batch" is decided by the policy
-  (``agents.model_gating`` gates consecutive rows in chunks of B, a decode step).
+  (``hdamoe_env.app.model_gating`` gates consecutive rows in chunks of B, a decode step).
 * :func:`substitutability` — the boundary-expert substitutability matrix of §12 (Fig. 14) with its
   two controls.
 * :func:`cache_prior_policy` — the Cache-prior reference routing adjustment of §12 (numpy only).

@@ -19,7 +19,7 @@ gating, the Cache-prior reference): ``policy(layer, scores [N, E], orig_ids [N, 
 with numpy arrays; the selected experts get their **original** probabilities, post-processed by the
 model's own weight rule (Mixtral: renormalised over the k; Qwen2-MoE: ``norm_topk_prob``;
 DeepSeek-V2: not renormalised, × ``routed_scaling_factor``), paper-model.md §11.5. The policy comes
-from the caller (``agents.model_gating`` builds the hardware-aware one), so this module needs no
+from the caller (``hdamoe_env.app.model_gating`` builds the hardware-aware one), so this module needs no
 import from the upper layers (style.md §2).
 
 Router adapters (:data:`ADAPTERS`) map an architecture (``config.model_type``) to its router

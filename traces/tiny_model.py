@@ -61,7 +61,7 @@ _HELDOUT_THRESHOLD = 26          # first SHA-256 byte < 26 of 256: ≈ 10 % of t
 class RecordDependencyError(ImportError):
     """torch or transformers (the ``record`` extra) is not installed.
 
-    ``hdamoe_env.cli`` turns it into the package's ``DependencyNotInstalled``; it is defined here
+    ``hdamoe_env.app.cli`` turns it into the package's ``DependencyNotInstalled``; it is defined here
     because ``traces`` may not import the core (style.md §2).
     """
 

@@ -73,7 +73,7 @@ def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
 
 
 def test_bench_resolves_learned_agent(env_kwargs, tmp_path, make_tiny_env):
-    from hdamoe_env.bench import resolve_agent
+    from hdamoe_env.app.bench import resolve_agent
 
     _train(env_kwargs, tmp_path, timesteps=128)
     agent = resolve_agent(str(tmp_path / "model.zip"), make_tiny_env())
@@ -250,7 +250,7 @@ def test_residual_action_mode(env_kwargs, tmp_path, make_tiny_env):
         done = term or trunc
     # and it trains (resume keeps the mode) and runs on the bench's strict env
     _train(env_kwargs, tmp_path / "t", timesteps=128, action_mode="residual")
-    from hdamoe_env.bench import resolve_agent
+    from hdamoe_env.app.bench import resolve_agent
 
     agent = resolve_agent(str(tmp_path / "t"), make_tiny_env())
     obs, _ = strict.reset(seed=6)

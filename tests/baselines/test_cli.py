@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("pulp")
 
-from baselines import cli
+from hdamoe_env.app import place as cli
 
 
 def test_parsers_register_subcommands():

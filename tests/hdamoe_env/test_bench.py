@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hdamoe_env import bench, plots
-from hdamoe_env.bench import BenchConfig, parse_method, run_bench
+from hdamoe_env.app import bench, plots
+from hdamoe_env.app.bench import BenchConfig, parse_method, run_bench
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec
 from hdamoe_env.topology import make_topology

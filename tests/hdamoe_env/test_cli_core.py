@@ -11,7 +11,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "hdamoe_env.cli", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "hdamoe_env.app.cli", *args], capture_output=True,
                           text=True, env=ENV, timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr

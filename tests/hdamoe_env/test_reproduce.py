@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hdamoe_env import reproduce
-from hdamoe_env.cli import main
+from hdamoe_env.app import reproduce
+from hdamoe_env.app.cli import main
 from hdamoe_env.errors import ConfigError
-from hdamoe_env.reproduce import Cell, run_cell, run_suite, shrink, suite_cells
+from hdamoe_env.app.reproduce import Cell, run_cell, run_suite, shrink, suite_cells
 
 FIGURES = {"placements", "fig10_end_to_end", "fig11_mesh", "fig12_topology", "fig20_memory_cap",
            "fig21_dynamic", "fig22_gating_batch", "fig24_sensitivity"}

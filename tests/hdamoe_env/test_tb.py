@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hdamoe_env import tb
+from hdamoe_env.app import tb
 
 
 def _scalars(logdir, tag):
@@ -39,7 +39,7 @@ def test_noop_writer_warns_once(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     monkeypatch.setattr(tb, "_warned_noop", False)
-    with caplog.at_level(logging.WARNING, logger="hdamoe_env.tb"):
+    with caplog.at_level(logging.WARNING, logger="hdamoe_env.app.tb"):
         first = tb.make_writer(tmp_path / "a")
         second = tb.make_writer(tmp_path / "b")
     assert first.backend == second.backend == "noop"

@@ -169,7 +169,7 @@ def test_expert_output_reconstructs_block(model, tok):
 
 
 def test_zero_gating_is_identity_and_gating_changes(model, tok):
-    from agents.model_gating import GatingSetup
+    from hdamoe_env.app.model_gating import GatingSetup
 
     seqs = [tok.encode(p * 3)[:64] for p in PROMPTS]
     adapter = record.resolve_adapter(model)
@@ -218,7 +218,7 @@ def test_unknown_architecture_is_typed():
 
 
 def test_cli_bad_model_dir(tmp_path, capsys):
-    from hdamoe_env.cli import main
+    from hdamoe_env.app.cli import main
 
     code = main(["traces", "record", "--model-dir", str(tmp_path / "nope"), "--stdlib-heldout",
                  "--out", str(tmp_path / "x.npz")])
@@ -228,7 +228,7 @@ def test_cli_bad_model_dir(tmp_path, capsys):
 
 
 def test_cli_record_on_saved_model(tmp_path, model, capsys):
-    from hdamoe_env.cli import main
+    from hdamoe_env.app.cli import main
 
     model.save_pretrained(tmp_path / "m")
     ByteTokenizer().save(tmp_path / "m")

@@ -1,6 +1,6 @@
 """Command-line front ends of the offline placement pipeline: ``hdamoe place`` and ``sweep-mem``.
 
-``hdamoe_env.cli`` adds these subcommands with :func:`add_place_parser` and
+``hdamoe_env.app.cli`` adds these subcommands with :func:`add_place_parser` and
 :func:`add_sweep_parser`; each parser sets ``func`` to :func:`run_place` / :func:`run_sweep`,
 which return the process exit code. Progress goes to stderr (tqdm when installed); the final
 per-layer table (TP, EP, hybrid, Node Balance, Node+Link Balance: compute, communication and
@@ -193,8 +193,8 @@ def _write_rows(path: str, rows: Sequence[Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m baselines.cli place …``)."""
-    parser = argparse.ArgumentParser(prog="python -m baselines.cli")
+    """Stand-alone entry point (``python -m hdamoe_env.app.place place …``)."""
+    parser = argparse.ArgumentParser(prog="python -m hdamoe_env.app.place")
     sub = parser.add_subparsers(dest="command", required=True)
     add_place_parser(sub)
     add_sweep_parser(sub)

@@ -503,7 +503,7 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
         env: An ``HdMoeEnv``.
         agent: Anything with SB3's ``predict``.
         seed: ``env.reset(seed=seed)``.
-        writer: Optional scalar writer (``hdamoe_env.tb``) for per-step TensorBoard scalars.
+        writer: Optional scalar writer (``hdamoe_env.app.tb``) for per-step TensorBoard scalars.
         on_step: Called after every env step (progress bars).
 
     Returns:
@@ -783,7 +783,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             agent = resolve_agent(spec.agent, env, seed=seed)
             writer = None
             if tensorboard_dir is not None:
-                from hdamoe_env.tb import make_writer, run_dir_name
+                from hdamoe_env.app.tb import make_writer, run_dir_name
 
                 writer = make_writer(Path(tensorboard_dir) / run_dir_name(spec.name, seed,
                                                                            timestamp=stamp))
@@ -1005,7 +1005,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if result.skipped:
         print(f"resumed {len(result.skipped)} record(s) from {args.json}")
     if args.plots:
-        from hdamoe_env.plots import write_plots
+        from hdamoe_env.app.plots import write_plots
 
         try:
             paths = write_plots(result.records, args.plots, topology=result.topology,

@@ -42,9 +42,9 @@ def cell_tables(records: Iterable[dict[str, Any]], figure: str | None = None
     Returns:
         ``[(meta, {method: summary row})]`` in record order; ``meta`` is the first record of the
         cell (configuration fields and tags), the rows come from
-        :func:`hdamoe_env.bench.summarise`.
+        :func:`hdamoe_env.app.bench.summarise`.
     """
-    from hdamoe_env.bench import summarise
+    from hdamoe_env.app.bench import summarise
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -348,7 +348,7 @@ def _sec_link_balance(records: list[dict[str, Any]], figs: _Figures) -> list[str
                         "link max/mean NB", "link max/mean NB+LB", "TBT speed-up",
                         "guarded"], rows)]
     if figs.enabled and heat:
-        from hdamoe_env.plots import plot_link_heatmap
+        from hdamoe_env.app.plots import plot_link_heatmap
         from hdamoe_env.specs import hardware_from_setting
         from hdamoe_env.topology import make_topology
 
@@ -763,7 +763,7 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
     Returns:
         The Markdown path.
     """
-    from hdamoe_env.reproduce import read_results
+    from hdamoe_env.app.reproduce import read_results
 
     out = Path(out_dir)
     records = read_results(out)

@@ -2,7 +2,7 @@
 
 Subcommands: ``simulate`` (per-layer latency and TBT of TP/EP or a saved placement),
 ``bench-sim`` (DES kernel vs oracle speed), ``traces stats|gen|convert`` and
-``traces train-tiny|record|fidelity`` (real routing, ``hdamoe_env.record_cli``), and, when their extras
+``traces train-tiny|record|fidelity`` (real routing, ``hdamoe_env.app.record``), and, when their extras
 are installed, the offline placement commands. Heavy dependencies are imported inside the
 subcommand that needs them.
 """
@@ -164,7 +164,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------- bench-sim
 def cmd_bench_sim(args: argparse.Namespace) -> int:
     """Run ``hdamoe bench-sim``: fast DES path vs the pure-Python oracle, same run."""
-    from hdamoe_env.simbench import bench_sim
+    from hdamoe_env.app.simbench import bench_sim
 
     res = bench_sim(seconds=args.seconds, seed=args.seed)
     print("DES benchmark: DeepSeek-V2-Lite (E=64, top-6), B=128, 4x8 mesh 50 GB/s, EP, "
@@ -303,14 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_record_commands(tsub: Any) -> None:
     """Add ``traces train-tiny|record|fidelity`` (issue 7; torch/transformers imported lazily)."""
-    from hdamoe_env import record_cli
+    from hdamoe_env.app import record as record_cli
 
     record_cli.add_record_parsers(tsub)
 
 
 def _add_optional_commands(sub: Any) -> None:
     """Add subcommands implemented in the application layer (bench) and in baselines."""
-    from hdamoe_env import bench
+    from hdamoe_env.app import bench
 
     bench.add_bench_parser(sub)
     bench.add_bench_env_parser(sub)
@@ -318,11 +318,11 @@ def _add_optional_commands(sub: Any) -> None:
 
     learned.add_train_parser(sub)
     learned.add_evaluate_parser(sub)
-    from hdamoe_env import reproduce
+    from hdamoe_env.app import reproduce
 
     reproduce.add_reproduce_parser(sub)
     try:
-        from baselines import cli as baselines_cli
+        from hdamoe_env.app import place as baselines_cli
     except ImportError:
         return
     for name in ("add_place_parser", "add_sweep_parser"):

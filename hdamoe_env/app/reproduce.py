@@ -1,13 +1,13 @@
 """The paper's evaluation as one command (``hdamoe reproduce --suite quick|full --out DIR``).
 
-Application layer (style.md §2), like :mod:`hdamoe_env.bench`: it composes the benchmark harness,
+Application layer (style.md §2), like :mod:`hdamoe_env.app.bench`: it composes the benchmark harness,
 the offline placement pipeline (``baselines``) and the agents into the experiment grid of
-paper-model.md §13, and writes a self-contained report (:mod:`hdamoe_env.report`).
+paper-model.md §13, and writes a self-contained report (:mod:`hdamoe_env.app.report`).
 
 Work is split into **cells**. A cell is one unit of the grid with a stable key (a hash of its
 kind and parameters): a ``placement`` cell computes (or finds cached) the quick-pipeline
 placements of one configuration; a ``bench`` cell runs methods × seeds on identical episodes of
-``HdMoE-v0`` (:func:`hdamoe_env.bench.run_bench`); a ``sweep_mem`` cell runs the memory-cap sweep
+``HdMoE-v0`` (:func:`hdamoe_env.app.bench.run_bench`); a ``sweep_mem`` cell runs the memory-cap sweep
 (:func:`baselines.pipeline.sweep_rho_mem`). Every finished cell is written atomically to
 ``OUT/cells/<key>.json`` and the raw records of all finished cells to ``OUT/results.jsonl``; a
 rerun with the same ``OUT`` skips finished cells (resume after an interruption loses at most the
@@ -122,7 +122,7 @@ class Cell:
 
 # --------------------------------------------------------------------------------- cell runners
 def _bench_config(params: Mapping[str, Any], cache_dir: str | None) -> Any:
-    from hdamoe_env.bench import BenchConfig
+    from hdamoe_env.app.bench import BenchConfig
 
     kwargs = dict(params)
     kwargs.setdefault("cache_dir", cache_dir)
@@ -132,7 +132,7 @@ def _bench_config(params: Mapping[str, Any], cache_dir: str | None) -> Any:
 
 def _placement_dir_of(params: Mapping[str, Any], cache_dir: str | None) -> str:
     """Compute (or find cached) the quick placements of a configuration; return the directory."""
-    from hdamoe_env.bench import PlacementStore, _load_trace
+    from hdamoe_env.app.bench import PlacementStore, _load_trace
 
     config = _bench_config(params, cache_dir)
     trace, _ = _load_trace(config)
@@ -162,7 +162,7 @@ def _run_placement(params: Mapping[str, Any], cache_dir: str | None) -> list[dic
 
 
 def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
-    from hdamoe_env.bench import run_bench
+    from hdamoe_env.app.bench import run_bench
 
     cfg = dict(params["config"])
     env_kwargs = dict(cfg.get("env_kwargs", {}))
@@ -189,7 +189,7 @@ def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[st
 
 def _run_sweep_mem(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
     from baselines.pipeline import PlaceConfig, sweep_rho_mem
-    from hdamoe_env.bench import QUICK_PLACEMENT, default_cache_dir
+    from hdamoe_env.app.bench import QUICK_PLACEMENT, default_cache_dir
 
     cfg = dict(params["config"])
     mesh = cfg.pop("mesh", "4x8")
@@ -614,7 +614,7 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run ``hdamoe reproduce``; return the exit code."""
-    from hdamoe_env import report
+    from hdamoe_env.app import report
 
     seeds = None
     if args.seeds:

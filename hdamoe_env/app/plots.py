@@ -1,6 +1,6 @@
 """PNG figures of a benchmark run: normalised TBT, latency breakdown, link-congestion heat map.
 
-Application layer (style.md §2): reads the records written by :mod:`hdamoe_env.bench` and draws
+Application layer (style.md §2): reads the records written by :mod:`hdamoe_env.app.bench` and draws
 them with matplotlib (the ``plot`` extra), imported lazily inside every function; pyplot's global
 state is never touched (figures are ``matplotlib.figure.Figure`` objects rendered by the Agg
 canvas), so plotting is safe in worker processes and tests.

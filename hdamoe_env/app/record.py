@@ -1,7 +1,7 @@
 """``hdamoe traces train-tiny|record|fidelity``: real routing from transformers MoE models (issue 7).
 
 Application layer (style.md §2): imports ``traces.record``/``traces.tiny_model``/``traces.fidelity``
-and ``agents.model_gating`` inside the command functions, so that ``hdamoe --help`` and the other
+and ``hdamoe_env.app.model_gating`` inside the command functions, so that ``hdamoe --help`` and the other
 subcommands never import torch or transformers.
 
 * ``train-tiny`` — train the tiny Mixtral model on stdlib sources (``traces.tiny_model``);
@@ -129,7 +129,7 @@ def _levels(text: str) -> list[float]:
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """Run ``hdamoe traces fidelity``."""
     _deps()
-    from agents import model_gating
+    from hdamoe_env.app import model_gating
     from traces import fidelity, record
 
     model, tokenizer = _load(args.model_dir)

@@ -1,0 +1,228 @@
+"""Records of the application layer: JSON, JSONL and CSV files, summaries and tables.
+
+One place for every file a command writes and every table it prints (style.md R16: only the
+application layer writes). JSON goes through the one atomic writer of the core
+(:func:`hdamoe_env.fileio.write_json`); tables through :func:`render_table`, as aligned plain text
+for the terminal or as Markdown for reports.
+
+Bench records (``hdamoe bench``) are one dict per (method, seed); :func:`summarise` aggregates them
+per method over seeds and :func:`format_bench_table` prints the summary.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.fileio import atomic_write, json_default, write_json
+
+__all__ = [
+    "CSV_FIELDS",
+    "SPEEDUP_BASELINES",
+    "fmt",
+    "format_bench_table",
+    "read_jsonl",
+    "read_records",
+    "render_table",
+    "summarise",
+    "write_csv",
+    "write_json",
+    "write_jsonl",
+    "write_records",
+]
+
+#: Methods that get a "speed-up over" column when present in a summary.
+SPEEDUP_BASELINES: tuple[str, ...] = ("tp", "ep", "hybrid", "hd-moe")
+
+CSV_FIELDS = ("method", "seed", "tbt_us", "tbt_std_us", "compute_us", "communication_us",
+              "memory_us", "extra_us", "changed_fraction", "top1_retention", "score_mass_kept",
+              "decision_ms_per_step", "env_steps", "decode_steps", "k_b_mean", "broadcast_mean",
+              "balancedness_mean", "model", "setting", "mesh", "topology", "batch", "fidelity",
+              "predictor", "profile", "knobs_sha256", "placement", "placement_artifact",
+              "agent", "trace", "trace_id", "run_key", "version")
+
+
+# ------------------------------------------------------------------------------------ tables
+def fmt(value: Any, spec: str = "{:.2f}", missing: str = "-") -> str:
+    """Format a number with ``spec``; ``missing`` for None and non-finite floats."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return missing
+    return spec.format(value)
+
+
+def render_table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, style: str = "text",
+                 number: str = "{:.2f}") -> str:
+    """Render a table: right-aligned plain text (``style="text"``) or Markdown.
+
+    Args:
+        head: Column titles.
+        rows: Rows of cells; a cell that is not a string is formatted with ``number``.
+        style: ``"text"`` (columns padded to equal width, two spaces apart) or ``"markdown"``.
+        number: Format of non-string cells.
+
+    Returns:
+        The table, one line per row, without a trailing newline.
+    """
+    cells = [[c if isinstance(c, str) else number.format(c) for c in row] for row in rows]
+    if style == "markdown":
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in cells]
+        return "\n".join(lines)
+    if style != "text":
+        raise ConfigError(f"unknown table style {style!r}; expected 'text' or 'markdown'")
+    widths = [max(len(h), *(len(r[j]) for r in cells)) if cells else len(h)
+              for j, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ files
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read the records of a bench JSON file (an empty list if it does not exist).
+
+    Raises:
+        ConfigError: The file is not a JSON list of records.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); move it away or rerun "
+                          "without --resume") from None
+    if isinstance(data, dict) and "records" in data:
+        data = data["records"]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ConfigError(f"{str(path)!r} is not a list of bench records")
+    return data
+
+
+def write_records(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
+    """Write records as a JSON list, atomically (temporary file + rename)."""
+    return write_json(path, list(records))
+
+
+def write_csv(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
+    """Write one CSV row per bench record (scalars only, :data:`CSV_FIELDS`), atomically."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for rec in records:
+        row = {**rec, **rec.get("breakdown_us", {}), **(rec.get("gating") or {})}
+        w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
+    text = buf.getvalue()
+    return atomic_write(path, lambda fh: fh.write(text))
+
+
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> Path:
+    """Write one JSON line per record (keys sorted), atomically."""
+    def write(fh: Any) -> None:
+        for rec in records:
+            fh.write(json.dumps(rec, default=json_default, sort_keys=True) + "\n")
+
+    return atomic_write(path, write, mode="w")
+
+
+def read_jsonl(path: str | os.PathLike[str], *, default_name: str = "results.jsonl",
+               hint: str = "run `hdamoe reproduce --out DIR` first") -> list[dict[str, Any]]:
+    """Read a JSON-lines file (or the ``default_name`` file inside a directory).
+
+    Raises:
+        ConfigError: The file does not exist or a line is not JSON (the message names it).
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / default_name
+    if not p.exists():
+        raise ConfigError(f"{str(p)!r} does not exist; {hint}")
+    records = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            raise ConfigError(f"{p}:{n}: not a JSON line ({exc})") from None
+    return records
+
+
+# ------------------------------------------------------------------------------------ summaries
+def _stat(values: Sequence[float | None]) -> tuple[float, float]:
+    vals = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if vals.size == 0:
+        return float("nan"), float("nan")
+    return float(vals.mean()), float(vals.std())
+
+
+def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aggregate bench records per method over seeds (mean and std over seeds).
+
+    Speed-ups ``speedup_over_<m>`` = TBT(m) / TBT(method), per seed, then averaged; present when
+    method m is among the records. ``tbt_over_tp`` = TBT / TBT(tp).
+
+    Returns:
+        One dict per method, in record order.
+    """
+    by_method: dict[str, dict[int, dict[str, Any]]] = {}
+    for rec in records:
+        by_method.setdefault(rec["method"], {})[int(rec["seed"])] = rec
+    rows = []
+    for method, per_seed in by_method.items():
+        recs = list(per_seed.values())
+        row: dict[str, Any] = {"method": method, "seeds": sorted(per_seed)}
+        row["tbt_us"], row["tbt_seed_std_us"] = _stat([r["tbt_us"] for r in recs])
+        row["tbt_step_std_us"] = _stat([r["tbt_std_us"] for r in recs])[0]
+        for base in ("tp", *SPEEDUP_BASELINES[1:]):
+            if base not in by_method:
+                continue
+            ratios = [by_method[base][s]["tbt_us"] / per_seed[s]["tbt_us"]
+                      for s in per_seed if s in by_method[base] and per_seed[s]["tbt_us"] > 0]
+            row[f"speedup_over_{base}"], row[f"speedup_over_{base}_std"] = _stat(ratios)
+        if "tp" in by_method:
+            norm = [per_seed[s]["tbt_us"] / by_method["tp"][s]["tbt_us"] for s in per_seed
+                    if s in by_method["tp"]]
+            row["tbt_over_tp"], row["tbt_over_tp_std"] = _stat(norm)
+        for key in ("compute_us", "communication_us", "memory_us", "extra_us"):
+            row[key] = _stat([r["breakdown_us"].get(key, 0.0) for r in recs])[0]
+        for key in ("changed_fraction", "top1_retention", "score_mass_kept"):
+            row[key] = _stat([(r.get("gating") or {}).get(key) for r in recs])[0]
+        row["decision_ms"], row["decision_ms_std"] = _stat(
+            [r["decision_ms_per_step"] for r in recs])
+        row["k_b_mean"] = _stat([r.get("k_b_mean", 0.0) for r in recs])[0]
+        row["broadcast_mean"] = _stat([r.get("broadcast_mean", 0.0) for r in recs])[0]
+        rows.append(row)
+    return rows
+
+
+def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
+    """Return the benchmark table (µs per decode step; mean over seeds, ± std over seeds)."""
+    rows = summarise(records)
+    present = {r["method"] for r in rows}
+    bases = [b for b in SPEEDUP_BASELINES if b in present]
+    head = ["method", "TBT µs", "±seeds", "TBT/TP"] + [f"×{b}" for b in bases] + [
+        "compute", "comm", "memory", "other", "k_b", "bcast", "changed", "top1 kept",
+        "decide ms"]
+    cells = []
+    for r in rows:
+        line = [r["method"], fmt(r["tbt_us"]), fmt(r["tbt_seed_std_us"]),
+                fmt(r.get("tbt_over_tp"), "{:.3f}")]
+        line += [fmt(r.get(f"speedup_over_{b}"), "{:.3f}") for b in bases]
+        line += [fmt(r["compute_us"]), fmt(r["communication_us"]), fmt(r["memory_us"]),
+                 fmt(r["extra_us"]), fmt(r["k_b_mean"], "{:.1f}"),
+                 fmt(r["broadcast_mean"], "{:.1f}"),
+                 fmt(r["changed_fraction"], "{:.1%}"), fmt(r["top1_retention"], "{:.1%}"),
+                 fmt(r["decision_ms"], "{:.3f}") + (
+                     f"±{r['decision_ms_std']:.3f}" if r["decision_ms_std"] else "")]
+        cells.append(line)
+    return render_table(head, cells)
