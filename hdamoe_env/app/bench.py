@@ -49,10 +49,8 @@ layer call, and the heuristic agents' decision time (``hdamoe bench-env``).
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import inspect
-import io
 import json
 import logging
 import math
@@ -68,12 +66,15 @@ import numpy as np
 
 from hdamoe_env import __version__
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
-from hdamoe_env.fileio import atomic_write, json_default
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
-from hdamoe_env.profiles import PROFILES, get_profile
+from baselines.store import (PLACEMENT_ARTIFACTS, QUICK_PLACEMENT, PlacementStore, StoreConfig)
+from hdamoe_env.app.progress import bar as progress_bar
+from hdamoe_env.app.progress import factory as progress_factory
+from hdamoe_env.fileio import write_json
+from hdamoe_env.app.records import (format_bench_table, read_records, write_csv,
+                                     write_records)
+from hdamoe_env.profiles import get_profile
 from hdamoe_env.specs import (
     MODEL_PRESETS,
-    TOPOLOGY_KINDS,
     ModelSpec,
     get_model,
     hardware_from_setting,
@@ -83,46 +84,23 @@ from hdamoe_env.specs import (
 __all__ = [
     "BUILTIN_METHODS",
     "DEFAULT_METHODS",
-    "QUICK_PLACEMENT",
     "BenchConfig",
     "BenchResult",
     "MethodSpec",
-    "PlacementStore",
-    "add_bench_env_parser",
-    "add_bench_parser",
+    "placement_store",
     "bench_env",
     "cmd_bench",
     "cmd_bench_env",
-    "default_cache_dir",
     "format_bench_env",
-    "format_table",
     "parse_method",
-    "read_records",
     "resolve_agent",
     "run_bench",
     "run_episode",
-    "summarise",
-    "write_csv",
-    "write_json",
 ]
 
 log = logging.getLogger(__name__)
 
 US = 1e6
-
-#: Placement names and the artifact file of each in a ``hdamoe place`` output directory.
-PLACEMENT_ARTIFACTS: dict[str, str | None] = {
-    "tp": None, "ep": None, "hybrid": "placement_hybrid.npz",
-    "node_balance": "placement_node_balance.npz", "node_link": "placement.npz",
-    "node_link_raw": "placement_node_link_raw.npz",
-}
-
-#: Budget of the quick offline pipeline used when no placement directory is given [decision]:
-#: heuristic Node Balance (no MILP), swap local search for Link Balance with 12 DES evaluations,
-#: a 5 s limit on the hybrid's region-balance MILP.
-QUICK_PLACEMENT: dict[str, Any] = {"nb_mode": "heuristic", "lb_method": "local", "bo_calls": 12,
-                                   "lb_objective": "des", "hybrid_time_limit_s": 5.0}
-
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -159,8 +137,6 @@ BUILTIN_METHODS: dict[str, MethodSpec] = {
                           "HD-MoE + hardware-aware gating (§9.4, §11)"),
 }
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "node-link-raw")
-#: Methods the speed-up columns compare against, in table order.
-SPEEDUP_BASELINES: tuple[str, ...] = ("tp", "ep", "hybrid", "hd-moe")
 
 
 def parse_method(text: str) -> MethodSpec:
@@ -197,15 +173,6 @@ def _hint(name: str, choices: Iterable[str]) -> str:
 
 
 # --------------------------------------------------------------------------------- configuration
-def default_cache_dir() -> Path:
-    """Return the placement cache root: ``$HDAMOE_CACHE_DIR`` or ``~/.cache/hdamoe-env``."""
-    env = os.environ.get("HDAMOE_CACHE_DIR")
-    if env:
-        return Path(env) / "placements"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hdamoe-env" / "placements"
-
-
 @dataclass(frozen=True)
 class BenchConfig:
     """Everything that defines a benchmark configuration (one ``run_key``).
@@ -287,6 +254,15 @@ class BenchConfig:
             kwargs["k_b"] = self.k_b
         return kwargs
 
+    def store_config(self) -> StoreConfig:
+        """Return the placement-resolver configuration of this benchmark configuration."""
+        return StoreConfig(model=self.model, mesh=self.mesh, setting=self.setting,
+                           topology=self.topology, conventions=self.conventions,
+                           trace_label=self.trace_label, trace_requests=self.trace_requests,
+                           placement_dir=self.placement_dir, cache_dir=self.cache_dir,
+                           placement_seed=self.placement_seed, place_batch=self.place_batch,
+                           place_workers=self.place_workers, quick=self.quick)
+
     def run_key(self, trace_id: str) -> str:
         """Return a short hash of the configuration and the trace id (resume key)."""
         spec = self.model_spec
@@ -307,133 +283,9 @@ class BenchConfig:
 
 
 # ------------------------------------------------------------------------------------ placements
-class PlacementStore:
-    """Placements of the methods of one configuration, built, loaded or computed once.
-
-    ``tp`` and ``ep`` are built directly (core data constructors; EP seeded by
-    ``placement_seed``). ``hybrid``, ``node_balance`` and ``node_link`` are read from
-    ``placement_dir`` when given, else from the quick-pipeline cache (computed on first use).
-
-    Args:
-        config: The benchmark configuration.
-        trace: The loaded trace (its id keys the cache; the pipeline mines it).
-        progress: Show a tqdm bar over the layers of a quick-pipeline run.
-    """
-
-    def __init__(self, config: BenchConfig, trace: Any, *, progress: bool = True) -> None:
-        self.config = config
-        self.trace = trace
-        self.progress = progress
-        self.model = config.model_spec
-        self.hw = hardware_from_setting(config.setting, config.mesh)
-        self._cache: dict[str, tuple[Placement, str | None]] = {}
-        self.pipeline_dir: Path | None = None
-        self.pipeline_wall_s: float = 0.0
-        self.pipeline_solved = False
-
-    def get(self, name: str) -> tuple[Placement, str | None]:
-        """Return the placement of ``name`` and the artifact path it came from (or None).
-
-        Raises:
-            ConfigError: Unknown placement, or a placement file that does not fit the model.
-        """
-        name = name.replace("-", "_")
-        if name not in PLACEMENT_ARTIFACTS:
-            raise unknown_name("placement", name, PLACEMENT_ARTIFACTS)
-        hit = self._cache.get(name)
-        if hit is not None:
-            return hit
-        L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
-        if name == "tp":
-            result: tuple[Placement, str | None] = (tensor_parallel(L, E, D), None)
-        elif name == "ep":
-            result = (expert_parallel(L, E, D, np.random.default_rng(self.config.placement_seed)),
-                      None)
-        else:
-            directory = (Path(self.config.placement_dir) if self.config.placement_dir
-                         else self._quick_pipeline())
-            artifact = PLACEMENT_ARTIFACTS[name]
-            assert artifact is not None
-            path = directory / artifact
-            if not path.exists():
-                raise ConfigError(f"placement directory {str(directory)!r} has no {artifact} "
-                                  f"(needed by {name!r}); run `hdamoe place --out {directory}` "
-                                  "or omit --placement-dir to use the quick pipeline")
-            placement = Placement.load(path)
-            placement.validate(self.model, self.hw)
-            missing = placement.meta.get("layers_missing") or []
-            if missing:
-                log.warning("%s: layers %s were not placed (TP used there)", path, missing)
-            placed_on = placement.meta.get("trace_id")
-            if placed_on and placed_on != self.trace.trace_id:
-                log.info("%s was optimised on trace %s; evaluating on trace %s", path,
-                         str(placed_on)[:12], self.trace.trace_id[:12])
-            result = (placement, str(path))
-        self._cache[name] = result
-        return result
-
-    def place_config(self) -> Any:
-        """Return the ``baselines.pipeline.PlaceConfig`` of the quick pipeline."""
-        from baselines.pipeline import PlaceConfig
-
-        cfg = self.config
-        return PlaceConfig(model=cfg.model, mesh=parse_mesh(cfg.mesh), setting=cfg.setting,
-                           batch=cfg.place_batch, topology=cfg.topology, trace=cfg.trace_label,
-                           trace_requests=cfg.trace_requests, conventions=cfg.conventions,
-                           seed=cfg.placement_seed, **cfg.quick)
-
-    def cache_path(self) -> Path:
-        """Return the cache directory of this configuration's quick placements."""
-        pc = self.place_config()
-        digest = pc.config_hash(self.trace.trace_id)
-        X, Y = parse_mesh(self.config.mesh)
-        name = (f"{self.model.key}__{self.config.topology}{X}x{Y}__"
-                f"{self.config.setting.replace('/', '-')}__{self.config.conventions}__"
-                f"seed{self.config.placement_seed}__{digest}")
-        root = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
-        return root / name
-
-    def _quick_pipeline(self) -> Path:
-        if self.pipeline_dir is not None:
-            return self.pipeline_dir
-        out = self.cache_path()
-        pc = self.place_config()
-        digest = pc.config_hash(self.trace.trace_id)
-        if _complete_artifact(out, digest):
-            log.info("using cached placements in %s", out)
-            self.pipeline_dir = out
-            return out
-        try:
-            from baselines.pipeline import run_pipeline
-        except ImportError as exc:  # pragma: no cover - baselines ships with the package
-            raise DependencyNotInstalled("the quick placement needs the baselines package; "
-                                         "pass --placement-dir DIR instead") from exc
-        log.info("computing quick placements (heuristic Node Balance, local-search Link Balance) "
-                 "into %s", out)
-        bar = _bar(self.model.num_moe_layers, "placement layers", self.progress)
-        t0 = time.perf_counter()
-        try:
-            run_pipeline(pc, out, workers=max(1, self.config.place_workers), resume=True,
-                         trace=self.trace, on_layer=(lambda _: bar.update(1)) if bar else None)
-        finally:
-            if bar is not None:
-                bar.close()
-        self.pipeline_wall_s = time.perf_counter() - t0
-        self.pipeline_solved = True
-        self.pipeline_dir = out
-        return out
-
-
-def _complete_artifact(directory: Path, config_hash: str) -> bool:
-    path = directory / "placement.npz"
-    if not path.exists() or not all((directory / a).exists()
-                                    for a in PLACEMENT_ARTIFACTS.values() if a):
-        return False  # an older cache without every artifact: the resumed pipeline merges again
-    try:
-        meta = Placement.load(path).meta
-    except ConfigError:
-        return False
-    return meta.get("config_hash") == config_hash and not meta.get("layers_missing")
+def placement_store(config: BenchConfig, trace: Any, *, progress: bool = True) -> PlacementStore:
+    """Return the placement resolver (``baselines.store``) of a benchmark configuration."""
+    return PlacementStore(config.store_config(), trace, progress=progress_factory(progress))
 
 
 # ------------------------------------------------------------------------------------ agents
@@ -479,17 +331,6 @@ def _accepts_masks(agent: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------ episodes
-def _bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress bars are optional
-        return None
-    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr,
-                disable=not sys.stderr.isatty())
-
-
 def _nanmean(values: Sequence[float]) -> float | None:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return float(np.mean(vals)) if vals else None
@@ -661,59 +502,6 @@ class BenchResult:
     wall_s: float = 0.0
 
 
-def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read the records of a bench JSON file (an empty list if it does not exist).
-
-    Raises:
-        ConfigError: The file is not a JSON list of records.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); move it away or rerun "
-                          "without --resume") from None
-    if isinstance(data, dict) and "records" in data:
-        data = data["records"]
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise ConfigError(f"{str(path)!r} is not a list of bench records")
-    return data
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda fh: fh.write(text))
-
-
-def write_json(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
-    """Write the records as a JSON list, atomically (temporary file + rename)."""
-    path = Path(path)
-    _atomic_text(path, json.dumps(list(records), indent=1, default=json_default) + "\n")
-    return path
-
-
-CSV_FIELDS = ("method", "seed", "tbt_us", "tbt_std_us", "compute_us", "communication_us",
-              "memory_us", "extra_us", "changed_fraction", "top1_retention", "score_mass_kept",
-              "decision_ms_per_step", "env_steps", "decode_steps", "k_b_mean", "broadcast_mean",
-              "balancedness_mean", "model", "setting", "mesh", "topology", "batch", "fidelity",
-              "predictor", "profile", "knobs_sha256", "placement", "placement_artifact",
-              "agent", "trace", "trace_id", "run_key", "version")
-
-
-def write_csv(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -> Path:
-    """Write one CSV row per record (scalars only), atomically."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    w.writeheader()
-    for rec in records:
-        row = {**rec, **rec.get("breakdown_us", {}), **(rec.get("gating") or {})}
-        w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
-    path = Path(path)
-    _atomic_text(path, buf.getvalue())
-    return path
-
-
 def _load_trace(config: BenchConfig) -> tuple[Any, Any]:
     """Build a TP env (cheap) to load the trace exactly as every method's env will."""
     from hdamoe_env.env import HdMoeEnv
@@ -766,11 +554,11 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
         log.info("resume: %d of %d (method, seed) pairs already in %s", len(skipped),
                  len(names) * len(seeds), json_path)
     all_records = list(existing)
-    store = PlacementStore(config, trace, progress=progress)
+    store = placement_store(config, trace, progress=progress)
     env_args = {**config.env_arguments(), "trace": trace}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     total_steps = len(todo) * config.steps * config.model_spec.num_moe_layers
-    bar = _bar(total_steps, "bench env steps", progress) if todo else None
+    bar = progress_bar(total_steps, "bench env steps", enabled=progress) if todo else None
     envs: dict[str, Any] = {}
     conv = get_profile(config.conventions)
     model = config.model_spec
@@ -812,7 +600,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             all_records.append(record)
             done[(run_key, spec.name, seed)] = record
             if json_path is not None:
-                write_json(json_path, all_records)
+                write_records(json_path, all_records)
             log.info("%s seed %d: TBT %.2f µs (%d decode steps)", spec.name, seed,
                      record["tbt_us"], record["decode_steps"])
     finally:
@@ -820,7 +608,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             bar.close()
     records = [done[(run_key, m, s)] for m in names for s in seeds]
     if json_path is not None:
-        write_json(json_path, all_records)
+        write_records(json_path, all_records)
     if csv_path is not None:
         write_csv(csv_path, records)
     return BenchResult(records, all_records, skipped, run_key, probe.topology,
@@ -829,137 +617,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
                        time.perf_counter() - t_run)
 
 
-# ------------------------------------------------------------------------------------ summary
-def _stat(values: Sequence[float]) -> tuple[float, float]:
-    vals = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if vals.size == 0:
-        return float("nan"), float("nan")
-    return float(vals.mean()), float(vals.std())
-
-
-def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Aggregate records per method over seeds (mean and std over seeds).
-
-    Speed-ups ``speedup_over_<m>`` = TBT(m) / TBT(method), per seed, then averaged; present when
-    method m is among the records. ``tbt_over_tp`` = TBT / TBT(tp).
-
-    Returns:
-        One dict per method, in record order.
-    """
-    by_method: dict[str, dict[int, dict[str, Any]]] = {}
-    for rec in records:
-        by_method.setdefault(rec["method"], {})[int(rec["seed"])] = rec
-    rows = []
-    for method, per_seed in by_method.items():
-        recs = list(per_seed.values())
-        row: dict[str, Any] = {"method": method, "seeds": sorted(per_seed)}
-        row["tbt_us"], row["tbt_seed_std_us"] = _stat([r["tbt_us"] for r in recs])
-        row["tbt_step_std_us"] = _stat([r["tbt_std_us"] for r in recs])[0]
-        for base in ("tp", *SPEEDUP_BASELINES[1:]):
-            if base not in by_method:
-                continue
-            ratios = [by_method[base][s]["tbt_us"] / per_seed[s]["tbt_us"]
-                      for s in per_seed if s in by_method[base] and per_seed[s]["tbt_us"] > 0]
-            row[f"speedup_over_{base}"], row[f"speedup_over_{base}_std"] = _stat(ratios)
-        if "tp" in by_method:
-            norm = [per_seed[s]["tbt_us"] / by_method["tp"][s]["tbt_us"] for s in per_seed
-                    if s in by_method["tp"]]
-            row["tbt_over_tp"], row["tbt_over_tp_std"] = _stat(norm)
-        for key in ("compute_us", "communication_us", "memory_us", "extra_us"):
-            row[key] = _stat([r["breakdown_us"].get(key, 0.0) for r in recs])[0]
-        for key in ("changed_fraction", "top1_retention", "score_mass_kept"):
-            row[key] = _stat([(r.get("gating") or {}).get(key) for r in recs])[0]
-        row["decision_ms"], row["decision_ms_std"] = _stat(
-            [r["decision_ms_per_step"] for r in recs])
-        row["k_b_mean"] = _stat([r.get("k_b_mean", 0.0) for r in recs])[0]
-        row["broadcast_mean"] = _stat([r.get("broadcast_mean", 0.0) for r in recs])[0]
-        rows.append(row)
-    return rows
-
-
-def _fmt(value: Any, spec: str = "{:.2f}") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return spec.format(value)
-
-
-def format_table(records: Sequence[dict[str, Any]]) -> str:
-    """Return the benchmark table (µs per decode step; mean over seeds, ± std over seeds)."""
-    rows = summarise(records)
-    present = {r["method"] for r in rows}
-    bases = [b for b in SPEEDUP_BASELINES if b in present]
-    head = ["method", "TBT µs", "±seeds", "TBT/TP"] + [f"×{b}" for b in bases] + [
-        "compute", "comm", "memory", "other", "k_b", "bcast", "changed", "top1 kept",
-        "decide ms"]
-    cells = []
-    for r in rows:
-        line = [r["method"], _fmt(r["tbt_us"]), _fmt(r["tbt_seed_std_us"]),
-                _fmt(r.get("tbt_over_tp"), "{:.3f}")]
-        line += [_fmt(r.get(f"speedup_over_{b}"), "{:.3f}") for b in bases]
-        line += [_fmt(r["compute_us"]), _fmt(r["communication_us"]), _fmt(r["memory_us"]),
-                 _fmt(r["extra_us"]), _fmt(r["k_b_mean"], "{:.1f}"),
-                 _fmt(r["broadcast_mean"], "{:.1f}"),
-                 _fmt(r["changed_fraction"], "{:.1%}"), _fmt(r["top1_retention"], "{:.1%}"),
-                 _fmt(r["decision_ms"], "{:.3f}") + (
-                     f"±{r['decision_ms_std']:.3f}" if r["decision_ms_std"] else "")]
-        cells.append(line)
-    widths = [max(len(h), *(len(c[j]) for c in cells)) if cells else len(h)
-              for j, h in enumerate(head)]
-    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
-    return "\n".join(out)
-
-
 # ------------------------------------------------------------------------------------ CLI: bench
-def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench`` to an argparse subparsers object (``func`` = :func:`cmd_bench`)."""
-    p = subparsers.add_parser(
-        "bench", help="compare TP, EP, hybrid, Node/Link Balance, HD-MoE, HDA-MoE and agents "
-        "on identical episodes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="deepseek-v2-lite",
-                   help=f"model preset: {', '.join(MODEL_PRESETS)}")
-    p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
-    p.add_argument("--requests", type=int, default=None,
-                   help="synthetic trace: number of requests (default: the env's)")
-    p.add_argument("--mesh", default="4x8", help="node grid XxY")
-    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
-    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
-    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
-                   "an agent")
-    p.add_argument("--seeds", default="0,1,2", help="comma list of episode seeds")
-    p.add_argument("--steps", type=int, default=16, help="decode steps per episode")
-    p.add_argument("--fidelity", default="des", choices=("des", "analytic"))
-    p.add_argument("--predictor", default="noisy_oracle",
-                   choices=("noisy_oracle", "oracle", "trace", "frequency"))
-    p.add_argument("--max-broadcast", type=int, default=8, help="pre-broadcast slots")
-    p.add_argument("--k-b", type=int, default=None,
-                   help="manual pre-broadcast slots per layer (default: the budget rule)")
-    p.add_argument("--gating-protect-top", type=int, default=0,
-                   help="never drop a token's m best original experts (0 = reference)")
-    p.add_argument("--placement-dir", default=None,
-                   help="`hdamoe place` output directory (default: quick pipeline, cached)")
-    p.add_argument("--cache-dir", default=None,
-                   help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
-    p.add_argument("--place-workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes of the quick placement pipeline")
-    p.add_argument("--place-seed", type=int, default=0, help="seed of EP and the pipeline")
-    p.add_argument("--json", default=None, help="write the records (JSON list) here")
-    p.add_argument("--csv", default=None, help="write the records as CSV here")
-    p.add_argument("--resume", action="store_true",
-                   help="skip (method, seed) pairs already in --json for this configuration")
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="per-step TensorBoard scalars under DIR/{env}__{method}__{seed}__{time}")
-    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG figures here")
-    p.add_argument("--heatmap-method", default=None,
-                   help="method of the link heat map (default: the last with link data)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_bench)
-    return p
-
-
 def _parse_list(text: str, what: str) -> list[str]:
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     if not items:
@@ -999,7 +657,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
           + (f" (quick pipeline {result.placement_wall_s:.0f} s)" if result.placement_wall_s
              else ""))
     print()
-    print(format_table(result.records))
+    print(format_bench_table(result.records))
     print("\nµs per decode step (compute incl. dense layers); ×m = speed-up over m; changed / "
           "top1 kept: gating perturbation over gated layers; decide = agent.predict per env step")
     if result.skipped:
@@ -1165,23 +823,6 @@ def format_bench_env(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench-env`` to an argparse subparsers object (``func`` = :func:`cmd_bench_env`)."""
-    p = subparsers.add_parser(
-        "bench-env", help="env steps/s (DES, analytic) and heuristic decision time per step",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="deepseek-v2-lite")
-    p.add_argument("--mesh", default="4x8")
-    p.add_argument("--setting", default="5/50")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
-    p.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
-    p.set_defaults(func=cmd_bench_env)
-    return p
-
-
 def cmd_bench_env(args: argparse.Namespace) -> int:
     """Run ``hdamoe bench-env``; print the table; return the exit code."""
     res = bench_env(seconds=args.seconds, model=args.model, mesh=args.mesh,
@@ -1192,6 +833,6 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
           f"{res['k_b_mean']:.2f}")
     print(format_bench_env(res))
     if args.json:
-        _atomic_text(Path(args.json), json.dumps(res, indent=1, default=json_default) + "\n")
+        write_json(args.json, res)
         print(f"wrote {args.json}")
     return 0

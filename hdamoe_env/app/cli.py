@@ -13,13 +13,16 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hdamoe_env import __version__
+from hdamoe_env.app import bench, place, record, reproduce
+from hdamoe_env.app.progress import wrap
+from hdamoe_env.app.records import render_table
 from hdamoe_env.errors import HdMoeError, TraceFormatError
 from hdamoe_env.fileio import load_trace_file, write_json
 from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
@@ -32,27 +35,12 @@ from hdamoe_env.specs import (
     hardware_from_setting,
 )
 
-__all__ = ["load_trace", "main", "write_json_atomic"]
+__all__ = ["build_parser", "load_trace", "main"]
 
 US = 1e6
 
 
 # ------------------------------------------------------------------------------------- helpers
-def _progress(total: int | None = None, desc: str = "") -> Callable[[Iterable[Any]], Iterable[Any]]:
-    """Return a wrapper that shows a tqdm progress bar on stderr when tqdm is installed."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress bars are optional
-        return lambda it: it
-    return lambda it: tqdm(it, total=total, desc=desc, leave=False, file=sys.stderr,
-                           disable=not sys.stderr.isatty())
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write JSON to ``path`` atomically (temp file in the same directory, then rename)."""
-    return write_json(path, data)
-
-
 def load_trace(spec: str, model: ModelSpec, seed: int, *, requests: int | None = None) -> Any:
     """Load a trace for ``model``: ``"synthetic"`` (built-in generator) or a path (.json/.npz).
 
@@ -65,15 +53,6 @@ def load_trace(spec: str, model: ModelSpec, seed: int, *, requests: int | None =
     if spec == "synthetic":
         return synthetic.generate(model.key, n_requests=requests, seed=seed)
     return load_trace_file(spec, model)
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], fmt: str = "{:.2f}") -> str:
-    cells = [[c if isinstance(c, str) else fmt.format(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[j]) for r in cells)) if cells else len(h)
-              for j, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------ simulate
@@ -111,7 +90,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             evals[name] = evaluate_sampled(sim, placement, trace, args.batch, steps=args.steps,
                                            seed=args.seed, mode=args.batching, view=args.view,
-                                           progress=_progress(args.steps, name))
+                                           progress=lambda it: wrap(it, args.steps, name))
     t_sim = time.perf_counter() - t0
     tp_tbt = evals["tp"].tbt_s
     print(f"hdamoe simulate: {model.key} on {args.topology} {hw.mesh_shape[0]}x{hw.mesh_shape[1]}"
@@ -130,7 +109,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                  lm["t_comm_moe_s"][layer] * US, lm["total_s"][layer] * US]
                 for layer in range(model.num_moe_layers)]
         print(f"\nplacement {name}: per MoE layer (µs, mean over steps)")
-        print(_table(["layer", "t_nm", "t_comp", "dispatch", "combine", "comm_moe", "total"],
+        print(render_table(["layer", "t_nm", "t_comp", "dispatch", "combine", "comm_moe", "total"],
                      rows))
     print("\nsummary (µs per decode step)")
     rows = []
@@ -139,8 +118,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         b = ev.breakdown
         rows.append([name, ev.tbt_s * US, ev.tbt_std_s * US, b["compute_s"] * US,
                      b["communication_s"] * US, b["memory_s"] * US, ev.tbt_s / tp_tbt])
-    print(_table(["placement", "TBT", "±std", "compute", "communication", "memory",
-                  "TBT/TP"], rows, fmt="{:.2f}"))
+    print(render_table(["placement", "TBT", "±std", "compute", "communication", "memory",
+                  "TBT/TP"], rows, number="{:.2f}"))
     dense = sim.dense_time(args.batch)
     if dense:
         print(f"(compute includes {dense * US:.2f} µs of dense leading layers)")
@@ -156,7 +135,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                               for k, v in ev.layer_means.items()},
                 "meta": ev.meta, "version": __version__,
             })
-        write_json_atomic(args.json, records)
+        write_json(args.json, records)
         print(f"wrote {args.json}")
     return 0
 
@@ -173,7 +152,7 @@ def cmd_bench_sim(args: argparse.Namespace) -> int:
         print(f"  {key:>22}: {value:.4g}" if isinstance(value, float) else
               f"  {key:>22}: {value}")
     if args.json:
-        write_json_atomic(args.json, res)
+        write_json(args.json, res)
     return 0
 
 
@@ -197,7 +176,7 @@ def cmd_traces_stats(args: argparse.Namespace) -> int:
                                            rng_seed=args.seed)
     print(stats.format_stats_table(columns))
     if args.json:
-        write_json_atomic(args.json, columns)
+        write_json(args.json, columns)
     return 0
 
 
@@ -295,40 +274,242 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--out", required=True)
     conv.set_defaults(func=cmd_traces_convert)
 
-    _add_record_commands(tsub)
+    _add_record_parsers(tsub)
 
     _add_optional_commands(sub)
     return parser
 
 
-def _add_record_commands(tsub: Any) -> None:
-    """Add ``traces train-tiny|record|fidelity`` (issue 7; torch/transformers imported lazily)."""
-    from hdamoe_env.app import record as record_cli
-
-    record_cli.add_record_parsers(tsub)
-
-
 def _add_optional_commands(sub: Any) -> None:
-    """Add subcommands implemented in the application layer (bench) and in baselines."""
-    from hdamoe_env.app import bench
-
-    bench.add_bench_parser(sub)
-    bench.add_bench_env_parser(sub)
+    """Add the commands whose implementations live in other application modules."""
+    _add_bench_parser(sub)
+    _add_bench_env_parser(sub)
     from agents import learned  # torch and SB3 are imported inside its commands only
 
     learned.add_train_parser(sub)
     learned.add_evaluate_parser(sub)
-    from hdamoe_env.app import reproduce
+    _add_reproduce_parser(sub)
+    _add_place_parser(sub)
+    _add_sweep_parser(sub)
 
-    reproduce.add_reproduce_parser(sub)
-    try:
-        from hdamoe_env.app import place as baselines_cli
-    except ImportError:
-        return
-    for name in ("add_place_parser", "add_sweep_parser"):
-        add = getattr(baselines_cli, name, None)
-        if add is not None:
-            add(sub)
+
+def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` to an argparse subparsers object (``func`` = :func:`bench.cmd_bench`)."""
+    p = subparsers.add_parser(
+        "bench", help="compare TP, EP, hybrid, Node/Link Balance, HD-MoE, HDA-MoE and agents "
+        "on identical episodes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="deepseek-v2-lite",
+                   help=f"model preset: {', '.join(MODEL_PRESETS)}")
+    p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
+    p.add_argument("--requests", type=int, default=None,
+                   help="synthetic trace: number of requests (default: the env's)")
+    p.add_argument("--mesh", default="4x8", help="node grid XxY")
+    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
+    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
+    p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
+    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--methods", default=",".join(bench.DEFAULT_METHODS),
+                   help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
+                   "an agent")
+    p.add_argument("--seeds", default="0,1,2", help="comma list of episode seeds")
+    p.add_argument("--steps", type=int, default=16, help="decode steps per episode")
+    p.add_argument("--fidelity", default="des", choices=("des", "analytic"))
+    p.add_argument("--predictor", default="noisy_oracle",
+                   choices=("noisy_oracle", "oracle", "trace", "frequency"))
+    p.add_argument("--max-broadcast", type=int, default=8, help="pre-broadcast slots")
+    p.add_argument("--k-b", type=int, default=None,
+                   help="manual pre-broadcast slots per layer (default: the budget rule)")
+    p.add_argument("--gating-protect-top", type=int, default=0,
+                   help="never drop a token's m best original experts (0 = reference)")
+    p.add_argument("--placement-dir", default=None,
+                   help="`hdamoe place` output directory (default: quick pipeline, cached)")
+    p.add_argument("--cache-dir", default=None,
+                   help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
+    p.add_argument("--place-workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes of the quick placement pipeline")
+    p.add_argument("--place-seed", type=int, default=0, help="seed of EP and the pipeline")
+    p.add_argument("--json", default=None, help="write the records (JSON list) here")
+    p.add_argument("--csv", default=None, help="write the records as CSV here")
+    p.add_argument("--resume", action="store_true",
+                   help="skip (method, seed) pairs already in --json for this configuration")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="per-step TensorBoard scalars under DIR/{env}__{method}__{seed}__{time}")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG figures here")
+    p.add_argument("--heatmap-method", default=None,
+                   help="method of the link heat map (default: the last with link data)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=bench.cmd_bench)
+    return p
+
+
+def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench-env`` to an argparse subparsers object (``func`` = :func:`bench.cmd_bench_env`)."""
+    p = subparsers.add_parser(
+        "bench-env", help="env steps/s (DES, analytic) and heuristic decision time per step",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="deepseek-v2-lite")
+    p.add_argument("--mesh", default="4x8")
+    p.add_argument("--setting", default="5/50")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=bench.cmd_bench_env)
+    return p
+
+
+def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``reproduce`` to an argparse subparsers object (``func`` = :func:`reproduce.cmd_reproduce`)."""
+    p = subparsers.add_parser(
+        "reproduce", help="the paper's evaluation grid, ablations, figures and a report",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--suite", default="quick", choices=reproduce.SUITES,
+                   help="quick: <= 20 min on 2 cores; full: the whole grid")
+    p.add_argument("--out", required=True, help="output directory (report.md, figures/, "
+                   "results.jsonl, cells/)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="parallel worker processes (or Ray CPUs)")
+    p.add_argument("--backend", default="process", choices=reproduce.BACKENDS)
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument("--mixtral-dir", default=reproduce.DEFAULT_MIXTRAL_DIR,
+                   help="directory of the real Mixtral traces experts_<category>_mixtral.json "
+                   "(Mixtral cells are skipped when it is missing)")
+    p.add_argument("--cache-dir", default=None,
+                   help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
+    p.add_argument("--seeds", default=None, help="comma list of episode seeds")
+    p.add_argument("--fresh", action="store_true",
+                   help="ignore finished cells in --out and compute everything again")
+    p.add_argument("--report-only", action="store_true",
+                   help="only (re)write the report from --out/results.jsonl")
+    p.add_argument("--list", action="store_true", help="list the suite's cells and exit")
+    p.set_defaults(func=reproduce.cmd_reproduce)
+    return p
+
+
+def _add_record_parsers(tsub: Any) -> None:
+    """Register ``train-tiny``, ``record`` and ``fidelity`` under ``hdamoe traces``."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    tt = tsub.add_parser("train-tiny", formatter_class=fmt,
+                         help="train the tiny Mixtral model on stdlib sources (needs [record])")
+    tt.add_argument("--out", default=None,
+                    help="output directory (default ~/.cache/hdamoe-env/tiny-mixtral)")
+    tt.add_argument("--minutes", type=float, default=8.0, help="wall-clock training budget")
+    tt.add_argument("--seed", type=int, default=0)
+    tt.add_argument("--hidden", type=int, default=96)
+    tt.add_argument("--layers", type=int, default=4)
+    tt.add_argument("--seq-len", type=int, default=128)
+    tt.add_argument("--batch", type=int, default=16)
+    tt.add_argument("--lr", type=float, default=3e-3)
+    tt.add_argument("--max-steps", type=int, default=None)
+    tt.set_defaults(func=record.cmd_train_tiny)
+
+    rec = tsub.add_parser("record", formatter_class=fmt,
+                          help="record routing (ids, scores, next-layer predictions) during "
+                          "generate() of a transformers MoE model (needs [record])")
+    rec.add_argument("--model-dir", default=None,
+                     help="save_pretrained directory (default: the train-tiny output)")
+    src = rec.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", default=None,
+                     help="text file, prompts separated by blank lines")
+    src.add_argument("--stdlib-heldout", action="store_true",
+                     help="prompts from the held-out stdlib files")
+    rec.add_argument("--num-prompts", type=int, default=16)
+    rec.add_argument("--prompt-bytes", type=int, default=256,
+                     help="--stdlib-heldout: bytes per prompt")
+    rec.add_argument("--max-new-tokens", type=int, default=64)
+    rec.add_argument("--extra-candidates", type=int, default=None,
+                     help="J: candidates beyond the top-k stored with scores (default k)")
+    rec.add_argument("--model-key", default=None, help="meta['model'] of the trace")
+    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--out", required=True, help="trace path (.hdtrace.npz)")
+    rec.add_argument("--json", default=None, help="write the prediction accuracy here")
+    rec.set_defaults(func=record.cmd_record)
+
+    fid = tsub.add_parser("fidelity", formatter_class=fmt,
+                          help="routing fidelity of hardware-aware gating on held-out text "
+                          "(paper-model.md §12; needs [record])")
+    fid.add_argument("--model-dir", default=None)
+    fid.add_argument("--num-texts", type=int, default=16)
+    fid.add_argument("--text-bytes", type=int, default=512)
+    fid.add_argument("--max-len", type=int, default=512)
+    fid.add_argument("--batch", type=int, default=32,
+                     help="gating batch: consecutive rows gated together (a decode step)")
+    fid.add_argument("--levels", default="0.01,0.1,1",
+                     help="multiples of the default (r_comp, r_comm) of --sim-model")
+    fid.add_argument("--cache-lambda", type=float, default=0.5)
+    fid.add_argument("--sub-tokens", type=int, default=256,
+                     help="tokens per layer for the substitutability matrix")
+    fid.add_argument("--sim-model", default="mixtral-8x7b",
+                     help="preset whose layer shapes (h, I) and coefficients are used; its "
+                     "layer count is replaced by the recorded model's")
+    fid.add_argument("--setting", default="5/50")
+    fid.add_argument("--mesh", default="4x8")
+    fid.add_argument("--conventions", default="paper")
+    fid.add_argument("--placement", default="ep", choices=("ep", "tp"))
+    fid.add_argument("--no-simulate", dest="simulate", action="store_false")
+    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--json", default=None)
+    fid.set_defaults(func=record.cmd_fidelity)
+
+
+def _add_place_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help=f"model preset: {', '.join(MODEL_PRESETS)} "
+                   "(aliases mixtral, deepseek, qwen2, qwen35)")
+    p.add_argument("--mesh", default="4x8", help="node grid XxY")
+    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
+    p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
+    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
+    p.add_argument("--hop-latency-ns", type=float, default=0.0)
+    p.add_argument("--trace", default="synthetic",
+                   help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="synthetic trace: number of requests (default: generator's)")
+    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")
+    p.add_argument("--time-limit", type=float, default=10.0,
+                   help="Node-Balance time budget per layer (heuristic warm start + MILP), s")
+    p.add_argument("--mip-gap", type=float, default=0.05)
+    p.add_argument("--nb-mode", default="milp", choices=("milp", "heuristic"))
+    p.add_argument("--solver", default=None, choices=("highs", "cbc"),
+                   help="MILP solver (default: HiGHS when highspy is installed, else CBC)")
+    p.add_argument("--bo-calls", type=int, default=70, help="Link-Balance evaluation budget")
+    p.add_argument("--lb-method", default="bo", choices=sorted(place._LB_CHOICES))
+    p.add_argument("--lb-objective", default="des", choices=("des", "mst"))
+    p.add_argument("--no-guard", action="store_true",
+                   help="do not fall back to TP for layers where Node+Link is slower")
+    p.add_argument("--workers", type=int, default=1, help="parallel worker processes")
+    p.add_argument("--backend", default="process", choices=("process", "ray"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--resume", action="store_true",
+                   help="skip layers already finished in --out (same configuration only)")
+    p.add_argument("--json", default=None, help="also write the table rows to this JSON file")
+
+
+def _add_place_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``place`` (the offline HD-MoE placement pipeline) to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "place", help="offline placement: γ fit, Node Balance, Link Balance per layer",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_place_common(p)
+    p.add_argument("--rho-mem", type=float, default=None,
+                   help="memory-capacity cap factor ρ_mem (Eq. 10; None = off)")
+    p.set_defaults(func=place.run_place)
+    return p
+
+
+def _add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``sweep-mem`` (the ρ_mem sweep of paper Fig. 20) to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "sweep-mem", help="memory-cap sweep: ρ_mem → max/mean DRAM load and TBT",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_place_common(p)
+    p.add_argument("--rho-values", default="none,2,1.5,1.25,1.1,1.0",
+                   help="comma list of ρ_mem values ('none' = no cap)")
+    p.set_defaults(func=place.run_sweep)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

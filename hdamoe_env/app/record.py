@@ -22,7 +22,7 @@ from typing import Any
 
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 
-__all__ = ["add_record_parsers"]
+__all__ = ["cmd_fidelity", "cmd_record", "cmd_train_tiny"]
 
 
 def _deps() -> None:
@@ -181,67 +181,3 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_record_parsers(tsub: Any) -> None:
-    """Register ``train-tiny``, ``record`` and ``fidelity`` under ``hdamoe traces``."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    tt = tsub.add_parser("train-tiny", formatter_class=fmt,
-                         help="train the tiny Mixtral model on stdlib sources (needs [record])")
-    tt.add_argument("--out", default=None,
-                    help="output directory (default ~/.cache/hdamoe-env/tiny-mixtral)")
-    tt.add_argument("--minutes", type=float, default=8.0, help="wall-clock training budget")
-    tt.add_argument("--seed", type=int, default=0)
-    tt.add_argument("--hidden", type=int, default=96)
-    tt.add_argument("--layers", type=int, default=4)
-    tt.add_argument("--seq-len", type=int, default=128)
-    tt.add_argument("--batch", type=int, default=16)
-    tt.add_argument("--lr", type=float, default=3e-3)
-    tt.add_argument("--max-steps", type=int, default=None)
-    tt.set_defaults(func=cmd_train_tiny)
-
-    rec = tsub.add_parser("record", formatter_class=fmt,
-                          help="record routing (ids, scores, next-layer predictions) during "
-                          "generate() of a transformers MoE model (needs [record])")
-    rec.add_argument("--model-dir", default=None,
-                     help="save_pretrained directory (default: the train-tiny output)")
-    src = rec.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", default=None,
-                     help="text file, prompts separated by blank lines")
-    src.add_argument("--stdlib-heldout", action="store_true",
-                     help="prompts from the held-out stdlib files")
-    rec.add_argument("--num-prompts", type=int, default=16)
-    rec.add_argument("--prompt-bytes", type=int, default=256,
-                     help="--stdlib-heldout: bytes per prompt")
-    rec.add_argument("--max-new-tokens", type=int, default=64)
-    rec.add_argument("--extra-candidates", type=int, default=None,
-                     help="J: candidates beyond the top-k stored with scores (default k)")
-    rec.add_argument("--model-key", default=None, help="meta['model'] of the trace")
-    rec.add_argument("--seed", type=int, default=0)
-    rec.add_argument("--out", required=True, help="trace path (.hdtrace.npz)")
-    rec.add_argument("--json", default=None, help="write the prediction accuracy here")
-    rec.set_defaults(func=cmd_record)
-
-    fid = tsub.add_parser("fidelity", formatter_class=fmt,
-                          help="routing fidelity of hardware-aware gating on held-out text "
-                          "(paper-model.md §12; needs [record])")
-    fid.add_argument("--model-dir", default=None)
-    fid.add_argument("--num-texts", type=int, default=16)
-    fid.add_argument("--text-bytes", type=int, default=512)
-    fid.add_argument("--max-len", type=int, default=512)
-    fid.add_argument("--batch", type=int, default=32,
-                     help="gating batch: consecutive rows gated together (a decode step)")
-    fid.add_argument("--levels", default="0.01,0.1,1",
-                     help="multiples of the default (r_comp, r_comm) of --sim-model")
-    fid.add_argument("--cache-lambda", type=float, default=0.5)
-    fid.add_argument("--sub-tokens", type=int, default=256,
-                     help="tokens per layer for the substitutability matrix")
-    fid.add_argument("--sim-model", default="mixtral-8x7b",
-                     help="preset whose layer shapes (h, I) and coefficients are used; its "
-                     "layer count is replaced by the recorded model's")
-    fid.add_argument("--setting", default="5/50")
-    fid.add_argument("--mesh", default="4x8")
-    fid.add_argument("--conventions", default="paper")
-    fid.add_argument("--placement", default="ep", choices=("ep", "tp"))
-    fid.add_argument("--no-simulate", dest="simulate", action="store_false")
-    fid.add_argument("--seed", type=int, default=0)
-    fid.add_argument("--json", default=None)
-    fid.set_defaults(func=cmd_fidelity)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hdamoe_env.errors import DependencyNotInstalled
+from hdamoe_env.app.records import fmt, render_table
 from hdamoe_env.fileio import atomic_write
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,9 @@ def cell_tables(records: Iterable[dict[str, Any]], figure: str | None = None
     Returns:
         ``[(meta, {method: summary row})]`` in record order; ``meta`` is the first record of the
         cell (configuration fields and tags), the rows come from
-        :func:`hdamoe_env.app.bench.summarise`.
+        :func:`hdamoe_env.app.records.summarise`.
     """
-    from hdamoe_env.app.bench import summarise
+    from hdamoe_env.app.records import summarise
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -56,15 +57,11 @@ def cell_tables(records: Iterable[dict[str, Any]], figure: str | None = None
 
 
 def _f(value: Any, spec: str = "{:.3f}") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    return spec.format(value)
+    return fmt(value, spec, missing="–")
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    return render_table(head, rows, style="markdown")
 
 
 def _best_other(rows: dict[str, dict[str, Any]], method: str = "hda-moe",
@@ -763,7 +760,7 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
     Returns:
         The Markdown path.
     """
-    from hdamoe_env.app.reproduce import read_results
+    from hdamoe_env.app.records import read_jsonl as read_results
 
     out = Path(out_dir)
     records = read_results(out)

@@ -42,6 +42,7 @@ from typing import Any
 
 from hdamoe_env import __version__
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.app.records import read_jsonl, write_jsonl
 from hdamoe_env.fileio import json_default, write_json
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ __all__ = [
     "SUITES",
     "Cell",
     "ReproduceResult",
-    "add_reproduce_parser",
     "cmd_reproduce",
     "read_results",
     "run_cell",
@@ -132,11 +132,11 @@ def _bench_config(params: Mapping[str, Any], cache_dir: str | None) -> Any:
 
 def _placement_dir_of(params: Mapping[str, Any], cache_dir: str | None) -> str:
     """Compute (or find cached) the quick placements of a configuration; return the directory."""
-    from hdamoe_env.app.bench import PlacementStore, _load_trace
+    from hdamoe_env.app.bench import _load_trace, placement_store
 
     config = _bench_config(params, cache_dir)
     trace, _ = _load_trace(config)
-    store = PlacementStore(config, trace, progress=False)
+    store = placement_store(config, trace, progress=False)
     store.get("node_link")
     return str(store.pipeline_dir)
 
@@ -189,7 +189,7 @@ def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[st
 
 def _run_sweep_mem(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
     from baselines.pipeline import PlaceConfig, sweep_rho_mem
-    from hdamoe_env.app.bench import QUICK_PLACEMENT, default_cache_dir
+    from baselines.store import QUICK_PLACEMENT, default_cache_dir
 
     cfg = dict(params["config"])
     mesh = cfg.pop("mesh", "4x8")
@@ -446,33 +446,12 @@ def _read_cell(out: Path, cell: Cell) -> dict[str, Any] | None:
 
 def write_results_jsonl(path: Path, payloads: Sequence[dict[str, Any]]) -> Path:
     """Write every record of ``payloads`` as one JSON line, atomically."""
-    from hdamoe_env.fileio import atomic_write
-
-    def write(fh: Any) -> None:
-        for payload in payloads:
-            for rec in payload["records"]:
-                fh.write(json.dumps(rec, default=json_default, sort_keys=True) + "\n")
-
-    atomic_write(path, write, mode="w")
-    return path
+    return write_jsonl(path, (rec for payload in payloads for rec in payload["records"]))
 
 
 def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a ``results.jsonl`` (or the ``OUT`` directory holding it)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.jsonl"
-    if not p.exists():
-        raise ConfigError(f"{str(p)!r} does not exist; run `hdamoe reproduce --out DIR` first")
-    records = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError as exc:
-            raise ConfigError(f"{p}:{n}: not a JSON line ({exc})") from None
-    return records
+    return read_jsonl(path)
 
 
 def _execute(cells: Sequence[Cell], *, workers: int, backend: str, cache_dir: str | None,
@@ -583,35 +562,6 @@ def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers
 
 
 # ----------------------------------------------------------------------------------------- CLI
-def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``reproduce`` to an argparse subparsers object (``func`` = :func:`cmd_reproduce`)."""
-    p = subparsers.add_parser(
-        "reproduce", help="the paper's evaluation grid, ablations, figures and a report",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--suite", default="quick", choices=SUITES,
-                   help="quick: <= 20 min on 2 cores; full: the whole grid")
-    p.add_argument("--out", required=True, help="output directory (report.md, figures/, "
-                   "results.jsonl, cells/)")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="parallel worker processes (or Ray CPUs)")
-    p.add_argument("--backend", default="process", choices=BACKENDS)
-    p.add_argument("--ray-address", default=None,
-                   help="Ray cluster address (default: start a local Ray instance)")
-    p.add_argument("--mixtral-dir", default=DEFAULT_MIXTRAL_DIR,
-                   help="directory of the real Mixtral traces experts_<category>_mixtral.json "
-                   "(Mixtral cells are skipped when it is missing)")
-    p.add_argument("--cache-dir", default=None,
-                   help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
-    p.add_argument("--seeds", default=None, help="comma list of episode seeds")
-    p.add_argument("--fresh", action="store_true",
-                   help="ignore finished cells in --out and compute everything again")
-    p.add_argument("--report-only", action="store_true",
-                   help="only (re)write the report from --out/results.jsonl")
-    p.add_argument("--list", action="store_true", help="list the suite's cells and exit")
-    p.set_defaults(func=cmd_reproduce)
-    return p
-
-
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run ``hdamoe reproduce``; return the exit code."""
     from hdamoe_env.app import report

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 import pytest
 
-from hdamoe_env.app import bench, plots
+from hdamoe_env.app import bench, plots, records
+from hdamoe_env.app.cli import build_parser
 from hdamoe_env.app.bench import BenchConfig, parse_method, run_bench
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec
@@ -72,14 +72,14 @@ def test_bench_records_resume_and_cache(tmp_path, monkeypatch):
                      progress=False)
     assert len(more.skipped) == 2 and len(more.records) == 6
     assert len(json.loads(out.read_text())) == 6 + 4
-    assert "TBT/TP" in bench.format_table(more.records)
+    assert "TBT/TP" in records.format_bench_table(more.records)
 
 
 def test_summary_speedups():
     recs = [{"method": m, "seed": s, "tbt_us": t, "tbt_std_us": 0.0, "breakdown_us": {},
              "decision_ms_per_step": 0.1, "gating": None}
             for m, t in (("tp", 10.0), ("ep", 8.0), ("hd-moe", 5.0)) for s in (0, 1)]
-    rows = {r["method"]: r for r in bench.summarise(recs)}
+    rows = {r["method"]: r for r in records.summarise(recs)}
     assert rows["hd-moe"]["speedup_over_tp"] == pytest.approx(2.0)
     assert rows["hd-moe"]["speedup_over_ep"] == pytest.approx(1.6)
     assert rows["ep"]["tbt_over_tp"] == pytest.approx(0.8)
@@ -99,10 +99,7 @@ def test_placement_dir_is_used(tmp_path):
 
 
 def test_parser_defaults():
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers()
-    bench.add_bench_parser(sub)
-    bench.add_bench_env_parser(sub)
+    parser = build_parser()
     args = parser.parse_args(["bench"])
     assert args.model == "deepseek-v2-lite" and args.mesh == "4x8" and args.setting == "5/50"
     assert args.batch == 128 and args.methods.split(",") == list(bench.DEFAULT_METHODS)
@@ -156,8 +153,7 @@ def test_heatmap_checks_the_link_count(tmp_path):
 
 
 def test_cmd_bench_prints_the_table_and_writes_outputs(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    bench.add_bench_parser(parser.add_subparsers())
+    parser = build_parser()
     args = parser.parse_args(["bench", "--mesh", "2x2", "--setting", "1/1", "--batch", "8",
                               "--methods", "tp,ep", "--seeds", "0", "--steps", "2",
                               "--requests", "4", "--json", str(tmp_path / "r.json"),

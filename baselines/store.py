@@ -1,0 +1,227 @@
+"""The one placement resolver: a method's placement name → ``Placement`` (paper-model.md §7–9).
+
+Every command that needs a placement by name (``hdamoe bench``, ``reproduce``, ``train``,
+``evaluate``, ``simulate``) asks this module. The names and the artifact each one is stored in:
+
+| name | placement | where it comes from |
+|---|---|---|
+| ``tp`` | TP (§9.1) | built (core data constructor) |
+| ``ep`` | EP (§9.2) | built, seeded by ``placement_seed`` |
+| ``hybrid`` | compute-balanced hybrid TP-EP (§9.3) | ``placement_hybrid.npz`` |
+| ``node_balance`` | Node Balance with the random mapping π0 (§7) | ``placement_node_balance.npz`` |
+| ``node_link`` | Node + Link Balance with the TP guard (§7–8) | ``placement.npz`` |
+| ``node_link_raw`` | the same without the TP guard (ablations) | ``placement_node_link_raw.npz`` |
+
+Artifact-backed placements are read from a ``hdamoe place`` output directory when one is given,
+otherwise from a quick run of the offline pipeline (:data:`QUICK_PLACEMENT`: heuristic Node
+Balance, a small local-search Link-Balance budget) cached under :func:`default_cache_dir` in a
+directory keyed by the pipeline's configuration hash — model, trace id, hardware, topology,
+profile, seed and budget. A complete cached artifact is loaded, never re-solved; an interrupted
+run resumes layer by layer. The online methods HD-MoE and HDA-MoE are ``node_link`` plus agents;
+the application layer composes them (this package never imports ``agents``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hdamoe_env.errors import ConfigError, unknown_name
+from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.specs import ModelSpec, get_model, hardware_from_setting, parse_mesh
+
+__all__ = ["PLACEMENT_ARTIFACTS", "QUICK_PLACEMENT", "PlacementStore", "StoreConfig",
+           "default_cache_dir"]
+
+log = logging.getLogger(__name__)
+
+#: Placement names and the artifact file of each in a ``hdamoe place`` output directory.
+PLACEMENT_ARTIFACTS: dict[str, str | None] = {
+    "tp": None, "ep": None, "hybrid": "placement_hybrid.npz",
+    "node_balance": "placement_node_balance.npz", "node_link": "placement.npz",
+    "node_link_raw": "placement_node_link_raw.npz",
+}
+
+#: Budget of the quick offline pipeline used when no placement directory is given [decision]:
+#: heuristic Node Balance (no MILP), swap local search for Link Balance with 12 DES evaluations,
+#: a 5 s limit on the hybrid's region-balance MILP.
+QUICK_PLACEMENT: dict[str, Any] = {"nb_mode": "heuristic", "lb_method": "local", "bo_calls": 12,
+                                   "lb_objective": "des", "hybrid_time_limit_s": 5.0}
+
+
+def default_cache_dir() -> Path:
+    """Return the placement cache root: ``$HDAMOE_CACHE_DIR`` or ``~/.cache/hdamoe-env``."""
+    env = os.environ.get("HDAMOE_CACHE_DIR")
+    if env:
+        return Path(env) / "placements"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hdamoe-env" / "placements"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """What defines the placements of one configuration.
+
+    Attributes:
+        model: Model preset id or ``ModelSpec``.
+        mesh: ``"XxY"``.
+        setting: ``"TFLOPS/GBps"``.
+        topology: ``"mesh"``, ``"torus"`` or ``"fattree"``.
+        conventions: Profile name or ``Conventions``.
+        trace_label: The trace as the pipeline names it (``"synthetic"`` or a path).
+        trace_requests: Requests of a synthetic trace (None: the generator's default).
+        placement_dir: ``hdamoe place`` output directory (None: quick pipeline, cached).
+        cache_dir: Root of the placement cache (None: :func:`default_cache_dir`).
+        placement_seed: Seed of EP and of the offline pipeline.
+        place_batch: Batch size the placements are optimised at (paper: 128).
+        place_workers: Worker processes of the quick pipeline.
+        quick: Budget of the quick pipeline (``PlaceConfig`` fields).
+    """
+
+    model: str | ModelSpec = "deepseek-v2-lite"
+    mesh: str = "4x8"
+    setting: str = "5/50"
+    topology: str = "mesh"
+    conventions: Any = "faithful"
+    trace_label: str = "synthetic"
+    trace_requests: int | None = None
+    placement_dir: str | None = None
+    cache_dir: str | None = None
+    placement_seed: int = 0
+    place_batch: int = 128
+    place_workers: int = 1
+    quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
+
+
+class PlacementStore:
+    """Placements of the methods of one configuration, built, loaded or computed once.
+
+    Args:
+        config: The configuration.
+        trace: The loaded trace (its id keys the cache; the pipeline mines it).
+        progress: Optional factory ``progress(total, desc)`` returning an object with
+            ``update(n)`` and ``close()`` (a progress bar over the layers of a pipeline run).
+    """
+
+    def __init__(self, config: StoreConfig, trace: Any, *,
+                 progress: Callable[[int, str], Any] | None = None) -> None:
+        self.config = config
+        self.trace = trace
+        self.progress = progress
+        self.model = get_model(config.model)
+        self.hw = hardware_from_setting(config.setting, config.mesh)
+        self._cache: dict[str, tuple[Placement, str | None]] = {}
+        self.pipeline_dir: Path | None = None
+        self.pipeline_wall_s: float = 0.0
+        self.pipeline_solved = False
+
+    def get(self, name: str) -> tuple[Placement, str | None]:
+        """Return the placement of ``name`` and the artifact path it came from (or None).
+
+        Raises:
+            ConfigError: Unknown placement, or a placement file that does not fit the model.
+        """
+        name = name.replace("-", "_")
+        if name not in PLACEMENT_ARTIFACTS:
+            raise unknown_name("placement", name, PLACEMENT_ARTIFACTS)
+        hit = self._cache.get(name)
+        if hit is not None:
+            return hit
+        L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
+        if name == "tp":
+            result: tuple[Placement, str | None] = (tensor_parallel(L, E, D), None)
+        elif name == "ep":
+            result = (expert_parallel(L, E, D, np.random.default_rng(self.config.placement_seed)),
+                      None)
+        else:
+            directory = (Path(self.config.placement_dir) if self.config.placement_dir
+                         else self._quick_pipeline())
+            artifact = PLACEMENT_ARTIFACTS[name]
+            assert artifact is not None
+            path = directory / artifact
+            if not path.exists():
+                raise ConfigError(f"placement directory {str(directory)!r} has no {artifact} "
+                                  f"(needed by {name!r}); run `hdamoe place --out {directory}` "
+                                  "or omit --placement-dir to use the quick pipeline")
+            placement = Placement.load(path)
+            placement.validate(self.model, self.hw)
+            missing = placement.meta.get("layers_missing") or []
+            if missing:
+                log.warning("%s: layers %s were not placed (TP used there)", path, missing)
+            placed_on = placement.meta.get("trace_id")
+            if placed_on and placed_on != self.trace.trace_id:
+                log.info("%s was optimised on trace %s; evaluating on trace %s", path,
+                         str(placed_on)[:12], self.trace.trace_id[:12])
+            result = (placement, str(path))
+        self._cache[name] = result
+        return result
+
+    def place_config(self) -> Any:
+        """Return the ``baselines.pipeline.PlaceConfig`` of the quick pipeline."""
+        from baselines.pipeline import PlaceConfig
+
+        cfg = self.config
+        return PlaceConfig(model=cfg.model, mesh=parse_mesh(cfg.mesh), setting=cfg.setting,
+                           batch=cfg.place_batch, topology=cfg.topology, trace=cfg.trace_label,
+                           trace_requests=cfg.trace_requests, conventions=cfg.conventions,
+                           seed=cfg.placement_seed, **cfg.quick)
+
+    def cache_path(self) -> Path:
+        """Return the cache directory of this configuration's quick placements."""
+        pc = self.place_config()
+        digest = pc.config_hash(self.trace.trace_id)
+        X, Y = parse_mesh(self.config.mesh)
+        conv = self.config.conventions
+        conv_name = conv if isinstance(conv, str) else conv.name
+        name = (f"{self.model.key}__{self.config.topology}{X}x{Y}__"
+                f"{self.config.setting.replace('/', '-')}__{conv_name}__"
+                f"seed{self.config.placement_seed}__{digest}")
+        root = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
+        return root / name
+
+    def _quick_pipeline(self) -> Path:
+        if self.pipeline_dir is not None:
+            return self.pipeline_dir
+        from baselines.pipeline import run_pipeline
+
+        out = self.cache_path()
+        pc = self.place_config()
+        digest = pc.config_hash(self.trace.trace_id)
+        if _complete_artifact(out, digest):
+            log.info("using cached placements in %s", out)
+            self.pipeline_dir = out
+            return out
+        log.info("computing quick placements (heuristic Node Balance, local-search Link Balance) "
+                 "into %s", out)
+        bar = self.progress(self.model.num_moe_layers, "placement layers") \
+            if self.progress is not None else None
+        t0 = time.perf_counter()
+        try:
+            run_pipeline(pc, out, workers=max(1, self.config.place_workers), resume=True,
+                         trace=self.trace, on_layer=(lambda _: bar.update(1)) if bar else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.pipeline_wall_s = time.perf_counter() - t0
+        self.pipeline_solved = True
+        self.pipeline_dir = out
+        return out
+
+
+def _complete_artifact(directory: Path, config_hash: str) -> bool:
+    path = directory / "placement.npz"
+    if not path.exists() or not all((directory / a).exists()
+                                    for a in PLACEMENT_ARTIFACTS.values() if a):
+        return False  # an older cache without every artifact: the resumed pipeline merges again
+    try:
+        meta = Placement.load(path).meta
+    except ConfigError:
+        return False
+    return meta.get("config_hash") == config_hash and not meta.get("layers_missing")
