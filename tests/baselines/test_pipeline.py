@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("pulp")
 
-from baselines import METHODS, method_placement
+from baselines.store import PLACEMENT_ARTIFACTS, PlacementStore, StoreConfig
 from baselines.pipeline import PlaceConfig, parse_layers, run_pipeline, sweep_rho_mem
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.placement import Placement
@@ -44,10 +44,12 @@ def test_pipeline_artifacts(cfg, trace, tmp_path):
     lat = rec["latency_us"]
     # the guard keeps Node+Link no slower than TP; Link Balance never worsens π0 as evaluated
     assert lat["node_link"]["total_us"] <= lat["tp"]["total_us"] + 1e-9
-    for name in ("tp", "ep", "hybrid", "node_link"):
-        assert method_placement(name, num_layers=2, num_experts=4, num_nodes=4,
-                                run_dir=tmp_path).P.shape == (2, 4, 4)
-    assert set(METHODS) >= {"tp", "ep", "hybrid", "node_balance", "node_link", "hd_moe"}
+    store = PlacementStore(StoreConfig(model=cfg.model, mesh="2x2", setting=cfg.setting,
+                                       placement_dir=str(tmp_path)), trace)
+    for name in ("tp", "ep", "hybrid", "node_balance", "node_link", "node_link_raw"):
+        placement, artifact = store.get(name)
+        assert placement.P.shape == (2, 4, 4)
+        assert (artifact is None) == (PLACEMENT_ARTIFACTS[name] is None)
     rows = res.table_rows()
     assert [r["layer"] for r in rows] == [0, 1] and len(rows[0]["node_link"]) == 3
 
