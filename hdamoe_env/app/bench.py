@@ -42,8 +42,7 @@ step (wall time of ``agent.predict``), env steps, profile name and knob hash, pl
 and artifact, trace id, setting, batch, and the mean busy time of every directed link per decode
 step (for the congestion heat map).
 
-``bench_env`` measures env steps per second (DES and analytic twin) against the raw simulator
-layer call, and the heuristic agents' decision time (``hdamoe bench-env``).
+Env throughput (``hdamoe bench-env``) is measured by :mod:`hdamoe_env.app.envbench`.
 """
 
 from __future__ import annotations
@@ -69,7 +68,6 @@ from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
 from baselines.store import (PLACEMENT_ARTIFACTS, QUICK_PLACEMENT, PlacementStore, StoreConfig)
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import factory as progress_factory
-from hdamoe_env.fileio import write_json
 from hdamoe_env.app.records import (format_bench_table, read_records, write_csv,
                                      write_records)
 from hdamoe_env.profiles import get_profile
@@ -88,10 +86,7 @@ __all__ = [
     "BenchResult",
     "MethodSpec",
     "placement_store",
-    "bench_env",
     "cmd_bench",
-    "cmd_bench_env",
-    "format_bench_env",
     "parse_method",
     "resolve_agent",
     "run_bench",
@@ -676,163 +671,4 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if path:
             print(f"wrote {path}")
     print(f"wall {result.wall_s:.1f} s")
-    return 0
-
-
-# ------------------------------------------------------------------------------------ bench-env
-def _rate(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
-    """Call ``fn`` (returns the number of items it did) until ``seconds`` pass; items/s."""
-    count = 0
-    t0 = time.perf_counter()
-    while True:
-        count += fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds:
-            return count / elapsed, count
-
-
-def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: str = "4x8",
-              setting: str = "5/50", batch: int = 128, conventions: str = "faithful",
-              seed: int = 0) -> dict[str, Any]:
-    """Measure env steps per second and heuristic decision times (``hdamoe bench-env``).
-
-    Env: EP placement (every layer simulated by the DES; TP would take the analytic all-reduce
-    path), no-op actions, DES and analytic fidelity. Baseline, same run: the raw simulator layer
-    call ``MoESimulator.layer_sampled`` on the same decode steps. Decisions: ``HDMoEAgent`` and
-    ``HDAMoEAgent`` on the observations of a DES episode (typical), and with the budget forced to
-    ``max_broadcast`` slots (worst case); baseline: ``NoOpAgent.predict``.
-
-    Returns:
-        Rates (steps/s), times (ms) and ratios.
-    """
-    import agents
-    from hdamoe_env.env import HdMoeEnv
-    from hdamoe_env.simulator import make_steps
-
-    out: dict[str, Any] = {"model": model, "mesh": mesh, "setting": setting, "batch": batch,
-                           "conventions": conventions, "seconds": seconds}
-    for fidelity in ("des", "analytic"):
-        t0 = time.perf_counter()
-        env = HdMoeEnv(model=model, mesh=mesh, setting=setting, batch=batch,
-                       conventions=conventions, placement="ep", fidelity=fidelity,
-                       steps_per_episode=4, placement_seed=seed)
-        noop = agents.NoOpAgent.from_env(env).layout.noop()
-        state = {"episodes": 0}
-
-        def env_steps(env: Any = env, noop: Any = noop, state: dict[str, int] = state) -> int:
-            env.reset(seed=seed + state["episodes"])
-            state["episodes"] += 1
-            n, done = 0, False
-            while not done:
-                _, _, term, trunc, _ = env.step(noop)
-                n += 1
-                done = term or trunc
-            return n
-
-        env_steps()                                      # warm-up: JIT, γ fit, caches
-        out[f"{fidelity}_setup_s"] = time.perf_counter() - t0
-        out[f"env_{fidelity}_steps_per_s"], _ = _rate(env_steps, seconds)
-        sim, placement = env.sim, env.placement
-        rows = make_steps(env.trace, batch, 8, np.random.default_rng(seed))
-        sets = [np.asarray(env.trace.topk_ids[:, r, :], dtype=np.int64) for r in rows]
-        rng = np.random.default_rng(seed)
-        # the cost of the analytic call does not depend on the value of γ
-        gammas = [1.0] * env.num_layers if fidelity == "analytic" else None
-
-        def raw_layers(sim: Any = sim, placement: Any = placement, sets: Any = sets,
-                       gammas: Any = gammas, fidelity: str = fidelity) -> int:
-            n = 0
-            for step_sets in sets:
-                for layer in range(step_sets.shape[0]):
-                    sim.layer_sampled(placement, layer, step_sets[layer], rng=rng,
-                                      fidelity=fidelity,
-                                      gamma=None if gammas is None else gammas[layer])
-                    n += 1
-            return n
-
-        raw_layers()
-        out[f"raw_{fidelity}_layers_per_s"], _ = _rate(raw_layers, seconds)
-        out[f"ratio_{fidelity}"] = (out[f"env_{fidelity}_steps_per_s"]
-                                    / out[f"raw_{fidelity}_layers_per_s"])
-    env = HdMoeEnv(model=model, mesh=mesh, setting=setting, batch=batch,
-                   conventions=conventions, placement="ep", steps_per_episode=4,
-                   placement_seed=seed)
-    noop_agent = agents.NoOpAgent.from_env(env)
-    observations = []
-    obs, _ = env.reset(seed=seed)
-    done = False
-    while not done:
-        observations.append(obs)
-        obs, _, term, trunc, _ = env.step(noop_agent.predict(obs)[0])
-        done = term or trunc
-    worst = [{**o, "budget": np.ones(1, dtype=np.float32)} for o in observations]
-    out["k_b_mean"] = float(np.mean(env.k_b))
-    for label, agent in (("noop", noop_agent),
-                         ("hd_moe", agents.HDMoEAgent.from_env(env)),
-                         ("hda_moe", agents.HDAMoEAgent.from_env(env))):
-        for case, obs_list in (("typical", observations), ("worst", worst)):
-            times = []
-            for _ in range(3):
-                for o in obs_list:
-                    t0 = time.perf_counter()
-                    agent.predict(o)
-                    times.append(time.perf_counter() - t0)
-            out[f"decide_{label}_{case}_ms"] = 1e3 * float(np.median(times))
-            out[f"decide_{label}_{case}_p99_ms"] = 1e3 * float(np.percentile(times, 99))
-    env_step_ms = 1e3 / out["env_des_steps_per_s"]
-    out["env_des_step_ms"] = env_step_ms
-    for label in ("hd_moe", "hda_moe"):
-        out[f"ratio_decide_{label}_vs_noop"] = (out[f"decide_{label}_worst_ms"]
-                                                / max(out["decide_noop_worst_ms"], 1e-9))
-        out[f"ratio_decide_{label}_vs_env_step"] = out[f"decide_{label}_worst_ms"] / env_step_ms
-    out["targets"] = {"env_des_steps_per_s": 1000, "env_analytic_steps_per_s": 10000,
-                      "decide_hda_moe_ms": 3.0}
-    out["pass"] = {
-        "env_des_steps_per_s": out["env_des_steps_per_s"] >= 1000,
-        "env_analytic_steps_per_s": out["env_analytic_steps_per_s"] >= 10000,
-        "decide_hda_moe_ms": out["decide_hda_moe_worst_ms"] <= 3.0,
-    }
-    return out
-
-
-def format_bench_env(res: dict[str, Any]) -> str:
-    """Return the ``bench-env`` table: measurement, value, same-run baseline, ratio, target."""
-    ok = res["pass"]
-    rows = [
-        ("env steps/s, DES", f"{res['env_des_steps_per_s']:,.0f}",
-         f"raw layer_sampled DES {res['raw_des_layers_per_s']:,.0f}/s",
-         f"{res['ratio_des']:.2f}", ">= 1,000 " + ("ok" if ok["env_des_steps_per_s"] else "MISS")),
-        ("env steps/s, analytic", f"{res['env_analytic_steps_per_s']:,.0f}",
-         f"raw layer_sampled analytic {res['raw_analytic_layers_per_s']:,.0f}/s",
-         f"{res['ratio_analytic']:.2f}",
-         ">= 10,000 " + ("ok" if ok["env_analytic_steps_per_s"] else "MISS")),
-    ]
-    for label, name in (("hd_moe", "HD-MoE"), ("hda_moe", "HDA-MoE")):
-        target = ("<= 3 ms " + ("ok" if ok["decide_hda_moe_ms"] else "MISS")
-                  if label == "hda_moe" else "")
-        rows.append((f"{name} decision ms (typical)",
-                     f"{res[f'decide_{label}_typical_ms']:.3f}",
-                     f"NoOp {res['decide_noop_typical_ms']:.4f} ms", "", ""))
-        rows.append((f"{name} decision ms (k_b = max)", f"{res[f'decide_{label}_worst_ms']:.3f}",
-                     f"env DES step {res['env_des_step_ms']:.3f} ms",
-                     f"{res[f'ratio_decide_{label}_vs_env_step']:.2f}", target))
-    head = ("measurement", "value", "baseline (same run)", "ratio", "target")
-    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
-def cmd_bench_env(args: argparse.Namespace) -> int:
-    """Run ``hdamoe bench-env``; print the table; return the exit code."""
-    res = bench_env(seconds=args.seconds, model=args.model, mesh=args.mesh,
-                    setting=args.setting, batch=args.batch, conventions=args.conventions,
-                    seed=args.seed)
-    print(f"env benchmark: {res['model']} {res['mesh']} {res['setting']} B={res['batch']} "
-          f"({res['conventions']}), EP placement, no-op actions; mean k_b "
-          f"{res['k_b_mean']:.2f}")
-    print(format_bench_env(res))
-    if args.json:
-        write_json(args.json, res)
-        print(f"wrote {args.json}")
     return 0

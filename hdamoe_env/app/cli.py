@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hdamoe_env import __version__
-from hdamoe_env.app import bench, place, record, reproduce
+from hdamoe_env.app import bench, envbench, place, record, reproduce
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
 from hdamoe_env.errors import HdMoeError, TraceFormatError
@@ -343,7 +343,7 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench-env`` to an argparse subparsers object (``func`` = :func:`bench.cmd_bench_env`)."""
+    """Add ``bench-env`` to an argparse subparsers object (``func`` = :func:`envbench.cmd_bench_env`)."""
     p = subparsers.add_parser(
         "bench-env", help="env steps/s (DES, analytic) and heuristic decision time per step",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -355,7 +355,7 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
-    p.set_defaults(func=bench.cmd_bench_env)
+    p.set_defaults(func=envbench.cmd_bench_env)
     return p
 
 

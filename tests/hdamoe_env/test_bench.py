@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hdamoe_env.app import bench, plots, records
+from hdamoe_env.app import bench, envbench, plots, records
 from hdamoe_env.app.cli import build_parser
 from hdamoe_env.app.bench import BenchConfig, parse_method, run_bench
 from hdamoe_env.errors import ConfigError
@@ -104,7 +104,7 @@ def test_parser_defaults():
     assert args.model == "deepseek-v2-lite" and args.mesh == "4x8" and args.setting == "5/50"
     assert args.batch == 128 and args.methods.split(",") == list(bench.DEFAULT_METHODS)
     assert args.func is bench.cmd_bench
-    assert parser.parse_args(["bench-env"]).func is bench.cmd_bench_env
+    assert parser.parse_args(["bench-env"]).func is envbench.cmd_bench_env
 
 
 # ------------------------------------------------------------------ figures (plots.py)
