@@ -151,18 +151,55 @@ PROFILES: dict[str, Conventions] = {
 
 
 def get_profile(name: str | Conventions, **overrides: Any) -> Conventions:
-    """Look up a convention profile by name and apply knob overrides.
+    """Look up a convention profile by name (or derived name) and apply knob overrides.
+
+    A derived profile's name records its base and overrides (``"faithful+b_psum=4+chunks=2"``);
+    such a name resolves to the same profile, so derived profiles travel wherever a profile name
+    does (CLI options, JSON configurations, cache keys).
 
     Args:
-        name: ``"faithful"``, ``"paper"``, ``"paper-hd"`` or a ``Conventions``.
+        name: ``"faithful"``, ``"paper"``, ``"paper-hd"``, a derived name, or a ``Conventions``.
         **overrides: Knob values; the result's name records them.
 
     Raises:
-        ConfigError: Unknown profile or knob.
+        ConfigError: Unknown profile or knob, or an override value of the wrong type.
     """
-    base = name if isinstance(name, Conventions) else None
-    if base is None:
-        if name not in PROFILES:
-            raise unknown_name("convention profile", name, PROFILES)
-        base = PROFILES[name]
+    if isinstance(name, Conventions):
+        base = name
+    else:
+        head, *parts = str(name).split("+")
+        if head not in PROFILES:
+            raise unknown_name("convention profile", head, PROFILES)
+        base = PROFILES[head]
+        if parts:
+            base = base.derive(**dict(_parse_override(base, part, str(name)) for part in parts))
     return base.derive(**overrides) if overrides else base
+
+
+def _parse_override(base: Conventions, text: str, whole: str) -> tuple[str, Any]:
+    """Parse one ``knob=value`` of a derived profile name, typed like the knob's current value."""
+    knob, sep, raw = text.partition("=")
+    fields = {f.name for f in dataclasses.fields(base)} - {"name"}
+    if not sep or knob not in fields:
+        if sep:
+            raise unknown_name("convention knob", knob, fields)
+        raise ConfigError(f"profile {whole!r}: {text!r} is not knob=value; write e.g. "
+                          "'faithful+b_psum=4'")
+    current = getattr(base, knob)
+    try:
+        if isinstance(current, bool):
+            if raw not in ("True", "False", "true", "false", "1", "0"):
+                raise ValueError(raw)
+            value: Any = raw in ("True", "true", "1")
+        elif isinstance(current, int):
+            value = int(raw)
+        elif isinstance(current, float):
+            value = float(raw)
+        elif isinstance(current, tuple):
+            value = tuple(int(v) for v in raw.strip("()[] ").split(","))
+        else:
+            value = raw
+    except ValueError:
+        raise ConfigError(f"profile {whole!r}: {knob}={raw!r} is not a valid "
+                          f"{type(current).__name__}; e.g. {knob}={current!r}") from None
+    return knob, value

@@ -41,6 +41,18 @@ US = 1e6
 
 
 # ------------------------------------------------------------------------------------- helpers
+PROFILE_HELP = (f"convention profile: {', '.join(sorted(PROFILES))}, or a derived one such as "
+                "'faithful+b_psum=4' (paper-model.md §4)")
+
+
+def profile_name(text: str) -> str:
+    """``argparse`` type of ``--conventions``: a profile or derived-profile name, validated."""
+    try:
+        return get_profile(text).name
+    except HdMoeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def load_trace(spec: str, model: ModelSpec, seed: int, *, requests: int | None = None) -> Any:
     """Load a trace for ``model``: ``"synthetic"`` (built-in generator) or a path (.json/.npz).
 
@@ -233,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
     sim.add_argument("--requests", type=int, default=None,
                      help="synthetic trace: number of requests (default: generator's)")
-    sim.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    sim.add_argument("--conventions", default="faithful", type=profile_name,
+                     help=PROFILE_HELP)
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"))
     sim.add_argument("--steps", type=int, default=16, help="decode steps (sampled evaluator)")
     sim.add_argument("--batching", default="streams", choices=("streams", "random_rows"))
@@ -307,7 +320,8 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
-    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--conventions", default="faithful", type=profile_name,
+                   help=PROFILE_HELP)
     p.add_argument("--methods", default=",".join(bench.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
                    "an agent")
@@ -351,7 +365,8 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--mesh", default="4x8")
     p.add_argument("--setting", default="5/50")
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--conventions", default="faithful", type=profile_name,
+                   help=PROFILE_HELP)
     p.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
@@ -446,7 +461,7 @@ def _add_record_parsers(tsub: Any) -> None:
                      "layer count is replaced by the recorded model's")
     fid.add_argument("--setting", default="5/50")
     fid.add_argument("--mesh", default="4x8")
-    fid.add_argument("--conventions", default="paper")
+    fid.add_argument("--conventions", default="paper", type=profile_name, help=PROFILE_HELP)
     fid.add_argument("--placement", default="ep", choices=("ep", "tp"))
     fid.add_argument("--no-simulate", dest="simulate", action="store_false")
     fid.add_argument("--seed", type=int, default=0)
@@ -466,7 +481,8 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=int, default=None,
                    help="synthetic trace: number of requests (default: generator's)")
-    p.add_argument("--conventions", default="faithful", choices=sorted(PROFILES))
+    p.add_argument("--conventions", default="faithful", type=profile_name,
+                   help=PROFILE_HELP)
     p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")
     p.add_argument("--time-limit", type=float, default=10.0,
                    help="Node-Balance time budget per layer (heuristic warm start + MILP), s")
