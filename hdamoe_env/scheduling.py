@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env import linksim, perf
+from hdamoe_env.des import simulate_messages
 from hdamoe_env.errors import ConfigError, unknown_name
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions
@@ -625,7 +626,7 @@ def broadcast_tree(topology: Topology, source: int) -> tuple[NDArray[np.int64],
 
 @dataclass(frozen=True, eq=False)
 class BroadcastMessages:
-    """DES messages of a pre-broadcast (inputs of ``linksim.simulate_messages``).
+    """DES messages of a pre-broadcast (inputs of ``des.simulate_messages``).
 
     Attributes:
         src: int64 [M] sending endpoint. dst: int64 [M] receiving endpoint.
@@ -769,7 +770,7 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
     chunks = max(1, min(chunks, max_messages // max(per_chunk, 1)))
     msgs = broadcast_messages(topology, P_layer, experts, S_bytes, chunks, pi=pi,
                               alpha_s=alpha_s, hop_latency_s=hop_latency_s, trees=trees)
-    des = linksim.simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
+    des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
                                     tie_break=tie_break, hop_latency_s=hop_latency_s)
     return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), chunks,
                            msgs.chunk_bytes)
