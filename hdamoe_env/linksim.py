@@ -35,6 +35,7 @@ from hdamoe_env.topology import Topology
 __all__ = [
     "AGGREGATOR_RULES",
     "PHASES",
+    "HolderTable",
     "LayerComm",
     "choose_aggregators",
     "layer_flow_keys",
@@ -248,8 +249,37 @@ def _as_holder_mask(holder_mask: ArrayLike) -> NDArray[np.bool_]:
     return np.ascontiguousarray(hm)
 
 
-def choose_aggregators(token_sets: ArrayLike, holder_mask: ArrayLike, rule: str,
-                       rng: np.random.Generator) -> NDArray[np.int64]:
+@dataclass(frozen=True, eq=False)
+class HolderTable:
+    """Holder clusters of every expert of one layer, for fast aggregator draws (§6.2).
+
+    Attributes:
+        support: bool [E, D] P_ic > 0.
+        num_holders: int64 [E].
+        table: int64 [E, h] the holders in ascending order (padded with the last holder).
+        all_held: whether every expert has at least one holder.
+    """
+
+    support: NDArray[np.bool_]
+    num_holders: NDArray[np.int64]
+    table: NDArray[np.int64]
+    all_held: bool
+
+    @classmethod
+    def from_shares(cls, P: ArrayLike) -> HolderTable:
+        """Build the table of a share (or bool support) matrix [E, D]."""
+        support = np.ascontiguousarray(np.asarray(P) > 0)
+        num = support.sum(axis=1).astype(np.int64)
+        width = max(1, int(num.max(initial=1)))
+        order = np.argsort(~support, axis=1, kind="stable")[:, :width]
+        last = np.take_along_axis(order, np.maximum(num - 1, 0)[:, None], axis=1)
+        table = np.where(np.arange(width) < num[:, None], order, last).astype(np.int64)
+        return cls(support, num, table, bool((num > 0).all()))
+
+
+def choose_aggregators(token_sets: ArrayLike, holders: HolderTable | ArrayLike, rule: str,
+                       rng: np.random.Generator, extra_holders: ArrayLike | None = None
+                       ) -> NDArray[np.int64]:
     """Choose the aggregator cluster of every token (or group) by ``rule`` (§6.2 step 2).
 
     Rules: ``ref`` — an expert of the set uniformly at random, its lowest-indexed holder cluster;
@@ -260,48 +290,92 @@ def choose_aggregators(token_sets: ArrayLike, holder_mask: ArrayLike, rule: str,
     expert). Random draws: one ``rng.integers`` call for the experts of all tokens, and for
     ``uniform`` one more for the holders (deterministic given the generator state).
 
+    Extension (§10.7): a token none of whose experts has a holder (all its experts broadcast)
+    aggregates on one of its ``extra_holders`` (uniformly at random for ``uniform``, with one
+    more ``rng.integers`` call; the lowest otherwise) instead of raising.
+
     Args:
         token_sets: Int array [T, k] of expert ids per token.
-        holder_mask: Bool array [E, D], True where cluster c holds (a shard of) expert i; a
-            non-bool share matrix counts entries > 0 as holders.
+        holders: The layer's ``HolderTable`` (fast path for internal callers: ``token_sets`` must
+            then be a valid int64 array, it is not checked), or a bool array [E, D], True where
+            cluster c holds (a shard of) expert i (a non-bool share matrix counts entries > 0 as
+            holders; inputs are then validated).
         rule: ``"ref"``, ``"uniform"`` or ``"first"``.
-        rng: The random generator (unused by ``first``).
+        rng: The random generator (unused by ``first`` unless a token needs an extra holder).
+        extra_holders: Optional int array [T, x] of further holder clusters per token (-1 =
+            none), used only by tokens without a held expert.
 
     Returns:
         Int64 array [T] of aggregator clusters.
 
     Raises:
         ConfigError: Unknown rule, bad shapes or ids, or a token none of whose experts has a
-            holder.
+            holder and which has no extra holder.
     """
     if rule not in AGGREGATOR_RULES:
         raise unknown_name("aggregator rule", rule, AGGREGATOR_RULES)
-    hm = _as_holder_mask(holder_mask)
-    ts = _as_token_sets(token_sets, hm.shape[0])
-    num_tokens = ts.shape[0]
+    if isinstance(holders, HolderTable):
+        ts = np.asarray(token_sets)
+        ex = None if extra_holders is None else np.asarray(extra_holders)
+    else:
+        hm = _as_holder_mask(holders)
+        ts = _as_token_sets(token_sets, hm.shape[0])
+        ex = None if extra_holders is None else _as_extra(extra_holders, ts.shape[0],
+                                                          hm.shape[1])
+        holders = HolderTable.from_shares(hm)
+    num_tokens, top_k = ts.shape
     if num_tokens == 0:
         return np.zeros(0, dtype=np.int64)
-    has_holder = np.asarray(hm.any(axis=1))
-    valid = has_holder[ts]                                   # [T, k]
-    nvalid = valid.sum(axis=1)
-    orphan = np.flatnonzero(nvalid == 0)
-    if orphan.size:
-        t = int(orphan[0])
-        raise ConfigError(f"token {t} (experts {ts[t].tolist()}) has no expert with a holder "
-                          f"cluster ({orphan.size} such tokens); every token needs at least one "
-                          "held expert")
     rows = np.arange(num_tokens)
+    if holders.all_held:
+        valid = None
+        nvalid = np.full(num_tokens, top_k, dtype=np.int64)
+        orphan = None
+    else:
+        valid = holders.num_holders[ts] > 0
+        nvalid = valid.sum(axis=1)
+        orphan = nvalid == 0
+        if not orphan.any():
+            orphan = None
+        else:
+            nvalid = np.where(orphan, 1, nvalid)
     if rule == "first":
-        expert = np.where(valid, ts, hm.shape[0]).min(axis=1)
+        keyed = ts if valid is None else np.where(valid, ts, holders.support.shape[0])
+        expert = keyed.min(axis=1)
+        if orphan is not None:
+            expert = np.where(orphan, ts[:, 0], expert)
     else:
         u = rng.integers(0, nvalid)                          # [T], uniform over valid slots
-        pos = (np.cumsum(valid, axis=1) <= u[:, None]).sum(axis=1)
-        expert = ts[rows, pos]
-    holders = hm[expert]                                     # [T, D]
+        pos = u if valid is None else (np.cumsum(valid, axis=1) <= u[:, None]).sum(axis=1)
+        expert = ts[rows, np.minimum(pos, top_k - 1)]
     if rule == "uniform":
-        v = rng.integers(0, holders.sum(axis=1))
-        return (np.cumsum(holders, axis=1) <= v[:, None]).sum(axis=1).astype(np.int64)
-    return holders.argmax(axis=1).astype(np.int64)           # lowest-indexed holder
+        v = rng.integers(0, np.maximum(holders.num_holders[expert], 1) if orphan is not None
+                         else holders.num_holders[expert])
+        agg = holders.table[expert, v]
+    else:
+        agg = holders.table[expert, 0]                       # lowest-indexed holder
+    if orphan is not None:
+        agg = agg.copy()
+        idx = np.flatnonzero(orphan)
+        if ex is None:
+            t = int(idx[0])
+            raise ConfigError(f"token {t} (experts {ts[t].tolist()}) has no expert with a holder "
+                              f"cluster ({idx.size} such tokens) and no extra holders; every "
+                              "token needs at least one held expert or an extra holder")
+        ex = ex[idx]
+        ok = ex >= 0
+        count = ok.sum(axis=1)
+        if (count == 0).any():
+            t = int(idx[np.flatnonzero(count == 0)[0]])
+            raise ConfigError(f"token {t} (experts {ts[t].tolist()}) has no holder and no extra "
+                              "holder cluster")
+        if rule == "uniform":
+            pick = rng.integers(0, count)
+            col = (np.cumsum(ok, axis=1) <= pick[:, None]).sum(axis=1)
+            agg[idx] = ex[np.arange(idx.size), col]
+        else:
+            agg[idx] = np.where(ok, ex, np.iinfo(np.int64).max).min(axis=1)
+    return agg.astype(np.int64, copy=False)
 
 
 def _as_extra(extra_holders: ArrayLike | None, num_tokens: int,

@@ -49,10 +49,8 @@ __all__ = [
     "BroadcastPlan",
     "BroadcastResult",
     "DispatchResult",
-    "HolderTable",
     "LayerEvaluator",
     "LayerTimes",
-    "aggregators",
     "broadcast_messages",
     "broadcast_plan",
     "broadcast_slots",
@@ -344,117 +342,6 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
             extra_holders = np.where(np.take_along_axis(mask, order, axis=1), picked, -1)
     return DispatchResult(nodes, flops, flops / compute_flops, extra_stream, P_layer,
                           extra_holders, orphans)
-
-
-# ------------------------------------------------------------------------------ aggregators
-
-
-@dataclass(frozen=True, eq=False)
-class HolderTable:
-    """Holder clusters of every expert of one layer, for fast aggregator draws (§6.2).
-
-    Attributes:
-        support: bool [E, D] P_ic > 0.
-        num_holders: int64 [E].
-        table: int64 [E, h] the holders in ascending order (padded with the last holder).
-        all_held: whether every expert has at least one holder.
-    """
-
-    support: NDArray[np.bool_]
-    num_holders: NDArray[np.int64]
-    table: NDArray[np.int64]
-    all_held: bool
-
-    @classmethod
-    def from_shares(cls, P: ArrayLike) -> HolderTable:
-        """Build the table of a share (or bool support) matrix [E, D]."""
-        support = np.ascontiguousarray(np.asarray(P) > 0)
-        num = support.sum(axis=1).astype(np.int64)
-        width = max(1, int(num.max(initial=1)))
-        order = np.argsort(~support, axis=1, kind="stable")[:, :width]
-        last = np.take_along_axis(order, np.maximum(num - 1, 0)[:, None], axis=1)
-        table = np.where(np.arange(width) < num[:, None], order, last).astype(np.int64)
-        return cls(support, num, table, bool((num > 0).all()))
-
-
-def aggregators(token_sets: NDArray[np.int64], holders: HolderTable, rule: str,
-                rng: np.random.Generator, extra_holders: NDArray[np.int64] | None = None
-                ) -> NDArray[np.int64]:
-    """Choose every token's aggregator cluster, exactly as ``linksim.choose_aggregators`` (§6.2).
-
-    Same rules (``ref``, ``uniform``, ``first``), the same random calls in the same order and
-    therefore the same result for the same generator state, but with the holder structure
-    precomputed. Extension: a token none of whose experts has a holder (all its experts
-    broadcast, §10.7) aggregates on one of its ``extra_holders`` (uniformly at random for
-    ``uniform``, the lowest otherwise) instead of raising.
-
-    Args:
-        token_sets: int64 [T, k] expert ids (validated by the caller).
-        holders: The layer's holder table.
-        rule: ``"ref"``, ``"uniform"`` or ``"first"``.
-        rng: Generator.
-        extra_holders: int64 [T, x] further holders (−1 = none), needed for holder-less tokens.
-
-    Returns:
-        int64 [T] aggregator clusters.
-
-    Raises:
-        ConfigError: Unknown rule, or a holder-less token without extra holders.
-    """
-    if rule not in linksim.AGGREGATOR_RULES:
-        raise unknown_name("aggregator rule", rule, linksim.AGGREGATOR_RULES)
-    num_tokens, top_k = token_sets.shape
-    if num_tokens == 0:
-        return np.zeros(0, dtype=np.int64)
-    rows = np.arange(num_tokens)
-    if holders.all_held:
-        valid = None
-        nvalid = np.full(num_tokens, top_k, dtype=np.int64)
-        orphan = None
-    else:
-        valid = holders.num_holders[token_sets] > 0
-        nvalid = valid.sum(axis=1)
-        orphan = nvalid == 0
-        if not orphan.any():
-            orphan = None
-        else:
-            nvalid = np.where(orphan, 1, nvalid)
-    if rule == "first":
-        keyed = token_sets if valid is None else np.where(valid, token_sets,
-                                                          holders.support.shape[0])
-        expert = keyed.min(axis=1)
-        if orphan is not None:
-            expert = np.where(orphan, token_sets[:, 0], expert)
-    else:
-        u = rng.integers(0, nvalid)
-        pos = u if valid is None else (np.cumsum(valid, axis=1) <= u[:, None]).sum(axis=1)
-        expert = token_sets[rows, np.minimum(pos, top_k - 1)]
-    if rule == "uniform":
-        v = rng.integers(0, np.maximum(holders.num_holders[expert], 1) if orphan is not None
-                         else holders.num_holders[expert])
-        agg = holders.table[expert, v]
-    else:
-        agg = holders.table[expert, 0]
-    if orphan is not None:
-        agg = agg.copy()
-        idx = np.flatnonzero(orphan)
-        if extra_holders is None:
-            t = int(idx[0])
-            raise ConfigError(f"token {t} (experts {token_sets[t].tolist()}) has no expert with a "
-                              "holder and no extra holders")
-        ex = extra_holders[idx]
-        ok = ex >= 0
-        count = ok.sum(axis=1)
-        if (count == 0).any():
-            t = int(idx[np.flatnonzero(count == 0)[0]])
-            raise ConfigError(f"token {t} has no holder and no extra holder cluster")
-        if rule == "uniform":
-            pick = rng.integers(0, count)
-            col = (np.cumsum(ok, axis=1) <= pick[:, None]).sum(axis=1)
-            agg[idx] = ex[np.arange(idx.size), col]
-        else:
-            agg[idx] = np.where(ok, ex, np.iinfo(np.int64).max).min(axis=1)
-    return agg.astype(np.int64, copy=False)
 
 
 # ------------------------------------------------------------------------------ §10.2 prediction
@@ -822,7 +709,7 @@ class _LayerConst:
         self.nm_total = float(nm.total_s)
         self.nm_compute = float(nm.compute_s)
         self.is_tp = is_tp
-        self.holders = HolderTable.from_shares(self.support)
+        self.holders = linksim.HolderTable.from_shares(self.support)
         self.bitmask = _bitmask(self.support)
 
 
@@ -842,7 +729,7 @@ class LayerEvaluator:
     expert phase by §5.2 (plus the dispatched replica work and streaming), MoE communication by
     the TP all-reduce, the DES (``linksim.simulate_layer_comm``) or the γ-calibrated analytic
     twin. Differences: no input validation (the online loop passes well-formed arrays),
-    aggregators drawn by ``aggregators`` (identical draws to ``choose_aggregators``; holder-less
+    aggregators drawn by ``linksim.choose_aggregators`` on cached holder tables (holder-less
     tokens use their extra holders), and the analytic V_c counted with holder bitmasks.
 
     Args:
@@ -923,9 +810,10 @@ class LayerEvaluator:
                 support, holders = const.support, const.holders
             else:
                 support = P > 0
-                holders = HolderTable.from_shares(support)
+                holders = linksim.HolderTable.from_shares(support)
             if agg is None:
-                agg = aggregators(token_sets, holders, self.conv.aggregator, rng, extra_holders)
+                agg = linksim.choose_aggregators(token_sets, holders, self.conv.aggregator, rng,
+                                                 extra_holders)
             comm = linksim.simulate_layer_comm(
                 self.sim.topology, token_sets, self.msg, support, const.pi, agg,
                 phases=self.phases, tie_break=self.conv.tie_break,
