@@ -11,7 +11,8 @@ from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import expert_parallel, tensor_parallel
 from hdamoe_env.profiles import get_profile
 from hdamoe_env.linksim import HolderTable, choose_aggregators
-from hdamoe_env.scheduling import (AliasSampler, LayerEvaluator, broadcast_plan, broadcast_slots, broadcast_tree,
+from hdamoe_env.evaluator import LayerEvaluator
+from hdamoe_env.scheduling import (AliasSampler, broadcast_plan, broadcast_slots, broadcast_tree,
                                    dispatch_broadcast, noisy_oracle_sets, priority_broadcast,
                                    simulate_broadcast)
 from hdamoe_env.simulator import MoESimulator
