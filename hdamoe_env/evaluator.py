@@ -169,9 +169,10 @@ def _bitmask(support: NDArray[np.bool_]) -> NDArray[np.uint64] | None:
 
 
 class _LayerConst:
-    """Per-layer constants of the evaluator (the holder bitmask is built on first use)."""
+    """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
-    __slots__ = ("P", "_bitmask", "holders", "is_tp", "nm_compute", "nm_total", "pi", "support")
+    __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_compute", "nm_total", "pi",
+                 "support")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: perf.NonMoeTime,
                  is_tp: bool) -> None:
@@ -181,8 +182,15 @@ class _LayerConst:
         self.nm_total = float(nm.total_s)
         self.nm_compute = float(nm.compute_s)
         self.is_tp = is_tp
-        self.holders = linksim.HolderTable.from_shares(self.support)
+        self._holders: linksim.HolderTable | None = None
         self._bitmask: NDArray[np.uint64] | None | bool = False
+
+    @property
+    def holders(self) -> linksim.HolderTable:
+        """The holder table of the layer (aggregator draws, DES fidelity)."""
+        if self._holders is None:
+            self._holders = linksim.HolderTable.from_shares(self.support)
+        return self._holders
 
     @property
     def bitmask(self) -> NDArray[np.uint64] | None:
@@ -216,8 +224,7 @@ class LayerEvaluator:
         self.num_experts = model.num_experts
         self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
         self.stream_per_s = perf.expert_bytes(model, conv) / hw.mem_bw_Bps
-        self.t_tp = float(perf.tp_allreduce_time(model, hw, conv, batch,
-                                                 sim.topology.bw_end_Bps))
+        self._t_tp: float | None = None
         self.msg = np.full(self.batch, sim.msg_bytes)
         tp_share = 1.0 / placement.num_nodes
         wanted = range(placement.num_layers) if layers is None else layers
@@ -226,6 +233,14 @@ class LayerEvaluator:
             self.layers[layer] = _LayerConst(
                 placement.P[layer], placement.pi[layer], sim.nonmoe(self.batch, layer),
                 bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)))
+
+    @property
+    def t_tp(self) -> float:
+        """TP all-reduce time of one layer at this batch (§5.6), seconds."""
+        if self._t_tp is None:
+            self._t_tp = float(perf.tp_allreduce_time(self.model, self.hw, self.conv, self.batch,
+                                                      self.sim.topology.bw_end_Bps))
+        return self._t_tp
 
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *, rng: np.random.Generator,
                  fidelity: str = "des", gamma: float | None = None,
