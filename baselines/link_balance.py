@@ -176,6 +176,7 @@ class MappingObjective:
         self.msg = self.group_freqs * batch * sim.msg_bytes
         self.agg = agg if agg is not None else linksim.choose_aggregators(
             self.groups, self.support, conv.aggregator, rng)
+        self.holders = linksim.HolderTable.from_shares(self.support)  # re-draws skip validation
         self.dist = endpoint_distances(sim.topology) if kind == "mst" else None
         self.evaluations = 0
         self.last_link_busy: NDArray[np.float64] | None = None
@@ -194,7 +195,7 @@ class MappingObjective:
             return mst_cost(self.support, self.groups, self.group_freqs, pi, self.dist)
         agg = self.agg
         if self.redraw:
-            agg = linksim.choose_aggregators(self.groups, self.support, self.sim.conv.aggregator,
+            agg = linksim.choose_aggregators(self.groups, self.holders, self.sim.conv.aggregator,
                                              self.rng)
         conv = self.sim.conv
         res = linksim.simulate_layer_comm(

@@ -6,7 +6,8 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
   ``HARDWARE_PRESETS``;
 * conventions: ``Conventions``, ``PROFILES`` (``faithful`` default, ``paper``, ``paper-hd``);
 * placements: ``Placement``, ``tensor_parallel``, ``expert_parallel``;
-* simulation: ``MoESimulator``, ``simulate_messages`` (explicit message lists on any topology);
+* simulation: ``MoESimulator``, ``hdamoe_env.des.simulate_messages`` (explicit
+  message lists on any topology);
 * environment: ``gymnasium.make("hdamoe_env/HdMoE-v0", ...)`` (``hdamoe_env.env.HdMoeEnv``),
   registered at import with a string entry point (the env module is imported only on ``make``).
 """

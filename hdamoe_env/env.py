@@ -3,8 +3,9 @@
 The env translates actions into simulator decisions and results into observations, reward and
 ``info`` (style.md R1, R10). The physics lives below it: routing and batching in ``traces``, the
 gating greedy in ``hdamoe_env.gating``, prediction, pre-broadcast budget, dispatch, broadcast
-traffic and the per-layer latency in ``hdamoe_env.scheduling`` (which reproduces
-``MoESimulator.layer_sampled`` with cached constants), the DES in ``hdamoe_env.linksim``.
+traffic in ``hdamoe_env.scheduling``, the per-layer latency in the simulator's evaluator
+(``hdamoe_env.evaluator.LayerEvaluator``, behind ``MoESimulator.layer_sampled``), the DES in
+``hdamoe_env.des`` / ``hdamoe_env.linksim``.
 Registered as ``hdamoe_env/HdMoE-v0``.
 """
 
@@ -28,7 +29,7 @@ from hdamoe_env.errors import ConfigError, InvalidAction, unknown_name
 from hdamoe_env.fileio import load_trace_file
 from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
 from hdamoe_env.profiles import Conventions, get_profile
-from hdamoe_env.simulator import FIDELITIES, MoESimulator, check_trace
+from hdamoe_env.simulator import FIDELITIES, LayerResult, MoESimulator, check_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
 
@@ -368,10 +369,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               f"{placement!r}")
         self.sim.check_placement(self.placement)
         P = self.placement.P
-        self.evaluator = scheduling.LayerEvaluator(self.sim, self.placement, self.batch)
+        self.evaluator = self.sim.evaluator(self.placement, self.batch)
         tp = tensor_parallel(L, E, D)
         self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
-            P, 1.0 / D) else scheduling.LayerEvaluator(self.sim, tp, self.batch))
+            P, 1.0 / D) else self.sim.evaluator(tp, self.batch))
 
         # --- constants of the scheduling mechanics
         self.w_flops = perf.expert_flops(self.model, self.conv)
@@ -488,7 +489,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._tp_totals = np.zeros(L)
         self._tbts_us: list[float] = []
         self._twin_rng = np.random.default_rng(0)
-        self.last_layer: scheduling.LayerTimes | None = None
+        self.last_layer: LayerResult | None = None
         self.last_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ description
@@ -849,7 +850,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         return hit
 
     def _twin(self, info: dict[str, Any], layer: int, sets: NDArray[np.int64],
-              res: scheduling.LayerTimes, P_layer: NDArray[np.float64] | None,
+              res: LayerResult, P_layer: NDArray[np.float64] | None,
               extra_holders: NDArray[np.int64] | None, extra_compute: NDArray[np.float64] | None,
               extra_stream: NDArray[np.float64] | None, extra_s: float) -> None:
         """Evaluate the other fidelity (own random stream) and report the twin's error."""

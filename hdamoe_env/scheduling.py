@@ -1,5 +1,5 @@
-"""Online dynamic scheduling: prediction, pre-broadcast budget and selection, dispatch, broadcast
-traffic, and a cached per-layer evaluator for the online loop.
+"""Online dynamic scheduling: prediction, pre-broadcast budget and selection, dispatch and broadcast
+traffic.
 
 Implements paper-model.md §10 (paper §V-C):
 
@@ -14,33 +14,28 @@ Implements paper-model.md §10 (paper §V-C):
 * §10.6–10.7 — communication-efficient dispatch of (token, broadcast expert) pairs, replicas for
   one step, the all-k-broadcast case (``dispatch_broadcast``);
 * §10.8 — the pre-broadcast traffic as DES messages on the NoC links (``broadcast_messages``,
-  ``simulate_broadcast``) and the latency of a layer with dynamic scheduling
-  (``LayerEvaluator``: the same numbers as ``MoESimulator.layer_sampled``, with every per-layer
-  constant precomputed; the online loop evaluates thousands of layers per second).
+  ``simulate_broadcast``). The latency of a layer with dynamic scheduling is evaluated by the
+  simulator's ``hdamoe_env.evaluator.LayerEvaluator``.
 
-Everything is numpy plus the package's DES (``linksim``); no RL (style.md R1). Units are SI.
+Everything is numpy plus the package's DES (``des``); no RL (style.md R1). Units are SI.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env import linksim, perf
+from hdamoe_env import perf
+from hdamoe_env.des import simulate_messages
 from hdamoe_env.errors import ConfigError, unknown_name
-from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions
 from hdamoe_env.specs import HardwareSpec, ModelSpec
 from hdamoe_env.topology import Topology
 
-if TYPE_CHECKING:  # the evaluator reads a simulator's attributes; simulator sits above (§2)
-    from hdamoe_env.simulator import MoESimulator
 
 __all__ = [
     "DISPATCH_RULES",
@@ -48,10 +43,6 @@ __all__ = [
     "BroadcastPlan",
     "BroadcastResult",
     "DispatchResult",
-    "HolderTable",
-    "LayerEvaluator",
-    "LayerTimes",
-    "aggregators",
     "broadcast_messages",
     "broadcast_plan",
     "broadcast_slots",
@@ -345,117 +336,6 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
                           extra_holders, orphans)
 
 
-# ------------------------------------------------------------------------------ aggregators
-
-
-@dataclass(frozen=True, eq=False)
-class HolderTable:
-    """Holder clusters of every expert of one layer, for fast aggregator draws (§6.2).
-
-    Attributes:
-        support: bool [E, D] P_ic > 0.
-        num_holders: int64 [E].
-        table: int64 [E, h] the holders in ascending order (padded with the last holder).
-        all_held: whether every expert has at least one holder.
-    """
-
-    support: NDArray[np.bool_]
-    num_holders: NDArray[np.int64]
-    table: NDArray[np.int64]
-    all_held: bool
-
-    @classmethod
-    def from_shares(cls, P: ArrayLike) -> HolderTable:
-        """Build the table of a share (or bool support) matrix [E, D]."""
-        support = np.ascontiguousarray(np.asarray(P) > 0)
-        num = support.sum(axis=1).astype(np.int64)
-        width = max(1, int(num.max(initial=1)))
-        order = np.argsort(~support, axis=1, kind="stable")[:, :width]
-        last = np.take_along_axis(order, np.maximum(num - 1, 0)[:, None], axis=1)
-        table = np.where(np.arange(width) < num[:, None], order, last).astype(np.int64)
-        return cls(support, num, table, bool((num > 0).all()))
-
-
-def aggregators(token_sets: NDArray[np.int64], holders: HolderTable, rule: str,
-                rng: np.random.Generator, extra_holders: NDArray[np.int64] | None = None
-                ) -> NDArray[np.int64]:
-    """Choose every token's aggregator cluster, exactly as ``linksim.choose_aggregators`` (§6.2).
-
-    Same rules (``ref``, ``uniform``, ``first``), the same random calls in the same order and
-    therefore the same result for the same generator state, but with the holder structure
-    precomputed. Extension: a token none of whose experts has a holder (all its experts
-    broadcast, §10.7) aggregates on one of its ``extra_holders`` (uniformly at random for
-    ``uniform``, the lowest otherwise) instead of raising.
-
-    Args:
-        token_sets: int64 [T, k] expert ids (validated by the caller).
-        holders: The layer's holder table.
-        rule: ``"ref"``, ``"uniform"`` or ``"first"``.
-        rng: Generator.
-        extra_holders: int64 [T, x] further holders (−1 = none), needed for holder-less tokens.
-
-    Returns:
-        int64 [T] aggregator clusters.
-
-    Raises:
-        ConfigError: Unknown rule, or a holder-less token without extra holders.
-    """
-    if rule not in linksim.AGGREGATOR_RULES:
-        raise unknown_name("aggregator rule", rule, linksim.AGGREGATOR_RULES)
-    num_tokens, top_k = token_sets.shape
-    if num_tokens == 0:
-        return np.zeros(0, dtype=np.int64)
-    rows = np.arange(num_tokens)
-    if holders.all_held:
-        valid = None
-        nvalid = np.full(num_tokens, top_k, dtype=np.int64)
-        orphan = None
-    else:
-        valid = holders.num_holders[token_sets] > 0
-        nvalid = valid.sum(axis=1)
-        orphan = nvalid == 0
-        if not orphan.any():
-            orphan = None
-        else:
-            nvalid = np.where(orphan, 1, nvalid)
-    if rule == "first":
-        keyed = token_sets if valid is None else np.where(valid, token_sets,
-                                                          holders.support.shape[0])
-        expert = keyed.min(axis=1)
-        if orphan is not None:
-            expert = np.where(orphan, token_sets[:, 0], expert)
-    else:
-        u = rng.integers(0, nvalid)
-        pos = u if valid is None else (np.cumsum(valid, axis=1) <= u[:, None]).sum(axis=1)
-        expert = token_sets[rows, np.minimum(pos, top_k - 1)]
-    if rule == "uniform":
-        v = rng.integers(0, np.maximum(holders.num_holders[expert], 1) if orphan is not None
-                         else holders.num_holders[expert])
-        agg = holders.table[expert, v]
-    else:
-        agg = holders.table[expert, 0]
-    if orphan is not None:
-        agg = agg.copy()
-        idx = np.flatnonzero(orphan)
-        if extra_holders is None:
-            t = int(idx[0])
-            raise ConfigError(f"token {t} (experts {token_sets[t].tolist()}) has no expert with a "
-                              "holder and no extra holders")
-        ex = extra_holders[idx]
-        ok = ex >= 0
-        count = ok.sum(axis=1)
-        if (count == 0).any():
-            t = int(idx[np.flatnonzero(count == 0)[0]])
-            raise ConfigError(f"token {t} has no holder and no extra holder cluster")
-        if rule == "uniform":
-            pick = rng.integers(0, count)
-            col = (np.cumsum(ok, axis=1) <= pick[:, None]).sum(axis=1)
-            agg[idx] = ex[np.arange(idx.size), col]
-        else:
-            agg[idx] = np.where(ok, ex, np.iinfo(np.int64).max).min(axis=1)
-    return agg.astype(np.int64, copy=False)
-
-
 # ------------------------------------------------------------------------------ §10.2 prediction
 
 
@@ -625,7 +505,7 @@ def broadcast_tree(topology: Topology, source: int) -> tuple[NDArray[np.int64],
 
 @dataclass(frozen=True, eq=False)
 class BroadcastMessages:
-    """DES messages of a pre-broadcast (inputs of ``linksim.simulate_messages``).
+    """DES messages of a pre-broadcast (inputs of ``des.simulate_messages``).
 
     Attributes:
         src: int64 [M] sending endpoint. dst: int64 [M] receiving endpoint.
@@ -769,228 +649,7 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
     chunks = max(1, min(chunks, max_messages // max(per_chunk, 1)))
     msgs = broadcast_messages(topology, P_layer, experts, S_bytes, chunks, pi=pi,
                               alpha_s=alpha_s, hop_latency_s=hop_latency_s, trees=trees)
-    des = linksim.simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
+    des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
                                     tie_break=tie_break, hop_latency_s=hop_latency_s)
     return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), chunks,
                            msgs.chunk_bytes)
-
-
-# ------------------------------------------------------------------------------ layer evaluation
-
-
-@dataclass(slots=True, eq=False)
-class LayerTimes:
-    """Latency of one MoE layer (the fields of ``simulator.LayerResult``; seconds).
-
-    Attributes:
-        layer, t_nm_s, t_nm_compute_s, t_comp_s, t_comp_compute_s, t_dispatch_s, t_combine_s,
-        t_comm_moe_s, t_extra_s, node_compute_s [D], node_stream_s [D], link_busy_s
-        [num_links] or None, mode (``"tp"``, ``"des"``, ``"analytic"``): as in ``LayerResult``.
-    """
-
-    layer: int
-    t_nm_s: float
-    t_nm_compute_s: float
-    t_comp_s: float
-    t_comp_compute_s: float
-    t_dispatch_s: float
-    t_combine_s: float
-    t_comm_moe_s: float
-    t_extra_s: float
-    node_compute_s: NDArray[np.float64]
-    node_stream_s: NDArray[np.float64]
-    link_busy_s: NDArray[np.float64] | None
-    mode: str
-
-    @property
-    def total_s(self) -> float:
-        """Layer latency t_nm + t_comp + t_comm_moe + extra."""
-        return self.t_nm_s + self.t_comp_s + self.t_comm_moe_s + self.t_extra_s
-
-
-class _LayerConst:
-    """Per-layer constants of the evaluator."""
-
-    __slots__ = ("P", "bitmask", "holders", "is_tp", "nm_compute", "nm_total", "pi", "support")
-
-    def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: perf.NonMoeTime,
-                 is_tp: bool) -> None:
-        self.P = np.ascontiguousarray(P)
-        self.support = self.P > 0
-        self.pi = np.ascontiguousarray(pi, dtype=np.int64)
-        self.nm_total = float(nm.total_s)
-        self.nm_compute = float(nm.compute_s)
-        self.is_tp = is_tp
-        self.holders = HolderTable.from_shares(self.support)
-        self.bitmask = _bitmask(self.support)
-
-
-def _bitmask(support: NDArray[np.bool_]) -> NDArray[np.uint64] | None:
-    """Return uint64 [E] holder bitmasks (None for more than 64 clusters)."""
-    if support.shape[1] > 64:
-        return None
-    weights = np.left_shift(np.uint64(1), np.arange(support.shape[1], dtype=np.uint64))
-    return (support.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
-
-
-class LayerEvaluator:
-    """Evaluate single MoE layers of one placement at one batch size, with cached constants.
-
-    The same composition and the same floating-point operations as
-    ``MoESimulator.layer_sampled`` (tests pin equality): t_nm from the simulator's cache,
-    expert phase by §5.2 (plus the dispatched replica work and streaming), MoE communication by
-    the TP all-reduce, the DES (``linksim.simulate_layer_comm``) or the γ-calibrated analytic
-    twin. Differences: no input validation (the online loop passes well-formed arrays),
-    aggregators drawn by ``aggregators`` (identical draws to ``choose_aggregators``; holder-less
-    tokens use their extra holders), and the analytic V_c counted with holder bitmasks.
-
-    Args:
-        sim: The simulator (model, hardware, topology, conventions).
-        placement: The placement of all layers.
-        batch: Tokens per decode step B.
-    """
-
-    def __init__(self, sim: MoESimulator, placement: Placement, batch: int) -> None:
-        self.sim = sim
-        model, hw, conv = sim.model, sim.hw, sim.conv
-        self.model, self.hw, self.conv = model, hw, conv
-        self.batch = int(batch)
-        self.num_experts = model.num_experts
-        self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
-        self.stream_per_s = perf.expert_bytes(model, conv) / hw.mem_bw_Bps
-        self.t_tp = float(perf.tp_allreduce_time(model, hw, conv, batch,
-                                                 sim.topology.bw_end_Bps))
-        self.msg = np.full(self.batch, sim.msg_bytes)
-        self.both = conv.moe_comm == "dispatch+combine"
-        self.phases = ("dispatch", "combine") if self.both else ("combine",)
-        self.analytic_scale = conv.kappa_a / sim.topology.bw_end_Bps
-        self.analytic_factor = 2.0 if conv.gamma_combine_only else 1.0
-        tp_share = 1.0 / placement.num_nodes
-        self.layers = [
-            _LayerConst(placement.P[layer], placement.pi[layer], sim.nonmoe(self.batch, layer),
-                        bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)))
-            for layer in range(placement.num_layers)]
-
-    def evaluate(self, layer: int, token_sets: NDArray[np.int64], *, rng: np.random.Generator,
-                 fidelity: str = "des", gamma: float | None = None,
-                 P_layer: NDArray[np.float64] | None = None,
-                 agg: NDArray[np.int64] | None = None,
-                 extra_holders: NDArray[np.int64] | None = None,
-                 extra_compute_s: NDArray[np.float64] | None = None,
-                 extra_stream_s: NDArray[np.float64] | None = None,
-                 extra_s: float = 0.0) -> LayerTimes:
-        """Evaluate one layer of one decode step (arguments as ``MoESimulator.layer_sampled``).
-
-        Args:
-            layer: MoE layer index.
-            token_sets: int64 [B, k] expert sets (batch order), well-formed.
-            rng: Generator for the aggregator draws (DES only).
-            fidelity: ``"des"`` or ``"analytic"``.
-            gamma: γ of the layer (analytic).
-            P_layer: Override of the layer's shares (broadcast rows zeroed).
-            agg: Aggregators [B] (drawn with ``rng`` when None).
-            extra_holders: int64 [B, x] further holders per token (−1 = none).
-            extra_compute_s: float [D] dispatched replica work per cluster, seconds.
-            extra_stream_s: float [D] replica weight streaming per cluster, seconds.
-            extra_s: Other time charged to the layer (broadcast excess), seconds.
-
-        Returns:
-            The layer's times.
-        """
-        const = self.layers[layer]
-        P = const.P if P_layer is None else P_layer
-        counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
-        compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
-        if self.conv.weight_streaming:
-            active = (counts > 0).astype(np.float64)
-            stream = np.einsum("...ed,...e->...d", P, active) * self.stream_per_s
-        else:
-            stream = np.zeros_like(compute)
-        if extra_compute_s is not None:
-            compute = compute + extra_compute_s
-        if extra_stream_s is not None and self.conv.weight_streaming:
-            stream = stream + extra_stream_s
-        t_compute = float(compute.max())
-        # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
-        t_comp = max(t_compute, float(stream.max())) if self.conv.weight_streaming \
-            else t_compute
-        if P_layer is None and const.is_tp:
-            return LayerTimes(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
-                              0.0, self.t_tp, extra_s, compute, stream, None, "tp")
-        if fidelity == "des":
-            if P_layer is None:
-                support, holders = const.support, const.holders
-            else:
-                support = P > 0
-                holders = HolderTable.from_shares(support)
-            if agg is None:
-                agg = aggregators(token_sets, holders, self.conv.aggregator, rng, extra_holders)
-            comm = linksim.simulate_layer_comm(
-                self.sim.topology, token_sets, self.msg, support, const.pi, agg,
-                phases=self.phases, tie_break=self.conv.tie_break,
-                hop_latency_s=self.hw.hop_latency_s, layer=layer, extra_holders=extra_holders,
-                chunks=self.conv.chunks)
-            t_combine = comm.combine_s
-            if self.both:
-                t_dispatch = comm.dispatch_s
-                t_moe = t_dispatch + t_combine
-                busy = comm.link_busy_total_s
-            else:
-                t_dispatch = 0.0
-                t_moe = 2.0 * t_combine
-                busy = 2.0 * comm.link_busy_total_s
-            return LayerTimes(layer, const.nm_total, const.nm_compute, t_comp, t_compute,
-                              t_dispatch, t_combine, t_moe, extra_s, compute, stream, busy, "des")
-        if fidelity == "analytic":
-            if gamma is None:
-                raise ConfigError("fidelity='analytic' needs gamma")
-            peak = self._max_touch(token_sets, const, P_layer)
-            x = self.conv.kappa_a * (float(self.model.hidden_size) * peak) \
-                / self.sim.topology.bw_end_Bps
-            t_moe = gamma * x * self.analytic_factor
-            return LayerTimes(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
-                              0.0, t_moe, extra_s, compute, stream, None, "analytic")
-        raise ConfigError(f"unknown fidelity {fidelity!r}; expected 'des' or 'analytic'")
-
-    def tp_totals(self, step_sets: NDArray[np.int64]) -> NDArray[np.float64]:
-        """Return the latency [L] of every layer of one decode step under this TP placement.
-
-        Vectorised over layers (one call per decode step); the same terms as ``evaluate`` in its
-        TP branch (t_nm + expert phase + TP all-reduce), up to floating-point summation order.
-
-        Args:
-            step_sets: int64 [L, B, k] expert sets of the step.
-
-        Raises:
-            ConfigError: The placement is not TP in every layer.
-        """
-        if not all(c.is_tp for c in self.layers):
-            raise ConfigError("tp_totals needs a TP placement in every layer")
-        num_layers = step_sets.shape[0]
-        E = self.num_experts
-        flat = (step_sets + (np.arange(num_layers) * E)[:, None, None]).ravel()
-        counts = np.bincount(flat, minlength=num_layers * E).astype(np.float64).reshape(
-            num_layers, E)
-        share = self.layers[0].P[0, 0]
-        t_compute = counts.sum(axis=1) * share * self.flops_per_s            # equal on all nodes
-        if self.conv.weight_streaming:
-            stream = (counts > 0).sum(axis=1) * share * self.stream_per_s
-            t_comp = np.maximum(t_compute, stream)
-        else:
-            t_comp = t_compute
-        nm = np.array([c.nm_total for c in self.layers[:num_layers]])
-        return nm + t_comp + self.t_tp
-
-    @staticmethod
-    def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,
-                   P_layer: NDArray[np.float64] | None) -> float:
-        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| (the sampled V_c / h of Eq. 2)."""
-        support = const.support if P_layer is None else P_layer > 0
-        masks = const.bitmask if P_layer is None else _bitmask(support)
-        if masks is None:
-            return float(support[token_sets].any(axis=1).sum(axis=0).max(initial=0))
-        touched = np.bitwise_or.reduce(masks[token_sets], axis=1)          # [B] uint64
-        if sys.byteorder != "little":
-            touched = touched.byteswap()
-        bits = np.unpackbits(touched.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-        return float(bits.sum(axis=0, dtype=np.int64).max(initial=0))

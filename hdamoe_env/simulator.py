@@ -1,5 +1,9 @@
 """MoE decode-step simulator: composes the closed forms of ``perf`` with the NoC DES of ``linksim``.
 
+The per-layer sampled evaluator (one implementation, cached constants) is
+``hdamoe_env.evaluator.LayerEvaluator``; ``MoESimulator.layer_sampled`` is its validating public
+entry and ``MoESimulator.step`` runs it over all layers.
+
 Implements paper-model.md §5.1 (serial composition TBT = Σ_l [t_nm(l) + t_comp(l) +
 t_comm_moe(l)]), §5.4 (communication by placement type), §5.7 (static and sampled evaluators) and
 §5.8 (outputs). The simulator knows nothing of RL (style.md R1): it takes a placement, routing and
@@ -18,8 +22,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import linksim, perf
+from hdamoe_env import perf
 from hdamoe_env.errors import ConfigError
+from hdamoe_env.evaluator import (
+    FIDELITIES,
+    LayerEvaluator,
+    LayerResult,
+    is_tensor_parallel,
+    simulate_moe_comm,
+)
 from hdamoe_env.placement import Placement, check_memory
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model
@@ -29,6 +40,7 @@ from traces import RoutingTrace, batching
 __all__ = [
     "FIDELITIES",
     "Evaluation",
+    "LayerEvaluator",
     "LayerResult",
     "MoESimulator",
     "StepResult",
@@ -38,65 +50,6 @@ __all__ = [
     "is_tensor_parallel",
     "make_steps",
 ]
-
-FIDELITIES = ("des", "analytic")
-
-
-@dataclass(frozen=True)
-class LayerResult:
-    """Latency of one MoE layer of one decode step (all times in seconds).
-
-    Attributes:
-        layer: MoE layer index.
-        t_nm_s: Non-MoE part (attention, shared experts), roofline or serial sum per profile.
-        t_nm_compute_s: Its compute part (the rest of ``t_nm_s`` is exposed memory time).
-        t_comp_s: Expert phase, max over nodes (roofline with weight streaming in ``faithful``).
-        t_comp_compute_s: Max over nodes of the expert FLOP time alone.
-        t_dispatch_s: Dispatch makespan (0 in ``paper*`` profiles, which double the combine).
-        t_combine_s: Combine makespan.
-        t_comm_moe_s: MoE communication charged to the layer.
-        t_extra_s: Other charged time (e.g. broadcast time exceeding its budget).
-        node_compute_s: float64 [D] expert FLOP time per logical cluster.
-        node_stream_s: float64 [D] expert weight-streaming time per logical cluster.
-        link_busy_s: float64 [num_links] busy time per directed link (all phases), or None.
-        mode: ``"tp"``, ``"des"`` or ``"analytic"``.
-    """
-
-    layer: int
-    t_nm_s: float
-    t_nm_compute_s: float
-    t_comp_s: float
-    t_comp_compute_s: float
-    t_dispatch_s: float
-    t_combine_s: float
-    t_comm_moe_s: float
-    t_extra_s: float
-    node_compute_s: NDArray[np.float64]
-    node_stream_s: NDArray[np.float64]
-    link_busy_s: NDArray[np.float64] | None
-    mode: str
-
-    @property
-    def total_s(self) -> float:
-        """Layer latency t_nm + t_comp + t_comm_moe + extra."""
-        return self.t_nm_s + self.t_comp_s + self.t_comm_moe_s + self.t_extra_s
-
-    @property
-    def compute_s(self) -> float:
-        """Compute share of the breakdown (non-MoE compute + expert FLOP time)."""
-        return self.t_nm_compute_s + self.t_comp_compute_s
-
-    @property
-    def memory_s(self) -> float:
-        """Exposed memory time (the part of the rooflines not hidden behind compute)."""
-        return (self.t_nm_s - self.t_nm_compute_s) + (self.t_comp_s - self.t_comp_compute_s)
-
-    @property
-    def balancedness(self) -> float:
-        """Mean node expert load ÷ max node expert load (1 = perfectly balanced)."""
-        peak = float(self.node_compute_s.max())
-        return 1.0 if peak <= 0 else float(self.node_compute_s.mean()) / peak
-
 
 @dataclass(frozen=True)
 class StepResult:
@@ -125,11 +78,6 @@ class StepResult:
             "memory_s": sum(r.memory_s for r in self.layers),
             "other_s": sum(r.t_extra_s for r in self.layers),
         }
-
-
-def is_tensor_parallel(P_layer: NDArray[np.float64]) -> bool:
-    """Return whether a layer's shares are exactly TP (every P_ic = 1/D)."""
-    return bool(np.allclose(P_layer, 1.0 / P_layer.shape[1], rtol=0, atol=1e-12))
 
 
 class MoESimulator:
@@ -201,24 +149,6 @@ class MoESimulator:
         return self.model.num_dense_layers * perf.dense_layer_time(
             self.model, self.hw, self.conv, batch).total_s
 
-    def _comm_des(self, layer: int, token_sets: NDArray[np.int64], msg_bytes: NDArray[np.float64],
-                  support: NDArray[np.bool_], pi: NDArray[np.int64], rng: np.random.Generator,
-                  agg: NDArray[np.int64] | None, extra_holders: NDArray[np.int64] | None,
-                  ) -> tuple[float, float, float, NDArray[np.float64]]:
-        if agg is None:
-            agg = linksim.choose_aggregators(token_sets, support, self.conv.aggregator, rng)
-        both = self.conv.moe_comm == "dispatch+combine"
-        phases = ("dispatch", "combine") if both else ("combine",)
-        comm = linksim.simulate_layer_comm(
-            self.topology, token_sets, msg_bytes, support, pi, agg, phases=phases,
-            tie_break=self.conv.tie_break, hop_latency_s=self.hw.hop_latency_s, layer=layer,
-            extra_holders=extra_holders, chunks=self.conv.chunks)
-        t_combine = comm.combine_s
-        t_dispatch = comm.dispatch_s if both else 0.0
-        t_moe = t_dispatch + t_combine if both else 2.0 * t_combine
-        busy = comm.link_busy_total_s if both else 2.0 * comm.link_busy_total_s
-        return t_dispatch, t_combine, t_moe, busy
-
     def _compute(self, P_layer: NDArray[np.float64], tokens: NDArray[np.float64],
                  active: NDArray[np.float64], extra_compute_s: NDArray[np.float64] | None,
                  extra_stream_s: NDArray[np.float64] | None,
@@ -262,46 +192,38 @@ class MoESimulator:
         Returns:
             The layer's latency and per-node / per-link details.
         """
-        token_sets = np.asarray(token_sets, dtype=np.int64)
-        if token_sets.ndim != 2 or token_sets.shape[1] != self.model.top_k:
-            raise ConfigError(f"token_sets must have shape [B, k={self.model.top_k}], got "
-                              f"{token_sets.shape}")
-        batch = token_sets.shape[0]
-        P = placement.P[layer] if P_layer is None else P_layer
-        E = self.model.num_experts
-        counts = np.bincount(token_sets.ravel(), minlength=E).astype(np.float64)[:E]
+        token_sets = self._check_sets(token_sets, "token_sets", 2)
         if extra_compute_s is None and P_layer is not None:
             # Rows zeroed by a caller without compensating work would silently drop FLOPs.
-            missing = counts[P.sum(axis=1) <= 0].sum()
-            if missing > 0:
+            counts = np.bincount(token_sets.ravel(), minlength=self.model.num_experts)
+            if counts[np.asarray(P_layer).sum(axis=1) <= 0].sum() > 0:
                 raise ConfigError("P_layer has experts without holders that tokens use; pass "
                                   "their work via extra_compute_s")
-        active = (counts > 0).astype(np.float64)
-        t_comp, t_compute, compute, stream = self._compute(P, counts, active, extra_compute_s,
-                                                           extra_stream_s)
-        nm = self.nonmoe(batch, layer)
-        if P_layer is None and is_tensor_parallel(P):
-            t_tp = perf.tp_allreduce_time(self.model, self.hw, self.conv, batch,
-                                          self.topology.bw_end_Bps)
-            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
-                               t_tp, extra_s, compute, stream, None, "tp")
-        support = P > 0
-        if fidelity == "des":
-            msg = np.full(batch, self.msg_bytes)
-            t_d, t_c, t_moe, busy = self._comm_des(layer, token_sets, msg, support,
-                                                   placement.pi[layer], rng, agg, extra_holders)
-            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c,
-                               t_moe, extra_s, compute, stream, busy, "des")
-        if fidelity == "analytic":
-            if gamma is None:
-                raise ConfigError("fidelity='analytic' needs gamma (fit it with "
-                                  "hdamoe_env.calibrate.fit_gamma)")
-            x, _ = perf.analytic_comm_sampled(support, token_sets, self.model.hidden_size,
-                                              self.conv.kappa_a, self.topology.bw_end_Bps)
-            t_moe = gamma * x * (2.0 if self.conv.gamma_combine_only else 1.0)
-            return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
-                               t_moe, extra_s, compute, stream, None, "analytic")
-        raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
+        evaluator = LayerEvaluator(self, placement, token_sets.shape[0], layers=(layer,))
+        return evaluator.evaluate(layer, token_sets, rng=rng, fidelity=fidelity, gamma=gamma,
+                                  P_layer=P_layer, agg=agg, extra_holders=extra_holders,
+                                  extra_compute_s=extra_compute_s,
+                                  extra_stream_s=extra_stream_s, extra_s=extra_s)
+
+    def evaluator(self, placement: Placement, batch: int) -> LayerEvaluator:
+        """Return the cached-constant evaluator of ``placement`` at batch ``batch``.
+
+        The fast path for callers that evaluate many layers of one placement (the env, the
+        online agents' harnesses): ``LayerEvaluator.evaluate`` does not validate its inputs.
+        """
+        return LayerEvaluator(self, placement, batch)
+
+    def _check_sets(self, sets: NDArray[np.int64], name: str, ndim: int) -> NDArray[np.int64]:
+        """Return ``sets`` as int64 after checking its shape [..., k] and its expert ids."""
+        arr = np.asarray(sets, dtype=np.int64)
+        if arr.ndim != ndim or arr.shape[-1] != self.model.top_k:
+            want = "[B, k" if ndim == 2 else "[L, B, k"
+            raise ConfigError(f"{name} must have shape {want}={self.model.top_k}], got "
+                              f"{arr.shape}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.model.num_experts):
+            raise ConfigError(f"{name} holds expert ids in [{arr.min()}, {arr.max()}]; expected "
+                              f"0 <= id < E = {self.model.num_experts}")
+        return arr
 
     def layer_static(self, placement: Placement, layer: int, freqs: NDArray[np.float64],
                      groups: NDArray[np.int64], group_freqs: NDArray[np.float64], batch: int, *,
@@ -333,8 +255,9 @@ class MoESimulator:
                                t_tp, 0.0, compute, stream, None, "tp")
         groups = np.asarray(groups, dtype=np.int64)
         msg = np.asarray(group_freqs, dtype=np.float64) * batch * self.msg_bytes
-        t_d, t_c, t_moe, busy = self._comm_des(layer, groups, msg, P > 0, placement.pi[layer],
-                                               rng, agg, None)
+        support = P > 0
+        t_d, t_c, t_moe, busy = simulate_moe_comm(self, layer, groups, msg, support, support,
+                                                  placement.pi[layer], rng, agg, None)
         return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c, t_moe,
                            0.0, compute, stream, busy, "des")
 
@@ -355,8 +278,10 @@ class MoESimulator:
         if step_sets.shape[0] != self.model.num_moe_layers:
             raise ConfigError(f"step_sets has {step_sets.shape[0]} layers, model "
                               f"{self.model.key!r} has {self.model.num_moe_layers}")
+        step_sets = self._check_sets(step_sets, "step_sets", 3)
+        evaluator = LayerEvaluator(self, placement, step_sets.shape[1])
         layers = tuple(
-            self.layer_sampled(placement, layer, step_sets[layer], rng=rng, fidelity=fidelity,
+            evaluator.evaluate(layer, step_sets[layer], rng=rng, fidelity=fidelity,
                                gamma=None if gammas is None else float(gammas[layer]))
             for layer in range(self.model.num_moe_layers))
         return StepResult(layers, self.dense_time(step_sets.shape[1]),

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from hdamoe_env.des import simulate_messages_oracle
 from hdamoe_env.linksim import (
     choose_aggregators,
     layer_flow_keys,
     layer_messages,
     simulate_layer_comm,
-    simulate_messages_oracle,
 )
 from hdamoe_env.specs import HardwareSpec
 from hdamoe_env.topology import make_topology

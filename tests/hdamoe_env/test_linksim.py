@@ -1,4 +1,5 @@
-"""Tests of hdamoe_env.linksim (paper-model.md §6.2–6.3, §5.6, §14.8)."""
+"""Tests of hdamoe_env.linksim, hdamoe_env.des and hdamoe_env.collectives (paper-model.md §6.2–6.3,
+§5.6, §14.8)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,13 @@ import pytest
 
 from hdamoe_env import linksim
 from hdamoe_env.errors import ConfigError
+from hdamoe_env.collectives import default_ring, ring_allreduce_des
+from hdamoe_env.des import link_load_bound, simulate_messages, simulate_messages_oracle
 from hdamoe_env.linksim import (
     choose_aggregators,
-    default_ring,
     layer_flow_keys,
     layer_messages,
-    link_load_bound,
-    ring_allreduce_des,
     simulate_layer_comm,
-    simulate_messages,
-    simulate_messages_oracle,
 )
 from hdamoe_env.specs import HardwareSpec, TopologySpec
 from hdamoe_env.topology import make_topology, stable_hash

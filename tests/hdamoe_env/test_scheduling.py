@@ -10,8 +10,9 @@ from hdamoe_env import linksim, perf
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import expert_parallel, tensor_parallel
 from hdamoe_env.profiles import get_profile
-from hdamoe_env.scheduling import (AliasSampler, HolderTable, LayerEvaluator, aggregators,
-                                   broadcast_plan, broadcast_slots, broadcast_tree,
+from hdamoe_env.linksim import HolderTable, choose_aggregators
+from hdamoe_env.evaluator import LayerEvaluator
+from hdamoe_env.scheduling import (AliasSampler, broadcast_plan, broadcast_slots, broadcast_tree,
                                    dispatch_broadcast, noisy_oracle_sets, priority_broadcast,
                                    simulate_broadcast)
 from hdamoe_env.simulator import MoESimulator
@@ -239,31 +240,54 @@ def test_broadcast_message_cap():
 
 
 # ------------------------------------------------------------------------------ aggregators
+def _naive_aggregators(sets, support, rule, rng):
+    """Loop-by-token reference of §6.2 step 2 with the same vectorised draw calls."""
+    valid = [[bool(support[e].any()) for e in row] for row in sets.tolist()]
+    if rule == "first":
+        experts = [min(e for e, ok in zip(row, v) if ok) for row, v in zip(sets.tolist(), valid)]
+    else:
+        u = rng.integers(0, np.array([sum(v) for v in valid]))
+        experts = [[e for e, ok in zip(row, v) if ok][int(x)]
+                   for row, v, x in zip(sets.tolist(), valid, u)]
+    holders = [np.flatnonzero(support[e]) for e in experts]
+    if rule == "uniform":
+        v = rng.integers(0, np.array([h.size for h in holders]))
+        return np.array([h[int(x)] for h, x in zip(holders, v)])
+    return np.array([h[0] for h in holders])
+
+
 @pytest.mark.parametrize("rule", ["uniform", "ref", "first"])
-def test_aggregators_match_linksim(rng, rule):
+def test_aggregators_match_naive_reference(rng, rule):
     P = expert_parallel(1, 16, 8, rng).P[0]
     P[3] = [0.25, 0.25, 0.5, 0, 0, 0, 0, 0]
     sets = np.stack([rng.permutation(16)[:4] for _ in range(50)])
-    ref = linksim.choose_aggregators(sets, P > 0, rule, np.random.default_rng(5))
-    got = aggregators(sets, HolderTable.from_shares(P), rule, np.random.default_rng(5))
+    ref = _naive_aggregators(sets, P > 0, rule, np.random.default_rng(5))
+    got = choose_aggregators(sets, HolderTable.from_shares(P), rule, np.random.default_rng(5))
     np.testing.assert_array_equal(ref, got)
+    np.testing.assert_array_equal(
+        got, choose_aggregators(sets, P > 0, rule, np.random.default_rng(5)))
     zero = P.copy()
     zero[[1, 2]] = 0.0                                   # broadcast rows zeroed
     ok = ~np.isin(sets, [1, 2]).all(axis=1)
-    ref = linksim.choose_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5))
-    got = aggregators(sets[ok], HolderTable.from_shares(zero), rule, np.random.default_rng(5))
+    ref = _naive_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5))
+    got = choose_aggregators(sets[ok], HolderTable.from_shares(zero), rule,
+                             np.random.default_rng(5))
     np.testing.assert_array_equal(ref, got)
+    np.testing.assert_array_equal(
+        got, choose_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5)))
 
 
 def test_aggregators_for_holderless_tokens():
     P = np.array([[0.0, 0.0], [0.0, 1.0]])
     sets = np.array([[0, 0], [0, 1]])
     extra = np.array([[1, -1], [-1, -1]])
-    agg = aggregators(sets, HolderTable.from_shares(P), "uniform", np.random.default_rng(0),
-                      extra)
+    agg = choose_aggregators(sets, HolderTable.from_shares(P), "uniform",
+                             np.random.default_rng(0), extra)
     assert agg.tolist() == [1, 1]
+    assert choose_aggregators(sets, P > 0, "uniform", np.random.default_rng(0),
+                              extra).tolist() == [1, 1]
     with pytest.raises(ConfigError, match="holder"):
-        aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
+        choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
 
 
 # ------------------------------------------------------------------------------ §10.2 prediction
