@@ -314,10 +314,15 @@ def _add_optional_commands(sub: Any) -> None:
 
     bench.add_bench_parser(sub)
     bench.add_bench_env_parser(sub)
-    from agents import learned  # torch and SB3 are imported inside its commands only
+    from hdamoe_env.app import train  # torch and SB3 are imported inside its commands only
 
-    learned.add_train_parser(sub)
-    learned.add_evaluate_parser(sub)
+    train.add_train_arguments(sub.add_parser(
+        "train", help="train an RL policy (SB3) and evaluate it on held-out streams",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(func=train.cmd_train)
+    train.add_evaluate_arguments(sub.add_parser(
+        "evaluate", help="compare learned and heuristic agents on identical episodes",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(
+        func=train.cmd_evaluate)
     from hdamoe_env.app import reproduce
 
     reproduce.add_reproduce_parser(sub)
