@@ -297,10 +297,15 @@ def _add_optional_commands(sub: Any) -> None:
     """Add the commands whose implementations live in other application modules."""
     _add_bench_parser(sub)
     _add_bench_env_parser(sub)
-    from agents import learned  # torch and SB3 are imported inside its commands only
+    from hdamoe_env.app import train  # torch and SB3 are imported inside its commands only
 
-    learned.add_train_parser(sub)
-    learned.add_evaluate_parser(sub)
+    train.add_train_arguments(sub.add_parser(
+        "train", help="train an RL policy (SB3) and evaluate it on held-out streams",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(func=train.cmd_train)
+    train.add_evaluate_arguments(sub.add_parser(
+        "evaluate", help="compare learned and heuristic agents on identical episodes",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(
+        func=train.cmd_evaluate)
     _add_reproduce_parser(sub)
     _add_place_parser(sub)
     _add_sweep_parser(sub)

@@ -1,4 +1,5 @@
-"""Learned agents (agents/learned.py): train, save, load, evaluate, resume, determinism, threads.
+"""Learned agents: train (agents/learned_train.py), save, load (agents/learned.py), evaluate
+(hdamoe_env/app/train.py), resume, determinism, threads.
 
 Tiny configuration: the L = 2, E = 4 model of ``conftest.py`` on a 2×2 mesh with k_b = 2 forced,
 2 decode steps per episode (4 env steps); a few hundred training steps take a few seconds.
@@ -17,7 +18,8 @@ import pytest
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-from agents import learned  # noqa: E402
+from agents import learned, learned_train  # noqa: E402
+from hdamoe_env.app import train as train_app  # noqa: E402
 
 SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
 
@@ -30,16 +32,17 @@ def env_kwargs(tiny_agent_model):
 
 def _train(env_kwargs, out, algo="maskable-ppo", timesteps=256, **kw):
     kw.setdefault("hyperparams", SMALL_PPO if "ppo" in algo else None)
-    kw.setdefault("evaluate_after", False)
     kw.setdefault("tensorboard", False)
-    return learned.train(algo, env_kwargs, timesteps, out_dir=out, checkpoint_every=128, **kw)
+    return learned_train.train(algo, env_kwargs, timesteps, out_dir=out, checkpoint_every=128,
+                               **kw)
 
 
 def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
     import torch
 
-    path = _train(env_kwargs, tmp_path, evaluate_after=True, eval_steps=2,
-                  eval_seeds=[0, 1], tensorboard=True, eval_baselines=["noop", "hd-moe", "hda-moe"])
+    evaluate_fn = train_app.held_out_evaluation(steps=2, seeds=[0, 1],
+                                                baselines=["noop", "hd-moe", "hda-moe"])
+    path = _train(env_kwargs, tmp_path, evaluate_fn=evaluate_fn, tensorboard=True)
     assert path == tmp_path / "model.zip" and path.exists()
     assert (tmp_path / "vecnormalize.pkl").exists()
     meta = json.loads((tmp_path / "learned.json").read_text())
@@ -109,24 +112,25 @@ def test_other_algorithms_and_action_modes(env_kwargs, tmp_path, algo, mode, mak
 
 def test_ranked_action_translation():
     from agents.base import ActionLayout
+    from hdamoe_env.wrappers import ranked_candidates, ranked_mask, ranked_to_full
 
     lay = ActionLayout(4, 2)
     pred = np.array([0.1, 0.5, 0.0, 0.3])
     full_mask = np.concatenate([[True, True, True, False, True], [True, True, True, True, True],
                                 np.ones(3 + 4, dtype=bool)])
     # expert 3 is masked, expert 2 has no predicted load: candidates are 1 then 0
-    assert learned.ranked_candidates(pred, full_mask[:4], 3).tolist() == [1, 0]
-    rmask = learned.ranked_mask(full_mask, lay, 3, pred)
+    assert ranked_candidates(pred, full_mask[:4], 3).tolist() == [1, 0]
+    rmask = ranked_mask(full_mask, lay, 3, pred)
     assert rmask[:4].tolist() == [True, True, False, True]
-    full = learned.ranked_to_full(np.array([0, 3, 2, 1]), lay, 3, pred, full_mask)
+    full = ranked_to_full(np.array([0, 3, 2, 1]), lay, 3, pred, full_mask)
     assert full.tolist() == [1, 4, 2, 1]
 
 
 def test_deterministic_evaluation(env_kwargs, tmp_path):
     _train(env_kwargs, tmp_path, timesteps=128)
     kw = dict(seeds=[5, 6], steps=2, fidelities=["des"], baselines=["noop"])
-    a = learned.evaluate(tmp_path, **kw)
-    b = learned.evaluate(tmp_path, **kw)
+    a = train_app.evaluate(tmp_path, **kw)
+    b = train_app.evaluate(tmp_path, **kw)
     def tbt(res):
         return [(r["method"], r["seed"], r["tbt_steps_us"]) for r in res["records"]]
 
@@ -159,15 +163,15 @@ def test_threads_honoured_in_fresh_process(tmp_path):
     code = (
         "import torch\n"
         "torch.set_num_threads(2)\n"
-        "from agents import learned\n"
+        "from agents import learned_train\n"
         "from hdamoe_env.specs import ModelSpec\n"
         "m = ModelSpec(key='tiny', name='tiny', num_moe_layers=2, num_experts=4, top_k=2, "
         "hidden_size=64, expert_intermediate=128, attn_weight_elements=4*64*64, "
         "kv_elements_per_token=2*64, core_flops_per_ctx_token=4*64)\n"
         "kw = dict(model=m, mesh='2x2', setting='1/1', batch=8, steps_per_episode=2, "
         "placement='ep', k_b=2, trace_requests=4, trace_tokens=256)\n"
-        f"learned.train('a2c', kw, 16, out_dir={str(tmp_path)!r}, checkpoint_every=0, "
-        "tensorboard=False, evaluate_after=False)\n"
+        f"learned_train.train('a2c', kw, 16, out_dir={str(tmp_path)!r}, checkpoint_every=0, "
+        "tensorboard=False)\n"
         "import os; print(torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
@@ -180,9 +184,9 @@ def test_bad_arguments(env_kwargs, tmp_path):
     from hdamoe_env.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algorithm"):
-        learned.train("dqn", env_kwargs, 8, out_dir=tmp_path)
+        learned_train.train("dqn", env_kwargs, 8, out_dir=tmp_path)
     with pytest.raises(ConfigError, match="hyperparameters"):
-        learned.train("ppo", env_kwargs, 8, out_dir=tmp_path, hyperparams={"nsteps": 3})
+        learned_train.train("ppo", env_kwargs, 8, out_dir=tmp_path, hyperparams={"nsteps": 3})
     with pytest.raises(ConfigError, match="no learned model"):
         learned.load_agent(tmp_path / "missing")
 
@@ -192,16 +196,17 @@ def test_cli_parsers(env_kwargs, tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    learned.add_train_parser(sub)
-    learned.add_evaluate_parser(sub)
+    train_app.add_train_arguments(sub.add_parser("train")).set_defaults(func=train_app.cmd_train)
+    train_app.add_evaluate_arguments(sub.add_parser("evaluate")).set_defaults(
+        func=train_app.cmd_evaluate)
     args = parser.parse_args(["train", "--algo", "ppo", "--timesteps", "64", "--k-b", "2",
                               "--batch", "8", "--hp", "n_steps=32", "--out", str(tmp_path)])
-    assert args.func is learned.cmd_train and learned._parse_hp(args.hp) == {"n_steps": 32}
-    assert learned._env_kwargs_from_args(args)["k_b"] == 2
+    assert args.func is train_app.cmd_train and train_app._parse_hp(args.hp) == {"n_steps": 32}
+    assert train_app._env_kwargs_from_args(args)["k_b"] == 2
     _train(env_kwargs, tmp_path, timesteps=64)
     args = parser.parse_args(["evaluate", "--agent", f"{tmp_path},greedy-hda", "--baselines",
                               "noop", "--seeds", "1", "--steps", "1", "--fidelity", "des"])
-    assert learned.cmd_evaluate(args) == 0
+    assert train_app.cmd_evaluate(args) == 0
     text = capsys.readouterr().out
     assert "learned" in text and "hda-moe" in text and "noop" in text
 
@@ -217,7 +222,9 @@ def test_residual_action_mode(env_kwargs, tmp_path, make_tiny_env):
     from agents import ActionLayout, HDAMoEAgent
 
     env = make_tiny_env(flatten_replicas=True)
-    design = learned.ResidualHDA.from_env(env)
+    from agents.wrappers import ResidualHDA
+
+    design = ResidualHDA.from_env(env)
     ref = HDAMoEAgent.from_env(make_tiny_env())
     obs, _ = env.reset(seed=0)
     obs, *_ = env.step(ActionLayout.from_env(env).noop())                    # reach layer 1

@@ -1,0 +1,525 @@
+"""Training learned online policies with Stable-Baselines3 / sb3-contrib.
+
+Implements issue 5 on top of paper-model.md §10–11 (the online decisions of ``HdMoE-v0``: the
+pre-broadcast slots, the dispatch rule and the gating level of every MoE layer). A policy is
+trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on vectorised copies of the
+env, usually on the γ-calibrated analytic twin (``fidelity="analytic"``, fast), and saved in the
+layout ``agents.learned`` loads (see its module docstring). The held-out evaluation against the
+paper's greedy agents and the ``hdamoe train`` command are the application layer's
+(``hdamoe_env.app.train``): :func:`train` takes the placement already resolved and an optional
+``evaluate_fn`` callback, and imports nothing above ``agents``.
+
+torch, stable-baselines3 and sb3-contrib are imported lazily (style.md R12); torch is seeded in
+``agents.learned`` (style.md R7).
+
+Decisions:
+
+* [decision] Observations normalised: ``pred_load``, ``node_load`` and ``link_busy`` (small,
+  skewed, layer-dependent magnitudes) by running mean/std (``VecNormalize``, clip 10); the
+  already-bounded static features ``replicas``, ``layer`` and ``budget`` are left raw (a
+  near-constant feature would be blown up by its tiny variance). Rewards are not normalised
+  (they are already ≈ −latency ÷ TP latency ≈ −1).
+* [decision] PPO and A2C sample the raw ``MultiDiscrete`` space, so their training envs use
+  ``invalid_action="coerce"`` (masked slots and duplicates become "none"); MaskablePPO respects
+  the per-dimension masks and uses ``duplicates="ignore"``. ``LearnedAgent.predict`` applies the
+  same coercion, so a learned agent runs on a strict (``"raise"``) env such as the bench's.
+* [decision] ``action_mode="ranked"`` (``hdamoe_env.wrappers.RankedBroadcastWrapper``, the
+  default): a slot picks the c-th most-loaded predicted expert, K + 1 values instead of E + 1.
+* [decision] ``action_mode="residual"`` (``agents.wrappers.ResidualHDAWrapper``) acts as a
+  deviation from the greedy HDA-MoE action of the layer; value 0 of every dimension is "keep"
+  and its logit starts biased (``RESIDUAL_KEEP_LOGIT``), so an untrained policy equals HDA-MoE.
+  Every lever acts on the layer it is chosen for, so ``gamma = 0`` (a per-layer bandit) is the
+  recommended setting (docs/results/learned/README.md: with 0.99 nothing was learned in 20 k
+  steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.learned import (
+    ALGORITHMS,
+    META_FILE,
+    MODEL_FILE,
+    VECNORM_FILE,
+    _algo_class,
+    _algo_key,
+    _seed_everything,
+    _set_threads,
+    checkpoint_path,
+    latest_checkpoint,
+)
+from agents.wrappers import RESIDUAL_KEEP_LOGIT, ResidualHDAWrapper
+from hdamoe_env.actions import ActionLayout
+from hdamoe_env.errors import ConfigError, unknown_name
+from hdamoe_env.fileio import atomic_write
+from hdamoe_env.placement import Placement
+from hdamoe_env.wrappers import RankedBroadcastWrapper
+
+__all__ = [
+    "ACTION_MODES",
+    "ALGORITHMS",
+    "HYPERPARAMS",
+    "NORM_OBS_KEYS",
+    "A2CHyperparams",
+    "MaskablePPOHyperparams",
+    "PPOHyperparams",
+    "make_vec_env",
+    "to_jsonable",
+    "train",
+]
+
+log = logging.getLogger(__name__)
+
+#: Observation keys normalised by ``VecNormalize`` (module docstring).
+NORM_OBS_KEYS: tuple[str, ...] = ("pred_load", "node_load", "link_busy")
+
+
+# ------------------------------------------------------------------------- hyperparameters
+@dataclass(frozen=True)
+class PPOHyperparams:
+    """PPO hyperparameters (RL-Zoo style; sized for ~10⁴–10⁵ steps on the analytic twin).
+
+    Attributes:
+        n_steps: Rollout steps per env before an update (n_steps · n_envs per update; about
+            2.5 episodes of DeepSeek-V2-Lite at 4 decode steps × 26 layers).
+        batch_size: Minibatch size of the SGD epochs.
+        n_epochs: SGD passes over each rollout.
+        learning_rate: Adam step size.
+        gamma: Discount per env step (one MoE layer); 0.99 ≈ a 100-layer horizon, about one
+            decode step of a 26-layer model × 4.
+        gae_lambda: GAE λ.
+        clip_range: PPO ratio clip.
+        ent_coef: Entropy bonus (keeps the many slot heads exploring).
+        vf_coef: Value-loss weight.
+        max_grad_norm: Gradient clip.
+        net_arch: Hidden layers of the policy and value MLPs (shared extractor flattens the Dict).
+    """
+
+    n_steps: int = 256
+    batch_size: int = 64
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = (64, 64)
+
+
+@dataclass(frozen=True)
+class MaskablePPOHyperparams(PPOHyperparams):
+    """MaskablePPO hyperparameters: PPO's, with a smaller entropy bonus (masks already prune)."""
+
+    ent_coef: float = 0.005
+
+
+@dataclass(frozen=True)
+class A2CHyperparams:
+    """A2C hyperparameters (RL-Zoo defaults for small discrete tasks).
+
+    Attributes:
+        n_steps: Rollout steps per env before an update.
+        learning_rate: RMSprop step size.
+        gamma: Discount per env step.
+        gae_lambda: GAE λ (1.0 = plain n-step returns).
+        ent_coef: Entropy bonus.
+        vf_coef: Value-loss weight.
+        max_grad_norm: Gradient clip.
+        net_arch: Hidden layers of the policy and value MLPs.
+    """
+
+    n_steps: int = 8
+    learning_rate: float = 7e-4
+    gamma: float = 0.99
+    gae_lambda: float = 1.0
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = (64, 64)
+
+
+HYPERPARAMS: dict[str, type[Any]] = {"ppo": PPOHyperparams,
+                                     "maskable-ppo": MaskablePPOHyperparams,
+                                     "a2c": A2CHyperparams}
+assert tuple(HYPERPARAMS) == ALGORITHMS, "agents.learned.ALGORITHMS names the same algorithms"
+
+
+def _model_kwargs(hp: Any) -> dict[str, Any]:
+    kwargs = dataclasses.asdict(hp)
+    net_arch = list(kwargs.pop("net_arch"))
+    kwargs["policy_kwargs"] = {"net_arch": {"pi": net_arch, "vf": list(net_arch)}}
+    return kwargs
+
+
+# ------------------------------------------------------------------------------------- envs
+def _env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict[str, Any]:
+    """Return the ``HdMoeEnv`` kwargs of a training env (module docstring decisions)."""
+    kwargs = {"fidelity": fidelity, "flatten_replicas": True, **env_kwargs}
+    if algo == "maskable-ppo":
+        kwargs.setdefault("duplicates", "ignore")
+    else:
+        kwargs.setdefault("invalid_action", "coerce")
+    return kwargs
+
+
+#: Action designs of the training env: ``"ranked"`` (``RankedBroadcastWrapper``), ``"full"``
+#: (the env's own action) and ``"residual"`` (``ResidualHDAWrapper``).
+ACTION_MODES: tuple[str, ...] = ("ranked", "full", "residual")
+
+
+def _bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
+    """Add ``logit`` to the action-net bias of value 0 of every dimension (residual start)."""
+    import torch
+
+    starts = np.concatenate([[0], np.cumsum(np.asarray(nvec))[:-1]]).astype(int)
+    with torch.no_grad():
+        bias = model.policy.action_net.bias
+        for s in starts:
+            bias[int(s)] += float(logit)
+
+
+@dataclass
+class _EnvFactory:
+    """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker)."""
+
+    kwargs: dict[str, Any]
+    action_mode: str = "full"
+    num_candidates: int = 4
+
+    def __call__(self) -> Any:
+        from stable_baselines3.common.monitor import Monitor
+
+        from hdamoe_env.env import HdMoeEnv
+
+        env = HdMoeEnv(**self.kwargs)
+        if self.action_mode == "ranked":
+            env = RankedBroadcastWrapper(env, self.num_candidates)
+        elif self.action_mode == "residual":
+            env = ResidualHDAWrapper(env)
+        return Monitor(env)
+
+
+def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
+                 start_method: str | None = None, action_mode: str = "full",
+                 num_candidates: int = 4) -> Any:
+    """Build ``n_envs`` monitored ``HdMoeEnv`` copies (DummyVecEnv for 1, SubprocVecEnv above).
+
+    Args:
+        env_kwargs: Complete ``HdMoeEnv`` keyword arguments.
+        n_envs: Number of env copies.
+        seed: Seed of the vector env (copy i gets seed + i on its first reset).
+        start_method: ``multiprocessing`` start method of ``SubprocVecEnv`` (None: SB3's).
+        action_mode: ``"full"`` (the env's action), ``"ranked"`` (``RankedBroadcastWrapper``)
+            or ``"residual"`` (``ResidualHDAWrapper``).
+        num_candidates: K of the ranked action.
+
+    Returns:
+        A seeded SB3 ``VecEnv``.
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    if n_envs < 1:
+        raise ConfigError(f"n_envs must be >= 1, got {n_envs}")
+    if action_mode not in ACTION_MODES:
+        raise unknown_name("action mode", action_mode, ACTION_MODES)
+    fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates) for _ in range(n_envs)]
+    venv = DummyVecEnv(fns) if n_envs == 1 else SubprocVecEnv(fns, start_method=start_method)
+    venv.seed(seed)
+    return venv
+
+
+# ------------------------------------------------------------------------------- callbacks
+def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any) -> Any:
+    """Return the SB3 callbacks: latency logging and atomic checkpoints."""
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+
+    class LatencyCallback(BaseCallback):
+        """Log the env's ``info["total_us"]`` and ``info["tbt_us"]`` under ``latency/``."""
+
+        def _on_step(self) -> bool:
+            for info in self.locals.get("infos", ()):
+                if "total_us" in info:
+                    self.logger.record_mean("latency/total_us", float(info["total_us"]))
+                if "tbt_us" in info:
+                    self.logger.record_mean("latency/tbt_us", float(info["tbt_us"]))
+                if "tp_total_us" in info and info["tp_total_us"] > 0:
+                    self.logger.record_mean("latency/total_over_tp",
+                                            float(info["total_us"]) / float(info["tp_total_us"]))
+            return True
+
+    class AtomicCheckpoint(BaseCallback):
+        """Save model (+ VecNormalize) every ``every`` steps to ``checkpoints/`` atomically."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_at = 0
+
+        def _on_training_start(self) -> None:
+            n = self.model.num_timesteps
+            self.next_at = (n // checkpoint_every + 1) * checkpoint_every
+
+        def _on_step(self) -> bool:
+            if self.model.num_timesteps >= self.next_at:
+                _save_checkpoint(self.model, vecnorm, out_dir)
+                self.next_at = (self.model.num_timesteps // checkpoint_every + 1) \
+                    * checkpoint_every
+            return True
+
+    callbacks: list[Any] = [LatencyCallback()]
+    if checkpoint_every > 0:
+        callbacks.append(AtomicCheckpoint())
+    return CallbackList(callbacks)
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data), "wb")
+
+
+def _save_model(model: Any, vecnorm: Any, model_path: Path, vecnorm_path: Path) -> None:
+    buf = io.BytesIO()
+    model.save(buf)
+    if vecnorm is not None:                    # statistics first: a model never lacks them
+        _atomic_bytes(vecnorm_path, pickle.dumps(vecnorm))  # __getstate__ drops the envs
+    _atomic_bytes(model_path, buf.getvalue())
+
+
+def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path) -> Path:
+    steps = int(model.num_timesteps)
+    ckpt = checkpoint_path(out_dir, steps)
+    _save_model(model, vecnorm, ckpt, ckpt.with_name(f"ckpt_{steps}_{VECNORM_FILE}"))
+    log.info("checkpoint %s", ckpt)
+    return ckpt
+
+
+def _layout_meta(venv: Any) -> dict[str, Any]:
+    """Return the env's action layout and node count (``learned.json``, for loading)."""
+    base = venv.envs[0].unwrapped if hasattr(venv, "envs") else None
+    if base is None:
+        return {}
+    lay = ActionLayout.from_env(base)
+    return {"num_experts": lay.num_experts, "max_broadcast": lay.max_broadcast,
+            "dispatch_rules": list(lay.dispatch_rules), "gating_levels": list(lay.gating_levels),
+            "num_nodes": int(base.num_nodes)}
+
+
+def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int
+                       ) -> Path | None:
+    """Return the checkpoint to resume from (None: start afresh), checking it matches the run.
+
+    Raises:
+        ConfigError: ``out`` was trained with another algorithm or action design.
+    """
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
+    elif (out / META_FILE).exists():
+        earlier = json.loads((out / META_FILE).read_text())
+        if earlier.get("algo", algo) != algo:
+            raise ConfigError(f"--resume: {out} was trained with {earlier['algo']!r}, not "
+                              f"{algo!r}; pass --algo {earlier['algo']} or a new --out")
+        if (earlier.get("action_mode", action_mode), earlier.get("num_candidates",
+                                                                 num_candidates)) != (
+                action_mode, num_candidates):
+            raise ConfigError(f"--resume: {out} was trained with action_mode "
+                              f"{earlier.get('action_mode')!r}, K={earlier.get('num_candidates')}"
+                              f"; pass the same --action-mode/--candidates or a new --out")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------- train
+def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
+          timesteps: int = 10_000, n_envs: int = 1, seed: int = 0,
+          out_dir: str | os.PathLike[str] = "runs/learned", checkpoint_every: int = 5_000,
+          fidelity: str = "analytic", normalize_obs: bool = True, tensorboard: bool = True,
+          resume: bool = False, *, hyperparams: dict[str, Any] | None = None,
+          placement: Placement | None = None, evaluate_fn: Callable[[Path], Any] | None = None,
+          threads: int = 1, start_method: str | None = None, progress: bool = False,
+          action_mode: str = "ranked", num_candidates: int = 4,
+          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT) -> Path:
+    """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
+
+    Args:
+        algo: ``"ppo"``, ``"maskable-ppo"`` or ``"a2c"``.
+        env_kwargs: ``HdMoeEnv`` keyword arguments (model, mesh, setting, batch, k_b,
+            placement — ``"tp"``, ``"ep"``, a ``.npz`` path, a ``Placement``, or a placement
+            name such as ``"node_link"`` together with ``placement=`` —, trace, trace_seed,
+            ...). They are recorded in ``learned.json`` as given.
+        timesteps: Total env steps (with ``resume``, the target including earlier steps).
+        n_envs: Env copies (``SubprocVecEnv`` when > 1).
+        seed: Seed of torch, SB3 and the training episodes.
+        out_dir: Output directory (see the module docstring).
+        checkpoint_every: Save a checkpoint every this many steps (0: never).
+        fidelity: Training fidelity, ``"analytic"`` (default, fast) or ``"des"``.
+        normalize_obs: Wrap the envs in ``VecNormalize`` for :data:`NORM_OBS_KEYS`.
+        tensorboard: Write TensorBoard logs to ``out_dir/tb``.
+        resume: Continue from the latest checkpoint (step count continues).
+        hyperparams: Overrides of the algorithm's dataclass fields (e.g. ``{"n_steps": 64}``).
+        placement: The placement ``env_kwargs["placement"]`` names, already resolved by the
+            caller (the application layer resolves method names such as ``"node_link"``;
+            ``agents`` does not import it). The training envs use it; ``learned.json`` keeps
+            the name.
+        evaluate_fn: Called with ``out_dir`` once the model and ``learned.json`` are saved
+            (e.g. the held-out evaluation of ``hdamoe_env.app.train``); its result is ignored.
+        threads: torch / BLAS threads (1, dependencies.md §6).
+        start_method: ``SubprocVecEnv`` start method.
+        progress: SB3 progress bar.
+        action_mode: ``"ranked"`` (default, ``RankedBroadcastWrapper``: slot = rank among the
+            ``num_candidates`` most-loaded predicted experts), ``"full"`` (expert ids) or
+            ``"residual"`` (``ResidualHDAWrapper``: HDA-MoE's action + a learned deviation; the
+            policy starts biased towards "no deviation" by ``residual_keep_logit``).
+        num_candidates: K of the ranked action.
+        residual_keep_logit: Initial logit bonus of "keep the greedy's choice" (residual mode).
+
+    Returns:
+        The path of the saved model (``out_dir/model.zip``).
+
+    Raises:
+        ConfigError: Bad algorithm, hyperparameter or env argument, or a placement name
+            without ``placement=``.
+        DependencyNotInstalled: torch / stable-baselines3 / sb3-contrib missing.
+    """
+    key = _algo_key(algo)
+    cls = _algo_class(key)
+    _set_threads(threads)
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        hp = HYPERPARAMS[key](**(hyperparams or {}))
+    except TypeError as exc:
+        names = [f.name for f in dataclasses.fields(HYPERPARAMS[key])]
+        raise ConfigError(f"bad hyperparameters {hyperparams!r} for {key}: {exc}; expected "
+                          f"fields of {names}") from None
+    user_kwargs = dict(env_kwargs or {})
+    resolved = {k: v for k, v in _with_placement(user_kwargs, placement).items()
+                if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
+    env_args = _env_arguments(resolved, key, fidelity)
+    ckpt = _resume_checkpoint(out, key, action_mode, num_candidates) if resume else None
+    _seed_everything(seed)
+    venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
+                        action_mode=action_mode, num_candidates=num_candidates)
+    vecnorm = None
+    if normalize_obs:
+        stats = ckpt.with_name(ckpt.stem + "_" + VECNORM_FILE) if ckpt else None
+        if stats is not None and stats.exists():
+            vecnorm = VecNormalize.load(str(stats), venv)
+            vecnorm.training = True
+        else:
+            keys = [k for k in NORM_OBS_KEYS if k in venv.observation_space.spaces]
+            vecnorm = VecNormalize(venv, norm_obs=True, norm_reward=False, clip_obs=10.0,
+                                   norm_obs_keys=keys, gamma=hp.gamma)
+        venv_train = vecnorm
+    else:
+        venv_train = venv
+    tb_dir = str(out / "tb") if tensorboard else None
+    if tensorboard:
+        try:
+            import tensorboard as _tb  # noqa: F401  (SB3's writer needs the package)
+        except ImportError:
+            log.warning("tensorboard is not installed (`pip install \"hdamoe-env[log]\"`); "
+                        "training without TensorBoard logs")
+            tb_dir = None
+    t0 = time.perf_counter()
+    if ckpt is not None:
+        model = cls.load(str(ckpt), env=venv_train, tensorboard_log=tb_dir, seed=seed)
+        log.info("resumed from %s at %d steps", ckpt, model.num_timesteps)
+    else:
+        model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
+                    verbose=0, device="cpu", **_model_kwargs(hp))
+        if action_mode == "residual" and residual_keep_logit:
+            _bias_keep(model, venv.action_space.nvec, residual_keep_logit)
+    start_steps = int(model.num_timesteps)
+    remaining = max(0, int(timesteps) - start_steps)
+    if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode
+        early = {"algo": key, "action_mode": action_mode, "num_candidates": num_candidates,
+                 "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
+        _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
+    if remaining > 0:
+        model.learn(total_timesteps=remaining, callback=_callbacks(out, checkpoint_every, vecnorm),
+                    reset_num_timesteps=ckpt is None, tb_log_name=key, progress_bar=progress)
+    wall = time.perf_counter() - t0
+    if checkpoint_every > 0 and remaining > 0:     # resume continues from the exact end
+        _save_checkpoint(model, vecnorm, out)
+    model_path = out / MODEL_FILE
+    _save_model(model, vecnorm, model_path, out / VECNORM_FILE)
+    if vecnorm is None and (out / VECNORM_FILE).exists():
+        (out / VECNORM_FILE).unlink()
+    import torch
+
+    meta = {
+        "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
+        "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
+        "num_candidates": num_candidates, "complete": True,
+        "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,
+        "layout": _layout_meta(venv),
+        "norm_obs_keys": list(vecnorm.norm_obs_keys) if vecnorm is not None else [],
+        "env_kwargs": to_jsonable(user_kwargs),
+        "train_env_kwargs": to_jsonable({k: (v if k != "placement" or isinstance(v, str) else
+                                           f"<Placement {getattr(v, 'method', '?')}>")
+                                       for k, v in env_args.items()}),
+        "num_timesteps": int(model.num_timesteps), "resumed_from": str(ckpt) if ckpt else None,
+        "resumed_at": start_steps if ckpt else None, "wall_s": wall,
+        "steps_per_s": (int(model.num_timesteps) - start_steps) / wall if wall > 0 else None,
+        "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+        "observation_shapes": {k: list(s.shape) for k, s in
+                               venv.observation_space.spaces.items()},
+    }
+    _atomic_bytes(out / META_FILE, (json.dumps(meta, indent=1) + "\n").encode())
+    venv_train.close()
+    log.info("trained %s for %d steps in %.1f s -> %s", key, model.num_timesteps, wall,
+             model_path)
+    if evaluate_fn is not None:
+        evaluate_fn(out)
+    return model_path
+
+
+def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> dict[str, Any]:
+    """Return ``env_kwargs`` with the placement the env builds from (``placement=`` of train)."""
+    if placement is not None:
+        return {**env_kwargs, "placement": placement}
+    name = env_kwargs.get("placement", "ep")
+    if isinstance(name, str) and name not in ("tp", "ep") and not name.endswith(".npz"):
+        raise ConfigError(f"placement {name!r} is a placement method, not one the env builds "
+                          "(tp, ep, a .npz path or a Placement); resolve it first, e.g. with "
+                          "hdamoe_env.app.train.resolve_placement, and pass it as "
+                          "train(..., placement=<Placement>)")
+    return env_kwargs
+
+
+def to_jsonable(value: Any) -> Any:
+    """Return ``value`` as JSON-ready data (dataclasses via ``to_dict``, numpy as lists).
+
+    Objects JSON cannot represent become their ``repr``.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_jsonable(to_dict() if to_dict else dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
+
+

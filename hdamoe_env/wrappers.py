@@ -1,0 +1,219 @@
+"""Public Gymnasium wrappers of ``HdMoE-v0`` that need only the env.
+
+Implements two reshapings of the env's interface (paper-model.md §10–11 define the decisions
+themselves; these wrappers change only how a policy sees or encodes them):
+
+* :class:`FlattenReplicasWrapper` — the ``replicas`` observation [E, D] as a row-major [E·D]
+  vector, the same observation as ``HdMoeEnv(flatten_replicas=True)``, for policies (and SB3's
+  ``MultiInputPolicy``) that want only 1-D boxes.
+* :class:`RankedBroadcastWrapper` — the action design that makes pre-broadcast learnable: a
+  slot picks the c-th most-loaded predicted expert (§10.5's greedy priority order) instead of
+  an expert id, so each slot has K + 1 values rather than E + 1.
+
+Both are importable classes, so RL Zoo's ``env_wrapper`` option can name them, and both expose
+``action_masks()`` (sb3-contrib's ``MaskablePPO``) mapped from the env's. The ranked mapping is
+also available as pure functions (:func:`ranked_candidates`, :func:`ranked_mask`,
+:func:`ranked_to_full`), which a trained agent applies at inference on an unwrapped env.
+
+A wrapper that needs an agent (the residual action over HDA-MoE) lives in ``agents.wrappers``:
+the core never imports agents (style.md §2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from numpy.typing import NDArray
+
+from hdamoe_env.actions import ActionLayout
+from hdamoe_env.errors import ConfigError
+
+__all__ = [
+    "FlattenReplicasWrapper",
+    "RankedBroadcastWrapper",
+    "ranked_candidates",
+    "ranked_mask",
+    "ranked_to_full",
+]
+
+
+def _inner_action_masks(env: gym.Env[Any, Any]) -> NDArray[np.bool_]:
+    """Return the ``action_masks()`` of the nearest layer of ``env`` that defines one."""
+    return np.asarray(env.get_wrapper_attr("action_masks")(), dtype=bool)
+
+
+# -------------------------------------------------------------------------- flatten replicas
+class FlattenReplicasWrapper(gym.ObservationWrapper[dict[str, NDArray[np.float32]], Any,
+                                                    dict[str, NDArray[np.float32]]]):
+    """Give the ``replicas`` observation as a row-major [E·D] vector instead of [E, D].
+
+    The same observation as ``HdMoeEnv(..., flatten_replicas=True)``; every other key is passed
+    through unchanged, and so are actions and ``action_masks()``. An env that already flattens
+    is accepted (the wrapper is then the identity).
+
+    Args:
+        env: An ``HdMoE-v0`` env (or a wrapper of one) with a Dict observation holding
+            ``replicas``.
+
+    Raises:
+        ConfigError: The observation space has no ``replicas`` Box.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        super().__init__(env)
+        obs_space = env.observation_space
+        if not isinstance(obs_space, spaces.Dict) or "replicas" not in obs_space.spaces:
+            raise ConfigError("FlattenReplicasWrapper needs a Dict observation with a "
+                              f"'replicas' Box; got {obs_space}")
+        box = obs_space.spaces["replicas"]
+        assert isinstance(box, spaces.Box)
+        size = int(np.prod(box.shape))
+        flat = spaces.Box(np.asarray(box.low, dtype=box.dtype).reshape(size),
+                          np.asarray(box.high, dtype=box.dtype).reshape(size), (size,),
+                          box.dtype)
+        self.observation_space = spaces.Dict({**obs_space.spaces, "replicas": flat})
+
+    def observation(self, observation: dict[str, NDArray[np.float32]]
+                    ) -> dict[str, NDArray[np.float32]]:
+        """Return ``observation`` with ``replicas`` float32 [E·D] (row-major)."""
+        out = dict(observation)
+        out["replicas"] = np.ascontiguousarray(observation["replicas"]).reshape(-1).copy()
+        return out
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return the env's flat action mask (actions are unchanged)."""
+        return _inner_action_masks(self.env)
+
+
+# ------------------------------------------------------------------------------ ranked actions
+def ranked_candidates(pred_load: NDArray[Any], allowed: NDArray[np.bool_],
+                      num_candidates: int) -> NDArray[np.int64]:
+    """Return up to ``num_candidates`` broadcastable experts, highest predicted load first.
+
+    Args:
+        pred_load: float [E] predicted tokens per expert ÷ B (observation ``pred_load``).
+        allowed: bool [E] experts the env allows in a slot (not already on every node).
+        num_candidates: K.
+
+    Returns:
+        int64 [≤ K] expert ids with positive predicted load, by decreasing load (ties: lower id).
+    """
+    load = np.where(allowed, np.asarray(pred_load, dtype=np.float64).reshape(-1), -1.0)
+    order = np.lexsort((np.arange(load.size), -load))
+    return order[load[order] > 0][:num_candidates].astype(np.int64)
+
+
+def ranked_mask(full_mask: NDArray[np.bool_], layout: ActionLayout,
+                num_candidates: int, pred_load: NDArray[Any]) -> NDArray[np.bool_]:
+    """Map a flat ``HdMoE-v0`` mask to the ranked action space (:class:`RankedBroadcastWrapper`).
+
+    Args:
+        full_mask: bool [sum(layout.nvec)] the env's ``action_masks()``.
+        layout: The env's action layout.
+        num_candidates: K.
+        pred_load: float [E] the observation's ``pred_load``.
+
+    Returns:
+        bool [max_broadcast · (K + 1) + R + G]; "none" (value K) is always allowed.
+    """
+    parts = layout.split_mask(full_mask)
+    cands = ranked_candidates(pred_load, parts[0][:layout.num_experts], num_candidates)
+    slots = []
+    for slot in range(layout.max_broadcast):
+        m = np.zeros(num_candidates + 1, dtype=bool)
+        m[num_candidates] = True                                    # "none" is always allowed
+        if parts[slot][:layout.num_experts].any():
+            m[:cands.size] = parts[slot][cands]
+        slots.append(m)
+    return np.concatenate([*slots, parts[-2], parts[-1]])
+
+
+def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: int,
+                   pred_load: NDArray[Any], full_mask: NDArray[np.bool_] | None
+                   ) -> NDArray[np.int64]:
+    """Translate a ranked action into an ``HdMoE-v0`` action (slot value c → c-th candidate).
+
+    Args:
+        action: int [max_broadcast + 2] in the ranked space (slot values 0..K, K = none).
+        layout: The env's action layout.
+        num_candidates: K.
+        pred_load: float [E] the observation's ``pred_load``.
+        full_mask: The env's flat mask (None: every expert allowed).
+
+    Returns:
+        int64 [max_broadcast + 2] in the env's space; a slot whose candidate does not exist
+        becomes "none" (E).
+    """
+    allowed = (np.ones(layout.num_experts, dtype=bool) if full_mask is None
+               else layout.split_mask(full_mask)[0][:layout.num_experts])
+    cands = ranked_candidates(pred_load, allowed, num_candidates)
+    action = np.asarray(action, dtype=np.int64).reshape(-1)
+    full = np.full(layout.max_broadcast + 2, layout.none, dtype=np.int64)
+    for slot in range(layout.max_broadcast):
+        c = int(action[slot])
+        if c < cands.size:
+            full[slot] = cands[c]
+    full[-2:] = action[-2:]
+    return full
+
+
+class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.int64]]):
+    """Action design for learning: slot value c picks the c-th most-loaded predicted expert.
+
+    The raw ``HdMoE-v0`` slot has E + 1 values (E = 64 for DeepSeek-V2-Lite), so an untrained
+    policy almost never samples "none" (1/65) and spends most of its steps learning that one
+    value. Here a slot has K + 1 values: candidate c < K is the c-th broadcastable expert by
+    predicted load ``pred_load`` (the greedy's own priority order, paper-model.md §10.5),
+    K = none. Dispatch and gating are unchanged. Observations are unchanged.
+
+    Action space: ``MultiDiscrete([K + 1] * max_broadcast + [R, G])``.
+
+    Args:
+        env: An ``HdMoE-v0`` env (or a wrapper of one that keeps its action space).
+        num_candidates: K, the number of ranked candidates per slot.
+
+    Raises:
+        ConfigError: ``num_candidates`` < 1.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], num_candidates: int = 4) -> None:
+        super().__init__(env)
+        if int(num_candidates) < 1:
+            raise ConfigError(f"num_candidates must be >= 1, got {num_candidates}")
+        self.layout = ActionLayout.from_env(env)
+        self.num_candidates = int(num_candidates)
+        lay = self.layout
+        self.action_space = spaces.MultiDiscrete(
+            [self.num_candidates + 1] * lay.max_broadcast
+            + [len(lay.dispatch_rules), len(lay.gating_levels)])
+        self._obs: Any = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Any, dict[str, Any]]:
+        """Reset the env and remember the observation (its ``pred_load`` ranks the experts)."""
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._obs = obs
+        return obs, info
+
+    def _require_obs(self) -> Any:
+        if self._obs is None:
+            raise ConfigError("RankedBroadcastWrapper: call reset() before step() or "
+                              "action_masks()")
+        return self._obs
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return the env's mask mapped to the ranked space (:func:`ranked_mask`)."""
+        return ranked_mask(_inner_action_masks(self.env), self.layout, self.num_candidates,
+                           self._require_obs()["pred_load"])
+
+    def step(self, action: NDArray[np.int64]
+             ) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Translate the ranked action (:func:`ranked_to_full`) and step the env."""
+        full = ranked_to_full(action, self.layout, self.num_candidates,
+                              self._require_obs()["pred_load"], _inner_action_masks(self.env))
+        obs, reward, terminated, truncated, info = self.env.step(full)
+        self._obs = obs
+        return obs, reward, terminated, truncated, info

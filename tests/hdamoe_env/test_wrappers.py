@@ -1,0 +1,166 @@
+"""Public wrappers of the core (hdamoe_env/wrappers.py): flatten-replicas and ranked actions.
+
+Pins that each wrapper is an importable ``gymnasium.Wrapper`` (RL Zoo's ``env_wrapper``), that it
+changes only the encoding of the paper-model.md §10–11 decisions (same episodes as the raw env),
+and that ``action_masks()`` is reachable through outer wrappers with the action-space length.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from hdamoe_env.env import HdMoeEnv
+from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.wrappers import (FlattenReplicasWrapper, RankedBroadcastWrapper,
+                                 ranked_candidates)
+
+TINY = ModelSpec(key="tiny3", name="tiny3", num_moe_layers=3, num_experts=4, top_k=2,
+                 hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
+                 kv_elements_per_token=2 * 64, core_flops_per_ctx_token=4 * 64)
+HW = HardwareSpec(mesh_shape=(2, 2), compute_tflops=1.0, link_bw_gbps=1.0)
+
+
+def make(**kw) -> HdMoeEnv:
+    args = dict(model=TINY, hardware=HW, batch=8, steps_per_episode=2, max_broadcast=2,
+                k_b=[0, 1, 2], trace_tokens=512, trace_requests=8)
+    args.update(kw)
+    return HdMoeEnv(**args)
+
+
+def assert_same_obs(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def sample(mask: np.ndarray, nvec: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    out, off = [], 0
+    for n in nvec:
+        out.append(int(rng.choice(np.flatnonzero(mask[off:off + n]))))
+        off += n
+    return np.array(out, dtype=np.int64)
+
+
+def test_public_wrappers_are_importable_gymnasium_wrappers():
+    import hdamoe_env.wrappers as module
+
+    for name in ("FlattenReplicasWrapper", "RankedBroadcastWrapper"):
+        cls = getattr(module, name)
+        assert isinstance(cls, type) and issubclass(cls, gym.Wrapper) and name in module.__all__
+    from agents.base import ActionLayout as from_agents
+    from hdamoe_env.actions import ActionLayout
+
+    assert from_agents is ActionLayout                      # one class, re-exported by agents
+
+
+def test_flatten_wrapper_equals_flatten_option():
+    """The wrapper gives the observation of ``flatten_replicas=True``, step by step."""
+    option, wrapped = make(flatten_replicas=True), FlattenReplicasWrapper(make())
+    assert wrapped.observation_space == option.observation_space
+    assert wrapped.observation_space["replicas"].shape == (TINY.num_experts * 4,)
+    rng = np.random.default_rng(0)
+    obs_a, _ = option.reset(seed=11)
+    obs_b, _ = wrapped.reset(seed=11)
+    done = False
+    while not done:
+        assert_same_obs(obs_a, obs_b)
+        assert wrapped.observation_space.contains(obs_b)
+        np.testing.assert_array_equal(wrapped.action_masks(), option.action_masks())
+        action = sample(option.action_masks(), option.action_space.nvec, rng)
+        if action[0] == action[1] != TINY.num_experts:
+            action[1] = TINY.num_experts                   # an expert twice would be invalid
+        obs_a, r_a, term_a, trunc_a, _ = option.step(action)
+        obs_b, r_b, term_b, trunc_b, _ = wrapped.step(action)
+        assert (r_a, term_a, trunc_a) == (r_b, term_b, trunc_b)
+        done = term_a or trunc_a
+    assert_same_obs(obs_a, obs_b)
+
+
+def _ranked_expert(obs: dict, mask: np.ndarray, c: int) -> int | None:
+    """The c-th broadcastable expert by predicted load (ties: lower id), written out plainly."""
+    E = TINY.num_experts
+    pred = obs["pred_load"]
+    allowed = [e for e in range(E) if mask[e] and pred[e] > 0]
+    order = sorted(allowed, key=lambda e: (-float(pred[e]), e))
+    return order[c] if c < len(order) else None
+
+
+@pytest.mark.parametrize("num_candidates", [1, 3])
+def test_ranked_step_equals_env_step_with_ranked_expert(num_candidates):
+    """Slot value c steps the env with the c-th ranked expert: same obs and rewards."""
+    E = TINY.num_experts
+    ranked, raw = RankedBroadcastWrapper(make(), num_candidates=num_candidates), make()
+    assert ranked.action_space.nvec.tolist() == [num_candidates + 1] * 2 + [3, 4]
+    rng = np.random.default_rng(1)
+    obs_w, _ = ranked.reset(seed=5)
+    obs_r, _ = raw.reset(seed=5)
+    done, steps = False, 0
+    while not done:
+        assert_same_obs(obs_w, obs_r)
+        mask_w = ranked.action_masks()
+        assert mask_w.shape == (int(ranked.action_space.nvec.sum()),)
+        action = sample(mask_w, ranked.action_space.nvec, rng)
+        if action[0] == action[1] != num_candidates:
+            action[1] = num_candidates                     # a candidate twice would repeat
+        full_mask = raw.action_masks()
+        expected = []
+        for slot in range(2):
+            c = int(action[slot])
+            e = None if c == num_candidates else _ranked_expert(obs_r, full_mask[:E], c)
+            expected.append(E if e is None else e)
+        full = np.array([*expected, action[2], action[3]], dtype=np.int64)
+        obs_w, r_w, term_w, trunc_w, info_w = ranked.step(action)
+        obs_r, r_r, term_r, trunc_r, info_r = raw.step(full)
+        assert (r_w, term_w, trunc_w) == (r_r, term_r, trunc_r)
+        assert info_w.get("tbt_us") == info_r.get("tbt_us")
+        done, steps = term_r or trunc_r, steps + 1
+    assert steps == 2 * TINY.num_moe_layers
+
+
+def test_ranked_mask_never_offers_a_missing_candidate():
+    env = RankedBroadcastWrapper(make(), num_candidates=4)
+    obs, _ = env.reset(seed=2)
+    for _ in range(3):
+        mask = env.action_masks()
+        cands = ranked_candidates(obs["pred_load"], env.unwrapped.action_masks()[:4], 4)
+        slot0 = mask[:5]
+        assert slot0[4]                                              # "none" always allowed
+        assert not slot0[cands.size:4].any()
+        obs, *_ = env.step(np.array([4, 4, 0, 0], dtype=np.int64))      # no broadcast
+
+
+def test_action_masks_reachable_through_outer_wrappers():
+    for inner, size in ((RankedBroadcastWrapper(make(), 3), 2 * 4 + 3 + 4),
+                        (FlattenReplicasWrapper(make()), 2 * 5 + 3 + 4),
+                        (RankedBroadcastWrapper(FlattenReplicasWrapper(make()), 2), 2 * 3 + 3 + 4)):
+        outer = gym.wrappers.RecordEpisodeStatistics(inner)
+        outer.reset(seed=0)
+        mask = outer.get_wrapper_attr("action_masks")()
+        assert mask.dtype == bool and mask.shape == (size,)
+        assert size == int(outer.action_space.nvec.sum())
+
+
+def test_wrappers_pass_gymnasium_checker():
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # the checker samples unmasked actions, so the env coerces masked ones
+        check_env(RankedBroadcastWrapper(make(invalid_action="coerce"), 3),
+                  skip_render_check=True)
+        check_env(FlattenReplicasWrapper(make(invalid_action="coerce")),
+                  skip_render_check=True)
+
+
+def test_ranked_rejects_bad_candidates_and_step_before_reset():
+    from hdamoe_env.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_candidates"):
+        RankedBroadcastWrapper(make(), num_candidates=0)
+    with pytest.raises(ConfigError, match="reset"):
+        RankedBroadcastWrapper(make()).action_masks()
