@@ -26,10 +26,10 @@ from numpy.typing import NDArray
 
 from hdamoe_env import calibrate, gating, perf, scheduling
 from hdamoe_env.errors import ConfigError, InvalidAction, unknown_name
-from hdamoe_env.fileio import load_trace_file
 from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.simulator import FIDELITIES, LayerResult, MoESimulator, check_trace
+from hdamoe_env.sources import load_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
 
@@ -41,38 +41,7 @@ ENV_ID = "hdamoe_env/HdMoE-v0"
 PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
 INVALID_ACTION_MODES = ("raise", "coerce")
 
-_TRACE_CACHE: dict[tuple[Any, ...], RoutingTrace] = {}
 _GAMMA_CACHE: dict[str, NDArray[np.float64]] = {}
-#: Generic expert-level generator parameters for models without fitted ones [decision].
-_GENERIC_GENERATOR = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0, "kappa_block": 160.0}
-
-
-def _synthetic_trace(model: ModelSpec, n_requests: int, n_tokens: int, seed: int,
-                     with_pred: bool) -> RoutingTrace:
-    """Generate (and cache per process) the synthetic trace of a model (traces.md §7)."""
-    key = (model.key, model.num_moe_layers, model.num_experts, model.top_k, n_requests,
-           n_tokens, seed, with_pred)
-    hit = _TRACE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    predictor = "noisy_oracle" if with_pred else None
-    preset = synthetic.model_params(model.key) if model.key in synthetic.MODEL_KEYS else None
-    if preset is not None and (preset["L"], preset["E"], preset["k"]) == (
-            model.num_moe_layers, model.num_experts, model.top_k):
-        trace = synthetic.generate(model.key, n_requests=n_requests, n_tokens=n_tokens,
-                                   seed=seed, predictor=predictor)
-    else:
-        params = dict(_GENERIC_GENERATOR, E=model.num_experts, k=model.top_k,
-                      L=model.num_moe_layers, clusters=max(2, min(16, model.num_experts)))
-        trace = synthetic.generate("deepseek-v2-lite", n_requests=n_requests, n_tokens=n_tokens,
-                                   seed=seed, predictor=predictor, params=params,
-                                   J=min(model.top_k, model.num_experts - model.top_k))
-    if len(_TRACE_CACHE) >= 16:
-        _TRACE_CACHE.clear()
-    _TRACE_CACHE[key] = trace
-    return trace
-
-
 class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     """MoE decode on a 3D near-memory-processing chip, one MoE layer per step (HDA-MoE online).
 
@@ -330,18 +299,12 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.top_k = self.model.top_k
 
         # --- trace
-        if isinstance(trace, RoutingTrace):
-            self.trace = trace
-        elif isinstance(trace, str) and trace == "synthetic":
-            self.trace = _synthetic_trace(
-                self.model, int(trace_requests or 32),
-                int(trace_tokens or max(8192, 16 * self.batch)), int(trace_seed),
-                predictor == "trace")
-        elif isinstance(trace, str | Path):
-            self.trace = load_trace_file(trace, self.model)
-        else:
-            raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
-                              f"{type(trace).__name__}")
+        # the env's synthetic trace: 32 requests, max(8192, 16·B) rows, predictions only for
+        # the trace predictor
+        self.trace = load_trace(trace, self.model, seed=int(trace_seed),
+                                requests=int(trace_requests or 32),
+                                tokens=int(trace_tokens or max(8192, 16 * self.batch)),
+                                predictor="noisy_oracle" if predictor == "trace" else None)
         check_trace(self.sim, self.trace)
         self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
                          else self.trace.topk_ids)

@@ -4,7 +4,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYER = {"traces": 0, "hdamoe_env.errors": 1, "hdamoe_env.specs": 1, "hdamoe_env.fileio": 2, "hdamoe_env.profiles": 2,
+LAYER = {"traces": 0, "hdamoe_env.errors": 1, "hdamoe_env.specs": 1, "hdamoe_env.fileio": 2,
+         "hdamoe_env.sources": 2, "hdamoe_env.profiles": 2,
          "hdamoe_env.topology": 3, "hdamoe_env.placement": 3, "hdamoe_env.perf": 4,
          "hdamoe_env.des": 4, "hdamoe_env.linksim": 4,
          "hdamoe_env.collectives": 4, "hdamoe_env.calibrate": 5, "hdamoe_env.gating": 5,
