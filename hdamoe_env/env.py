@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env import calibrate, gating, perf, scheduling
 from hdamoe_env.errors import ConfigError, InvalidAction, unknown_name
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.placement import Placement, placement_by_name, tensor_parallel
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.simulator import FIDELITIES, LayerResult, MoESimulator, check_trace
 from hdamoe_env.sources import load_trace
@@ -322,11 +322,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         # --- placement
         if isinstance(placement, Placement):
             self.placement = placement
-        elif isinstance(placement, str) and placement in ("tp", "ep"):
-            self.placement = (tensor_parallel(L, E, D) if placement == "tp" else
-                              expert_parallel(L, E, D, np.random.default_rng(placement_seed)))
         elif isinstance(placement, str | Path):
-            self.placement = Placement.load(placement)
+            self.placement = placement_by_name(placement, self.model, D, placement_seed,
+                                               record_seed=False)
         else:
             raise ConfigError(f"placement must be 'tp', 'ep', a Placement or a path, got "
                               f"{placement!r}")
