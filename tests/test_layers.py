@@ -10,7 +10,7 @@ LAYER = {"traces": 0, "hdamoe_env.errors": 1, "hdamoe_env.specs": 1, "hdamoe_env
          "hdamoe_env.des": 4, "hdamoe_env.linksim": 4,
          "hdamoe_env.collectives": 4, "hdamoe_env.calibrate": 5, "hdamoe_env.gating": 5,
          "hdamoe_env.scheduling": 5, "hdamoe_env.evaluator": 5,
-         "hdamoe_env.simulator": 6,
+         "hdamoe_env.simulator": 6, "hdamoe_env.env_config": 6,
          "hdamoe_env.env": 7, "baselines": 8, "agents": 8, "hdamoe_env.bench": 9,
          "hdamoe_env.tb": 9, "hdamoe_env.cli": 9, "hdamoe_env.simbench": 9,
          "hdamoe_env.record_cli": 9,
