@@ -69,10 +69,10 @@ from numpy.typing import NDArray
 from baselines.link_balance import LB_METHODS, LB_OBJECTIVES, MappingObjective, link_balance
 from baselines.node_balance import NB_MODES, node_balance
 from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
-from hdamoe_env import linksim, perf
+from hdamoe_env import linksim, perf, sources
 from hdamoe_env.calibrate import fit_gamma
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
-from hdamoe_env.fileio import atomic_write, load_trace_file, write_json
+from hdamoe_env.fileio import atomic_write, write_json
 from hdamoe_env.placement import Placement, expert_parallel, identity_mapping
 from hdamoe_env.profiles import get_profile
 from hdamoe_env.simulator import MoESimulator, is_tensor_parallel
@@ -258,13 +258,9 @@ def load_trace(config: PlaceConfig) -> Any:
     Raises:
         TraceFormatError: The trace file does not exist or is malformed.
     """
-    from traces import synthetic
-
-    model = config.model_spec
-    if config.trace == "synthetic":
-        seed = config.seed if config.trace_seed is None else config.trace_seed
-        return synthetic.generate(model.key, n_requests=config.trace_requests, seed=seed)
-    return load_trace_file(config.trace, model)
+    seed = config.seed if config.trace_seed is None else config.trace_seed
+    return sources.load_trace(config.trace, config.model_spec, seed=seed,
+                              requests=config.trace_requests)
 
 
 # --------------------------------------------------------------------------------------------

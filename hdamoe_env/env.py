@@ -11,12 +11,10 @@ Registered as ``hdamoe_env/HdMoE-v0``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
-import math
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -25,54 +23,20 @@ from gymnasium import spaces
 from numpy.typing import NDArray
 
 from hdamoe_env import calibrate, gating, perf, scheduling
-from hdamoe_env.errors import ConfigError, InvalidAction, unknown_name
-from hdamoe_env.fileio import load_trace_file
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
-from hdamoe_env.profiles import Conventions, get_profile
-from hdamoe_env.simulator import FIDELITIES, LayerResult, MoESimulator, check_trace
-from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
+from hdamoe_env.env_config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
+from hdamoe_env.errors import ConfigError, InvalidAction
+from hdamoe_env.placement import Placement, placement_by_name, tensor_parallel
+from hdamoe_env.simulator import LayerResult, MoESimulator, check_trace
+from hdamoe_env.sources import load_trace
 from traces import RoutingTrace, batching, synthetic
 
-__all__ = ["ENV_ID", "PREDICTORS", "HdMoeEnv"]
+__all__ = ["ENV_ID", "INVALID_ACTION_MODES", "PREDICTORS", "EnvConfig", "HdMoeEnv"]
 
 logger = logging.getLogger(__name__)
 
 ENV_ID = "hdamoe_env/HdMoE-v0"
-PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
-INVALID_ACTION_MODES = ("raise", "coerce")
 
-_TRACE_CACHE: dict[tuple[Any, ...], RoutingTrace] = {}
 _GAMMA_CACHE: dict[str, NDArray[np.float64]] = {}
-#: Generic expert-level generator parameters for models without fitted ones [decision].
-_GENERIC_GENERATOR = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0, "kappa_block": 160.0}
-
-
-def _synthetic_trace(model: ModelSpec, n_requests: int, n_tokens: int, seed: int,
-                     with_pred: bool) -> RoutingTrace:
-    """Generate (and cache per process) the synthetic trace of a model (traces.md §7)."""
-    key = (model.key, model.num_moe_layers, model.num_experts, model.top_k, n_requests,
-           n_tokens, seed, with_pred)
-    hit = _TRACE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    predictor = "noisy_oracle" if with_pred else None
-    preset = synthetic.model_params(model.key) if model.key in synthetic.MODEL_KEYS else None
-    if preset is not None and (preset["L"], preset["E"], preset["k"]) == (
-            model.num_moe_layers, model.num_experts, model.top_k):
-        trace = synthetic.generate(model.key, n_requests=n_requests, n_tokens=n_tokens,
-                                   seed=seed, predictor=predictor)
-    else:
-        params = dict(_GENERIC_GENERATOR, E=model.num_experts, k=model.top_k,
-                      L=model.num_moe_layers, clusters=max(2, min(16, model.num_experts)))
-        trace = synthetic.generate("deepseek-v2-lite", n_requests=n_requests, n_tokens=n_tokens,
-                                   seed=seed, predictor=predictor, params=params,
-                                   J=min(model.top_k, model.num_experts - model.top_k))
-    if len(_TRACE_CACHE) >= 16:
-        _TRACE_CACHE.clear()
-    _TRACE_CACHE[key] = trace
-    return trace
-
-
 class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     """MoE decode on a 3D near-memory-processing chip, one MoE layer per step (HDA-MoE online).
 
@@ -166,52 +130,15 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(  # noqa: C901, PLR0912, PLR0915 - one flat constructor reads best
-        self,
-        model: str | ModelSpec = "deepseek-v2-lite",
-        setting: str = "5/50",
-        mesh: str | tuple[int, int] = "4x8",
-        topology: str | TopologySpec = "mesh",
-        batch: int = 128,
-        conventions: str | Conventions = "faithful",
-        trace: str | RoutingTrace | Path = "synthetic",
-        trace_requests: int | None = None,
-        placement: str | Placement | Path = "ep",
-        steps_per_episode: int = 4,
-        fidelity: str = "des",
-        predictor: str = "noisy_oracle",
-        max_broadcast: int = 8,
-        gating_levels: Sequence[float] = (0.0, 0.5, 1.0, 2.0),
-        dispatch_rules: Sequence[str] = ("least_loaded", "first", "home"),
-        reward_scale: float | None = None,
-        render_mode: str | None = None,
-        *,
-        hardware: HardwareSpec | None = None,
-        trace_tokens: int | None = None,
-        trace_seed: int = 0,
-        batch_mode: str | None = None,
-        batch_options: dict[str, Any] | None = None,
-        view: str = "content",
-        placement_seed: int = 0,
-        measure_twin_error: bool = False,
-        gammas: Sequence[float] | None = None,
-        gamma_seed: int = 0,
-        predictor_accuracy: float | Sequence[float] | None = None,
-        gating_coefficients: tuple[float, float] | None = None,
-        gating_protect_top: int = 0,
-        gating_comp_penalty: str = "marginal_max",
-        gating_comm_penalty: str = "dispersion",
-        gating_candidate_window: int | None = None,
-        gating_include_future: bool = False,
-        k_b: int | Sequence[int] | None = None,
-        bc_max_messages: int = 20_000,
-        invalid_action: str = "raise",
-        duplicates: str = "raise",
-        flatten_replicas: bool = False,
-    ) -> None:
-        """Build the environment.
+    def __init__(self, config: EnvConfig | None = None, **kwargs: Any) -> None:
+        """Build the environment from an ``EnvConfig`` or from its fields as keyword arguments.
 
         Args:
+            config: The configuration; None builds it from ``kwargs``. With both, ``kwargs``
+                replace fields of ``config`` (``dataclasses.replace``).
+            **kwargs: The fields of ``EnvConfig``:
+
+        Keyword Args:
             model: Model preset id or ``ModelSpec``.
             setting: Compute/bandwidth label "TFLOPS/GBps" (ignored when ``hardware`` is given).
             mesh: Mesh shape "XxY" or (X, Y) (ignored when ``hardware`` is given).
@@ -270,85 +197,54 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             ConfigError: Any invalid argument (the message names it and the valid values).
         """
         super().__init__()
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise unknown_name("render mode", render_mode, self.metadata["render_modes"])
-        self.render_mode = render_mode
-        if fidelity not in FIDELITIES:
-            raise unknown_name("fidelity", fidelity, FIDELITIES)
-        if predictor not in PREDICTORS:
-            raise unknown_name("predictor", predictor, PREDICTORS)
-        if invalid_action not in INVALID_ACTION_MODES:
-            raise unknown_name("invalid_action mode", invalid_action, INVALID_ACTION_MODES)
-        if duplicates not in ("raise", "ignore"):
-            raise unknown_name("duplicates mode", duplicates, ("raise", "ignore"))
-        if not (isinstance(batch, int | np.integer) and batch >= 1):
-            raise ConfigError(f"batch must be a positive integer, got {batch!r}")
-        if not (isinstance(steps_per_episode, int | np.integer) and steps_per_episode >= 1):
-            raise ConfigError(f"steps_per_episode must be a positive integer, got "
-                              f"{steps_per_episode!r}")
-        if not (isinstance(max_broadcast, int | np.integer) and max_broadcast >= 0):
-            raise ConfigError(f"max_broadcast must be an integer >= 0, got {max_broadcast!r}")
-        rules = tuple(dispatch_rules)
-        for rule in rules:
-            if rule not in scheduling.DISPATCH_RULES:
-                raise unknown_name("dispatch rule", rule, scheduling.DISPATCH_RULES)
-        if not rules:
-            raise ConfigError("dispatch_rules must name at least one rule")
-        levels = tuple(float(x) for x in gating_levels)
-        if not levels or any(not (math.isfinite(x) and x >= 0) for x in levels):
-            raise ConfigError(f"gating_levels must be finite multipliers >= 0, got {levels}")
-        if reward_scale is not None and not (reward_scale > 0 and math.isfinite(reward_scale)):
-            raise ConfigError(f"reward_scale must be None or a positive number of seconds, got "
-                              f"{reward_scale!r}")
-
-        self.model = get_model(model)
-        self.hw = hardware if hardware is not None else hardware_from_setting(setting, mesh)
-        self.conv = get_profile(conventions)
-        self.sim = MoESimulator(self.model, self.hw, topology, self.conv)
+        if config is None:
+            config = EnvConfig(**kwargs)
+        elif not isinstance(config, EnvConfig):
+            raise ConfigError(f"config must be an EnvConfig or None, got "
+                              f"{type(config).__name__}; pass the other arguments by keyword")
+        elif kwargs:
+            config = dataclasses.replace(config, **kwargs)
+        self.config = config
+        self.render_mode = config.render_mode
+        self.model = config.model_spec
+        self.hw = config.hardware_spec
+        self.conv = config.conv
+        self.sim = MoESimulator(self.model, self.hw, config.topology_spec, self.conv)
         self.topology = self.sim.topology
-        self.batch = int(batch)
-        self.steps_per_episode = int(steps_per_episode)
-        self.fidelity = fidelity
-        self.predictor = predictor
-        self.max_broadcast = int(max_broadcast)
-        self.dispatch_rules = rules
-        self.gating_levels = levels
-        self.reward_scale = reward_scale
-        self.measure_twin_error = bool(measure_twin_error)
-        self.invalid_action = invalid_action
-        self._ignore_duplicates = duplicates == "ignore" or invalid_action == "coerce"
-        self.batch_mode = batch_mode if batch_mode is not None else self.conv.batch_mode
-        if self.batch_mode not in batching.BATCH_MODES or self.batch_mode == \
-                "random_rows_per_layer":
-            raise unknown_name("batching mode", self.batch_mode,
-                               set(batching.BATCH_MODES) - {"random_rows_per_layer"})
-        self.view = view
-        self._batch_options = dict(batch_options or {})
-        self._bc_max_messages = int(bc_max_messages)
+        self.batch = int(config.batch)
+        self.steps_per_episode = int(config.steps_per_episode)
+        self.fidelity = config.fidelity
+        self.predictor = predictor = config.predictor
+        self.max_broadcast = int(config.max_broadcast)
+        self.dispatch_rules = rules = tuple(config.dispatch_rules)
+        self.gating_levels = levels = tuple(config.gating_levels)
+        self.reward_scale = config.reward_scale
+        self.measure_twin_error = bool(config.measure_twin_error)
+        self.invalid_action = config.invalid_action
+        self._ignore_duplicates = (config.duplicates == "ignore"
+                                   or config.invalid_action == "coerce")
+        self.batch_mode = config.resolved_batch_mode
+        self.view = view = config.view
+        self._batch_options = dict(config.batch_options or {})
+        self._bc_max_messages = int(config.bc_max_messages)
         L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
         self.num_layers, self.num_experts, self.num_nodes = L, E, D
         self.top_k = self.model.top_k
 
         # --- trace
-        if isinstance(trace, RoutingTrace):
-            self.trace = trace
-        elif isinstance(trace, str) and trace == "synthetic":
-            self.trace = _synthetic_trace(
-                self.model, int(trace_requests or 32),
-                int(trace_tokens or max(8192, 16 * self.batch)), int(trace_seed),
-                predictor == "trace")
-        elif isinstance(trace, str | Path):
-            self.trace = load_trace_file(trace, self.model)
-        else:
-            raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
-                              f"{type(trace).__name__}")
+        # the env's synthetic trace: 32 requests, max(8192, 16·B) rows, predictions only for
+        # the trace predictor
+        self.trace = load_trace(config.trace, self.model, seed=int(config.trace_seed),
+                                requests=int(config.trace_requests or 32),
+                                tokens=int(config.trace_tokens or max(8192, 16 * self.batch)),
+                                predictor="noisy_oracle" if predictor == "trace" else None)
         check_trace(self.sim, self.trace)
         self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
                          else self.trace.topk_ids)
         if predictor == "trace" and self.trace.pred_ids is None:
             raise ConfigError("predictor='trace' needs a trace with recorded pred_ids; use "
                               "predictor='noisy_oracle' or a trace with predictions")
-        self._trace_seed = int(trace_seed)
+        self._trace_seed = int(config.trace_seed)
         self._scored: RoutingTrace | None = None
         self.score_kind = self.trace.meta.get("score_kind")
         rows = self.trace.view(view)
@@ -357,16 +253,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._freqs = np.stack([self.trace.layer_frequencies(layer, rows) for layer in range(L)])
 
         # --- placement
-        if isinstance(placement, Placement):
-            self.placement = placement
-        elif isinstance(placement, str) and placement in ("tp", "ep"):
-            self.placement = (tensor_parallel(L, E, D) if placement == "tp" else
-                              expert_parallel(L, E, D, np.random.default_rng(placement_seed)))
-        elif isinstance(placement, str | Path):
-            self.placement = Placement.load(placement)
-        else:
-            raise ConfigError(f"placement must be 'tp', 'ep', a Placement or a path, got "
-                              f"{placement!r}")
+        placement = config.placement
+        self.placement = (placement if isinstance(placement, Placement) else
+                          placement_by_name(placement, self.model, D, config.placement_seed,
+                                            record_seed=False))
         self.sim.check_placement(self.placement)
         P = self.placement.P
         self.evaluator = self.sim.evaluator(self.placement, self.batch)
@@ -392,10 +282,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 self.model, self.hw, self.conv, self.batch, self.topology.diameter,
                 float(t_nm_prev), t_comp_prev, cap))
         kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
-        if k_b is not None:
-            manual = np.broadcast_to(np.asarray(k_b, dtype=np.int64), (L,)).copy()
-            if (manual < 0).any():
-                raise ConfigError(f"k_b must be >= 0, got {k_b!r}")
+        if config.k_b is not None:                           # validated by EnvConfig
+            manual = np.broadcast_to(np.asarray(config.k_b, dtype=np.int64), (L,)).copy()
             kb = np.minimum(manual, cap)
             kb[0] = 0                                        # §10.3: no broadcast at layer 0
         self.k_b = kb
@@ -405,6 +293,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
 
         # --- gating
+        gating_coefficients = config.gating_coefficients
         if gating_coefficients is None:
             coef, self.gating_source = gating.default_coefficients(
                 self.model.key, self.hw.setting, self.conv.expert_matrices)
@@ -414,22 +303,15 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.gating_coefficients = coef
         if self.gating_source != self.model.key:
             logger.info("gating coefficients for %s: %s", self.model.key, self.gating_source)
-        self._gating_kwargs = dict(
-            comp_penalty=gating_comp_penalty, comm_penalty=gating_comm_penalty,
-            protect_top=int(gating_protect_top), candidate_window=gating_candidate_window,
-            include_future=bool(gating_include_future), renormalize=self.model.renormalize_topk,
-            diagnostics=False)
-        if gating_comp_penalty not in gating.COMP_PENALTIES:
-            raise unknown_name("computation penalty", gating_comp_penalty, gating.COMP_PENALTIES)
-        if gating_comm_penalty not in gating.COMM_PENALTIES:
-            raise unknown_name("communication penalty", gating_comm_penalty,
-                               gating.COMM_PENALTIES)
-        if not 0 <= int(gating_protect_top) <= self.top_k:
-            raise ConfigError(f"gating_protect_top must lie in [0, k={self.top_k}], got "
-                              f"{gating_protect_top}")
+        self._gating_kwargs = dict(                          # validated by EnvConfig
+            comp_penalty=config.gating_comp_penalty, comm_penalty=config.gating_comm_penalty,
+            protect_top=int(config.gating_protect_top),
+            candidate_window=config.gating_candidate_window,
+            include_future=bool(config.gating_include_future),
+            renormalize=self.model.renormalize_topk, diagnostics=False)
 
         # --- predictor
-        acc = self._accuracies(predictor_accuracy)
+        acc = config.accuracies()
         self._pred_acc = acc
         self._sampler = scheduling.AliasSampler(np.maximum(self._freqs / self.top_k, 1e-12))
         self._layer_rows = np.repeat(np.arange(1, L), self.batch)
@@ -437,11 +319,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
         # --- γ of the analytic twin
         self._gammas: NDArray[np.float64] | None = (
-            None if gammas is None else np.asarray(gammas, dtype=np.float64))
-        if self._gammas is not None and self._gammas.shape != (L,):
-            raise ConfigError(f"gammas must have one value per layer (L={L}), got shape "
-                              f"{self._gammas.shape}")
-        self._gamma_seed = int(gamma_seed)
+            None if config.gammas is None else np.asarray(config.gammas, dtype=np.float64))
+        self._gamma_seed = int(config.gamma_seed)
 
         # --- spaces
         self._nvec = np.array([E + 1] * self.max_broadcast + [len(rules), len(levels)],
@@ -452,13 +331,13 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "pred_load": spaces.Box(0.0, 1.0, (E,), np.float32),
             "node_load": spaces.Box(0.0, float(D), (D,), np.float32),
             "link_busy": spaces.Box(0.0, 1.0, (self.topology.num_links,), np.float32),
-            "replicas": spaces.Box(0.0, 1.0, (E * D,) if flatten_replicas else (E, D),
+            "replicas": spaces.Box(0.0, 1.0, (E * D,) if config.flatten_replicas else (E, D),
                                    np.float32),
             "layer": spaces.Box(0.0, 1.0, (1,), np.float32),
             "budget": spaces.Box(0.0, 1.0, (1,), np.float32),
         })
         self._replicas = [np.ascontiguousarray(P[layer], dtype=np.float32) for layer in range(L)]
-        if flatten_replicas:
+        if config.flatten_replicas:
             self._replicas = [r.ravel() for r in self._replicas]
         self._node_scale_all = np.ascontiguousarray(
             P.transpose(0, 2, 1) * (D / (self.top_k * self.batch)))          # [L, D, E]
@@ -512,25 +391,6 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "score_kind": self.score_kind, "ref_bookkeeping": self.conv.ref_bookkeeping,
             "skip_zero_priority": self.conv.skip_zero_priority,
         }
-
-    def _accuracies(self, value: float | Sequence[float] | None) -> NDArray[np.float64]:
-        """Return the noisy-oracle accuracy per layer (entry 0 unused; traces.md §7.6)."""
-        L = self.num_layers
-        if value is None:
-            return synthetic.default_oracle_accuracy(L)
-        acc = np.asarray(value, dtype=np.float64)
-        if acc.ndim == 0:
-            acc = np.full(L, float(acc))
-        elif acc.shape == (L - 1,):
-            acc = np.concatenate(([np.nan], acc))
-        elif acc.shape != (L,):
-            raise ConfigError(f"predictor_accuracy must be a scalar or have L={L} (or L-1) "
-                              f"values, got shape {acc.shape}")
-        acc = acc.copy()
-        acc[0] = np.nan
-        if ((acc[1:] < 0) | (acc[1:] > 1)).any():
-            raise ConfigError(f"predictor_accuracy must lie in [0, 1], got {acc[1:].tolist()}")
-        return acc
 
     def _layer_mask(self, kb: int, broadcastable: NDArray[np.bool_]) -> NDArray[np.bool_]:
         E = self.num_experts

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from hdamoe_env.errors import TraceFormatError
 from hdamoe_env.specs import ModelSpec
 
 __all__ = ["atomic_write", "json_default", "load_trace_file", "write_json"]
@@ -67,24 +67,17 @@ def write_json(path: str | os.PathLike[str], data: Any, *, sort_keys: bool = Fal
 
 
 def load_trace_file(path: str | os.PathLike[str], model: ModelSpec | None = None) -> Any:
-    """Load a trace file: ``.json`` reference format or canonical ``.npz``.
+    """Load a trace file (deprecated alias of ``hdamoe_env.sources.load_trace``).
 
     Args:
-        path: The file.
+        path: A reference ``.json`` or canonical ``.npz`` trace file.
         model: When given, the reference reader uses its E, k and layer-key offset.
 
     Raises:
         TraceFormatError: The file does not exist or is malformed (the message names it).
     """
-    import traces
+    warnings.warn("hdamoe_env.fileio.load_trace_file is deprecated; use "
+                  "hdamoe_env.sources.load_trace", DeprecationWarning, stacklevel=2)
+    from hdamoe_env.sources import load_trace
 
-    path = Path(path)
-    if not path.exists():
-        raise TraceFormatError(f"trace file {str(path)!r} does not exist; pass a .json reference "
-                               "trace, a .hdtrace.npz file, or 'synthetic'")
-    if path.suffix == ".json":
-        if model is None:
-            return traces.read_reference_json(path)
-        return traces.read_reference_json(path, model_key=model.key, E=model.num_experts,
-                                          k=model.top_k, layer_key_offset=model.layer_key_offset)
-    return traces.load(path)
+    return load_trace(Path(path), model)

@@ -28,6 +28,7 @@ __all__ = [
     "expert_parallel",
     "identity_mapping",
     "import_reference_layers",
+    "placement_by_name",
     "node_weight_bytes",
     "random_mapping",
     "tensor_parallel",
@@ -220,6 +221,41 @@ def expert_parallel(num_layers: int, num_experts: int, num_nodes: int,
             start += size
     P = np.broadcast_to(P1, (num_layers, num_experts, num_nodes)).copy()
     return Placement(P=P, pi=random_mapping(num_layers, num_nodes, rng), method="ep")
+
+
+TRIVIAL_PLACEMENTS = ("tp", "ep")
+
+
+def placement_by_name(name: str | os.PathLike[str], model: ModelSpec, num_nodes: int,
+                      seed: int = 0, *, record_seed: bool = True) -> Placement:
+    """Return a trivial placement by name, or a placement file by path (§9.1–9.2, §7.7).
+
+    The data-constructor half of placement resolution: ``"tp"``, ``"ep"`` and ``.npz`` paths.
+    Optimised methods (node_balance, node_link, hybrid, ...) are resolved by ``baselines``,
+    which calls this function for these three cases.
+
+    Args:
+        name: ``"tp"``, ``"ep"`` or a path to a placement ``.npz`` (``Placement.save``).
+        model: The model (L, E).
+        num_nodes: D.
+        seed: Seed of the EP placement (``np.random.default_rng(seed)``: cluster or expert
+            shuffle, then one mapping per layer).
+        record_seed: Record ``seed`` in the EP placement's ``meta`` (the CLI does; the env
+            passes False and keeps an empty ``meta``). The arrays do not depend on it.
+
+    Returns:
+        The placement.
+
+    Raises:
+        ConfigError: The file is missing or not a placement.
+    """
+    if isinstance(name, str) and name == "tp":
+        return tensor_parallel(model.num_moe_layers, model.num_experts, num_nodes)
+    if isinstance(name, str) and name == "ep":
+        placement = expert_parallel(model.num_moe_layers, model.num_experts, num_nodes,
+                                    np.random.default_rng(seed))
+        return placement.with_layers(seed=seed) if record_seed else placement
+    return Placement.load(name)
 
 
 # --------------------------------------------------------------------------------- memory

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from traces import RoutingTrace, unknown_name
+from traces.errors import unknown_name
+from traces.trace import RoutingTrace
 
 __all__ = [
     "BATCH_MODES",

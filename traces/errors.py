@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["TraceFormatError"]
+import difflib
+from collections.abc import Iterable
+
+__all__ = ["TraceFormatError", "UnknownNameError", "unknown_name"]
 
 
 class TraceFormatError(ValueError):
@@ -11,3 +14,26 @@ class TraceFormatError(ValueError):
     The message names the file, the array or layer key, the first offending row and what was
     expected.
     """
+
+
+class UnknownNameError(ValueError):
+    """A registry name (model key, view, batching mode) is unknown; the message suggests a match."""
+
+
+def unknown_name(kind: str, name: object, choices: Iterable[str]) -> UnknownNameError:
+    """Build an :class:`UnknownNameError` for ``name``, suggesting the closest valid name.
+
+    Args:
+        kind: What was looked up ("model key", "view", ...).
+        name: The name received.
+        choices: The valid names.
+
+    Returns:
+        The error, to be raised by the caller.
+    """
+    options = sorted(choices)
+    hint = difflib.get_close_matches(str(name), options, n=1)
+    msg = f"unknown {kind} {name!r}; expected one of {options}"
+    if hint:
+        msg += f" (did you mean {hint[0]!r}?)"
+    return UnknownNameError(msg)

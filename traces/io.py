@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from traces import FORMAT_NAME, FORMAT_VERSION, RoutingTrace, unknown_name
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, unknown_name
+from traces.trace import FORMAT_NAME, FORMAT_VERSION, RoutingTrace
 
 __all__ = [
     "REFERENCE_MODELS",

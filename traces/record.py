@@ -50,14 +50,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from traces import RoutingTrace, unknown_name
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, unknown_name
 from traces.tiny_model import (
     ByteTokenizer,
     RecordDependencyError,
     import_torch_transformers,
     is_heldout,
 )
+from traces.trace import RoutingTrace
 
 __all__ = [
     "ADAPTERS",

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from traces import RoutingTrace, unique_rows
 from traces.batching import random_rows, requests, take, windows
+from traces.trace import RoutingTrace, unique_rows
 
 __all__ = [
     "format_stats_table",

@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from traces import FORMAT_NAME, FORMAT_VERSION, RoutingTrace, unknown_name
+from traces.errors import unknown_name
+from traces.trace import FORMAT_NAME, FORMAT_VERSION, RoutingTrace
 
 __all__ = [
     "DEFAULT_ORACLE_ACCURACY",

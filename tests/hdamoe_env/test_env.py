@@ -394,3 +394,27 @@ def test_deepseek_smoke():
             rewards.append(r)
         assert all(-10 < r < 0 for r in rewards) and info["mode"] == fidelity
         assert env.k_b.tolist() == [0] * 26           # faithful budget < T_bc*(1) at B = 128
+
+
+def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-model.md §4
+    import dataclasses
+
+    from hdamoe_env.env import EnvConfig, HdMoeEnv
+    from hdamoe_env.profiles import Conventions, get_profile
+    from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec
+
+    kwargs = dict(batch=8, steps_per_episode=1, conventions="paper", k_b=1)
+    a = HdMoeEnv(**kwargs)
+    cfg = EnvConfig(**kwargs)
+    b = HdMoeEnv(cfg)
+    assert isinstance(cfg.model, ModelSpec) and isinstance(cfg.hardware, HardwareSpec)
+    assert isinstance(cfg.topology, TopologySpec) and isinstance(cfg.conventions, Conventions)
+    assert b.config is cfg and a.config == cfg
+    assert a.config_digest() == b.config_digest()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.batch = 4  # type: ignore[misc]
+    derived = get_profile("paper").derive(chunks=2)
+    c = HdMoeEnv(cfg, conventions=derived)
+    assert c.conv is derived and c.sim.conv is derived
+    with pytest.raises(ConfigError, match="batch must be a positive integer"):
+        EnvConfig(batch=0)

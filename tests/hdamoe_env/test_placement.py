@@ -92,3 +92,20 @@ def test_reference_importer():
     onehots = [np.eye(D)[[1, 0, 3, 2]].reshape(D, 2, 2) for _ in range(L)]
     p = import_reference_layers(arrays, onehots)
     assert np.allclose(p.P, 1 / D) and p.pi[0].tolist() == [1, 0, 3, 2]
+
+
+def test_placement_by_name(tmp_path, tiny_model):  # §9.1–9.2, §7.7
+    from hdamoe_env.placement import placement_by_name
+
+    tp = placement_by_name("tp", tiny_model, 4, 0)
+    assert tp.method == "tp" and np.allclose(tp.P, 0.25)
+    ep = placement_by_name("ep", tiny_model, 4, 7)
+    ref = expert_parallel(2, 4, 4, np.random.default_rng(7))
+    assert np.array_equal(ep.P, ref.P) and np.array_equal(ep.pi, ref.pi)
+    assert ep.meta == {"seed": 7}
+    assert placement_by_name("ep", tiny_model, 4, 7, record_seed=False).meta == {}
+    path = ep.save(tmp_path / "ep.npz")
+    back = placement_by_name(path, tiny_model, 4)
+    assert np.array_equal(back.P, ep.P) and back.method == "ep"
+    with pytest.raises(ConfigError, match="does not exist"):
+        placement_by_name(tmp_path / "missing.npz", tiny_model, 4)

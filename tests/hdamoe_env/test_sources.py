@@ -1,0 +1,41 @@
+"""The one trace loader of the core (hdamoe_env.sources; traces.md §3, §5, §7)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hdamoe_env.errors import ConfigError, TraceFormatError
+from hdamoe_env.sources import load_trace
+from hdamoe_env.specs import get_model
+from traces import save, synthetic
+
+
+def test_synthetic_equals_the_generator_and_is_cached():
+    model = get_model("mixtral-8x7b")
+    got = load_trace("synthetic", model, seed=3, requests=4)
+    ref = synthetic.generate("mixtral-8x7b", n_requests=4, seed=3)
+    assert got.trace_id == ref.trace_id
+    assert load_trace("synthetic", model, seed=3, requests=4) is got
+    with_pred = load_trace("synthetic", model, seed=3, requests=4, predictor="noisy_oracle")
+    assert with_pred.pred_ids is not None and got.pred_ids is None
+
+
+def test_synthetic_generic_fallback(tiny_model):
+    trace = load_trace("synthetic", tiny_model, seed=0, requests=2, tokens=64)
+    L, T, k = trace.topk_ids.shape
+    assert (L, trace.num_experts, k) == (2, 4, 2) and T == 64
+
+
+def test_files_and_passthrough(tmp_path, tiny_model):
+    trace = load_trace("synthetic", tiny_model, seed=1, requests=2, tokens=32)
+    assert load_trace(trace, tiny_model) is trace
+    path = tmp_path / "t.hdtrace.npz"
+    save(trace, path)
+    back = load_trace(path, tiny_model)
+    assert back.trace_id == trace.trace_id
+    assert np.array_equal(back.topk_ids, trace.topk_ids)
+    with pytest.raises(TraceFormatError, match="missing.npz"):
+        load_trace(tmp_path / "missing.npz", tiny_model)
+    with pytest.raises(ConfigError, match="RoutingTrace or a path"):
+        load_trace(3, tiny_model)  # type: ignore[arg-type]
