@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from hdamoe_env.errors import ConfigError, unknown_name
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.placement import Placement, placement_by_name
 from hdamoe_env.specs import ModelSpec, get_model, hardware_from_setting, parse_mesh
 
 __all__ = ["PLACEMENT_ARTIFACTS", "QUICK_PLACEMENT", "PlacementStore", "StoreConfig",
@@ -134,12 +133,10 @@ class PlacementStore:
         hit = self._cache.get(name)
         if hit is not None:
             return hit
-        L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
-        if name == "tp":
-            result: tuple[Placement, str | None] = (tensor_parallel(L, E, D), None)
-        elif name == "ep":
-            result = (expert_parallel(L, E, D, np.random.default_rng(self.config.placement_seed)),
-                      None)
+        if name in ("tp", "ep"):
+            result: tuple[Placement, str | None] = (placement_by_name(
+                name, self.model, self.hw.num_nodes, self.config.placement_seed,
+                record_seed=False), None)
         else:
             directory = (Path(self.config.placement_dir) if self.config.placement_dir
                          else self._quick_pipeline())

@@ -17,25 +17,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hdamoe_env import __version__
 from hdamoe_env.app import bench, envbench, place, record, reproduce
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
 from hdamoe_env.errors import HdMoeError, TraceFormatError
-from hdamoe_env.fileio import load_trace_file, write_json
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.fileio import write_json
+from hdamoe_env.placement import placement_by_name
 from hdamoe_env.profiles import PROFILES, get_profile
+from hdamoe_env.sources import load_trace
 from hdamoe_env.specs import (
     MODEL_PRESETS,
     TOPOLOGY_KINDS,
-    ModelSpec,
     get_model,
     hardware_from_setting,
 )
 
-__all__ = ["build_parser", "load_trace", "main"]
+__all__ = ["build_parser", "main"]
 
 US = 1e6
 
@@ -53,31 +51,7 @@ def profile_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def load_trace(spec: str, model: ModelSpec, seed: int, *, requests: int | None = None) -> Any:
-    """Load a trace for ``model``: ``"synthetic"`` (built-in generator) or a path (.json/.npz).
-
-    Raises:
-        TraceFormatError: The file is malformed.
-        ConfigError: The file does not exist.
-    """
-    from traces import synthetic
-
-    if spec == "synthetic":
-        return synthetic.generate(model.key, n_requests=requests, seed=seed)
-    return load_trace_file(spec, model)
-
-
 # ------------------------------------------------------------------------------------ simulate
-def _build_placement(name: str, model: ModelSpec, num_nodes: int, seed: int) -> Placement:
-    if name == "tp":
-        return tensor_parallel(model.num_moe_layers, model.num_experts, num_nodes)
-    if name == "ep":
-        p = expert_parallel(model.num_moe_layers, model.num_experts, num_nodes,
-                            np.random.default_rng(seed))
-        return p.with_layers(seed=seed)
-    return Placement.load(name)
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run ``hdamoe simulate``."""
     from hdamoe_env.simulator import MoESimulator, evaluate_sampled, evaluate_static
@@ -88,14 +62,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     conv = get_profile(args.conventions)
     sim = MoESimulator(model, hw, args.topology, conv)
     t0 = time.perf_counter()
-    trace = load_trace(args.trace, model, args.seed, requests=args.requests)
+    trace = load_trace(args.trace, model, seed=args.seed, requests=args.requests)
     t_trace = time.perf_counter() - t0
     requested = [n.strip() for n in args.placement.split(",") if n.strip()]
     names = requested if "tp" in requested else ["tp", *requested]  # TP normalises
     evals = {}
     t0 = time.perf_counter()
     for name in names:
-        placement = _build_placement(name, model, hw.num_nodes, args.seed)
+        placement = placement_by_name(name, model, hw.num_nodes, args.seed)
         if args.evaluator == "static":
             evals[name] = evaluate_static(sim, placement, trace, args.batch, seed=args.seed,
                                           view=args.view)
@@ -178,11 +152,11 @@ def cmd_traces_stats(args: argparse.Namespace) -> int:
         if spec.startswith("synthetic"):
             key = spec.split(":", 1)[1] if ":" in spec else "mixtral-8x7b"
             model = get_model(key)
-            trace = load_trace("synthetic", model, args.seed, requests=args.requests)
+            trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests)
             label = f"synthetic:{model.key}"
         else:
             model = None
-            trace = load_trace_file(spec)
+            trace = load_trace(spec, None)
             label = Path(spec).name
         columns[label] = stats.trace_stats(trace, view=args.view, B=args.batch,
                                            rng_seed=args.seed)
@@ -197,7 +171,7 @@ def cmd_traces_gen(args: argparse.Namespace) -> int:
     import traces
 
     model = get_model(args.model)
-    trace = load_trace("synthetic", model, args.seed, requests=args.requests)
+    trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests)
     path = traces.save(trace, args.out)
     print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows × "
           f"top-{trace.top_k}, trace id {trace.trace_id[:12]}")

@@ -36,6 +36,7 @@ from agents.learned import read_meta
 from agents.learned_train import ACTION_MODES, ALGORITHMS, to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app import bench
+from hdamoe_env.app.records import format_bench_table, summarise
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.fileio import atomic_write
 from hdamoe_env.placement import Placement
@@ -87,7 +88,7 @@ def resolve_placement(env_kwargs: dict[str, Any]) -> Placement | None:
     # name -> Placement resolver (style.md §1, baselines/store.py) when it exists
     config = _bench_config(env_kwargs, fidelity="des", steps=1)
     trace, _ = bench._load_trace(config)
-    placement, _ = bench.PlacementStore(config, trace, progress=False).get(name)
+    placement, _ = bench.placement_store(config, trace, progress=False).get(name)
     return placement
 
 
@@ -216,9 +217,9 @@ def evaluate(agent_paths: str | os.PathLike[str] | Sequence[str] | None, *,
     for fid in fidelities:
         config = _bench_config(kwargs, fidelity=fid, steps=steps, trace=trace)
         result = bench.run_bench(config, methods, seeds, progress=progress)
-        tables[fid] = bench.format_table(result.records)
+        tables[fid] = format_bench_table(result.records)
         records.extend(result.records)
-        rows = {r["method"]: r for r in bench.summarise(result.records)}
+        rows = {r["method"]: r for r in summarise(result.records)}
         fid_sum: dict[str, Any] = {"tbt_us": {m: r["tbt_us"] for m, r in rows.items()}}
         for m in rows:
             if m.startswith("learned"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env import linksim, perf
+from hdamoe_env import perf
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import expert_parallel, tensor_parallel
 from hdamoe_env.profiles import get_profile
