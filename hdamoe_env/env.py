@@ -22,7 +22,7 @@ import numpy as np
 from gymnasium import spaces
 from numpy.typing import NDArray
 
-from hdamoe_env import calibrate, gating, perf, scheduling
+from hdamoe_env import calibrate, gating, perf, prebroadcast, scheduling
 from hdamoe_env.env_config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
 from hdamoe_env.errors import ConfigError, InvalidAction
 from hdamoe_env.placement import Placement, placement_by_name, tensor_parallel
@@ -270,8 +270,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._stream_s = (perf.expert_bytes(self.model, self.conv) / self.hw.mem_bw_Bps
                           if self.conv.weight_streaming else 0.0)
         self._dense_s = self.sim.dense_time(self.batch)
-        self.bc_payload = perf.broadcast_payload(self.model, self.conv)
-        self.bc_depth = perf.broadcast_depth(self.conv, D, self.topology.diameter)
+        self.bc_payload = prebroadcast.broadcast_payload(self.model, self.conv)
+        self.bc_depth = prebroadcast.broadcast_depth(self.conv, D, self.topology.diameter)
         cap = min(self.max_broadcast, E)
         self.plans: list[scheduling.BroadcastPlan | None] = [None]
         for layer in range(1, L):
@@ -669,7 +669,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         key = (layer, tuple(broadcast))
         hit = self._bc_cache.get(key)
         if hit is None:
-            chunk = float(perf.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
+            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
                                                self.conv.bc_alpha_s, self.hw.link_bw_Bps))
             hit = scheduling.simulate_broadcast(
                 self.topology, self.placement.P[layer], broadcast, self.bc_payload, chunk,

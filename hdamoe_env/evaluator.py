@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import linksim, perf
+from hdamoe_env import linksim, nonmoe, perf
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions
@@ -107,7 +107,7 @@ class SimulatorParts(Protocol):
     topology: Topology
     msg_bytes: float
 
-    def nonmoe(self, batch: int, layer: int) -> perf.NonMoeTime:
+    def nonmoe(self, batch: int, layer: int) -> nonmoe.NonMoeTime:
         """Return the non-MoE term of a layer at a batch size."""
         ...
 
@@ -174,7 +174,7 @@ class _LayerConst:
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_compute", "nm_total", "pi",
                  "support")
 
-    def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: perf.NonMoeTime,
+    def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
                  is_tp: bool) -> None:
         self.P = np.ascontiguousarray(P)
         self.support = self.P > 0

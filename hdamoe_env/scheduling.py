@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env import perf
+from hdamoe_env import prebroadcast
 from hdamoe_env.des import simulate_messages
 from hdamoe_env.errors import ConfigError, unknown_name
 from hdamoe_env.profiles import Conventions
@@ -98,13 +98,13 @@ def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch:
     Returns:
         The plan.
     """
-    budget = float(perf.broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
-    S = perf.broadcast_payload(model, conv)
-    H = perf.broadcast_depth(conv, hw.num_nodes, topology_diameter)
+    budget = float(prebroadcast.broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
+    S = prebroadcast.broadcast_payload(model, conv)
+    H = prebroadcast.broadcast_depth(conv, hw.num_nodes, topology_diameter)
     alpha, bw = conv.bc_alpha_s, hw.link_bw_Bps
-    k_b = perf.num_broadcast(budget, S, H, alpha, bw, max_m)
-    chunk = float(perf.broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
-    time = float(perf.broadcast_time(k_b, S, H, alpha, bw))
+    k_b = prebroadcast.num_broadcast(budget, S, H, alpha, bw, max_m)
+    chunk = float(prebroadcast.broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
+    time = float(prebroadcast.broadcast_time(k_b, S, H, alpha, bw))
     return BroadcastPlan(budget, k_b, S, H, chunk, time)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import perf
+from hdamoe_env import nonmoe, perf
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.evaluator import (
     FIDELITIES,
@@ -101,7 +101,7 @@ class MoESimulator:
         self.topology: Topology = make_topology(self.topology_spec, self.hw)
         self.num_nodes = self.hw.num_nodes
         self.msg_bytes = float(self.model.hidden_size * self.conv.b_msg)
-        self._nm_cache: dict[tuple[int, int], perf.NonMoeTime] = {}
+        self._nm_cache: dict[tuple[int, int], nonmoe.NonMoeTime] = {}
 
     # --------------------------------------------------------------------------- metadata
     def describe(self) -> dict[str, Any]:
@@ -133,12 +133,12 @@ class MoESimulator:
         return (m.num_moe_layers * per_layer + dense) * self.conv.b_w / self.num_nodes
 
     # --------------------------------------------------------------------------- pieces
-    def nonmoe(self, batch: int, layer: int) -> perf.NonMoeTime:
+    def nonmoe(self, batch: int, layer: int) -> nonmoe.NonMoeTime:
         """Return the non-MoE term of MoE layer ``layer`` at batch ``batch`` (cached)."""
         key = (batch, layer if self.conv.nonmoe == "arch" else 0)
         hit = self._nm_cache.get(key)
         if hit is None:
-            hit = perf.nonmoe_time(self.model, self.hw, self.conv, batch, layer)
+            hit = nonmoe.nonmoe_time(self.model, self.hw, self.conv, batch, layer)
             self._nm_cache[key] = hit
         return hit
 
@@ -146,7 +146,7 @@ class MoESimulator:
         """Return the time of the dense leading layers per step (0 unless ``faithful``)."""
         if not self.conv.dense_layers or self.model.num_dense_layers == 0:
             return 0.0
-        return self.model.num_dense_layers * perf.dense_layer_time(
+        return self.model.num_dense_layers * nonmoe.dense_layer_time(
             self.model, self.hw, self.conv, batch).total_s
 
     def _compute(self, P_layer: NDArray[np.float64], tokens: NDArray[np.float64],

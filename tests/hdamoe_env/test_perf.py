@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from hdamoe_env import perf
+from hdamoe_env import nonmoe, perf, prebroadcast
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.profiles import PROFILES
 from hdamoe_env.specs import MODEL_PRESETS, ModelSpec, hardware_from_setting
@@ -181,7 +181,7 @@ def test_14_3_journal_nonmoe(name: str) -> None:
     """§14.3 (and §5.3.3 for Qwen3.5): t_attn + t_mem per layer, 4×8."""
     model = MODELS[name]
     for setting, (attn, mem, total) in zip(SETTINGS, TABLE_14_3[name], strict=True):
-        t = perf.nonmoe_time(model, hardware_from_setting(setting, "4x8"), PAPER, 128)
+        t = nonmoe.nonmoe_time(model, hardware_from_setting(setting, "4x8"), PAPER, 128)
         assert close(t.compute_s * US, attn), (setting, t)
         assert close(t.memory_s * US, mem), (setting, t)
         assert close(t.total_s * US, total), (setting, t)
@@ -192,9 +192,9 @@ def test_14_3_journal_nonmoe(name: str) -> None:
 def test_14_3_scales_as_32_over_d(name: str) -> None:
     """§14.3: both terms scale exactly as 32/D for other meshes."""
     model = MODELS[name]
-    ref = perf.nonmoe_time(model, hardware_from_setting("5/50", "4x8"), PAPER, 128)
+    ref = nonmoe.nonmoe_time(model, hardware_from_setting("5/50", "4x8"), PAPER, 128)
     for mesh, nodes in (("4x4", 16), ("8x8", 64)):
-        t = perf.nonmoe_time(model, hardware_from_setting("5/50", mesh), PAPER, 128)
+        t = nonmoe.nonmoe_time(model, hardware_from_setting("5/50", mesh), PAPER, 128)
         assert math.isclose(t.compute_s, ref.compute_s * 32 / nodes, rel_tol=1e-12)
         assert math.isclose(t.memory_s, ref.memory_s * 32 / nodes, rel_tol=1e-12)
 
@@ -208,9 +208,9 @@ def test_14_3_batch_dependence() -> None:
     }
     hw = hardware_from_setting("5/50", "4x8")
     for name, rows in expected.items():
-        vec = perf.nonmoe_time(MODELS[name], hw, PAPER, np.array([16, 32, 64]))
+        vec = nonmoe.nonmoe_time(MODELS[name], hw, PAPER, np.array([16, 32, 64]))
         for j, (batch, (attn, mem)) in enumerate(zip((16, 32, 64), rows, strict=True)):
-            t = perf.nonmoe_time(MODELS[name], hw, PAPER, batch)
+            t = nonmoe.nonmoe_time(MODELS[name], hw, PAPER, batch)
             assert close(t.compute_s * US, attn) and close(t.memory_s * US, mem), (name, batch)
             assert math.isclose(vec.total_s[j], t.total_s, rel_tol=1e-12)
 
@@ -219,7 +219,7 @@ def test_14_3_whole_model() -> None:
     """§14.3: L·t_nm, 4×8, 5 TFLOPS."""
     hw = hardware_from_setting("5/50", "4x8")
     for name, value in (("deepseek", 1025.07), ("mixtral", 3456.53), ("qwen2", 5698.37)):
-        assert close(perf.nonmoe_step_time(MODELS[name], hw, PAPER, 128) * US, value)
+        assert close(nonmoe.nonmoe_step_time(MODELS[name], hw, PAPER, 128) * US, value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def test_14_4_paper_tp_step(name: str) -> None:
         P = tp_placement(model, hw.num_nodes)
         t_comp = L * perf.t_comp_static(P, uniform_f(model), 128, model, hw, PAPER)
         t_comm = L * perf.tp_allreduce_time(model, hw, PAPER, 128)
-        t_nm = perf.nonmoe_step_time(model, hw, PAPER, 128)
+        t_nm = nonmoe.nonmoe_step_time(model, hw, PAPER, 128)
         assert close(t_comp * US, comp), (setting, t_comp * US)
         assert close(t_comm * US, comm), (setting, t_comm * US)
         assert close(t_nm * US, nm), (setting, t_nm * US)
@@ -280,7 +280,7 @@ def test_14_4_paper_hd_nonmoe(name: str) -> None:
     """§14.4: paper-hd non-MoE per layer (generic formula, L_kv = 1024), 4×8."""
     model = MODELS[name]
     for setting, (attn, mem, total) in zip(SETTINGS, TABLE_14_4_HD[name], strict=True):
-        t = perf.nonmoe_time(model, hardware_from_setting(setting, "4x8"), PAPER_HD, 128)
+        t = nonmoe.nonmoe_time(model, hardware_from_setting(setting, "4x8"), PAPER_HD, 128)
         assert close(t.compute_s * US, attn) and close(t.memory_s * US, mem), (setting, t)
         assert math.isclose(t.total_s, t.compute_s + t.memory_s, rel_tol=1e-12)
         if total is not None:
@@ -304,7 +304,7 @@ def test_14_5_faithful(name: str) -> None:
     model = MODELS[name]
     hw = hardware_from_setting("5/50", "4x8")
     (nm_c, nm_m, nm_t), (ex_c, ex_s, ex_t) = TABLE_14_5[name]
-    t = perf.nonmoe_time(model, hw, FAITHFUL, 128)
+    t = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
     assert close(t.compute_s * US, nm_c) and close(t.memory_s * US, nm_m), t
     assert close(t.total_s * US, nm_t)
     P = tp_placement(model, hw.num_nodes)
@@ -408,31 +408,31 @@ TABLE_14_7 = {  # GB/s: (T_bc*(1), (2), (3), (5), (6)), c*(1) in KB
 def test_14_7_broadcast_table_paper() -> None:
     """§14.7: DeepSeek, D = 32, H = 2√32, S = 2·h·I = 5,767,168 B, α = 100 ns."""
     model = MODELS["deepseek"]
-    S = perf.broadcast_payload(model, PAPER)
-    H = perf.broadcast_depth(PAPER, 32)
+    S = prebroadcast.broadcast_payload(model, PAPER)
+    H = prebroadcast.broadcast_depth(PAPER, 32)
     assert S == 5_767_168
     assert math.isclose(H, 2 * math.sqrt(32))
     assert PAPER.bc_alpha_s == ALPHA
     for gbps, (times, chunk_kb) in TABLE_14_7.items():
         bw = gbps * 1e9
-        vec = perf.broadcast_time(np.array([1, 2, 3, 5, 6]), S, H, ALPHA, bw)
+        vec = prebroadcast.broadcast_time(np.array([1, 2, 3, 5, 6]), S, H, ALPHA, bw)
         for m, value, v in zip((1, 2, 3, 5, 6), times, vec, strict=True):
-            assert close(perf.broadcast_time(m, S, H, ALPHA, bw) * US, value), (gbps, m)
+            assert close(prebroadcast.broadcast_time(m, S, H, ALPHA, bw) * US, value), (gbps, m)
             assert close(v * US, value)
-        assert close(perf.broadcast_chunk(1, S, H, ALPHA, bw) / 1e3, chunk_kb, 1)
+        assert close(prebroadcast.broadcast_chunk(1, S, H, ALPHA, bw) / 1e3, chunk_kb, 1)
 
 
 def test_14_7_faithful_broadcast() -> None:
     """§14.7: faithful S = 3·h·I·2 = 17,301,504 B, H = 10 (4×8 diameter)."""
     model = MODELS["deepseek"]
-    S = perf.broadcast_payload(model, FAITHFUL)
-    H = perf.broadcast_depth(FAITHFUL, 32, diameter=10)
+    S = prebroadcast.broadcast_payload(model, FAITHFUL)
+    H = prebroadcast.broadcast_depth(FAITHFUL, 32, diameter=10)
     assert S == 17_301_504 and H == 10
     for gbps, t_us, c_kb in ((75, 262.1, 113.9), (50, 384.2, 93.0), (25, 745.7, 65.8)):
-        assert close(perf.broadcast_time(1, S, H, ALPHA, gbps * 1e9) * US, t_us, 1)
-        assert close(perf.broadcast_chunk(1, S, H, ALPHA, gbps * 1e9) / 1e3, c_kb, 1)
+        assert close(prebroadcast.broadcast_time(1, S, H, ALPHA, gbps * 1e9) * US, t_us, 1)
+        assert close(prebroadcast.broadcast_chunk(1, S, H, ALPHA, gbps * 1e9) / 1e3, c_kb, 1)
     with pytest.raises(ConfigError, match="diameter"):
-        perf.broadcast_depth(FAITHFUL, 32)
+        prebroadcast.broadcast_depth(FAITHFUL, 32)
 
 
 @pytest.mark.parametrize(
@@ -445,57 +445,57 @@ def test_14_7_faithful_broadcast() -> None:
 def test_14_7_budget_and_kb(batch: int, expected: tuple[tuple[float, int], ...]) -> None:
     """§14.7 / §10.3: paper* budget (L_ctx = 1024) and k_b, DeepSeek 4×8."""
     model = MODELS["deepseek"]
-    S = perf.broadcast_payload(model, PAPER)
-    H = perf.broadcast_depth(PAPER, 32)
+    S = prebroadcast.broadcast_payload(model, PAPER)
+    H = prebroadcast.broadcast_depth(PAPER, 32)
     for setting, (budget_us, k_b) in zip(SETTINGS, expected, strict=True):
         hw = hardware_from_setting(setting, "4x8")
-        budget = perf.broadcast_budget(model, hw, PAPER, batch)
-        assert budget == perf.hd_budget(model, hw, batch)
+        budget = prebroadcast.broadcast_budget(model, hw, PAPER, batch)
+        assert budget == prebroadcast.hd_budget(model, hw, batch)
         assert close(budget * US, budget_us, 1), (setting, budget * US)
-        assert perf.num_broadcast(budget, S, H, ALPHA, hw.link_bw_Bps, model.num_experts) == k_b
+        assert prebroadcast.num_broadcast(budget, S, H, ALPHA, hw.link_bw_Bps, model.num_experts) == k_b
 
 
 def test_14_7_small_batches_give_no_broadcast() -> None:
     """§14.7: B ≤ 64 → k_b = 0 in all three settings."""
     model = MODELS["deepseek"]
-    S = perf.broadcast_payload(model, PAPER)
-    H = perf.broadcast_depth(PAPER, 32)
+    S = prebroadcast.broadcast_payload(model, PAPER)
+    H = prebroadcast.broadcast_depth(PAPER, 32)
     for batch in (1, 8, 16, 32, 64):
         for setting in SETTINGS:
             hw = hardware_from_setting(setting, "4x8")
-            budget = perf.hd_budget(model, hw, batch)
-            assert perf.num_broadcast(budget, S, H, ALPHA, hw.link_bw_Bps, 64) == 0
+            budget = prebroadcast.hd_budget(model, hw, batch)
+            assert prebroadcast.num_broadcast(budget, S, H, ALPHA, hw.link_bw_Bps, 64) == 0
 
 
 def test_10_4_chunk_is_optimal() -> None:
     """§10.4: T_bc(c*(m); m) = T_bc*(m), and c* minimises T_bc(c; m)."""
     S, H, bw = 5_767_168.0, 2 * math.sqrt(32), 50e9
     for m in (1, 2, 5):
-        c_star = perf.broadcast_chunk(m, S, H, ALPHA, bw)
-        t_star = perf.broadcast_time(m, S, H, ALPHA, bw)
+        c_star = prebroadcast.broadcast_chunk(m, S, H, ALPHA, bw)
+        t_star = prebroadcast.broadcast_time(m, S, H, ALPHA, bw)
         assert math.isclose(
-            perf.broadcast_time_chunked(c_star, m, S, H, ALPHA, bw), t_star, rel_tol=1e-12
+            prebroadcast.broadcast_time_chunked(c_star, m, S, H, ALPHA, bw), t_star, rel_tol=1e-12
         )
-        around = perf.broadcast_time_chunked(
+        around = prebroadcast.broadcast_time_chunked(
             c_star * np.array([0.5, 0.9, 1.1, 2.0]), m, S, H, ALPHA, bw
         )
         assert np.all(around > t_star)
-    assert perf.broadcast_time(0, S, H, ALPHA, bw) == 0.0
+    assert prebroadcast.broadcast_time(0, S, H, ALPHA, bw) == 0.0
 
 
 def test_10_3_num_broadcast_edges_and_layer_budget() -> None:
     """§10.3: k_b bounded by max_m; the faithful budget is t_nm + t_comp of the layer."""
     S, H, bw = 5_767_168.0, 2 * math.sqrt(32), 50e9
-    assert perf.num_broadcast(1.0, S, H, ALPHA, bw, max_m=7) == 7
-    assert perf.num_broadcast(0.0, S, H, ALPHA, bw, max_m=7) == 0
-    assert perf.num_broadcast(1.0, S, H, ALPHA, bw, max_m=0) == 0
-    t1 = perf.broadcast_time(1, S, H, ALPHA, bw)
-    assert perf.num_broadcast(t1, S, H, ALPHA, bw, 8) == 0  # strict inequality
+    assert prebroadcast.num_broadcast(1.0, S, H, ALPHA, bw, max_m=7) == 7
+    assert prebroadcast.num_broadcast(0.0, S, H, ALPHA, bw, max_m=7) == 0
+    assert prebroadcast.num_broadcast(1.0, S, H, ALPHA, bw, max_m=0) == 0
+    t1 = prebroadcast.broadcast_time(1, S, H, ALPHA, bw)
+    assert prebroadcast.num_broadcast(t1, S, H, ALPHA, bw, 8) == 0  # strict inequality
     model, hw = MODELS["deepseek"], hardware_from_setting("5/50")
-    budget = perf.broadcast_budget(model, hw, FAITHFUL, 128, t_nm_s=1e-5, t_comp_s=2e-5)
+    budget = prebroadcast.broadcast_budget(model, hw, FAITHFUL, 128, t_nm_s=1e-5, t_comp_s=2e-5)
     assert budget == pytest.approx(3e-5)
     with pytest.raises(ConfigError, match="t_nm_s"):
-        perf.broadcast_budget(model, hw, FAITHFUL, 128)
+        prebroadcast.broadcast_budget(model, hw, FAITHFUL, 128)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -604,8 +604,8 @@ def test_5_3_4_qwen35_full_and_linear_layers() -> None:
     hw = hardware_from_setting("5/50", "4x8")
     D, C, M = 32, hw.compute_flops, hw.mem_bw_Bps
     h, I_s = 2048, 512
-    full = perf.nonmoe_time(model, hw, FAITHFUL, 128, layer=3)
-    linear = perf.nonmoe_time(model, hw, FAITHFUL, 128, layer=0)
+    full = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=3)
+    linear = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=0)
     assert math.isclose(
         full.compute_s, 128 * (2 * 27_262_976 + 16384 * 1024 + 6 * h * I_s) / (D * C)
     )
@@ -619,17 +619,17 @@ def test_5_3_4_qwen35_full_and_linear_layers() -> None:
         linear.memory_s, (2 * (33_685_504 + 3 * h * I_s) + 128 * 2 * 32 * 128 * 128 * 4) / (D * M)
     )
     assert full.total_s == max(full.compute_s, full.memory_s)
-    step = perf.nonmoe_step_time(model, hw, FAITHFUL, 128)
+    step = nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128)
     assert math.isclose(step, 10 * full.total_s + 30 * linear.total_s, rel_tol=1e-12)
     with pytest.raises(ConfigError, match="layer"):
-        perf.nonmoe_time(model, hw, FAITHFUL, 128, layer=40)
+        nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=40)
 
 
 def test_5_3_4_dense_layer_and_profile_rules() -> None:
     """§5.3.4: DeepSeek's dense layer 0 joins faithful only; paper+arch is serial."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    dense = perf.dense_layer_time(model, hw, FAITHFUL, 128)
+    dense = nonmoe.dense_layer_time(model, hw, FAITHFUL, 128)
     h, I_d = 2048, 10944
     assert math.isclose(
         dense.compute_s,
@@ -639,17 +639,17 @@ def test_5_3_4_dense_layer_and_profile_rules() -> None:
         dense.memory_s,
         (2 * (13_762_560 + 3 * h * I_d) + 128 * 1024 * 576 * 2) / (32 * hw.mem_bw_Bps),
     )
-    layer = perf.nonmoe_time(model, hw, FAITHFUL, 128)
+    layer = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
     assert math.isclose(
-        perf.nonmoe_step_time(model, hw, FAITHFUL, 128),
+        nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128),
         26 * layer.total_s + dense.total_s,
         rel_tol=1e-12,
     )
     no_dense = FAITHFUL.derive(dense_layers=False)
     assert math.isclose(
-        perf.nonmoe_step_time(model, hw, no_dense, 128), 26 * layer.total_s, rel_tol=1e-12
+        nonmoe.nonmoe_step_time(model, hw, no_dense, 128), 26 * layer.total_s, rel_tol=1e-12
     )
-    serial = perf.nonmoe_time(model, hw, PAPER.derive(nonmoe="arch", nonmoe_ctx_len=1024), 128)
+    serial = nonmoe.nonmoe_time(model, hw, PAPER.derive(nonmoe="arch", nonmoe_ctx_len=1024), 128)
     assert math.isclose(serial.total_s, layer.compute_s + layer.memory_s, rel_tol=1e-12)
 
 
@@ -657,13 +657,13 @@ def test_5_3_4_optional_knobs() -> None:
     """§5.3.4: include_lm_head adds vocab·h once per step; nonmoe_allreduce adds a TP all-reduce."""
     model = MODELS["mixtral"]
     hw = hardware_from_setting("5/50", "4x8")
-    base = perf.nonmoe_step_time(model, hw, FAITHFUL, 128)
-    head = perf.lm_head_time(model, hw, FAITHFUL, 128)
+    base = nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128)
+    head = nonmoe.lm_head_time(model, hw, FAITHFUL, 128)
     assert math.isclose(head.compute_s, 2 * 128 * 32000 * 4096 / (32 * hw.compute_flops))
     assert math.isclose(head.memory_s, 2 * 32000 * 4096 / (32 * hw.mem_bw_Bps))
-    with_head = perf.nonmoe_step_time(model, hw, FAITHFUL.derive(include_lm_head=True), 128)
+    with_head = nonmoe.nonmoe_step_time(model, hw, FAITHFUL.derive(include_lm_head=True), 128)
     assert math.isclose(with_head, base + head.total_s, rel_tol=1e-12)
     conv = FAITHFUL.derive(nonmoe_allreduce=True)
-    t = perf.nonmoe_time(model, hw, conv, 128)
+    t = nonmoe.nonmoe_time(model, hw, conv, 128)
     assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, FAITHFUL, 128))
     assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + t.comm_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env import perf
+from hdamoe_env import perf, prebroadcast
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import expert_parallel, tensor_parallel
 from hdamoe_env.profiles import get_profile
@@ -28,10 +28,10 @@ FAITHFUL = get_profile("faithful")
 @pytest.mark.parametrize("bw,expected_kb", [(75, 61.8e3), (50, 50.5e3), (25, 35.7e3)])
 def test_chunk_size_hand_values_paper(bw, expected_kb):
     hw = hardware_from_setting(f"5/{bw}")
-    S = perf.broadcast_payload(DEEPSEEK, PAPER)
-    H = perf.broadcast_depth(PAPER, hw.num_nodes)
+    S = prebroadcast.broadcast_payload(DEEPSEEK, PAPER)
+    H = prebroadcast.broadcast_depth(PAPER, hw.num_nodes)
     assert S == 5_767_168
-    c = perf.broadcast_chunk(1, S, H, PAPER.bc_alpha_s, hw.link_bw_Bps)
+    c = prebroadcast.broadcast_chunk(1, S, H, PAPER.bc_alpha_s, hw.link_bw_Bps)
     assert c == pytest.approx(expected_kb, abs=60)
     # c*(1) by hand: sqrt(α·S·BW/H)
     assert c == pytest.approx(np.sqrt(100e-9 * S * bw * 1e9 / (2 * np.sqrt(32))))
@@ -41,9 +41,9 @@ def test_chunk_size_and_time_faithful():
     hw = hardware_from_setting("5/50")
     plan = broadcast_plan(DEEPSEEK, hw, FAITHFUL, 128, 10, 1e-3, 1e-3, 8)
     assert plan.payload_bytes == 17_301_504 and plan.depth_hops == 10
-    c1 = perf.broadcast_chunk(1, plan.payload_bytes, 10, 100e-9, hw.link_bw_Bps)
+    c1 = prebroadcast.broadcast_chunk(1, plan.payload_bytes, 10, 100e-9, hw.link_bw_Bps)
     assert c1 == pytest.approx(93.0e3, abs=60)
-    t1 = perf.broadcast_time(1, plan.payload_bytes, 10, 100e-9, hw.link_bw_Bps)
+    t1 = prebroadcast.broadcast_time(1, plan.payload_bytes, 10, 100e-9, hw.link_bw_Bps)
     assert t1 * 1e6 == pytest.approx(384.2, abs=0.05)
 
 
@@ -61,14 +61,14 @@ def test_kb_table_14_7(setting, batch, budget_us, k_b):
     if k_b:
         assert plan.time_s < plan.budget_s
         S, H = plan.payload_bytes, plan.depth_hops
-        assert perf.broadcast_time(k_b + 1, S, H, 100e-9, hw.link_bw_Bps) >= plan.budget_s
+        assert prebroadcast.broadcast_time(k_b + 1, S, H, 100e-9, hw.link_bw_Bps) >= plan.budget_s
 
 
 def test_faithful_budget_is_per_layer_and_capped():
     hw = hardware_from_setting("5/50")
-    S, H = perf.broadcast_payload(DEEPSEEK, FAITHFUL), 10
+    S, H = prebroadcast.broadcast_payload(DEEPSEEK, FAITHFUL), 10
     big = broadcast_slots(DEEPSEEK, hw, FAITHFUL, 128, 10, 2e-3, 1e-3, 64)
-    t = perf.broadcast_time(np.arange(1, 65), S, H, 100e-9, hw.link_bw_Bps)
+    t = prebroadcast.broadcast_time(np.arange(1, 65), S, H, 100e-9, hw.link_bw_Bps)
     assert big == int((t < 3e-3).sum())
     assert broadcast_slots(DEEPSEEK, hw, FAITHFUL, 128, 10, 2e-3, 1e-3, 2) == min(big, 2)
     with pytest.raises(ConfigError):
@@ -221,13 +221,13 @@ def test_broadcast_des_reproduces_alpha_beta_paper():
     hw = hardware_from_setting("5/50")
     topo = make_topology("mesh", hw)
     pl = expert_parallel(1, 64, 32, np.random.default_rng(0))
-    S = perf.broadcast_payload(DEEPSEEK, PAPER)
-    H = perf.broadcast_depth(PAPER, 32)
+    S = prebroadcast.broadcast_payload(DEEPSEEK, PAPER)
+    H = prebroadcast.broadcast_depth(PAPER, 32)
     for m in (1, 2):
-        c = perf.broadcast_chunk(m, S, H, 100e-9, hw.link_bw_Bps)
+        c = prebroadcast.broadcast_chunk(m, S, H, 100e-9, hw.link_bw_Bps)
         res = simulate_broadcast(topo, pl.P[0], list(range(0, 2 * m, 2)), S, c,
                                  pi=pl.pi[0], alpha_s=100e-9)
-        t = perf.broadcast_time(m, S, H, 100e-9, hw.link_bw_Bps)
+        t = prebroadcast.broadcast_time(m, S, H, 100e-9, hw.link_bw_Bps)
         assert res.makespan_s == pytest.approx(t, rel=0.25)
 
 
