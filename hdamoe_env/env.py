@@ -1,11 +1,11 @@
 """Gymnasium environment: one MoE layer of one decode step per ``step`` (paper-model.md §10–11).
 
 The env translates actions into simulator decisions and results into observations, reward and
-``info`` (style.md R1, R10). The physics lives below it: routing and batching in ``traces``, the
-gating greedy in ``hdamoe_env.gating``, prediction, pre-broadcast budget, dispatch, broadcast
-traffic in ``hdamoe_env.scheduling``, the per-layer latency in the simulator's evaluator
-(``hdamoe_env.evaluator.LayerEvaluator``, behind ``MoESimulator.layer_sampled``), the DES in
-``hdamoe_env.des`` / ``hdamoe_env.linksim``.
+``info`` (style.md R1, R10). The physics lives below it: routing and batching in ``traces``; the
+online decisions — gating, dispatch, pre-broadcast traffic, broadcast plans and the excess
+charge — in ``simulator.DecisionEvaluator`` (built on ``hdamoe_env.gating`` and
+``hdamoe_env.scheduling``); the per-layer latency in ``hdamoe_env.evaluator.LayerEvaluator``;
+the DES in ``hdamoe_env.des`` / ``hdamoe_env.linksim``. Configuration: ``EnvConfig``.
 Registered as ``hdamoe_env/HdMoE-v0``.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from gymnasium import spaces
 from numpy.typing import NDArray
 
-from hdamoe_env import calibrate, gating, perf, prebroadcast, scheduling
+from hdamoe_env import calibrate, gating, scheduling
 from hdamoe_env.env_config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
 from hdamoe_env.errors import ConfigError, InvalidAction
 from hdamoe_env.placement import Placement, placement_by_name, tensor_parallel
@@ -226,7 +226,6 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.batch_mode = config.resolved_batch_mode
         self.view = view = config.view
         self._batch_options = dict(config.batch_options or {})
-        self._bc_max_messages = int(config.bc_max_messages)
         L, E, D = self.model.num_moe_layers, self.model.num_experts, self.hw.num_nodes
         self.num_layers, self.num_experts, self.num_nodes = L, E, D
         self.top_k = self.model.top_k
@@ -259,40 +258,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                                             record_seed=False))
         self.sim.check_placement(self.placement)
         P = self.placement.P
-        self.evaluator = self.sim.evaluator(self.placement, self.batch)
-        tp = tensor_parallel(L, E, D)
-        self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
-            P, 1.0 / D) else self.sim.evaluator(tp, self.batch))
 
-        # --- constants of the scheduling mechanics
-        self.w_flops = perf.expert_flops(self.model, self.conv)
-        self.compute_flops = self.hw.compute_flops
-        self._stream_s = (perf.expert_bytes(self.model, self.conv) / self.hw.mem_bw_Bps
-                          if self.conv.weight_streaming else 0.0)
-        self._dense_s = self.sim.dense_time(self.batch)
-        self.bc_payload = prebroadcast.broadcast_payload(self.model, self.conv)
-        self.bc_depth = prebroadcast.broadcast_depth(self.conv, D, self.topology.diameter)
-        cap = min(self.max_broadcast, E)
-        self.plans: list[scheduling.BroadcastPlan | None] = [None]
-        for layer in range(1, L):
-            t_nm_prev = self.sim.nonmoe(self.batch, layer - 1).total_s
-            t_comp_prev = float(perf.t_comp_static(P[layer - 1], self._freqs[layer - 1],
-                                                   self.batch, self.model, self.hw, self.conv))
-            self.plans.append(scheduling.broadcast_plan(
-                self.model, self.hw, self.conv, self.batch, self.topology.diameter,
-                float(t_nm_prev), t_comp_prev, cap))
-        kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
-        if config.k_b is not None:                           # validated by EnvConfig
-            manual = np.broadcast_to(np.asarray(config.k_b, dtype=np.int64), (L,)).copy()
-            kb = np.minimum(manual, cap)
-            kb[0] = 0                                        # §10.3: no broadcast at layer 0
-        self.k_b = kb
-        self._budget_s = np.array([0.0] + [p.budget_s for p in self.plans[1:]
-                                           if p is not None])
-        self._bc_cache: dict[tuple[int, tuple[int, ...]], scheduling.BroadcastResult] = {}
-        self._trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
-
-        # --- gating
+        # --- gating coefficients
         gating_coefficients = config.gating_coefficients
         if gating_coefficients is None:
             coef, self.gating_source = gating.default_coefficients(
@@ -303,12 +270,32 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.gating_coefficients = coef
         if self.gating_source != self.model.key:
             logger.info("gating coefficients for %s: %s", self.model.key, self.gating_source)
-        self._gating_kwargs = dict(                          # validated by EnvConfig
-            comp_penalty=config.gating_comp_penalty, comm_penalty=config.gating_comm_penalty,
-            protect_top=int(config.gating_protect_top),
-            candidate_window=config.gating_candidate_window,
-            include_future=bool(config.gating_include_future),
-            renormalize=self.model.renormalize_topk, diagnostics=False)
+
+        # --- the simulator side of the online decisions (gating, broadcast, dispatch, §10–11)
+        self.decisions = self.sim.decision_evaluator(
+            self.placement, self.batch, freqs=self._freqs, max_broadcast=self.max_broadcast,
+            bc_max_messages=config.bc_max_messages, gating_coefficients=coef,
+            gating_options=dict(                             # validated by EnvConfig
+                comp_penalty=config.gating_comp_penalty,
+                comm_penalty=config.gating_comm_penalty,
+                protect_top=int(config.gating_protect_top),
+                candidate_window=config.gating_candidate_window,
+                include_future=bool(config.gating_include_future),
+                renormalize=self.model.renormalize_topk, diagnostics=False))
+        self.evaluator = self.decisions.evaluator
+        self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
+            P, 1.0 / D) else self.sim.evaluator(tensor_parallel(L, E, D), self.batch))
+        self.w_flops = self.decisions.w_flops
+        self.compute_flops = self.decisions.compute_flops
+        self._dense_s = self.sim.dense_time(self.batch)
+        self.plans = self.decisions.plans
+        kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
+        if config.k_b is not None:                           # validated by EnvConfig
+            manual = np.broadcast_to(np.asarray(config.k_b, dtype=np.int64), (L,)).copy()
+            kb = np.minimum(manual, min(self.max_broadcast, E))
+            kb[0] = 0                                        # §10.3: no broadcast at layer 0
+        self.k_b = kb
+        self._budget_s = np.array(self.decisions.budgets_s)
 
         # --- predictor
         acc = config.accuracies()
@@ -476,40 +463,22 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         broadcast, rule_idx, level_idx = self._decode_action(action)
         rule = self.dispatch_rules[rule_idx]
         level = self.gating_levels[level_idx]
-        orig_sets = self._sets[layer]
-        sets = orig_sets
-        gstats = (0.0, 1.0, 1.0)
-        if level > 0:
-            g = self._gate(layer, level)
-            sets = g.sets
-            gstats = (g.changed_fraction, g.top1_retention, g.score_mass_kept)
-        P_layer = extra_holders = extra_compute = extra_stream = None
-        bc_busy = None
-        bc_makespan = 0.0
-        bc_chunks = 0
-        extra_s = 0.0
-        if broadcast:
-            d = scheduling.dispatch_broadcast(
-                sets, self.placement.P[layer], broadcast, self.w_flops, rule=rule,
-                ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
-                stream_s=self._stream_s)
-            P_layer, extra_holders = d.P_layer, d.extra_holders
-            extra_compute, extra_stream = d.extra_compute_s, d.extra_stream_s
-            bres = self._broadcast_traffic(layer, broadcast)
-            bc_busy, bc_makespan, bc_chunks = bres.link_busy_s, bres.makespan_s, bres.chunks
-            if self.conv.bc_charge_excess:
-                extra_s = max(0.0, bc_makespan - float(self._budget_s[layer]))
-        res = self.evaluator.evaluate(
-            layer, sets, rng=self.np_random, fidelity=self.fidelity,
-            gamma=self._gamma(layer) if self.fidelity == "analytic" else None, P_layer=P_layer,
-            extra_holders=extra_holders, extra_compute_s=extra_compute,
-            extra_stream_s=extra_stream, extra_s=extra_s)
+        need_gamma = self.fidelity == "analytic" or self.measure_twin_error
+        out = self.decisions.evaluate(
+            layer, self._sets[layer], rng=self.np_random, broadcast=broadcast,
+            dispatch_rule=rule, gating_level=level,
+            candidates=self._candidates(layer) if level > 0 else None, fidelity=self.fidelity,
+            gamma=self._gamma(layer) if need_gamma else None,
+            twin_rng=self._twin_rng if self.measure_twin_error else None)
+        res, busy, bres, g = out.result, out.link_busy_s, out.broadcast, out.gating
+        gstats = (0.0, 1.0, 1.0) if g is None else (g.changed_fraction, g.top1_retention,
+                                                    g.score_mass_kept)
+        bc_busy = None if bres is None else bres.link_busy_s
+        bc_makespan = 0.0 if bres is None else bres.makespan_s
+        bc_chunks = 0 if bres is None else bres.chunks
         total = res.total_s
         tp_total = float(self._tp_totals[layer])
         reward = -total / (tp_total if self.reward_scale is None else self.reward_scale)
-        busy = res.link_busy_s
-        if bc_busy is not None:
-            busy = bc_busy if busy is None else busy + bc_busy
         info: dict[str, Any] = {
             "decode_step": self._decode_step, "layer": layer, "mode": res.mode,
             "t_nm_us": res.t_nm_s * 1e6, "t_comp_us": res.t_comp_s * 1e6,
@@ -532,9 +501,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "balancedness": (1.0 if res.t_comp_compute_s <= 0 else float(
                 res.node_compute_s.sum()) / (self.num_nodes * res.t_comp_compute_s)),
         }
-        if self.measure_twin_error:
-            self._twin(info, layer, sets, res, P_layer, extra_holders, extra_compute,
-                       extra_stream, extra_s)
+        if out.twin is not None:
+            self._report_twin(info, res, out.twin)
         self.last_layer = res
         self._step_latency_s += total
         self._prev_busy = (self._zeros_links if busy is None or total <= 0 else
@@ -640,16 +608,12 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 f"expert {value} is already held by every node; allowed values: the unmasked "
                 f"experts of action_masks() or {E} (none)")
 
-    def _gate(self, layer: int, level: float) -> gating.GatingResult:
+    def _candidates(self, layer: int) -> tuple[NDArray[np.int16], NDArray[np.float32]]:
+        """Return the router candidates (ids, scores) [B, k + J] of the current decode step."""
         rows = self._rows[self._decode_step]
         trace = self._scored_trace()
         assert trace.cand_ids is not None and trace.cand_scores is not None
-        ids = trace.cand_ids[layer, rows]
-        vals = trace.cand_scores[layer, rows]
-        r_comp, r_comm = self.gating_coefficients
-        return gating.hardware_aware_gating(
-            (ids, vals), self.top_k, self.placement.P[layer], self.w_flops, self.compute_flops,
-            level * r_comp, level * r_comm, **self._gating_kwargs)
+        return trace.cand_ids[layer, rows], trace.cand_scores[layer, rows]
 
     def _scored_trace(self) -> RoutingTrace:
         """Return the trace with router candidates, synthesising scores once if it has none."""
@@ -663,23 +627,6 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                     self.trace, np.random.default_rng(self._trace_seed))
                 self.score_kind = "synthetic"
         return self._scored
-
-    def _broadcast_traffic(self, layer: int, broadcast: list[int]
-                           ) -> scheduling.BroadcastResult:
-        key = (layer, tuple(broadcast))
-        hit = self._bc_cache.get(key)
-        if hit is None:
-            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
-                                               self.conv.bc_alpha_s, self.hw.link_bw_Bps))
-            hit = scheduling.simulate_broadcast(
-                self.topology, self.placement.P[layer], broadcast, self.bc_payload, chunk,
-                pi=self.placement.pi[layer], alpha_s=self.conv.bc_alpha_s,
-                hop_latency_s=self.hw.hop_latency_s, tie_break=self.conv.tie_break,
-                max_messages=self._bc_max_messages, trees=self._trees)
-            if len(self._bc_cache) >= 4096:
-                self._bc_cache.clear()
-            self._bc_cache[key] = hit
-        return hit
 
     def _gamma(self, layer: int) -> float:
         if self._gammas is None:
@@ -709,16 +656,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             _GAMMA_CACHE[key] = hit
         return hit
 
-    def _twin(self, info: dict[str, Any], layer: int, sets: NDArray[np.int64],
-              res: LayerResult, P_layer: NDArray[np.float64] | None,
-              extra_holders: NDArray[np.int64] | None, extra_compute: NDArray[np.float64] | None,
-              extra_stream: NDArray[np.float64] | None, extra_s: float) -> None:
-        """Evaluate the other fidelity (own random stream) and report the twin's error."""
-        other = "analytic" if self.fidelity == "des" else "des"
-        twin = self.evaluator.evaluate(
-            layer, sets, rng=self._twin_rng, fidelity=other,
-            gamma=self._gamma(layer), P_layer=P_layer, extra_holders=extra_holders,
-            extra_compute_s=extra_compute, extra_stream_s=extra_stream, extra_s=extra_s)
+    def _report_twin(self, info: dict[str, Any], res: LayerResult, twin: LayerResult) -> None:
+        """Report the other fidelity's result and the analytic twin's error vs the DES."""
         des, ana = (res, twin) if self.fidelity == "des" else (twin, res)
         info["twin_total_us"] = twin.total_s * 1e6
         info["twin_comm_us"] = twin.t_comm_moe_s * 1e6

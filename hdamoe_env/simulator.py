@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import nonmoe, perf
+from hdamoe_env import gating as gating_mod, nonmoe, prebroadcast
+from hdamoe_env import perf, scheduling
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.evaluator import (
     FIDELITIES,
@@ -39,6 +40,8 @@ from traces import RoutingTrace, batching
 
 __all__ = [
     "FIDELITIES",
+    "DecidedLayer",
+    "DecisionEvaluator",
     "Evaluation",
     "LayerEvaluator",
     "LayerResult",
@@ -205,6 +208,11 @@ class MoESimulator:
                                   extra_compute_s=extra_compute_s,
                                   extra_stream_s=extra_stream_s, extra_s=extra_s)
 
+    def decision_evaluator(self, placement: Placement, batch: int, **kwargs: Any
+                           ) -> DecisionEvaluator:
+        """Return a ``DecisionEvaluator`` (online decisions, §10–11); kwargs as its class."""
+        return DecisionEvaluator(self, placement, batch, **kwargs)
+
     def evaluator(self, placement: Placement, batch: int) -> LayerEvaluator:
         """Return the cached-constant evaluator of ``placement`` at batch ``batch``.
 
@@ -307,6 +315,177 @@ class MoESimulator:
         return StepResult(layers, self.dense_time(batch),
                           {"evaluator": "static", "fidelity": "des",
                            "placement": placement.method})
+
+
+# ------------------------------------------------------------------------------- online decisions
+@dataclass(frozen=True, eq=False)
+class DecidedLayer:
+    """One MoE layer evaluated with online decisions (§10–11) and what the decisions did.
+
+    Attributes:
+        result: The layer's latency (``t_extra_s`` holds the charged broadcast excess).
+        token_sets: int64 [B, k] the sets executed (after gating).
+        gating: The gating result, or None without gating.
+        dispatch: Where the (token, broadcast expert) pairs ran, or None without broadcast.
+        broadcast: The simulated pre-broadcast traffic, or None without broadcast.
+        link_busy_s: float64 [num_links] busy time of the MoE messages plus the broadcast
+            traffic, or None (TP or analytic layer without broadcast).
+        twin: The layer evaluated with the other fidelity (its own random stream), or None.
+    """
+
+    result: LayerResult
+    token_sets: NDArray[np.int64]
+    gating: gating_mod.GatingResult | None
+    dispatch: scheduling.DispatchResult | None
+    broadcast: scheduling.BroadcastResult | None
+    link_busy_s: NDArray[np.float64] | None
+    twin: LayerResult | None
+
+
+class DecisionEvaluator:
+    """Evaluate MoE layers under online decisions: gating, pre-broadcast and dispatch (§10–11).
+
+    The physics behind the env's actions, for one placement at one batch size: hardware-aware
+    gating of the router candidates (§11), dispatch of the (token, broadcast expert) pairs
+    (§10.6–10.7), the pre-broadcast traffic on the NoC (§10.8, cached per (layer, experts)), the
+    charge of a broadcast exceeding its budget (``bc_charge_excess``), then the layer latency by
+    the simulator's ``LayerEvaluator``. The per-layer broadcast plans (budget, k_b, chunk size,
+    §10.3–10.4) are computed once, in ``plans``. Random draws: only the aggregator draws of the
+    evaluation (``rng``), then those of the twin (``twin_rng``).
+
+    Args:
+        sim: The simulator.
+        placement: The placement of all layers.
+        batch: Tokens per decode step B.
+        freqs: float [L, E] long-term activation frequencies f_i (the static expert phase of
+            the layer a broadcast hides behind, §10.3).
+        max_broadcast: Cap on k_b (the env's slots).
+        bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
+        gating_coefficients: (r_comp, r_comm) at gating level 1.
+        gating_options: Keyword arguments of ``gating.hardware_aware_gating`` (penalties,
+            protect_top, candidate_window, include_future, renormalize, diagnostics).
+    """
+
+    def __init__(self, sim: MoESimulator, placement: Placement, batch: int, *,
+                 freqs: NDArray[np.float64], max_broadcast: int, bc_max_messages: int = 20_000,
+                 gating_coefficients: tuple[float, float] = (0.0, 0.0),
+                 gating_options: dict[str, Any] | None = None) -> None:
+        model, hw, conv = sim.model, sim.hw, sim.conv
+        self.sim, self.placement, self.conv = sim, placement, conv
+        self.batch = int(batch)
+        self.evaluator = sim.evaluator(placement, batch)
+        self.w_flops = perf.expert_flops(model, conv)
+        self.compute_flops = hw.compute_flops
+        self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+                         if conv.weight_streaming else 0.0)
+        self.bc_payload = prebroadcast.broadcast_payload(model, conv)
+        self.bc_depth = prebroadcast.broadcast_depth(conv, hw.num_nodes, sim.topology.diameter)
+        # §10.3: the broadcast for layer l hides behind layer l - 1 (none for layer 0)
+        cap = min(int(max_broadcast), model.num_experts)
+        self.plans: list[scheduling.BroadcastPlan | None] = [None]
+        for layer in range(1, placement.num_layers):
+            t_nm_prev = sim.nonmoe(self.batch, layer - 1).total_s
+            t_comp_prev = float(perf.t_comp_static(placement.P[layer - 1], freqs[layer - 1],
+                                                   self.batch, model, hw, conv))
+            self.plans.append(scheduling.broadcast_plan(
+                model, hw, conv, self.batch, sim.topology.diameter, float(t_nm_prev),
+                t_comp_prev, cap))
+        self.budgets_s = [0.0] + [p.budget_s for p in self.plans[1:] if p is not None]
+        self.bc_max_messages = int(bc_max_messages)
+        self.gating_coefficients = gating_coefficients
+        self.gating_options = dict(gating_options or {})
+        self._bc_cache: dict[tuple[int, tuple[int, ...]], scheduling.BroadcastResult] = {}
+        self._trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
+
+    def gate(self, layer: int, candidates: tuple[NDArray[Any], NDArray[Any]],
+             level: float) -> gating_mod.GatingResult:
+        """Re-rank the router candidates of one layer by hardware-aware gating (§11).
+
+        Args:
+            layer: MoE layer index.
+            candidates: (ids int [B, k + J], scores float [B, k + J]) router candidates.
+            level: Multiplier of ``gating_coefficients``.
+        """
+        r_comp, r_comm = self.gating_coefficients
+        return gating_mod.hardware_aware_gating(
+            candidates, self.sim.model.top_k, self.placement.P[layer], self.w_flops,
+            self.compute_flops, level * r_comp, level * r_comm, **self.gating_options)
+
+    def broadcast_traffic(self, layer: int, broadcast: Sequence[int]
+                          ) -> scheduling.BroadcastResult:
+        """Return the simulated pre-broadcast of ``broadcast`` for ``layer`` (§10.8, cached)."""
+        key = (layer, tuple(broadcast))
+        hit = self._bc_cache.get(key)
+        if hit is None:
+            conv, hw = self.conv, self.sim.hw
+            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
+                                               conv.bc_alpha_s, hw.link_bw_Bps))
+            hit = scheduling.simulate_broadcast(
+                self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
+                chunk, pi=self.placement.pi[layer], alpha_s=conv.bc_alpha_s,
+                hop_latency_s=hw.hop_latency_s, tie_break=conv.tie_break,
+                max_messages=self.bc_max_messages, trees=self._trees)
+            if len(self._bc_cache) >= 4096:
+                self._bc_cache.clear()
+            self._bc_cache[key] = hit
+        return hit
+
+    def evaluate(self, layer: int, token_sets: NDArray[np.int64], *,
+                 rng: np.random.Generator, broadcast: Sequence[int] = (),
+                 dispatch_rule: str = "least_loaded", gating_level: float = 0.0,
+                 candidates: tuple[NDArray[Any], NDArray[Any]] | None = None,
+                 fidelity: str = "des", gamma: float | None = None,
+                 twin_rng: np.random.Generator | None = None) -> DecidedLayer:
+        """Evaluate one layer of one decode step with its online decisions.
+
+        Args:
+            layer: MoE layer index.
+            token_sets: int64 [B, k] the router's sets (batch order), well-formed.
+            rng: Generator of the aggregator draws.
+            broadcast: Pre-broadcast experts, distinct, in broadcast order.
+            dispatch_rule: ``scheduling.DISPATCH_RULES`` entry.
+            gating_level: 0 = plain top-k; otherwise gate ``candidates`` at this level.
+            candidates: Router candidates of the B rows (needed when ``gating_level > 0``).
+            fidelity: ``"des"`` or ``"analytic"``.
+            gamma: γ of the layer (analytic fidelity, and the twin).
+            twin_rng: When given, also evaluate the other fidelity with this generator.
+
+        Returns:
+            The layer result and the decisions' details.
+        """
+        sets = token_sets
+        gated = None
+        if gating_level > 0:
+            assert candidates is not None, "gating needs the router candidates"
+            gated = self.gate(layer, candidates, gating_level)
+            sets = gated.sets
+        dispatch = bres = None
+        P_layer = extra_holders = extra_compute = extra_stream = None
+        extra_s = 0.0
+        if broadcast:
+            dispatch = scheduling.dispatch_broadcast(
+                sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
+                ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
+                stream_s=self.stream_s)
+            P_layer, extra_holders = dispatch.P_layer, dispatch.extra_holders
+            extra_compute, extra_stream = dispatch.extra_compute_s, dispatch.extra_stream_s
+            bres = self.broadcast_traffic(layer, broadcast)
+            if self.conv.bc_charge_excess:          # §10.3: time beyond the budget is exposed
+                extra_s = max(0.0, bres.makespan_s - self.budgets_s[layer])
+        kwargs: dict[str, Any] = dict(P_layer=P_layer, extra_holders=extra_holders,
+                                      extra_compute_s=extra_compute,
+                                      extra_stream_s=extra_stream, extra_s=extra_s)
+        res = self.evaluator.evaluate(layer, sets, rng=rng, fidelity=fidelity,
+                                      gamma=gamma if fidelity == "analytic" else None, **kwargs)
+        busy = res.link_busy_s
+        if bres is not None:
+            busy = bres.link_busy_s if busy is None else busy + bres.link_busy_s
+        twin = None
+        if twin_rng is not None:
+            other = "analytic" if fidelity == "des" else "des"
+            twin = self.evaluator.evaluate(layer, sets, rng=twin_rng, fidelity=other,
+                                           gamma=gamma, **kwargs)
+        return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin)
 
 
 # ------------------------------------------------------------------------------- trace evaluation

@@ -144,3 +144,27 @@ def test_dram_capacity_is_checked(ds_trace):  # §3 node DRAM capacity, §7.3 (1
     tight = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50", node_dram_gib=0.8))
     with pytest.raises(InfeasibleError, match=r"GiB on node \d+ but node_dram_gib=0.8"):
         evaluate_static(tight, ep, ds_trace, 128)
+
+
+def test_decision_evaluator_composes_dispatch_broadcast_and_excess(tiny_model, tiny_hw):
+    # §10.3 (excess charge), §10.6 (dispatch), §10.8 (broadcast traffic)
+    from hdamoe_env import scheduling
+
+    sim = MoESimulator(tiny_model, tiny_hw, "mesh", get_profile("faithful"))
+    ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
+    freqs = np.full((2, 4), 0.5)
+    dec = sim.decision_evaluator(ep, 8, freqs=freqs, max_broadcast=2)
+    sets = np.array([[0, 1], [1, 2], [2, 3], [3, 0]] * 2, dtype=np.int64)
+    plain = dec.evaluate(1, sets, rng=np.random.default_rng(4))
+    ref = sim.layer_sampled(ep, 1, sets, rng=np.random.default_rng(4))
+    assert plain.result.total_s == ref.total_s and plain.broadcast is None
+    out = dec.evaluate(1, sets, rng=np.random.default_rng(4), broadcast=[2])
+    d = scheduling.dispatch_broadcast(sets, ep.P[1], [2], dec.w_flops,
+                                      compute_flops=dec.compute_flops, stream_s=dec.stream_s)
+    excess = max(0.0, out.broadcast.makespan_s - dec.budgets_s[1])
+    manual = sim.layer_sampled(ep, 1, sets, rng=np.random.default_rng(4), P_layer=d.P_layer,
+                               extra_holders=d.extra_holders, extra_compute_s=d.extra_compute_s,
+                               extra_stream_s=d.extra_stream_s, extra_s=excess)
+    assert out.result.total_s == manual.total_s and out.result.t_extra_s == excess
+    np.testing.assert_array_equal(out.link_busy_s,
+                                  manual.link_busy_s + out.broadcast.link_busy_s)
