@@ -74,7 +74,7 @@ from hdamoe_env.calibrate import fit_gamma
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.fileio import atomic_write, write_json
 from hdamoe_env.placement import Placement, expert_parallel, identity_mapping
-from hdamoe_env.profiles import get_profile
+from hdamoe_env.profiles import PROFILES, Conventions, get_profile
 from hdamoe_env.simulator import MoESimulator, is_tensor_parallel
 from hdamoe_env.specs import (
     MODEL_PRESETS,
@@ -127,7 +127,8 @@ class PlaceConfig:
         trace_requests: Synthetic trace: number of requests (None = generator default).
         trace_seed: Synthetic trace seed (None = ``seed``).
         view: Trace view the statistics are mined from (``content``).
-        conventions: Convention profile name.
+        conventions: Convention profile name or ``Conventions`` object (a derived profile is
+            kept as is; resolved once, here).
         rho_mem: Relative memory cap ρ_mem of Node Balance, or None.
         nb_mode: ``"milp"`` or ``"heuristic"``.
         time_limit_s: Node-Balance MILP time limit per layer.
@@ -152,7 +153,7 @@ class PlaceConfig:
     trace_requests: int | None = None
     trace_seed: int | None = None
     view: str = "content"
-    conventions: str = "faithful"
+    conventions: str | Conventions = "faithful"
     rho_mem: float | None = None
     nb_mode: str = "milp"
     time_limit_s: float = 10.0
@@ -181,7 +182,17 @@ class PlaceConfig:
         if self.guard not in (None, "tp"):
             raise ConfigError(f"guard={self.guard!r}; expected 'tp' or None")
         get_model(self.model)
-        get_profile(self.conventions)
+        get_profile(self.conventions)                        # validates a name
+
+    @property
+    def conv(self) -> Conventions:
+        """The conventions: the object itself when one was given, else the named profile.
+
+        ``conventions`` keeps what the caller passed (a name stays a name in ``to_dict`` and in
+        records, so cache keys are unchanged); a ``Conventions`` object, derived or not, is
+        used as is and never looked up by name.
+        """
+        return get_profile(self.conventions)
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -200,6 +211,9 @@ class PlaceConfig:
         spec = self.model_spec
         preset = MODEL_PRESETS.get(spec.key)
         d["model"] = spec.key if preset == spec else spec.to_dict()
+        if isinstance(self.conventions, Conventions):          # a name stays a name
+            conv = self.conventions
+            d["conventions"] = conv.name if PROFILES.get(conv.name) == conv else conv.to_dict()
         return d
 
     @classmethod
@@ -209,12 +223,14 @@ class PlaceConfig:
         d["mesh"] = tuple(d["mesh"])
         if isinstance(d["model"], dict):
             d["model"] = ModelSpec.from_dict(d["model"])
+        if isinstance(d.get("conventions"), dict):
+            d["conventions"] = Conventions.from_dict(d["conventions"])
         return cls(**d)
 
     def config_hash(self, trace_id: str) -> str:
         """Return a short SHA-256 of the configuration and the trace id."""
         payload = {"config": self.to_dict(), "trace_id": trace_id,
-                   "conventions": get_profile(self.conventions).to_dict()["knobs_sha256"]}
+                   "conventions": self.conv.to_dict()["knobs_sha256"]}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -305,7 +321,7 @@ def _simulator(config: PlaceConfig) -> MoESimulator:
     sim = _SIM_CACHE.get(key)
     if sim is None:
         sim = MoESimulator(config.model_spec, config.hardware, TopologySpec(kind=config.topology),
-                           get_profile(config.conventions))
+                           config.conv)
         _SIM_CACHE[key] = sim
     return sim
 
@@ -745,7 +761,7 @@ def sweep_rho_mem(config: PlaceConfig, rho_values: Sequence[float | None],
     if trace is None:
         trace = load_trace(config)
     model = config.model_spec
-    conv = get_profile(config.conventions)
+    conv = config.conv
     out = Path(out_dir)
     rows = []
     for rho in rho_values:

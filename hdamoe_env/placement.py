@@ -23,6 +23,7 @@ from hdamoe_env.profiles import Conventions
 from hdamoe_env.specs import HardwareSpec, ModelSpec
 
 __all__ = [
+    "TRIVIAL_PLACEMENTS",
     "Placement",
     "check_memory",
     "expert_parallel",

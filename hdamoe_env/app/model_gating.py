@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env import gating, perf
 from hdamoe_env.errors import ConfigError
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.placement import TRIVIAL_PLACEMENTS, Placement, placement_by_name
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
 
@@ -100,7 +100,8 @@ class GatingSetup:
     @classmethod
     def for_model(cls, num_experts: int, top_k: int, num_layers: int, *,
                   sim_model: str = "mixtral-8x7b", setting: str = "5/50", mesh: str = "4x8",
-                  conventions: str = "paper", placement: str = "ep", seed: int = 0
+                  conventions: str | Conventions = "paper", placement: str = "ep",
+                  seed: int = 0
                   ) -> GatingSetup:
         """Build the setup for a recorded model with E experts, top-k and L MoE layers.
 
@@ -119,13 +120,9 @@ class GatingSetup:
                                    num_moe_layers=int(num_layers))
         hw = hardware_from_setting(setting, mesh)
         conv = get_profile(conventions)
-        if placement == "ep":
-            plc = expert_parallel(num_layers, num_experts, hw.num_nodes,
-                                  np.random.default_rng(seed))
-        elif placement == "tp":
-            plc = tensor_parallel(num_layers, num_experts, hw.num_nodes)
-        else:
+        if placement not in TRIVIAL_PLACEMENTS:
             raise ConfigError(f"unknown placement {placement!r}; expected 'ep' or 'tp'")
+        plc = placement_by_name(placement, spec, hw.num_nodes, seed, record_seed=False)
         coef, source = gating.default_coefficients(base.key, hw.setting, conv.expert_matrices)
         return cls(spec, hw, conv, plc, coef, source)
 

@@ -133,3 +133,21 @@ def test_two_workers_match_one(cfg, trace, tmp_path):
     a = run_pipeline(cfg, tmp_path / "a", trace=trace, workers=1).placement
     b = run_pipeline(cfg, tmp_path / "b", trace=trace, workers=2).placement
     assert np.array_equal(a.P, b.P) and np.array_equal(a.pi, b.pi)
+
+
+def test_place_config_accepts_profile_objects():  # paper-model.md §4 (derived profiles)
+    from baselines.pipeline import PlaceConfig
+    from hdamoe_env.profiles import PROFILES, get_profile
+
+    by_name = PlaceConfig(model="mixtral-8x7b", conventions="paper")
+    by_object = PlaceConfig(model="mixtral-8x7b", conventions=PROFILES["paper"])
+    assert by_name.conv is PROFILES["paper"] and by_object.conv is PROFILES["paper"]
+    assert by_name.to_dict() == by_object.to_dict()
+    assert by_name.to_dict()["conventions"] == "paper"
+    assert by_name.config_hash("t") == by_object.config_hash("t")
+    derived = get_profile("paper", chunks=2)
+    cfg = PlaceConfig(model="mixtral-8x7b", conventions=derived)
+    assert cfg.conv is derived
+    back = PlaceConfig.from_dict(cfg.to_dict())
+    assert back.conv == derived and back.config_hash("t") == cfg.config_hash("t")
+    assert cfg.config_hash("t") != by_name.config_hash("t")
