@@ -1,4 +1,4 @@
-"""Atomic file writing, JSON conversion of numpy values, and trace files by path.
+"""Atomic file writing and JSON conversion of numpy values (the one writer of the package).
 
 Long runs (placement pipelines, benchmarks, sweeps) write every result through ``atomic_write``
 (temporary file in the same directory, then ``os.replace``) so an interruption never leaves a
@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from hdamoe_env.specs import ModelSpec
 
-__all__ = ["atomic_write", "json_default", "load_trace_file", "write_json"]
+__all__ = ["atomic_write", "json_default", "write_json"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], Any],
@@ -64,20 +62,3 @@ def write_json(path: str | os.PathLike[str], data: Any, *, sort_keys: bool = Fal
     """Write ``data`` as indented JSON atomically (numpy values converted)."""
     text = json.dumps(data, indent=1, sort_keys=sort_keys, default=json_default) + "\n"
     return atomic_write(path, lambda fh: fh.write(text))
-
-
-def load_trace_file(path: str | os.PathLike[str], model: ModelSpec | None = None) -> Any:
-    """Load a trace file (deprecated alias of ``hdamoe_env.sources.load_trace``).
-
-    Args:
-        path: A reference ``.json`` or canonical ``.npz`` trace file.
-        model: When given, the reference reader uses its E, k and layer-key offset.
-
-    Raises:
-        TraceFormatError: The file does not exist or is malformed (the message names it).
-    """
-    warnings.warn("hdamoe_env.fileio.load_trace_file is deprecated; use "
-                  "hdamoe_env.sources.load_trace", DeprecationWarning, stacklevel=2)
-    from hdamoe_env.sources import load_trace
-
-    return load_trace(Path(path), model)
