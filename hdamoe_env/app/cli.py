@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env import __version__
-from hdamoe_env.app import bench, envbench, place, record, reproduce
+from hdamoe_env.app import bench, crossover, envbench, place, record, reproduce
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
 from hdamoe_env.errors import HdMoeError, TraceFormatError
@@ -281,6 +281,9 @@ def _add_optional_commands(sub: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(
         func=train.cmd_evaluate)
     _add_reproduce_parser(sub)
+    crossover.add_arguments(sub.add_parser(
+        "crossover", help="which method wins each cell, and which cost-model knob decides it",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     _add_place_parser(sub)
     _add_sweep_parser(sub)
 

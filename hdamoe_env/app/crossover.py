@@ -1,0 +1,428 @@
+"""Where each method wins, and which knob decides it (``hdamoe crossover``).
+
+A sensitivity grid over models × hardware settings × batch sizes × cost-model knobs. Every cell
+is one benchmark of the methods (TP, EP, hybrid, Node Balance, Node+Link, HD-MoE, HDA-MoE) on
+identical episodes, run through the resumable cell machinery of :mod:`hdamoe_env.app.reproduce`
+(one atomic JSON file per finished cell, process pool or Ray). The knob axis is
+one-at-a-time around the base profile: the base cell of every (model, setting, B) uses the
+profile as is; a knob cell changes one knob to one other value through a derived profile name
+(``faithful+b_psum=2``, paper-model.md §4), so every record names the conventions that produced
+it.
+
+[decision] Placements of a knob cell are the ones optimised under the base profile
+(``placement_from``): the question a knob cell answers is "would the ranking change if the
+hardware behaved like this", not "what would the optimiser do"; ``replace=True`` re-optimises
+the placements under every derived profile instead (one quick pipeline per knob value).
+
+Outputs in ``OUT``: ``results.jsonl`` (every bench record), ``crossover.json`` (per cell: the
+winner, the runner-up and the margin, TBT of every method), ``figures/crossover_<knob>.png``
+(heat maps: rows = model · setting · B, columns = knob values, colour = winner, text = margin
+over the runner-up) and ``crossover.md`` ("where each method wins and why").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hdamoe_env.app.records import read_jsonl, render_table, summarise
+from hdamoe_env.app.reproduce import (
+    BACKENDS,
+    DEFAULT_MIXTRAL_DIR,
+    Cell,
+    _cfg,
+    _mixtral_trace,
+    _placement_key,
+    run_suite,
+)
+from hdamoe_env.errors import ConfigError
+from hdamoe_env.fileio import atomic_write, write_json
+from hdamoe_env.profiles import Conventions, get_profile
+
+__all__ = ["DEFAULT_KNOBS", "METHODS", "analyse", "cmd_crossover", "crossover_cells",
+           "parse_knob", "write_crossover_report"]
+
+log = logging.getLogger(__name__)
+
+#: Methods compared in every cell.
+METHODS: tuple[str, ...] = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe",
+                            "hda-moe")
+#: Knob values swept one at a time (only knobs the ``Conventions`` of this version define are
+#: used): start-up latency per message / collective step, partial-sum bytes, PE-array tile
+#: width and per-GEMM overhead (docs/PHYSICS.md gives each default and its source).
+DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
+    "msg_alpha_s": (0.0, 1e-7, 1e-6),
+    "hop_latency_s": (0.0, 2e-9, 1e-8),
+    "b_psum": (2, 4),
+    "tile_cols": (1, 64),
+    "tile_tokens": (1, 8),
+    "gemm_overhead_s": (0.0, 1e-7, 1e-6),
+}
+SUITES = {
+    "tiny": {"models": ("deepseek-v2-lite",), "settings": ("5/50",), "batches": (8,),
+             "steps": 1, "seeds": (0,), "requests": 16},
+    "quick": {"models": ("deepseek-v2-lite", "mixtral-8x7b"),
+              "settings": ("2.5/75", "5/50", "10/25"), "batches": (128,), "steps": 4,
+              "seeds": (0,), "requests": None},
+    "full": {"models": ("deepseek-v2-lite", "mixtral-8x7b", "qwen2-57b-a14b"),
+             "settings": ("2.5/75", "5/50", "10/25"), "batches": (32, 128), "steps": 8,
+             "seeds": (0, 1), "requests": None},
+}
+_FIGURE = "crossover"
+
+
+def parse_knob(text: str) -> tuple[str, tuple[Any, ...]]:
+    """Parse ``NAME=v1,v2,…`` (values typed like the knob's default).
+
+    Raises:
+        ConfigError: Unknown knob or a value of the wrong type (the message says which).
+    """
+    name, sep, values = text.partition("=")
+    name = name.strip()
+    if not sep or not values.strip():
+        raise ConfigError(f"--knob {text!r}: expected NAME=v1,v2 (e.g. b_psum=2,4)")
+    parsed = []
+    for raw in (v.strip() for v in values.split(",") if v.strip()):
+        conv = get_profile(f"faithful+{name}={raw}")   # typed, validated, names unknown knobs
+        parsed.append(getattr(conv, name))
+    return name, tuple(parsed)
+
+
+def _knob_grid(base: Conventions, knobs: Mapping[str, Sequence[Any]]) -> list[tuple[str, Any]]:
+    """Return (knob, value) pairs that differ from the base profile, for knobs it defines."""
+    fields = {f.name for f in dataclasses.fields(base)}
+    grid = []
+    for knob, values in knobs.items():
+        if knob not in fields:
+            log.info("knob %s is not defined by this version's profiles; skipped", knob)
+            continue
+        grid += [(knob, v) for v in values if v != getattr(base, knob)]
+    return grid
+
+
+def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["quick"]["models"],
+                    settings: Sequence[str] = SUITES["quick"]["settings"],
+                    batches: Sequence[int] = (128,),
+                    knobs: Mapping[str, Sequence[Any]] | None = None,
+                    methods: Sequence[str] = METHODS, steps: int = 4,
+                    seeds: Sequence[int] = (0,), requests: int | None = None,
+                    mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
+                    replace: bool = False) -> list[Cell]:
+    """Return the cells of a crossover grid (placement cells first).
+
+    Args:
+        base: Base profile (name or derived name).
+        models: Model presets; Mixtral runs on its real reasoning trace (left out when
+            ``mixtral_dir`` has none), the others on their synthetic traces.
+        settings: Hardware settings ``TFLOPS/GBps``.
+        batches: Batch sizes B.
+        knobs: Knob → values swept one at a time (default :data:`DEFAULT_KNOBS`).
+        methods: Methods compared in every cell.
+        steps: Decode steps per episode.
+        seeds: Episode seeds.
+        requests: Requests of the synthetic traces (None: the generator's default).
+        mixtral_dir: Directory of the real Mixtral traces.
+        replace: Re-optimise the placements under every derived profile.
+
+    Raises:
+        ConfigError: Unknown profile or knob values.
+    """
+    base_conv = get_profile(base)
+    grid = _knob_grid(base_conv, DEFAULT_KNOBS if knobs is None else knobs)
+    cells: list[Cell] = []
+    needs_placement = any(m not in ("tp", "ep") for m in methods)
+    for model in models:
+        if model == "mixtral-8x7b":
+            trace = _mixtral_trace(mixtral_dir)
+            if trace is None:
+                log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped",
+                            mixtral_dir)
+                continue
+        else:
+            trace = "synthetic"
+        extra = {} if requests is None else {"trace_requests": int(requests)}
+        for setting in settings:
+            place_cfg = _cfg(model, trace, setting, 128, base_conv.name, **extra)
+            if needs_placement:
+                cells.append(Cell("placements", "placement",
+                                  {"config": _placement_key(place_cfg)}))
+            for batch in batches:
+                variants = [(None, None, base_conv.name)] + [
+                    (knob, value, get_profile(base_conv, **{knob: value}).name)
+                    for knob, value in grid]
+                for knob, value, profile in variants:
+                    cfg = _cfg(model, trace, setting, int(batch), profile, steps=int(steps),
+                               **extra)
+                    params: dict[str, Any] = {"config": cfg, "methods": list(methods),
+                                              "seeds": [int(s) for s in seeds]}
+                    if knob is not None and needs_placement:
+                        if replace:
+                            cells.append(Cell("placements", "placement",
+                                              {"config": _placement_key(cfg)}))
+                        else:
+                            params["placement_from"] = _placement_key(place_cfg)
+                    tags = {"base": base_conv.name, "knob": knob or "base",
+                            "value": value if knob is not None else None}
+                    cells.append(Cell(_FIGURE, "bench", params, tags))
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        seen.setdefault(cell.key, cell)
+    ordered = list(seen.values())
+    return [c for c in ordered if c.kind == "placement"] + [
+        c for c in ordered if c.kind != "placement"]
+
+
+# ------------------------------------------------------------------------------------ analysis
+def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Summarise every crossover cell: winner, runner-up, margin and TBT of every method.
+
+    Args:
+        records: Bench records of ``results.jsonl`` (others are ignored).
+
+    Returns:
+        One row per cell, in record order: model, setting, batch, profile, knob, value, winner,
+        runner_up, margin (TBT(runner-up) ÷ TBT(winner)), tbt_us per method, top-1 retention
+        of the winner.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        if rec.get("kind") == "bench" and rec.get("figure") == _FIGURE:
+            groups.setdefault(rec["cell"], []).append(rec)
+    rows = []
+    for cell, recs in groups.items():
+        summary = {r["method"]: r for r in summarise(recs)}
+        ranked = sorted(summary.values(), key=lambda r: r["tbt_us"])
+        first = ranked[0]
+        second = ranked[1] if len(ranked) > 1 else None
+        meta = recs[0]
+        rows.append({
+            "cell": cell, "model": meta["model"], "setting": meta["setting"],
+            "batch": meta["batch"], "profile": meta["profile"], "knob": meta.get("knob"),
+            "value": meta.get("value"), "winner": first["method"],
+            "runner_up": None if second is None else second["method"],
+            "margin": None if second is None else second["tbt_us"] / first["tbt_us"],
+            "tbt_us": {m: r["tbt_us"] for m, r in summary.items()},
+            "winner_top1_retention": first.get("top1_retention"),
+        })
+    return rows
+
+
+def _row_label(row: Mapping[str, Any]) -> str:
+    return f"{row['model']} {row['setting']} B={row['batch']}"
+
+
+def _heatmaps(rows: Sequence[dict[str, Any]], out: Path) -> list[str]:
+    """Draw one winner heat map per knob; return the written file names (empty without mpl)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import ListedColormap
+    except ImportError:
+        log.warning("matplotlib is not installed; no heat maps (pip install 'hdamoe-env[plot]')")
+        return []
+    base = {_row_label(r): r for r in rows if r["knob"] == "base"}
+    knobs = sorted({r["knob"] for r in rows if r["knob"] != "base"})
+    methods = list(METHODS) + sorted({r["winner"] for r in rows} - set(METHODS))
+    cmap = ListedColormap(plt.get_cmap("tab10").colors[: len(methods)])
+    written = []
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    for knob in knobs:
+        sub = [r for r in rows if r["knob"] == knob]
+        labels = sorted(base) if base else sorted({_row_label(r) for r in sub})
+        values = sorted({r["value"] for r in sub} | {base[lab]["value"] for lab in base
+                                                     if base[lab]["value"] is not None})
+        default = get_profile(next(iter(base.values()))["profile"]) if base else None
+        if default is not None and getattr(default, knob, None) not in values:
+            values = sorted([*values, getattr(default, knob)])
+        grid = [[None] * len(values) for _ in labels]
+        for i, lab in enumerate(labels):
+            for j, v in enumerate(values):
+                hit = next((r for r in sub if _row_label(r) == lab and r["value"] == v), None)
+                if hit is None and default is not None and getattr(default, knob) == v:
+                    hit = base.get(lab)
+                grid[i][j] = hit
+        fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(values), 0.9 + 0.42 * len(labels)))
+        codes = [[methods.index(c["winner"]) if c else -1 for c in row] for row in grid]
+        import numpy as np
+
+        arr = np.ma.masked_less(np.array(codes, dtype=float), 0)
+        ax.imshow(arr, cmap=cmap, vmin=0, vmax=len(methods) - 1, aspect="auto")
+        for i, row in enumerate(grid):
+            for j, c in enumerate(row):
+                if c is not None:
+                    text = c["winner"] + (f"\n×{c['margin']:.2f}" if c["margin"] else "")
+                    ax.text(j, i, text, ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(values)), [f"{v:g}" if isinstance(v, float) else str(v)
+                                           for v in values])
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlabel(knob)
+        ax.set_title(f"winner by {knob} (×: margin)", fontsize=9)
+        fig.tight_layout()
+        name = f"crossover_{knob}.png"
+        fig.savefig(out / "figures" / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | None = None
+                           ) -> Path:
+    """Analyse ``OUT/results.jsonl``; write ``crossover.json``, heat maps and ``crossover.md``.
+
+    Returns:
+        The path of ``crossover.md``.
+
+    Raises:
+        ConfigError: ``results.jsonl`` is missing or has no crossover records.
+    """
+    out = Path(out_dir)
+    rows = analyse(read_jsonl(out, hint="run `hdamoe crossover --out DIR` first"))
+    if not rows:
+        raise ConfigError(f"{out / 'results.jsonl'} has no crossover records; run "
+                          f"`hdamoe crossover --out {out}` first")
+    write_json(out / "crossover.json", {"rows": rows})
+    figures = _heatmaps(rows, out)
+    base = [r for r in rows if r["knob"] == "base"]
+    lines = ["# Where each method wins and why", ""]
+    if command:
+        lines += [f"Regenerate: `{command}`.", ""]
+    profiles = sorted({r["profile"] for r in base})
+    lines += [f"Base profile: {', '.join(f'`{p}`' for p in profiles)}. Each knob cell changes "
+              "one knob of the base profile (derived profile names in the `profile` column of "
+              "`crossover.json`); TBT in µs per decode step, mean over the episode seeds. "
+              "Margin = TBT(runner-up) ÷ TBT(winner).", ""]
+    lines += ["## Winners under the base profile", "",
+              render_table(["model", "setting", "B", "winner", "runner-up", "margin",
+                            *METHODS],
+                           [[r["model"], r["setting"], str(r["batch"]), r["winner"],
+                             str(r["runner_up"]), f"{r['margin']:.3f}" if r["margin"] else "-",
+                             *[f"{r['tbt_us'][m]:.1f}" if m in r["tbt_us"] else "-"
+                               for m in METHODS]] for r in base], style="markdown"), ""]
+    lines += ["## Knobs that change the winner", ""]
+    by_cell = {_row_label(r): r for r in base}
+    flips = []
+    for r in rows:
+        if r["knob"] == "base":
+            continue
+        ref = by_cell.get(_row_label(r))
+        if ref is not None and ref["winner"] != r["winner"]:
+            flips.append([_row_label(r), f"{r['knob']} = {r['value']}", ref["winner"],
+                          r["winner"], f"{r['margin']:.3f}" if r["margin"] else "-"])
+    if flips:
+        lines += [render_table(["cell", "knob", "base winner", "winner", "margin"], flips,
+                               style="markdown"), ""]
+    else:
+        lines += ["No single knob change in the grid changes any cell's winner.", ""]
+    knobs = sorted({r["knob"] for r in rows if r["knob"] != "base"})
+    for knob in knobs:
+        sub = [r for r in rows if r["knob"] == knob]
+        changed = sum(1 for r in sub if (ref := by_cell.get(_row_label(r))) is not None
+                      and ref["winner"] != r["winner"])
+        lines.append(f"* `{knob}`: {changed} of {len(sub)} knob cells change the winner.")
+    if figures:
+        lines += ["", "## Heat maps", ""] + [f"![{f}](figures/{f})" for f in figures]
+    text = "\n".join(lines) + "\n"
+    path = out / "crossover.md"
+    atomic_write(path, lambda fh: fh.write(text))
+    return path
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def cmd_crossover(args: argparse.Namespace) -> int:
+    """Run ``hdamoe crossover``; return the exit code."""
+    suite = SUITES[args.suite]
+    knobs = dict(parse_knob(k) for k in args.knob) if args.knob else None
+    mixtral_dir = args.mixtral_dir if args.mixtral_dir and Path(args.mixtral_dir).is_dir() else None
+    if "mixtral-8x7b" in (args.models or suite["models"]) and mixtral_dir is None:
+        print(f"hdamoe crossover: {args.mixtral_dir!r} not found; Mixtral cells are skipped "
+              "(pass --mixtral-dir DIR)", file=sys.stderr)
+    cells = crossover_cells(
+        base=args.conventions, models=args.models or suite["models"],
+        settings=args.settings or suite["settings"], batches=args.batches or suite["batches"],
+        knobs=knobs, steps=args.steps or suite["steps"], seeds=args.seeds or suite["seeds"],
+        requests=suite["requests"], mixtral_dir=mixtral_dir, replace=args.replace,
+        methods=args.methods or METHODS)
+    if args.list:
+        for cell in cells:
+            print(f"{cell.key}  {cell.label}")
+        print(f"{len(cells)} cells")
+        return 0
+    command = " ".join(
+        ["hdamoe crossover", f"--suite {args.suite}", f"--out {args.out}"]
+        + [f"--{name.replace('_', '-')} {','.join(str(v) for v in value)}"
+           for name, value in (("models", args.models), ("settings", args.settings),
+                               ("batches", args.batches), ("methods", args.methods),
+                               ("seeds", args.seeds)) if value]
+        + [f"--knob {k}" for k in args.knob]
+        + ([f"--steps {args.steps}"] if args.steps else [])
+        + ([f"--conventions {args.conventions}"] if args.conventions != "faithful" else [])
+        + (["--replace"] if args.replace else []))
+    if not args.report_only:
+        def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
+            print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
+
+        result = run_suite(cells, args.out, workers=args.workers, backend=args.backend,
+                           cache_dir=args.cache_dir, resume=not args.fresh,
+                           ray_address=args.ray_address, on_cell=tick)
+        print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
+              f"wall {result.wall_s:.1f} s")
+    path = write_crossover_report(args.out, command=command)
+    print(f"wrote {path}")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Define the options of ``hdamoe crossover`` on ``p``."""
+    def csv(kind: type) -> Any:
+        def parse(text: str) -> list[Any]:
+            try:
+                return [kind(v) for v in text.split(",") if v.strip()]
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: expected a comma list of {kind.__name__} values") from None
+        return parse
+
+    p.add_argument("--out", required=True, help="output directory (cells/, results.jsonl, "
+                   "crossover.json, crossover.md, figures/)")
+    p.add_argument("--suite", default="quick", choices=sorted(SUITES),
+                   help="grid size: tiny (seconds), quick (DeepSeek + Mixtral, 3 settings, "
+                   "B=128), full (+ Qwen2, B=32 and 128, 2 seeds)")
+    p.add_argument("--conventions", default="faithful", help="base profile (or derived name)")
+    p.add_argument("--models", type=csv(str), default=None, help="comma list of model presets "
+                   "(default: the suite's)")
+    p.add_argument("--settings", type=csv(str), default=None,
+                   help="comma list of TFLOPS/GBps settings (default: the suite's)")
+    p.add_argument("--batches", type=csv(int), default=None,
+                   help="comma list of batch sizes (default: the suite's)")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
+                   help="knob values swept one at a time (repeatable; default: the msg_alpha_s, "
+                   "hop_latency_s, b_psum, tile_cols, tile_tokens and gemm_overhead_s grid)")
+    p.add_argument("--methods", type=csv(str), default=None, help="comma list of methods "
+                   "(default: tp,ep,hybrid,node-balance,node-link,hd-moe,hda-moe)")
+    p.add_argument("--steps", type=int, default=None, help="decode steps per episode")
+    p.add_argument("--seeds", type=csv(int), default=None, help="comma list of episode seeds")
+    p.add_argument("--replace", action="store_true",
+                   help="re-optimise placements under every derived profile")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="parallel worker processes (or Ray CPUs)")
+    p.add_argument("--backend", default="process", choices=BACKENDS,
+                   help="process pool or Ray")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument("--mixtral-dir", default=DEFAULT_MIXTRAL_DIR,
+                   help="directory of the real Mixtral traces (Mixtral cells are skipped "
+                   "without it)")
+    p.add_argument("--cache-dir", default=None, help="placement cache root")
+    p.add_argument("--fresh", action="store_true", help="recompute finished cells")
+    p.add_argument("--report-only", action="store_true",
+                   help="only (re)write the analysis from --out/results.jsonl")
+    p.add_argument("--list", action="store_true", help="list the cells and exit")
+    p.set_defaults(func=cmd_crossover)
