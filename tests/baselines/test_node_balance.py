@@ -247,7 +247,7 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     assert _units(wrap, 8) < 1e-12
 
 
-@pytest.mark.parametrize("mode", ["heuristic"])
+@pytest.mark.parametrize("mode", ["heuristic", "milp"])
 def test_outputs_are_on_the_grid_and_no_better_than_continuous(nb_model, hw22, mode):
     """U = 4: every share is 0, 1/4, 1/2, 3/4 or 1; the grid optimum cannot beat the continuous
     optimum (the grid is a subset), and the MILP on the grid is at least as good as the
