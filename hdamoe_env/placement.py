@@ -352,11 +352,14 @@ def check_tile_grid(placement: Placement, model: ModelSpec, conv: Conventions) -
     [decision] Exception: an exactly uniform row (every share = 1/D, tensor parallelism) is
     legal even off the grid: TP is executed as D padded shards, and the tile model of the compute
     term charges the padding. EP rows (0/1) are always on the grid. Tolerance: share/u must be
-    within 1e-9 of an integer.
+    within 1e-9 of an integer. [decision] ``tile_cols`` = 1 (``paper*``) means continuous shares
+    (the reference's model; its optimisers produce arbitrary floats): nothing is checked.
 
     Raises:
         ConfigError: A share is off the grid; names layer, expert, node, share and the unit.
     """
+    if conv.tile_cols == 1:
+        return
     unit = share_unit(model, conv)
     bad = off_grid(placement.P, unit)
     if bad.any():

@@ -169,6 +169,9 @@ def test_placement_refuses_a_sliver_share():
     p = _deepseek_layer_placement(row)
     p.validate()                                                   # shape-only checks pass
     p.validate(get_model("deepseek"), None, PROFILES["paper"])     # 1/1408 grid: 53 columns
+    sliver = np.zeros(32)
+    sliver[5], sliver[6] = 0.0380001, 0.9619999                   # paper*: continuous, no check
+    _deepseek_layer_placement(sliver).validate(get_model("deepseek"), None, PROFILES["paper"])
     with pytest.raises(ConfigError, match=r"P\[3, 17, 5\] = 0\.0376 is not a multiple of the "
                                           r"tile unit 1/22 = 0\.0455 \(64 of 1408 columns\)"):
         p.validate(get_model("deepseek"), None, PROFILES["faithful"])
