@@ -5,6 +5,14 @@ Best-improvement local search: moves transfer a share of one expert between two 
 holder, to cut communication). It starts from the repaired EP placement and from a wrap-around
 (McNaughton) packing, and ends with a linear program that re-balances the shares on the final
 support (:func:`rebalance_shares`; communication depends only on the support).
+
+Tile grid (issue 13, ``NodeBalanceCoefficients.unit``): every start is snapped to whole units
+and repaired on the grid, moves transfer whole units (the equalising amount is rounded down and
+up), and the re-balancing LP's result is snapped (largest remainder) and repaired on the grid.
+[decision] The polished placement is the best, by the exact objective, of the local-search
+result and the snapped LP result (repaired when the rounding broke a cap), followed by a second
+local-search pass from it when it won; so the heuristic's objective is never worse than the
+snapped LP result re-scored.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ from baselines.nb_model import (
     _membership,
     _wrap_start,
     exact_objective,
+    grid_feasible,
+    on_grid,
     repair_placement,
+    to_grid,
     tp_start,
 )
 from hdamoe_env.errors import DependencyNotInstalled, InfeasibleError, SolverError
@@ -45,6 +56,7 @@ class _State:
         self.P = np.array(P, dtype=np.float64, copy=True)
         self.P[self.P < _SHARE_EPS] = 0.0
         self.P /= self.P.sum(axis=1, keepdims=True)
+        self.P = to_grid(self.P, coeffs)
         self.fg = np.asarray(group_freqs, dtype=np.float64)
         self.groups_of = [np.flatnonzero(member[:, i]) for i in range(member.shape[1])]
         self.count = member.astype(np.int32).T.copy()                      # [E, G] helper
@@ -110,6 +122,8 @@ class _State:
             self.mass[dst] = self.fg @ (self.cnt[:, dst] > 0)
         self.P[i, src] -= amount
         self.P[i, dst] += amount
+        if c.unit is not None:                         # keep exact n/U values (no float drift)
+            self.P[i] = to_grid(self.P[i], c)
         if full:
             self.P[i, src] = 0.0
             idx = self.groups_of[i]
@@ -132,6 +146,7 @@ def _candidate_moves(st: _State, u: NDArray[np.float64], w: NDArray[np.float64]
     """Moves out of the compute- and the communication-bottleneck clusters."""
     c = st.c
     D = st.P.shape[1]
+    unit = c.unit
     moves: list[tuple[int, int, int, float]] = []
     order_u = np.argsort(-u)
     order_w = np.argsort(-w)
@@ -149,8 +164,16 @@ def _candidate_moves(st: _State, u: NDArray[np.float64], w: NDArray[np.float64]
                     continue
                 moves.append((int(i), src, dst, float(share)))          # move the whole shard
                 eq = (u[src] - u[dst]) / (2 * rate)                       # equalise node times
-                if 1e-6 < eq < share - 1e-6:
-                    moves.append((int(i), src, dst, float(eq)))
+                if unit is None:
+                    if 1e-6 < eq < share - 1e-6:
+                        moves.append((int(i), src, dst, float(eq)))
+                    continue
+                if eq <= 1e-6:
+                    continue
+                lo = math.floor(eq / unit + 1e-9)                         # whole units only
+                for n in sorted({max(lo, 1), lo + 1}):
+                    if n * unit < share - 1e-9:
+                        moves.append((int(i), src, dst, n * unit))
     return moves
 
 
@@ -200,6 +223,18 @@ def heuristic_placement(freqs: NDArray[np.float64], groups: NDArray[np.int64],
         all_starts[name] = np.asarray(start, dtype=np.float64)
     if not all_starts:
         all_starts["tp"] = tp_start(coeffs.freqs.size, coeffs.num_nodes)
+    if coeffs.unit is not None:                       # moves keep the grid: start on it
+        for name in list(all_starts):
+            if on_grid(all_starts[name], coeffs):
+                continue
+            try:
+                all_starts[name] = grid_feasible(all_starts[name], coeffs)
+            except InfeasibleError:
+                del all_starts[name]
+        if not all_starts:
+            raise InfeasibleError(f"no start of the Node-Balance heuristic can be put on the tile"
+                                  f" grid (unit 1/{coeffs.units}) within the caps; use a finer "
+                                  "tile (Conventions.tile_cols)")
     best_P: NDArray[np.float64] | None = None
     best_score = (math.inf, math.inf)
     per_start: dict[str, dict[str, Any]] = {}
@@ -207,30 +242,17 @@ def heuristic_placement(freqs: NDArray[np.float64], groups: NDArray[np.int64],
     timed_out = False
     for k, (name, start) in enumerate(all_starts.items()):
         deadline = t0 + share * (k + 1)
-        st = _State(start, coeffs, member, fg)
-        score = st.current()
-        first = score[0]
-        moves = 0
-        while moves < max_moves:
-            u = st.node_time()
-            w = coeffs.kappa_us * st.mass
-            best_move = None
-            best_trial = score
-            for move in _candidate_moves(st, u, w):
-                res = st.trial(*move)
-                if res is not None and _better(res[0], best_trial):
-                    best_trial, best_move = res[0], move
-            if best_move is None:
-                break
-            if time.perf_counter() >= deadline:
-                timed_out = True
-                break
-            st.apply(*best_move)
-            score = st.current()
-            moves += 1
-        P = st.P
+        P, first, moves, hit = _local_search(start, coeffs, member, fg, max_moves, deadline)
+        timed_out |= hit
         if polish:
-            P = _polish(P, coeffs, groups, fg)
+            polished = _polish(P, coeffs, groups, fg)
+            if coeffs.unit is not None and polished is not P and moves < max_moves:
+                # the snapped LP point won: continue the whole-unit search from it
+                polished, _, more, hit = _local_search(polished, coeffs, member, fg,
+                                                       max_moves - moves, deadline)
+                moves += more
+                timed_out |= hit
+            P = polished
         final = exact_objective(P, coeffs, groups, fg)["objective_us"]
         per_start[name] = {"start_objective_us": first, "objective_us": final, "moves": moves}
         if final < best_score[0]:
@@ -243,11 +265,45 @@ def heuristic_placement(freqs: NDArray[np.float64], groups: NDArray[np.int64],
     return best_P, info
 
 
+def _local_search(start: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
+                  member: NDArray[np.bool_], fg: NDArray[np.float64], max_moves: int,
+                  deadline: float) -> tuple[NDArray[np.float64], float, int, bool]:
+    """Best-improvement search from ``start``; return (P, start objective, moves, timed out)."""
+    st = _State(start, coeffs, member, fg)
+    score = st.current()
+    first = score[0]
+    moves = 0
+    timed_out = False
+    while moves < max_moves:
+        u = st.node_time()
+        w = coeffs.kappa_us * st.mass
+        best_move = None
+        best_trial = score
+        for move in _candidate_moves(st, u, w):
+            res = st.trial(*move)
+            if res is not None and _better(res[0], best_trial):
+                best_trial, best_move = res[0], move
+        if best_move is None:
+            break
+        if time.perf_counter() >= deadline:
+            timed_out = True
+            break
+        st.apply(*best_move)
+        score = st.current()
+        moves += 1
+    return st.P, first, moves, timed_out
+
+
 def _polish(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients, groups: NDArray[np.int64],
             group_freqs: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Re-balance shares on the support of P by LP; keep the result only if it is better."""
+    """Re-balance shares on the support of P by LP; keep the result only if it is better.
+
+    On the tile grid the LP result is snapped (largest remainder) and, if the rounding broke a
+    cap, repaired on the grid; it is kept only if its exact objective beats ``P``'s.
+    """
     try:
         better = rebalance_shares(P > 0, coeffs)
+        better = grid_feasible(better, coeffs)
     except (DependencyNotInstalled, SolverError, InfeasibleError):
         return P
     old = exact_objective(P, coeffs, groups, group_freqs)["objective_us"]

@@ -4,6 +4,12 @@ The constants of one layer's Node-Balance problem (µs, §7.3–7.4), the exact 
 γ·Eq. 2 over all groups) every candidate is re-scored with, group compression (§7.6 item 2), and
 the feasible starting points (TP, repaired EP, the wrap-around packing) shared by the MILP
 (:mod:`baselines.node_balance`) and the heuristic (:mod:`baselines.nb_heuristic`).
+
+Shard granularity (issue 13, ``Conventions.tile_cols``): with ``tile_cols`` > 1 every share is a
+whole number of tile units u = tile_cols / I (``NodeBalanceCoefficients.unit``; helpers
+:func:`on_grid`, :func:`grid_feasible`). The repaired and wrap-around starts are on the grid;
+the exact TP start (P = 1/D) is the documented exception (``hdamoe_env.placement
+.check_tile_grid``). ``tile_cols`` = 1 (``paper*``) keeps the continuous model unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env import perf
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled, InfeasibleError
+from hdamoe_env.placement import share_unit, snap_shares
 from hdamoe_env.profiles import Conventions
 from hdamoe_env.specs import HardwareSpec, ModelSpec
 
@@ -47,6 +54,8 @@ class NodeBalanceCoefficients:
         num_nodes: D.
         gamma: γ of the layer.
         group_constraint: ``"per_expert"`` or ``"aggregated"`` form of (6).
+        unit: Share unit u = 1/U of the tile grid (every share a multiple), or None for
+            continuous shares (``tile_cols`` = 1).
     """
 
     freqs: NDArray[np.float64]
@@ -61,6 +70,12 @@ class NodeBalanceCoefficients:
     num_nodes: int
     gamma: float
     group_constraint: str
+    unit: float | None = None
+
+    @property
+    def units(self) -> int | None:
+        """U = 1/u, the number of tile units of one expert (None when continuous)."""
+        return None if self.unit is None else round(1.0 / self.unit)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the scalar constants as a JSON-serialisable dict."""
@@ -68,7 +83,7 @@ class NodeBalanceCoefficients:
                 "comm_factor": self.comm_factor, "load_cap": self.load_cap,
                 "mem_cap": None if self.mem_cap is None else self.mem_cap.tolist(),
                 "mem_cap_source": self.mem_cap_source, "gamma": self.gamma,
-                "group_constraint": self.group_constraint}
+                "group_constraint": self.group_constraint, "share_unit": self.unit}
 
 
 def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: HardwareSpec,
@@ -148,7 +163,8 @@ def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: Hardwar
         freqs=f, active=np.asarray(active, dtype=np.float64), alpha_us=float(alpha),
         beta_us=float(beta), kappa_us=float(kappa), comm_factor=float(conv.nb_comm_factor),
         load_cap=cap, mem_cap=mem_cap, mem_cap_source=source, num_nodes=D, gamma=float(gamma),
-        group_constraint=conv.nb_group_constraint)
+        group_constraint=conv.nb_group_constraint,
+        unit=None if conv.tile_cols == 1 else share_unit(model, conv))
 
 
 def _membership(groups: NDArray[np.int64], num_experts: int) -> NDArray[np.bool_]:
@@ -190,6 +206,39 @@ def exact_objective(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
     return {"objective_us": t_comp + coeffs.comm_factor * t_comm, "t_comp_us": t_comp,
             "t_comm_us": t_comm, "max_load": float(load.max()),
             "max_experts": float(P.sum(axis=0).max())}
+
+
+def on_grid(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients) -> bool:
+    """Whether every share is a whole number of units (always True for continuous shares).
+
+    Strict: unlike ``check_tile_grid`` this does not exempt uniform TP rows.
+    """
+    if coeffs.unit is None:
+        return True
+    x = np.asarray(P, dtype=np.float64) * coeffs.units
+    return bool(np.all(np.abs(x - np.rint(x)) <= 1e-9))
+
+
+def to_grid(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients) -> NDArray[np.float64]:
+    """Return ``P`` with every share set to the exact float n/U of its nearest unit count."""
+    if coeffs.unit is None:
+        return P
+    return np.rint(np.asarray(P, dtype=np.float64) * coeffs.units) / coeffs.units
+
+
+def grid_feasible(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
+                  ) -> NDArray[np.float64]:
+    """Snap ``P`` to the tile grid (largest remainder) and repair the caps on the grid.
+
+    Continuous shares (``coeffs.unit`` None) are returned unchanged.
+
+    Raises:
+        InfeasibleError: No on-grid repair meets the caps.
+    """
+    if coeffs.unit is None:
+        return P
+    snapped = snap_shares(P, coeffs.unit)
+    return snapped if _feasible(snapped, coeffs) else repair_placement(snapped, coeffs)
 
 
 def _feasible(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients, tol: float = 1e-7) -> bool:
@@ -303,7 +352,9 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
 
     Repeatedly moves the excess of the most overloaded cluster — first the hottest expert's share
     for the load cap (11), the largest share for the memory cap (10) — to the clusters with the
-    most headroom (creating shards). Used to repair an EP start.
+    most headroom (creating shards). Used to repair an EP start. On the tile grid
+    (``coeffs.unit``) the input is snapped first, the excess is rounded up and the headroom down
+    to whole units, and the LP fallback's result is snapped and re-checked.
 
     Args:
         P: float [E, D] shares (rows sum to 1).
@@ -316,6 +367,28 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
         InfeasibleError: The caps leave no headroom to move the excess to.
     """
     P0 = np.array(P, dtype=np.float64, copy=True)
+    if coeffs.unit is not None:
+        P0 = snap_shares(P0, coeffs.unit)
+    fixed = _greedy_repair(P0, coeffs)
+    if fixed is not None:
+        return fixed
+    lp = _lp_repair(P0, coeffs)
+    if coeffs.unit is None:
+        return lp
+    # on the grid: snap the LP point and repair its rounding greedily
+    fixed = _greedy_repair(snap_shares(lp, coeffs.unit), coeffs)
+    if fixed is None:
+        raise InfeasibleError(f"cannot repair the start on the tile grid (unit 1/{coeffs.units}):"
+                              f" no on-grid placement found that meets the load cap "
+                              f"{coeffs.load_cap:.4f} and the memory caps; use a finer tile "
+                              "(Conventions.tile_cols) or relax rho_mem")
+    return fixed
+
+
+def _greedy_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients
+                   ) -> NDArray[np.float64] | None:
+    """Move excess shares to the clusters with most headroom; None when that gets stuck."""
+    unit = coeffs.unit
     P = P0.copy()
     f = coeffs.freqs
     D = P.shape[1]
@@ -326,7 +399,7 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
         over_load = load - coeffs.load_cap
         over_mem = mem - mem_cap
         if over_load.max() <= 1e-12 and over_mem.max() <= 1e-12:
-            return P
+            return to_grid(P, coeffs)
         if over_load.max() > 1e-12:                      # the load cap (11) first
             c = int(np.argmax(over_load))
             held = np.flatnonzero(P[:, c] > 0)
@@ -344,9 +417,11 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
         head = np.minimum(head_load, mem_cap - mem)
         head[c] = 0.0
         head = np.maximum(head, 0.0)
+        if unit is not None:                              # whole units: excess up, room down
+            excess = min(P[i, c], math.ceil(excess / unit - 1e-9) * unit)
+            head = np.floor(head / unit + 1e-9) * unit
         if head.sum() <= 1e-12:
-            # both caps tight: no single move helps; move the least mass by LP instead
-            return _lp_repair(P0, coeffs)
+            return None   # both caps tight: no single move helps (the caller uses the LP)
         for d in np.argsort(-head):
             if excess <= 1e-15:
                 break
@@ -356,7 +431,7 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
             P[i, c] -= amount
             P[i, d] += amount
             excess -= amount
-    return _lp_repair(P0, coeffs)
+    return None
 
 
 def _lp_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients) -> NDArray[np.float64]:
@@ -401,7 +476,8 @@ def _wrap_start(coeffs: NodeBalanceCoefficients, member: NDArray[np.bool_],
     activity proportional to the running load (so that no cluster collects many cold experts,
     which would make its weight streaming the bottleneck) and, among the experts that keep that
     balance, prefers the one most often co-activated with the previous expert (experts sharing a
-    cluster then tend to share groups, which lowers Eq. 2).
+    cluster then tend to share groups, which lowers Eq. 2). On the tile grid the cuts are
+    rounded to whole units (largest remainder per expert).
     """
     f, a = coeffs.freqs, coeffs.active
     E, D = f.size, coeffs.num_nodes
@@ -439,6 +515,8 @@ def _wrap_start(coeffs: NodeBalanceCoefficients, member: NDArray[np.bool_],
             if room <= 1e-12 * target and c < D - 1:
                 c, room = c + 1, target
     P[P < 1e-12] = 0.0
-    return P / P.sum(axis=1, keepdims=True)
+    P = P / P.sum(axis=1, keepdims=True)
+    # on the tile grid: round every split to whole units (callers repair the caps if needed)
+    return P if coeffs.unit is None else snap_shares(P, coeffs.unit)
 
 

@@ -31,6 +31,14 @@ starts from the repaired EP placement and from a wrap-around (McNaughton) packin
 a linear program that re-balances the shares on the final support (communication depends only on
 the support, so this can only help).
 
+Shard granularity (issue 13): with ``Conventions.tile_cols`` > 1 every share is a whole number
+of tile units u = tile_cols / I = 1/U. The MILP's share variables are then integers n_ic ∈
+{0..U} with P_ic = n_ic / U (constraint (7) becomes n_ic ≤ U·Z_ic, (5) Σ_c n_ic = U); the
+heuristic moves whole units; the warm start is an on-grid candidate (the exact TP start is not
+on the grid when U is not a multiple of D: it stays a *candidate*, legal as the documented
+uniform-row exception of ``hdamoe_env.placement.check_tile_grid``, but is snapped and repaired
+before it can be a MIP start). ``tile_cols`` = 1 (``paper*``) keeps the continuous model.
+
 Solver: ``make_solver`` is the one place a MILP solver is built (HiGHS through highspy when
 installed, else PuLP's bundled CBC). PuLP, highspy and scipy are imported lazily.
 """
@@ -59,7 +67,9 @@ from baselines.nb_model import (
     _node_time,
     compress_groups,
     exact_objective,
+    grid_feasible,
     nb_coefficients,
+    on_grid,
     repair_placement,
     tp_start,
 )
@@ -211,14 +221,24 @@ class _Milp:
 
 def _build_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
                 symmetry_breaking: bool) -> _Milp:
-    """Write the Node-Balance MILP of §7.3 in PuLP (µs units)."""
+    """Write the Node-Balance MILP of §7.3 in PuLP (µs units).
+
+    On the tile grid (``coeffs.unit``) the share variables ``P[i, c]`` are integers n_ic ∈
+    {0..U} counting units (P_ic = n_ic / U): every coefficient of a share is multiplied by
+    s = 1/U, (5) reads Σ_c n_ic = U and (7) n_ic ≤ U·Z_ic. Continuous: s = 1, U = 1.
+    """
     pulp = _import_pulp()
     t0 = time.perf_counter()
     f, a = coeffs.freqs, coeffs.active
     E, D = f.size, coeffs.num_nodes
+    U = coeffs.units or 1
+    s = 1.0 / U if coeffs.unit is not None else 1.0
     prob = pulp.LpProblem("node_balance", pulp.LpMinimize)
     ed = [(i, c) for i in range(E) for c in range(D)]
-    P = prob.add_variable_dict("P_%d_%d", ed, lowBound=0, upBound=1)
+    if coeffs.unit is None:
+        P = prob.add_variable_dict("P_%d_%d", ed, lowBound=0, upBound=1)
+    else:
+        P = prob.add_variable_dict("P_%d_%d", ed, lowBound=0, upBound=U, cat="Integer")
     Z = prob.add_variable_dict("Z_%d_%d", ed, cat="Binary")
     G = comp.groups.shape[0]
     gd = [(g, c) for g in range(G) for c in range(D)]
@@ -228,9 +248,9 @@ def _build_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
     Aff = pulp.LpAffineExpression
     prob += Aff([(t_comp, 1.0), (t_comm, coeffs.comm_factor)])
     for i in range(E):                                                       # (5)
-        prob += Aff([(P[i, c], 1.0) for c in range(D)]) == 1
+        prob += Aff([(P[i, c], 1.0) for c in range(D)]) == U
     for i, c in ed:                                                          # (7)
-        prob += Aff([(P[i, c], 1.0), (Z[i, c], -1.0)]) <= 0
+        prob += Aff([(P[i, c], 1.0), (Z[i, c], -float(U))]) <= 0
     members = [[int(x) for x in row if x >= 0] for row in comp.groups]
     for g, mem in enumerate(members):                                        # (6)
         for c in range(D):
@@ -245,17 +265,17 @@ def _build_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
                   for i in range(E) if comp.phi[i] > 0]
         if coeffs.kappa_us > 0:                                              # (8)
             prob += Aff([*terms, (t_comm, -1.0)]) <= 0
-        prob += Aff([(P[i, c], coeffs.alpha_us * float(f[i])) for i in range(E)]
+        prob += Aff([(P[i, c], coeffs.alpha_us * float(f[i]) * s) for i in range(E)]
                     + [(t_comp, -1.0)]) <= 0                                 # (9)
         if coeffs.beta_us > 0:
-            prob += Aff([(P[i, c], coeffs.beta_us * float(a[i])) for i in range(E)]
+            prob += Aff([(P[i, c], coeffs.beta_us * float(a[i]) * s) for i in range(E)]
                         + [(t_comp, -1.0)]) <= 0
         if coeffs.mem_cap is not None:                                       # (10)
-            prob += Aff([(P[i, c], 1.0) for i in range(E)]) <= float(coeffs.mem_cap[c])
-        prob += Aff([(P[i, c], float(f[i])) for i in range(E)]) <= coeffs.load_cap  # (11)
+            prob += Aff([(P[i, c], s) for i in range(E)]) <= float(coeffs.mem_cap[c])
+        prob += Aff([(P[i, c], float(f[i]) * s) for i in range(E)]) <= coeffs.load_cap  # (11)
         if symmetry_breaking and c + 1 < D:                                  # §7.6 item 3
-            prob += Aff([(P[i, c], float(f[i])) for i in range(E)]
-                        + [(P[i, c + 1], -float(f[i])) for i in range(E)]) >= 0
+            prob += Aff([(P[i, c], float(f[i]) * s) for i in range(E)]
+                        + [(P[i, c + 1], -float(f[i]) * s) for i in range(E)]) >= 0
     return _Milp(prob, P, Z, Y, t_comp, t_comm, num_binaries=E * D + G * D,
                  num_constraints=prob.numConstraints(), build_s=time.perf_counter() - t0)
 
@@ -286,6 +306,8 @@ def _set_start(m: _Milp, P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
     member = _membership(comp.groups, E).astype(np.float64)
     Ym = (member @ Zm.astype(np.float64)) > 0
     Pc = np.where(Zm, P, 0.0)
+    if coeffs.unit is not None:
+        Pc = np.rint(Pc * coeffs.units)                                    # unit counts n_ic
     for i in range(E):
         for c in range(D):
             m.P[i, c].setInitialValue(float(Pc[i, c]))
@@ -338,6 +360,11 @@ def _solve_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
         record["objective_us"] = float(pulp_value(m.prob.objective))
     E, D = coeffs.freqs.size, coeffs.num_nodes
     P = np.array([[m.P[i, c].varValue or 0.0 for c in range(D)] for i in range(E)])
+    if coeffs.unit is not None:                    # unit counts → exact n/U shares
+        n = np.clip(np.rint(P), 0, coeffs.units)
+        if (n.sum(axis=1) != coeffs.units).any():
+            return None, record
+        return n / coeffs.units, record
     P = np.clip(P, 0.0, 1.0)
     P[P < _SHARE_EPS] = 0.0
     rows = P.sum(axis=1, keepdims=True)
@@ -383,12 +410,27 @@ def _feasible_tp(coeffs: NodeBalanceCoefficients) -> NDArray[np.float64]:
     if _feasible(P, coeffs):
         return P
     try:
-        return rebalance_shares(np.ones_like(P, dtype=bool), coeffs)
+        return grid_feasible(rebalance_shares(np.ones_like(P, dtype=bool), coeffs), coeffs)
     except InfeasibleError:
         raise InfeasibleError(
             f"no placement meets the caps: load cap {coeffs.load_cap:.4f} per node, memory caps "
             f"{None if coeffs.mem_cap is None else np.round(coeffs.mem_cap, 3).tolist()} experts "
             "per node") from None
+
+
+def _grid_pool(pool: dict[str, NDArray[np.float64]], coeffs: NodeBalanceCoefficients
+               ) -> dict[str, NDArray[np.float64]]:
+    """Return the MIP-start candidates on the tile grid (off-grid ones snapped and repaired)."""
+    out: dict[str, NDArray[np.float64]] = {}
+    for name, P in pool.items():
+        if on_grid(P, coeffs):
+            out[name] = P
+            continue
+        try:
+            out[f"{name}-snapped"] = grid_feasible(P, coeffs)
+        except InfeasibleError:
+            continue
+    return out
 
 
 def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
@@ -457,20 +499,34 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
     tp = _feasible_tp(coeffs)
     rng = np.random.default_rng(seed)
     ep_raw = ep_start if ep_start is not None else _ep_start(E, D, rng)
-    ep = repair_placement(ep_raw, coeffs)
     flags: list[str] = []
+    try:
+        ep = repair_placement(ep_raw, coeffs)
+    except InfeasibleError:
+        if coeffs.unit is None:
+            raise
+        # the tile grid can make a tight load cap unreachable by the repair: fall back to TP
+        flags.append(f"EP start cannot be repaired on the tile grid 1/{coeffs.units}: TP used")
+        ep = tp
     candidates: dict[str, NDArray[np.float64]] = {"tp": tp, "ep-repaired": ep}
     record: dict[str, Any] = {"mode": mode, "coefficients": coeffs.to_dict(),
                               "num_groups": int(groups.shape[0])}
     need_heuristic = mode == "heuristic" or warm_start in ("auto", "heuristic")
     if need_heuristic:
-        P_h, h_info = heuristic_placement(freqs, groups, group_freqs, coeffs,
-                                          starts={"ep-repaired": ep},
-                                          time_budget_s=heuristic_time_s)
-        if h_info["time_limit_hit"]:
-            flags.append("heuristic stopped by its time limit (result depends on machine speed)")
-        candidates["heuristic"] = P_h
-        record["heuristic"] = h_info
+        try:
+            P_h, h_info = heuristic_placement(freqs, groups, group_freqs, coeffs,
+                                              starts={"ep-repaired": ep},
+                                              time_budget_s=heuristic_time_s)
+        except InfeasibleError as exc:
+            if coeffs.unit is None:
+                raise
+            flags.append(f"heuristic found no start on the tile grid: {exc}")
+        else:
+            if h_info["time_limit_hit"]:
+                flags.append("heuristic stopped by its time limit (result depends on machine "
+                             "speed)")
+            candidates["heuristic"] = P_h
+            record["heuristic"] = h_info
     milp_P = None
     if mode == "milp":
         comp = compress_groups(groups, group_freqs, E, mass=group_mass, max_groups=max_groups,
@@ -480,10 +536,17 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
         if warm_start != "none":
             pool = {"auto": candidates, "tp": {"tp": tp}, "ep": {"ep-repaired": ep},
                     "heuristic": {"heuristic": candidates.get("heuristic", tp)}}[warm_start]
+            # a MIP start must be on the tile grid: snap (and repair) the others
+            pool = _grid_pool(pool, coeffs)
             scored = {n: _milp_objective(p, coeffs, comp)[0] for n, p in pool.items()}
-            start_name = min(scored, key=scored.__getitem__)
-            start = pool[start_name]
-            record["warm_start"] = {"source": start_name, "milp_objective_us": scored[start_name]}
+            if scored:
+                start_name = min(scored, key=scored.__getitem__)
+                start = pool[start_name]
+                candidates.setdefault(start_name, start)
+                record["warm_start"] = {"source": start_name,
+                                        "milp_objective_us": scored[start_name]}
+            else:
+                flags.append("no warm start on the tile grid: the MILP starts without one")
         remaining = max(1.0, time_limit_s - (time.perf_counter() - t_start))
         milp_P, rec = _solve_milp(coeffs, comp, start, solver=solver, time_limit_s=remaining,
                                   mip_gap=mip_gap, threads=threads,
@@ -526,4 +589,7 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
         log.warning("Node Balance: %s", flag)
     if not _feasible(P_best, coeffs, tol=1e-6):  # internal invariant
         raise SolverError(f"Node Balance produced a placement that violates the caps ({path})")
+    if not (on_grid(P_best, coeffs) or best == "tp"):  # internal invariant (TP: the exception)
+        raise SolverError(f"Node Balance produced shares off the tile grid 1/{coeffs.units} "
+                          f"({path})")
     return NodeBalanceResult(P_layer=P_best, record=record)

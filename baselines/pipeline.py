@@ -73,7 +73,7 @@ from hdamoe_env import linksim, perf, sources
 from hdamoe_env.calibrate import fit_gamma
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.fileio import atomic_write, write_json
-from hdamoe_env.placement import Placement, expert_parallel, identity_mapping
+from hdamoe_env.placement import Placement, expert_parallel, identity_mapping, share_unit
 from hdamoe_env.profiles import PROFILES, Conventions, get_profile
 from hdamoe_env.simulator import MoESimulator, is_tensor_parallel
 from hdamoe_env.specs import (
@@ -406,7 +406,8 @@ def place_layer(task: _LayerTask) -> LayerOutcome:
     t0 = time.perf_counter()
     hyb = hybrid_layer(f, hw.mesh_shape, model.hybrid_regions,
                        time_limit_s=config.hybrid_time_limit_s, mip_gap=config.mip_gap,
-                       solver=config.solver)
+                       solver=config.solver,
+                       unit=None if conv.tile_cols == 1 else share_unit(model, conv))
     timings["hybrid_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

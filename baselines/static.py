@@ -220,8 +220,14 @@ class HybridLayer:
 
 def hybrid_layer(freqs: NDArray[np.float64], mesh_shape: tuple[int, int], num_regions: int, *,
                  time_limit_s: float = 60.0, mip_gap: float = 0.05, solver: str | None = None,
-                 method: str = "milp") -> HybridLayer:
+                 method: str = "milp", unit: float | None = None) -> HybridLayer:
     """Build the compute-balanced hybrid placement of one layer (§9.3).
+
+    Inside its region an expert is split into n = D/R equal parts. On the tile grid (``unit``
+    u = 1/U, issue 13) a part must be whole tiles: when n does not divide U, every node of the
+    region gets ⌊U/n⌋ units and U mod n of them one more; [decision] the extra units of the
+    region's experts (taken by decreasing f_i) go to the nodes with the lowest f-weighted load
+    so far (ties: the lower cluster), so that the rounding does not pile up on one node.
 
     Args:
         freqs: float [E] activation frequencies.
@@ -231,6 +237,8 @@ def hybrid_layer(freqs: NDArray[np.float64], mesh_shape: tuple[int, int], num_re
         mip_gap: Balance-MILP gap (5 %).
         solver: MILP solver name or None.
         method: ``"milp"`` or ``"lpt"``.
+        unit: Share unit of the tile grid (``hdamoe_env.placement.share_unit``), or None for
+            exact 1/n parts (``tile_cols`` = 1).
     """
     regions = region_map(mesh_shape, num_regions)
     assign, record = balance_regions(freqs, num_regions, time_limit_s=time_limit_s,
@@ -238,10 +246,31 @@ def hybrid_layer(freqs: NDArray[np.float64], mesh_shape: tuple[int, int], num_re
     D = regions.size
     member = regions[None, :] == assign[:, None]                       # [E, D]
     P = member / member.sum(axis=1, keepdims=True)
+    if unit is not None:
+        P = _tile_region_shares(np.asarray(freqs, dtype=np.float64), member, unit, P)
     record = {**record, "num_regions": int(num_regions),
               "region_split": list(region_split(num_regions)),
               "clusters_per_region": D // int(num_regions)}
     return HybridLayer(P, np.arange(D, dtype=np.int64), assign, regions, record)
+
+
+def _tile_region_shares(f: NDArray[np.float64], member: NDArray[np.bool_], unit: float,
+                        P: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Split every expert over its region's n clusters in whole units (see :func:`hybrid_layer`)."""
+    U = round(1.0 / unit)
+    n = int(member[0].sum())
+    base, extra = divmod(U, n)
+    if extra == 0:
+        return P
+    out = np.zeros_like(P)
+    load = np.zeros(P.shape[1])
+    for i in np.argsort(-f, kind="stable"):
+        nodes = np.flatnonzero(member[i])
+        units = np.full(nodes.size, base)
+        units[np.argsort(load[nodes], kind="stable")[:extra]] += 1
+        out[i, nodes] = units / U
+        load[nodes] += f[i] * units / U
+    return out
 
 
 def hybrid_placement(freqs_per_layer: list[NDArray[np.float64]], mesh_shape: tuple[int, int],

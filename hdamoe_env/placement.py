@@ -9,6 +9,7 @@ logical cluster ``c`` (rows sum to 1); ``pi[l, c]`` is the endpoint of cluster `
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,18 +27,23 @@ __all__ = [
     "TRIVIAL_PLACEMENTS",
     "Placement",
     "check_memory",
+    "check_tile_grid",
     "expert_parallel",
     "identity_mapping",
     "import_reference_layers",
     "placement_by_name",
     "node_weight_bytes",
+    "off_grid",
     "random_mapping",
+    "share_unit",
+    "snap_shares",
     "tensor_parallel",
 ]
 
 PLACEMENT_FORMAT = "hdamoe-placement"
 PLACEMENT_FORMAT_VERSION = 1
 _ROW_TOL = 1e-6
+_GRID_TOL = 1e-9   # |share/unit − round(share/unit)| allowed by the tile-grid check
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,20 @@ class Placement:
         """Return the bool [E, D] mask ``P[layer] > 0`` (which clusters hold a shard)."""
         return self.P[layer] > 0
 
-    def validate(self, model: ModelSpec | None = None, hw: HardwareSpec | None = None) -> None:
+    def validate(self, model: ModelSpec | None = None, hw: HardwareSpec | None = None,
+                 conv: Conventions | None = None) -> None:
         """Check shapes, shares and mappings (and, if given, agreement with model and hardware).
+
+        Args:
+            model: Check L and E against this model (and, with ``conv``, the tile grid).
+            hw: Check D against this hardware.
+            conv: With ``model``: every share must lie on the tile grid of
+                :func:`check_tile_grid` (``tile_cols`` of the profile).
 
         Raises:
             ConfigError: Wrong shape, negative or non-finite shares, rows not summing to 1,
-                a mapping that is not a permutation, or a mismatch with ``model``/``hw``.
+                a mapping that is not a permutation, a mismatch with ``model``/``hw``, or a share
+                off the tile grid.
         """
         P, pi = self.P, self.pi
         if P.ndim != 3:
@@ -121,6 +135,8 @@ class Placement:
             raise ConfigError(f"placement has D={D} clusters but the hardware has "
                               f"{hw.num_nodes} nodes (mesh {hw.mesh_shape}); build the placement "
                               "for this mesh")
+        if model is not None and conv is not None:
+            check_tile_grid(self, model, conv)
 
     def with_layers(self, P: NDArray[np.float64] | None = None,
                     pi: NDArray[np.int64] | None = None, method: str | None = None,
@@ -257,6 +273,106 @@ def placement_by_name(name: str | os.PathLike[str], model: ModelSpec, num_nodes:
                                     np.random.default_rng(seed))
         return placement.with_layers(seed=seed) if record_seed else placement
     return Placement.load(name)
+
+
+# --------------------------------------------------------------------------------- tile grid
+def share_unit(model: ModelSpec, conv: Conventions) -> float:
+    """Return the share unit u = tile_cols / I: one PE-array tile of an expert's columns.
+
+    A placement share P[l, i, c] must be a whole number of units (issue 13, PHYSICS.md): with
+    ``tile_cols`` = 64, DeepSeek-V2-Lite (I = 1408) has u = 1/22, Mixtral (I = 14336) 1/224,
+    Qwen2-57B (I = 2560) 1/40, Qwen3.5-35B (I = 512) 1/8. ``tile_cols`` = 1 (``paper*``) gives
+    u = 1/I, effectively continuous. [decision] When the tile does not divide I the expert has
+    U = ceil(I / tile_cols) tiles (the last one padded) and u = 1/U, so that whole tiles always
+    add up to one expert; a tile wider than the expert gives u = 1 (whole experts only).
+    """
+    return 1.0 / math.ceil(model.expert_intermediate / conv.tile_cols)
+
+
+def _units(unit: float) -> int:
+    """Return U = round(1/u), the number of units in one expert (u = 1/U by construction)."""
+    return max(1, round(1.0 / unit))
+
+
+def snap_shares(P_layer: NDArray[np.float64], unit: float) -> NDArray[np.float64]:
+    """Round every row of ``P_layer`` to multiples of ``unit`` (largest-remainder rounding).
+
+    Each row is scaled to U = 1/unit units; every entry gets the floor of its units and the
+    remaining units of the row go to the entries with the largest fractional remainders (ties:
+    the larger share, then the lower node). Rows then sum to exactly U units, so to 1 up to the
+    float rounding of n/U. An entry is never raised above ceil(share/unit) units nor lowered
+    below floor(share/unit), so a share that is already on the grid is kept exactly.
+
+    Args:
+        P_layer: float [E, D] (or [L, E, D]) shares; rows sum to 1.
+        unit: The share unit u (e.g. :func:`share_unit`); 1/u should be an integer (it is
+            rounded to the nearest one).
+
+    Returns:
+        float array of the same shape, every entry n/U with integer n ≥ 0.
+
+    Raises:
+        ConfigError: ``unit`` is not in (0, 1], or shares are negative or non-finite.
+    """
+    if not (0 < unit <= 1):
+        raise ConfigError(f"share unit must be in (0, 1], got {unit}; use share_unit(model, conv)")
+    P = np.asarray(P_layer, dtype=np.float64)
+    if not np.all(np.isfinite(P)) or (P < 0).any():
+        raise ConfigError("snap_shares needs finite shares >= 0")
+    U = _units(unit)
+    flat = P.reshape(-1, P.shape[-1])
+    sums = flat.sum(axis=1, keepdims=True)
+    scaled = flat / np.where(sums > 0, sums, 1.0) * U
+    n = np.floor(scaled + _GRID_TOL).astype(np.int64)
+    rem = scaled - n
+    missing = U - n.sum(axis=1)
+    for r in np.flatnonzero(missing > 0):
+        order = np.lexsort((np.arange(flat.shape[1]), -flat[r], -rem[r]))
+        n[r, order[:missing[r]]] += 1
+    return (n / U).reshape(P.shape)
+
+
+def off_grid(P: NDArray[np.float64], unit: float) -> NDArray[np.bool_]:
+    """Return the bool mask of shares that are not a whole number of units.
+
+    Exactly uniform TP rows (every share = 1/D) are exempt (:func:`check_tile_grid`).
+    """
+    P = np.asarray(P, dtype=np.float64)
+    U = _units(unit)
+    x = P * U
+    bad = np.abs(x - np.rint(x)) > _GRID_TOL
+    D = P.shape[-1]
+    uniform = np.all(np.abs(P - 1.0 / D) <= _GRID_TOL, axis=-1, keepdims=True)
+    return bad & ~uniform
+
+
+def check_tile_grid(placement: Placement, model: ModelSpec, conv: Conventions) -> None:
+    """Check that every share is a whole number of tile units u = tile_cols / I (or zero).
+
+    [decision] Exception: an exactly uniform row (every share = 1/D, tensor parallelism) is
+    legal even off the grid: TP is executed as D padded shards, and the tile model of the compute
+    term charges the padding. EP rows (0/1) are always on the grid. Tolerance: share/u must be
+    within 1e-9 of an integer. [decision] ``tile_cols`` = 1 (``paper*``) means continuous shares
+    (the reference's model; its optimisers produce arbitrary floats): nothing is checked.
+
+    Raises:
+        ConfigError: A share is off the grid; names layer, expert, node, share and the unit.
+    """
+    if conv.tile_cols == 1:
+        return
+    unit = share_unit(model, conv)
+    bad = off_grid(placement.P, unit)
+    if bad.any():
+        layer, expert, node = (int(v) for v in np.argwhere(bad)[0])
+        share = placement.P[layer, expert, node]
+        U = _units(unit)
+        raise ConfigError(
+            f"placement share P[{layer}, {expert}, {node}] = {share:.4f} is not a multiple of the "
+            f"tile unit 1/{U} = {unit:.4f} ({conv.tile_cols} of {model.expert_intermediate} "
+            f"columns); {int(bad.sum())} shares are off the grid. Snap them with "
+            f"hdamoe_env.placement.snap_shares(P, {unit:.6g}) or place with "
+            f"tile_cols={conv.tile_cols} (e.g. profile '{conv.name.split('+')[0]}+tile_cols=1' "
+            "for continuous shares)")
 
 
 # --------------------------------------------------------------------------------- memory

@@ -77,6 +77,7 @@ class Conventions:
     ref_bookkeeping: bool = False     # §10.9 (Q16)
     skip_zero_priority: bool = True   # §10.5 [decision]
     batch_mode: str = "streams"       # decode-step formation (traces.md §6)
+    tile_cols: int = 64                # columns of one PE-array tile; shares are multiples of tile_cols / I
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -86,7 +87,8 @@ class Conventions:
                                   f"{list(choices)}")
         if self.expert_matrices not in (1, 2, 3):
             raise ConfigError(f"expert_matrices must be 1, 2 or 3, got {self.expert_matrices}")
-        for knob in ("b_w", "b_msg", "b_psum", "chunks", "nonmoe_ctx_len", "gamma_points"):
+        for knob in ("b_w", "b_msg", "b_psum", "chunks", "nonmoe_ctx_len", "gamma_points",
+                     "tile_cols"):
             if getattr(self, knob) < 1:
                 raise ConfigError(f"Conventions.{knob} must be >= 1, got {getattr(self, knob)}")
         if not self.kappa_a > 0 or not self.tp_const > 0:
@@ -140,6 +142,7 @@ _PAPER = Conventions(
     gamma_fit="ols", gamma_combine_only=True, nb_group_constraint="aggregated",
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
+    tile_cols=1,
 )
 
 PROFILES: dict[str, Conventions] = {

@@ -115,14 +115,16 @@ class MoESimulator:
     def check_placement(self, placement: Placement) -> None:
         """Validate a placement against this model and hardware.
 
-        Checks shapes, shares and mappings, and — when the hardware sets ``node_dram_gib`` —
-        that every node's expert weights plus its even share of the non-expert weights fit.
+        Checks shapes, shares, mappings and the tile grid of the profile (every share a whole
+        number of ``tile_cols / I`` units, uniform TP rows exempt: ``check_tile_grid``), and —
+        when the hardware sets ``node_dram_gib`` — that every node's expert weights plus its even
+        share of the non-expert weights fit.
 
         Raises:
-            ConfigError: Shape or share problems.
+            ConfigError: Shape or share problems, or a share off the tile grid.
             InfeasibleError: A node's weights exceed its DRAM capacity (message has the numbers).
         """
-        placement.validate(self.model, self.hw)
+        placement.validate(self.model, self.hw, self.conv)
         if self.hw.node_dram_bytes is not None:
             check_memory(placement, self.model, self.hw, self.conv,
                          reserved_bytes=self.nonexpert_weight_bytes_per_node())

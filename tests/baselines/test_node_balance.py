@@ -195,3 +195,88 @@ def test_heuristic_mode_is_deterministic_and_valid(nb_model, hw22):
     assert a.record["path"] in ("heuristic", "tp", "ep-repaired")
     assert np.allclose(a.P_layer.sum(axis=1), 1) and (a.P_layer >= 0).all()
     assert a.record["objective_us"] <= a.record["candidates"]["tp"] + 1e-9
+
+
+# ------------------------------------------------------------------------------ tile grid
+def _grid_coeffs(nb_model, hw22, tile_cols, gamma=0.04):
+    """The tiny model has I = 128: tile_cols = 32 gives U = 4 units per expert (u = 1/4)."""
+    conv = get_profile("faithful").derive(tile_cols=tile_cols, weight_streaming=False)
+    kw = dict(model=nb_model, hw=hw22, conv=conv, gamma=gamma, batch=128, bw_end_Bps=1e9)
+    return nb.nb_coefficients(FREQS, **kw), kw
+
+
+def _units(P, U):
+    x = np.asarray(P) * U
+    return np.abs(x - np.rint(x)).max()
+
+
+def test_coefficients_carry_the_share_unit(nb_model, hw22):
+    coeffs, _ = _grid_coeffs(nb_model, hw22, 32)
+    assert coeffs.unit == 0.25 and coeffs.units == 4
+    assert coeffs.to_dict()["share_unit"] == 0.25
+    assert _grid_coeffs(nb_model, hw22, 1)[0].unit is None          # tile_cols = 1: continuous
+
+
+def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
+    """f = (0.55, 0.45, 0.45, 0.55), EP = identity. With C = 10 TFLOPS the cap (11) is 0.5390625:
+    nodes 0 and 3 are over by 0.0109; one unit of U = 8 (0.55/8 = 0.069 of load) fixes each and
+    fits on a 0.45 node (0.519 ≤ 0.539), so the repair moves exactly one unit off each. With
+    C = 1 TFLOPS the cap is 0.50390625: one unit of U = 4 (0.1375) fits nowhere, only a swap
+    could help; the greedy repair and the snapped LP fail and the error says to use a finer
+    tile."""
+    from baselines.nb_model import _membership, _wrap_start
+
+    f = np.array([0.55, 0.45, 0.45, 0.55])
+    hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=1.0, link_bw_gbps=1000.0)
+    conv4 = get_profile("faithful").derive(tile_cols=32)
+    coeffs4 = nb.nb_coefficients(f, model=nb_model, hw=hw, conv=conv4, gamma=0.02,
+                                 batch=128, bw_end_Bps=1e12)
+    assert coeffs4.load_cap == pytest.approx(0.50390625)
+    with pytest.raises(InfeasibleError, match=r"tile grid \(unit 1/4\).*finer tile"):
+        nb.repair_placement(np.eye(4), coeffs4)
+    hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=10.0, link_bw_gbps=1000.0)
+    conv = get_profile("faithful").derive(tile_cols=16)
+    coeffs = nb.nb_coefficients(f, model=nb_model, hw=hw, conv=conv, gamma=0.02, batch=128,
+                                bw_end_Bps=1e12)
+    assert coeffs.load_cap == pytest.approx(0.5390625) and coeffs.units == 8
+    fixed = nb.repair_placement(np.eye(4), coeffs)
+    assert _units(fixed, 8) < 1e-12 and (f @ fixed <= coeffs.load_cap + 1e-9).all()
+    assert np.array_equal(fixed.sum(axis=1), np.ones(4))
+    assert np.rint(fixed[0, 0] * 8) == 7 and np.rint(fixed[3, 3] * 8) == 7   # one unit moved
+    wrap = _wrap_start(coeffs, _membership(GROUPS, 4), GFREQ)
+    assert _units(wrap, 8) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ["heuristic", "milp"])
+def test_outputs_are_on_the_grid_and_no_better_than_continuous(nb_model, hw22, mode):
+    """U = 4: every share is 0, 1/4, 1/2, 3/4 or 1; the grid optimum cannot beat the continuous
+    optimum (the grid is a subset), and the MILP on the grid is at least as good as the
+    heuristic on the grid."""
+    coeffs, kw = _grid_coeffs(nb_model, hw22, 32)
+    grid = nb.node_balance(FREQS, GROUPS, GFREQ, **kw, mode=mode, mip_gap=1e-9, time_limit_s=30)
+    assert _units(grid.P_layer, 4) < 1e-12
+    _, kw1 = _grid_coeffs(nb_model, hw22, 1)
+    cont = nb.node_balance(FREQS, GROUPS, GFREQ, **kw1, mode="milp", mip_gap=1e-9,
+                           time_limit_s=30)
+    assert grid.record["objective_us"] >= cont.record["objective_us"] - 1e-9
+    if mode == "milp":
+        assert grid.record["path"] in ("milp-optimal", "warm-start")
+        heur = nb.node_balance(FREQS, GROUPS, GFREQ, **kw, mode="heuristic")
+        assert grid.record["objective_us"] <= heur.record["objective_us"] + 1e-9
+
+
+def test_heuristic_polish_is_no_worse_than_the_snapped_lp(nb_model, hw22):
+    """§7.6 item 6 on the grid: the re-balancing LP's result, snapped and repaired on the grid
+    and re-scored, never beats the heuristic's answer on the same support."""
+    from baselines.nb_model import grid_feasible
+
+    for tile in (32, 64):                                           # U = 4 and U = 2
+        coeffs, _ = _grid_coeffs(nb_model, hw22, tile, gamma=0.01)
+        P, info = nb.heuristic_placement(FREQS, GROUPS, GFREQ, coeffs)
+        U = coeffs.units
+        assert _units(P, U) < 1e-12
+        snapped = grid_feasible(nb.rebalance_shares(P > 0, coeffs), coeffs)
+        assert _units(snapped, U) < 1e-12
+        obj = nb.exact_objective(P, coeffs, GROUPS, GFREQ)["objective_us"]
+        assert obj <= nb.exact_objective(snapped, coeffs, GROUPS, GFREQ)["objective_us"] + 1e-9
+        assert obj == pytest.approx(info["objective_us"])

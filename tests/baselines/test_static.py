@@ -94,3 +94,27 @@ def test_evaluate_hybrid(nb_model, profile):
                                     rng=np.random.default_rng(0),
                                     slip_support=np.eye(4, dtype=bool))
         assert s2["slip"] is True
+
+
+def test_hybrid_layer_on_the_tile_grid():
+    """DeepSeek's U = 22 units over a region of n = 4 nodes: 22 = 4·5 + 2, so every expert holds
+    5, 5, 6, 6 units. Mesh 2×4, R = 2 (two 2×2 regions); LPT puts experts 0 (f = 0.6) and 1
+    (0.4) in one region, 2 and 3 (0.5 each) in the other. The hotter expert takes its two extra
+    units on the region's first two nodes (ties → lower cluster); the next expert's extras go
+    to the two less loaded nodes, so each node ends with 11 units of the pair."""
+    f = np.array([0.6, 0.4, 0.5, 0.5])
+    hyb = static.hybrid_layer(f, (2, 4), 2, method="lpt", unit=1 / 22)
+    units = np.rint(hyb.P_layer * 22)
+    assert np.abs(hyb.P_layer * 22 - units).max() < 1e-12
+    assert (units.sum(axis=1) == 22).all()
+    for a, b in ((0, 1), (2, 3)):
+        region = np.flatnonzero(units[a] > 0)
+        assert region.size == 4 and np.array_equal(np.flatnonzero(units[b] > 0), region)
+        assert units[a, region].tolist() == [6, 6, 5, 5]
+        assert units[b, region].tolist() == [5, 5, 6, 6]
+        assert (units[a, region] + units[b, region] == 11).all()
+    # a divisible grid (U = 8 over 4 nodes) keeps the exact 1/4 parts; unit None is unchanged
+    exact = static.hybrid_layer(f, (2, 4), 2, method="lpt")
+    assert np.array_equal(static.hybrid_layer(f, (2, 4), 2, method="lpt", unit=1 / 8).P_layer,
+                          exact.P_layer)
+    assert set(np.unique(exact.P_layer)) == {0.0, 0.25}

@@ -109,3 +109,101 @@ def test_placement_by_name(tmp_path, tiny_model):  # §9.1–9.2, §7.7
     assert np.array_equal(back.P, ep.P) and back.method == "ep"
     with pytest.raises(ConfigError, match="does not exist"):
         placement_by_name(tmp_path / "missing.npz", tiny_model, 4)
+
+
+# ------------------------------------------------------------------------------ tile grid
+def test_share_unit_of_the_presets_and_profiles():
+    """u = tile_cols / I: 64/1408 = 1/22, 64/14336 = 1/224, 64/2560 = 1/40, 64/512 = 1/8."""
+    from hdamoe_env.placement import share_unit
+
+    faithful = PROFILES["faithful"]
+    assert faithful.tile_cols == 64
+    assert PROFILES["paper"].tile_cols == 1 and PROFILES["paper-hd"].tile_cols == 1
+    for key, U in (("deepseek", 22), ("mixtral", 224), ("qwen2", 40), ("qwen3.5", 8)):
+        assert share_unit(get_model(key), faithful) == pytest.approx(1 / U, abs=0)
+    assert share_unit(get_model("deepseek"), PROFILES["paper"]) == 1 / 1408
+    # a tile that does not divide I: ceil(1408 / 100) = 15 tiles, the last one padded
+    assert share_unit(get_model("deepseek"), faithful.derive(tile_cols=100)) == 1 / 15
+
+
+def test_tile_cols_must_be_positive():
+    with pytest.raises(ConfigError, match="tile_cols"):
+        PROFILES["faithful"].derive(tile_cols=0)
+
+
+def test_snap_shares_largest_remainder_hand_cases():
+    """Units U = 4. Row (0.5, 0.3, 0.2) → (2, 1.2, 0.8) units: floors (2, 1, 0), one unit left,
+    largest remainder 0.8 → (2, 1, 1). Row (1/3, 1/3, 1/3) → 4/3 each: floors (1, 1, 1), the left
+    unit breaks the three-way tie on the lowest node → (2, 1, 1). Row (0.1, 0.9, 0) → (0.4, 3.6,
+    0): floors (0, 3), remainders 0.4 and 0.6 → (0, 4, 0). On-grid rows are kept exactly."""
+    from hdamoe_env.placement import snap_shares
+
+    P = np.array([[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3], [0.1, 0.9, 0.0], [0.25, 0.75, 0.0]])
+    got = snap_shares(P, 0.25)
+    assert np.array_equal(got * 4, [[2, 1, 1], [2, 1, 1], [0, 4, 0], [1, 3, 0]])
+    assert np.array_equal((got * 4).sum(axis=1), [4, 4, 4, 4])
+    # 22 units: 1/32 each → 0.6875 units: every floor is 0, the 22 largest remainders (ties →
+    # lowest nodes) get one unit
+    tp = snap_shares(np.full((1, 32), 1 / 32), 1 / 22)
+    assert np.array_equal(np.rint(tp * 22)[0], [1] * 22 + [0] * 10)
+    with pytest.raises(ConfigError, match="unit"):
+        snap_shares(P, 0.0)
+
+
+def _deepseek_layer_placement(row):
+    model = get_model("deepseek")
+    P = np.zeros((model.num_moe_layers, model.num_experts, 32))
+    P[:, :, :] = 0.0
+    P[:, np.arange(64), np.arange(64) // 2] = 1.0                  # EP: 2 whole experts a node
+    if row is not None:
+        P[3, 17] = row
+    return Placement(P=P, pi=np.tile(np.arange(32), (model.num_moe_layers, 1)))
+
+
+def test_placement_refuses_a_sliver_share():
+    """53 of 1408 columns (0.0376) is not a whole tile of 64 columns (issue 13)."""
+    from hdamoe_env.placement import check_tile_grid
+
+    row = np.zeros(32)
+    row[5], row[6] = 53 / 1408, 1355 / 1408
+    p = _deepseek_layer_placement(row)
+    p.validate()                                                   # shape-only checks pass
+    p.validate(get_model("deepseek"), None, PROFILES["paper"])     # 1/1408 grid: 53 columns
+    sliver = np.zeros(32)
+    sliver[5], sliver[6] = 0.0380001, 0.9619999                   # paper*: continuous, no check
+    _deepseek_layer_placement(sliver).validate(get_model("deepseek"), None, PROFILES["paper"])
+    with pytest.raises(ConfigError, match=r"P\[3, 17, 5\] = 0\.0376 is not a multiple of the "
+                                          r"tile unit 1/22 = 0\.0455 \(64 of 1408 columns\)"):
+        p.validate(get_model("deepseek"), None, PROFILES["faithful"])
+    with pytest.raises(ConfigError, match="snap_shares"):
+        check_tile_grid(p, get_model("deepseek"), PROFILES["faithful"])
+
+
+def test_tile_grid_accepts_tp_ep_and_on_grid_shards():
+    from hdamoe_env.placement import check_tile_grid, snap_shares
+
+    model, conv = get_model("deepseek"), PROFILES["faithful"]
+    check_tile_grid(tensor_parallel(model.num_moe_layers, 64, 32), model, conv)  # 1/32: exempt
+    check_tile_grid(expert_parallel(model.num_moe_layers, 64, 32, np.random.default_rng(0)),
+                    model, conv)
+    row = np.zeros(32)
+    row[5], row[6] = 7 / 22, 15 / 22
+    check_tile_grid(_deepseek_layer_placement(row), model, conv)
+    # a nearly uniform row is not TP: 1/32 everywhere except two nodes is refused
+    row = np.full(32, 1 / 32)
+    row[0], row[1] = 1 / 32 + 0.01, 1 / 32 - 0.01
+    with pytest.raises(ConfigError, match=r"P\[3, 17, 0\]"):
+        check_tile_grid(_deepseek_layer_placement(row), model, conv)
+    check_tile_grid(_deepseek_layer_placement(snap_shares(row, 1 / 22)), model, conv)
+
+
+def test_simulator_check_placement_enforces_the_grid():
+    from hdamoe_env.simulator import MoESimulator
+
+    row = np.zeros(32)
+    row[5], row[6] = 53 / 1408, 1355 / 1408
+    p = _deepseek_layer_placement(row)
+    hw = HardwareSpec(mesh_shape=(4, 8))
+    with pytest.raises(ConfigError, match="tile unit 1/22"):
+        MoESimulator("deepseek", hw, conventions="faithful").check_placement(p)
+    MoESimulator("deepseek", hw, conventions="paper").check_placement(p)
