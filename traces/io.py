@@ -114,10 +114,20 @@ def save(trace: RoutingTrace, path: str | os.PathLike[str]) -> Path:
     arrays: dict[str, NDArray[Any]] = dict(trace.array_items())
     arrays["meta"] = np.frombuffer(meta_bytes, dtype=np.uint8)
     directory = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise TraceFormatError(f"{target}: is a directory; expected a file path such as "
+                               f"{target / 'trace.hdtrace.npz'}")
+    if not directory.is_dir():
+        raise TraceFormatError(f"{target}: directory {directory} does not exist or is not a "
+                               "directory; create it first or choose another path")
     handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(handle, "wb") as stream:
             np.savez_compressed(stream, **arrays)  # type: ignore[arg-type]
+        # mkstemp creates 0600; give the file the mode a plainly created file would have
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(temp_name, 0o666 & ~mask)
         os.replace(temp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
