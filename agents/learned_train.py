@@ -406,6 +406,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         names = [f.name for f in dataclasses.fields(HYPERPARAMS[key])]
         raise ConfigError(f"bad hyperparameters {hyperparams!r} for {key}: {exc}; expected "
                           f"fields of {names}") from None
+    _check_hyperparam_types(hp, hyperparams or {})
     user_kwargs = dict(env_kwargs or {})
     resolved = {k: v for k, v in _with_placement(user_kwargs, placement).items()
                 if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
@@ -487,6 +488,37 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     if evaluate_fn is not None:
         evaluate_fn(out)
     return model_path
+
+
+def _check_hyperparam_types(hp: Any, overrides: dict[str, Any]) -> None:
+    """Refuse an override whose type differs from the field's default (``n_steps="abc"``).
+
+    Raises:
+        ConfigError: Naming the field, the value, the expected type and an example.
+    """
+    defaults = {f.name: getattr(type(hp)(), f.name) for f in dataclasses.fields(hp)}
+    for name, value in overrides.items():
+        default = defaults.get(name)
+        if default is None:
+            continue
+        ok = True
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = ok and value > 0 if name in ("n_steps", "batch_size", "n_epochs") else ok
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) \
+                and bool(np.isfinite(value))
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        elif isinstance(default, tuple | list):
+            ok = isinstance(value, tuple | list)
+        if not ok:
+            raise ConfigError(f"hyperparameter {name}={value!r}: expected a "
+                              f"{'positive ' if name in ('n_steps', 'batch_size', 'n_epochs') else ''}"
+                              f"{type(default).__name__} like the default {default!r}, e.g. "
+                              f"--hp {name}={json.dumps(default)}")
 
 
 def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> dict[str, Any]:

@@ -55,16 +55,22 @@ def _check_parent(path: Path, what: str) -> None:
                               "choose a path in a writable directory")
 
 
-def check_output_file(path: str | os.PathLike[str], what: str = "output file") -> Path:
+def check_output_file(path: str | os.PathLike[str], what: str = "output file", *,
+                      parent_must_exist: bool = False) -> Path:
     """Check, before any work starts, that ``path`` can be written as a file.
 
-    Missing parent directories are fine when they can be created (the writer creates them).
+    Missing parent directories are fine when they can be created (the writer creates them),
+    unless ``parent_must_exist``.
 
     Raises:
-        OutputPathError: ``path`` is a directory, or its nearest existing ancestor is a file or
-            not writable.
+        OutputPathError: ``path`` is a directory, its parent is missing (``parent_must_exist``),
+            or its nearest existing ancestor is a file or not writable.
     """
     target = Path(path)
+    parent = target.absolute().parent
+    if parent_must_exist and not parent.is_dir():
+        raise OutputPathError(f"{what} {str(target)!r}: directory {str(parent)!r} does not exist "
+                              "or is not a directory; create it first or choose another path")
     if target.is_dir():
         raise OutputPathError(f"{what} {str(target)!r} is a directory; expected a file path "
                               f"such as {str(target / 'out.json')!r}")
