@@ -194,7 +194,8 @@ def cmd_traces_convert(args: argparse.Namespace) -> int:
     if args.model:
         model = get_model(args.model)
         kwargs = {"model_key": model.key, "E": model.num_experts, "k": model.top_k,
-                  "layer_key_offset": model.layer_key_offset}
+                  "layer_key_offset": model.layer_key_offset,
+                  "num_layers": model.num_moe_layers}
     trace = traces.read_reference_json(args.path, **kwargs)
     path = traces.save(trace, args.out)
     print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows; keep it outside "
