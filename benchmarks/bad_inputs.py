@@ -188,7 +188,11 @@ CASES: dict[str, Callable[[Path], Any]] = {
 
 
 def _run_case(fn: Callable[[Path], Any], timeout: float) -> tuple[str, str]:
-    from traces.errors import HdMoeError
+    import traces.errors
+    from hdamoe_env.errors import HdMoeError
+
+    # the package's typed errors (before issue 15 the trace errors had their own base)
+    typed = (HdMoeError, traces.errors.TraceFormatError, traces.errors.UnknownNameError)
 
     with tempfile.TemporaryDirectory(prefix="hdamoe-bad-") as name:
         tmp = Path(name)
@@ -210,11 +214,12 @@ def _run_case(fn: Callable[[Path], Any], timeout: float) -> tuple[str, str]:
                 lines = [l for l in err.getvalue().strip().splitlines() if l.strip()]
                 last = lines[-1] if lines else ""
                 clear = ("Traceback" not in err.getvalue()
-                         and ("hdamoe: error:" in last or "error: argument" in last))
+                         and (last.startswith("hdamoe: ") and "error:" in last
+                              or "error: argument" in last))
                 outcome = "typed" if clear else "traceback"
         except _Timeout:
             outcome = "hang"
-        except HdMoeError:
+        except typed:
             outcome = "typed"
         except BaseException:  # noqa: BLE001 - that is what we count
             outcome = "traceback"
