@@ -13,11 +13,19 @@ stays light; torch's thread count and seed are set only here (:func:`_set_thread
 Saved agent (a directory ``out_dir``):
 
 * ``model.zip`` — the SB3 model;
-* ``vecnormalize.pkl`` — the observation-normalisation statistics (``VecNormalize``), when used;
+* ``vecnormalize.npz`` — the observation-normalisation statistics (mean, var, count per
+  normalised key; clip and epsilon in a JSON ``meta`` array), when used — plain arrays, no pickle;
 * ``learned.json`` — algorithm, hyperparameters, env arguments, action mode and layout, seeds,
-  step count, wall time;
-* ``checkpoints/ckpt_<steps>.zip`` (+ ``ckpt_<steps>_vecnormalize.pkl``), written during
+  step count, wall time, and ``model_sha256`` (the SHA-256 of ``model.zip``);
+* ``checkpoints/ckpt_<steps>.zip`` (+ ``ckpt_<steps>_vecnormalize.npz``), written during
   training, each loadable on its own;
+
+Security: **loading an SB3 ``.zip`` runs code from the file.** stable-baselines3 unpickles parts
+of the archive (e.g. the learning-rate schedule), so only load models you trained yourself or
+trust. :func:`load_agent` therefore checks the SHA-256 of ``model.zip`` against the
+``model_sha256`` of its ``learned.json`` and refuses a mismatch (:class:`IntegrityError`) before
+SB3 opens it; a model without that record (a bare ``.zip``) is loaded with a warning. The
+package never pickles its own data: the old ``vecnormalize.pkl`` files are refused.
 * ``tb/``, ``eval.json``, ``eval.md``, ``learning_curve.png`` — training logs and the held-out
   evaluation (written by the application layer).
 
@@ -35,9 +43,10 @@ Decisions:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
-import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -47,19 +56,24 @@ from numpy.typing import NDArray
 
 from agents.wrappers import ResidualChoice, ResidualHDA
 from hdamoe_env.actions import ActionLayout
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled, IntegrityError, unknown_name
+from hdamoe_env.fileio import atomic_write
 from hdamoe_env.wrappers import ranked_mask, ranked_to_full
 
 __all__ = [
     "ALGORITHMS",
     "LearnedAgent",
+    "ObsNormalizer",
+    "file_sha256",
     "latest_checkpoint",
     "load_agent",
     "read_meta",
 ]
 
 RL_EXTRA = '`pip install "hdamoe-env[rl]"`'
-MODEL_FILE, VECNORM_FILE, META_FILE = "model.zip", "vecnormalize.pkl", "learned.json"
+MODEL_FILE, VECNORM_FILE, META_FILE = "model.zip", "vecnormalize.npz", "learned.json"
+LEGACY_VECNORM_FILE = "vecnormalize.pkl"
+log = logging.getLogger(__name__)
 #: Algorithms a learned agent may use (``agents.learned_train.HYPERPARAMS`` has their fields).
 ALGORITHMS: tuple[str, ...] = ("ppo", "maskable-ppo", "a2c")
 
@@ -124,6 +138,92 @@ def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
 
 
 
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Return the hex SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ObsNormalizer:
+    """Observation statistics of a ``VecNormalize``, stored as plain arrays (no pickle).
+
+    ``normalize_obs`` computes exactly what ``VecNormalize.normalize_obs`` computes:
+    ``clip((obs - mean) / sqrt(var + epsilon), -clip_obs, clip_obs)`` as float32 for every key
+    of ``norm_obs_keys``; the other keys pass through.
+
+    Args:
+        stats: Per key ``(mean, var, count)``.
+        clip_obs: Clip bound.
+        epsilon: Variance epsilon.
+    """
+
+    training = False
+
+    def __init__(self, stats: dict[str, tuple[NDArray[np.float64], NDArray[np.float64], float]],
+                 clip_obs: float, epsilon: float) -> None:
+        self.stats = stats
+        self.norm_obs_keys = list(stats)
+        self.clip_obs = float(clip_obs)
+        self.epsilon = float(epsilon)
+
+    @classmethod
+    def from_vecnormalize(cls, vecnorm: Any) -> ObsNormalizer:
+        """Copy the observation statistics of an SB3 ``VecNormalize`` (dict observations)."""
+        stats = {k: (np.array(vecnorm.obs_rms[k].mean, dtype=np.float64),
+                     np.array(vecnorm.obs_rms[k].var, dtype=np.float64),
+                     float(vecnorm.obs_rms[k].count)) for k in vecnorm.norm_obs_keys}
+        return cls(stats, vecnorm.clip_obs, vecnorm.epsilon)
+
+    def apply_to(self, vecnorm: Any) -> None:
+        """Write these statistics into an SB3 ``VecNormalize`` (resuming training)."""
+        for key, (mean, var, count) in self.stats.items():
+            vecnorm.obs_rms[key].mean = mean.copy()
+            vecnorm.obs_rms[key].var = var.copy()
+            vecnorm.obs_rms[key].count = count
+        vecnorm.clip_obs, vecnorm.epsilon = self.clip_obs, self.epsilon
+
+    def normalize_obs(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """Return a normalised copy of a dict observation (statistics unchanged)."""
+        out = {k: np.array(v, copy=True) for k, v in obs.items()}
+        for key, (mean, var, _) in self.stats.items():
+            out[key] = np.clip((np.asarray(obs[key]) - mean) / np.sqrt(var + self.epsilon),
+                               -self.clip_obs, self.clip_obs).astype(np.float32)
+        return out
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the statistics as ``.npz`` (arrays and a UTF-8 JSON ``meta``), atomically."""
+        arrays: dict[str, NDArray[Any]] = {}
+        for i, (mean, var, count) in enumerate(self.stats.values()):
+            arrays[f"mean_{i}"], arrays[f"var_{i}"] = mean, var
+            arrays[f"count_{i}"] = np.array(count, dtype=np.float64)
+        meta = {"format": "hdamoe-obs-normalizer", "format_version": 1,
+                "keys": self.norm_obs_keys, "clip_obs": self.clip_obs, "epsilon": self.epsilon}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        return atomic_write(path, lambda fh: np.savez(fh, **arrays), "wb")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ObsNormalizer:
+        """Read statistics written by :meth:`save` (``allow_pickle=False``).
+
+        Raises:
+            ConfigError: The file is not such a statistics file.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(bytes(data["meta"]).decode())
+                keys = list(meta["keys"])
+                stats = {k: (np.asarray(data[f"mean_{i}"], dtype=np.float64),
+                             np.asarray(data[f"var_{i}"], dtype=np.float64),
+                             float(data[f"count_{i}"])) for i, k in enumerate(keys)}
+                return cls(stats, float(meta["clip_obs"]), float(meta["epsilon"]))
+        except Exception as exc:  # noqa: BLE001 - any damage: one typed error naming the file
+            raise ConfigError(f"{str(path)!r} is not an observation-statistics file "
+                              f"({type(exc).__name__}: {exc}); retrain or restore it") from None
+
+
 # ------------------------------------------------------------------------------ the agent
 class LearnedAgent:
     """A trained SB3 policy behind the package's ``predict`` protocol (style.md R11).
@@ -136,7 +236,7 @@ class LearnedAgent:
 
     Args:
         model: The SB3 model.
-        vecnorm: ``VecNormalize`` (statistics only) or None.
+        vecnorm: :class:`ObsNormalizer` (or an SB3 ``VecNormalize``) or None.
         meta: Content of ``learned.json``.
         path: Where it was loaded from.
     """
@@ -284,7 +384,12 @@ class LearnedAgent:
 
 
 def _find_files(path: Path) -> tuple[Path, Path | None, Path | None]:
-    """Return (model zip, VecNormalize pickle or None, learned.json or None) of a saved agent."""
+    """Return (model zip, statistics .npz or None, learned.json or None) of a saved agent.
+
+    Raises:
+        ConfigError: No model, or only a legacy pickled ``vecnormalize.pkl`` (refused: loading
+            a pickle runs code from the file).
+    """
     if path.is_dir():
         model = path / MODEL_FILE
         vecnorm, meta = path / VECNORM_FILE, path / META_FILE
@@ -296,10 +401,51 @@ def _find_files(path: Path) -> tuple[Path, Path | None, Path | None]:
         meta = path.with_name(META_FILE)
         if not meta.exists() and path.parent.name == "checkpoints":
             meta = path.parent.parent / META_FILE
-    if not model.exists():
+    if not model.exists() or not model.is_file():
         raise ConfigError(f"no learned model at {str(model)!r}; pass the output directory of "
                           "`hdamoe train` or a model .zip")
+    legacy = vecnorm.with_name(vecnorm.name.replace(VECNORM_FILE, LEGACY_VECNORM_FILE))
+    if not vecnorm.exists() and legacy.exists():
+        raise ConfigError(f"{str(legacy)!r} holds pickled statistics; loading a pickle runs code "
+                          "from the file, so this version refuses it; retrain the agent (the "
+                          "statistics are now saved as vecnormalize.npz)")
     return model, vecnorm if vecnorm.exists() else None, meta if meta.exists() else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); retrain or restore "
+                          "it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(path)!r} holds a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def verify_model(model_path: Path, meta: dict[str, Any]) -> None:
+    """Check ``model_path`` against the ``model_sha256`` recorded in ``learned.json``.
+
+    Raises:
+        IntegrityError: The digests differ (the model was replaced or modified).
+    """
+    if model_path.name == MODEL_FILE:
+        expected = meta.get("model_sha256")
+    else:                                  # a checkpoint: the sidecar written next to it
+        try:
+            expected = json.loads(model_path.with_suffix(".json").read_text()).get("sha256")
+        except (OSError, ValueError, AttributeError):
+            expected = None
+    if expected is None:
+        log.warning("%s has no recorded SHA-256; loading it runs code from the file (SB3 "
+                    "unpickles parts of it): only load models you trust", model_path)
+        return
+    actual = file_sha256(model_path)
+    if actual != expected:
+        raise IntegrityError(f"{str(model_path)!r} has SHA-256 {actual[:16]}… but learned.json "
+                             f"records {str(expected)[:16]}…; the model was modified or replaced "
+                             "and is not loaded (loading it would run code from the file); "
+                             "retrain, or restore the original file")
 
 
 def load_agent(path: str | os.PathLike[str], env: Any = None, *,
@@ -316,20 +462,33 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
         A :class:`LearnedAgent`.
 
     Raises:
-        ConfigError: Missing files, or an env whose action space differs from the model's.
+        ConfigError: Missing or unreadable files, or an env whose action space differs from the
+            model's.
+        IntegrityError: ``model.zip`` differs from the SHA-256 recorded in ``learned.json``.
         DependencyNotInstalled: The rl extra is missing.
+
+    Warning:
+        Loading an SB3 ``.zip`` runs code from the file (SB3 unpickles parts of it). Only load
+        models you trust; the SHA-256 check guards ``hdamoe train`` outputs against replacement.
     """
     _set_threads(1)
     model_path, vecnorm_path, meta_path = _find_files(Path(path))
-    meta = json.loads(meta_path.read_text()) if meta_path is not None else {}
+    meta = _read_json(meta_path) if meta_path is not None else {}
     key = _algo_key(algo or meta.get("algo", "ppo"))
-    model = _algo_class(key).load(str(model_path), device="cpu")
+    verify_model(model_path, meta)
+    try:
+        model = _algo_class(key).load(str(model_path), device="cpu")
+    except (ValueError, KeyError, OSError, EOFError, AssertionError) as exc:
+        raise ConfigError(f"{str(model_path)!r} is not a {key} model saved by `hdamoe train` "
+                          f"({type(exc).__name__}: {exc})") from None
+    except Exception as exc:
+        import zipfile
+
+        if isinstance(exc, zipfile.BadZipFile):
+            raise ConfigError(f"{str(model_path)!r} is not a model .zip ({exc})") from None
+        raise
     meta.setdefault("algo", key)
-    vecnorm = None
-    if vecnorm_path is not None:
-        with open(vecnorm_path, "rb") as fh:
-            vecnorm = pickle.load(fh)  # noqa: S301 - our own file, written by train()
-        vecnorm.training = False
+    vecnorm = ObsNormalizer.load(vecnorm_path) if vecnorm_path is not None else None
     agent = LearnedAgent(model, vecnorm, meta, model_path)
     if env is not None:
         agent.bind(env)
@@ -353,4 +512,4 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: No model at ``path``.
     """
     _, _, meta_path = _find_files(Path(path))
-    return json.loads(meta_path.read_text()) if meta_path is not None else {}
+    return _read_json(meta_path) if meta_path is not None else {}

@@ -36,11 +36,11 @@ Decisions:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import logging
 import os
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,11 +54,13 @@ from agents.learned import (
     META_FILE,
     MODEL_FILE,
     VECNORM_FILE,
+    ObsNormalizer,
     _algo_class,
     _algo_key,
     _seed_everything,
     _set_threads,
     checkpoint_path,
+    file_sha256,
     latest_checkpoint,
 )
 from agents.wrappers import RESIDUAL_KEEP_LOGIT, ResidualHDAWrapper
@@ -244,7 +246,7 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
 
 
 # ------------------------------------------------------------------------------- callbacks
-def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any) -> Any:
+def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str = "") -> Any:
     """Return the SB3 callbacks: latency logging and atomic checkpoints."""
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
@@ -275,7 +277,7 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any) -> Any:
 
         def _on_step(self) -> bool:
             if self.model.num_timesteps >= self.next_at:
-                _save_checkpoint(self.model, vecnorm, out_dir)
+                _save_checkpoint(self.model, vecnorm, out_dir, digest)
                 self.next_at = (self.model.num_timesteps // checkpoint_every + 1) \
                     * checkpoint_every
             return True
@@ -290,20 +292,38 @@ def _atomic_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda fh: fh.write(data), "wb")
 
 
-def _save_model(model: Any, vecnorm: Any, model_path: Path, vecnorm_path: Path) -> None:
+def _save_model(model: Any, vecnorm: Any, model_path: Path, vecnorm_path: Path) -> str:
+    """Write the model (and its observation statistics as ``.npz``); return its SHA-256."""
     buf = io.BytesIO()
     model.save(buf)
     if vecnorm is not None:                    # statistics first: a model never lacks them
-        _atomic_bytes(vecnorm_path, pickle.dumps(vecnorm))  # __getstate__ drops the envs
-    _atomic_bytes(model_path, buf.getvalue())
+        ObsNormalizer.from_vecnormalize(vecnorm).save(vecnorm_path)      # arrays, no pickle
+    data = buf.getvalue()
+    _atomic_bytes(model_path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
-def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path) -> Path:
+def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path, digest: str = "") -> Path:
     steps = int(model.num_timesteps)
     ckpt = checkpoint_path(out_dir, steps)
-    _save_model(model, vecnorm, ckpt, ckpt.with_name(f"ckpt_{steps}_{VECNORM_FILE}"))
+    sha = _save_model(model, vecnorm, ckpt, ckpt.with_name(f"ckpt_{steps}_{VECNORM_FILE}"))
+    # the sidecar marks the checkpoint as this run's: its SHA-256 and the run digest (resume)
+    _atomic_bytes(ckpt.with_suffix(".json"), (json.dumps(
+        {"sha256": sha, "run_digest": digest, "steps": steps}, indent=1) + "\n").encode())
     log.info("checkpoint %s", ckpt)
     return ckpt
+
+
+def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
+               normalize_obs: bool, hp: Any, env_kwargs: dict[str, Any],
+               residual_keep_logit: float | None) -> str:
+    """Return the SHA-256 of everything a resumed run must share (env + hyperparameters)."""
+    payload = {"algo": algo, "action_mode": action_mode, "num_candidates": num_candidates,
+               "fidelity": fidelity, "normalize_obs": normalize_obs,
+               "hyperparams": to_jsonable(dataclasses.asdict(hp)),
+               "env_kwargs": to_jsonable(env_kwargs),
+               "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def _layout_meta(venv: Any) -> dict[str, Any]:
@@ -317,17 +337,23 @@ def _layout_meta(venv: Any) -> dict[str, Any]:
             "num_nodes": int(base.num_nodes)}
 
 
-def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int
-                       ) -> Path | None:
+def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int,
+                       digest: str = "", details: dict[str, Any] | None = None) -> Path | None:
     """Return the checkpoint to resume from (None: start afresh), checking it matches the run.
 
     Raises:
-        ConfigError: ``out`` was trained with another algorithm or action design.
+        ConfigError: ``out`` was trained with another algorithm, action design, env or
+            hyperparameters, or its latest checkpoint was not written by a run of this version.
+        IntegrityError: The checkpoint differs from the SHA-256 recorded next to it.
     """
+    from hdamoe_env.errors import IntegrityError
+
     ckpt = latest_checkpoint(out)
     if ckpt is None:
         log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
-    elif (out / META_FILE).exists():
+        return None
+    earlier: dict[str, Any] = {}
+    if (out / META_FILE).exists():
         earlier = json.loads((out / META_FILE).read_text())
         if earlier.get("algo", algo) != algo:
             raise ConfigError(f"--resume: {out} was trained with {earlier['algo']!r}, not "
@@ -338,6 +364,31 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
             raise ConfigError(f"--resume: {out} was trained with action_mode "
                               f"{earlier.get('action_mode')!r}, K={earlier.get('num_candidates')}"
                               f"; pass the same --action-mode/--candidates or a new --out")
+    side = ckpt.with_suffix(".json")
+    try:
+        record = json.loads(side.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"--resume: checkpoint {str(ckpt)!r} has no readable {side.name} "
+                          "(written by an older version or another program); use a new --out")
+    if digest and record.get("run_digest") != digest:
+        diff = []
+        if details is not None:
+            old_kw = earlier.get("env_kwargs", {})
+            new_kw = details.get("env_kwargs", {})
+            diff = sorted(k for k in set(old_kw) | set(new_kw) if old_kw.get(k) != new_kw.get(k))
+            old_hp, new_hp = earlier.get("hyperparams") or {}, details.get("hyperparams", {})
+            diff += sorted(f"hp.{k}" for k in set(old_hp) | set(new_hp)
+                           if old_hp and old_hp.get(k) != new_hp.get(k))
+            for k in ("fidelity", "normalize_obs"):
+                if k in earlier and earlier[k] != details.get(k):
+                    diff.append(k)
+        raise ConfigError(f"--resume: {out} was trained with another env or hyperparameters "
+                          f"(differs in {diff or 'the run digest'}); resume with the same "
+                          "arguments, or train into a new --out")
+    if file_sha256(ckpt) != record.get("sha256"):
+        raise IntegrityError(f"--resume: checkpoint {str(ckpt)!r} does not match the SHA-256 "
+                             "recorded next to it; it was modified and is not loaded (loading "
+                             "runs code from the file)")
     return ckpt
 
 
@@ -406,24 +457,28 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         names = [f.name for f in dataclasses.fields(HYPERPARAMS[key])]
         raise ConfigError(f"bad hyperparameters {hyperparams!r} for {key}: {exc}; expected "
                           f"fields of {names}") from None
+    _check_hyperparam_types(hp, hyperparams or {})
     user_kwargs = dict(env_kwargs or {})
     resolved = {k: v for k, v in _with_placement(user_kwargs, placement).items()
                 if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
     env_args = _env_arguments(resolved, key, fidelity)
-    ckpt = _resume_checkpoint(out, key, action_mode, num_candidates) if resume else None
+    digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
+                        user_kwargs, residual_keep_logit)
+    details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
+               "fidelity": fidelity, "normalize_obs": normalize_obs}
+    ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
+            if resume else None)
     _seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates)
     vecnorm = None
     if normalize_obs:
         stats = ckpt.with_name(ckpt.stem + "_" + VECNORM_FILE) if ckpt else None
+        keys = [k for k in NORM_OBS_KEYS if k in venv.observation_space.spaces]
+        vecnorm = VecNormalize(venv, norm_obs=True, norm_reward=False, clip_obs=10.0,
+                               norm_obs_keys=keys, gamma=hp.gamma)
         if stats is not None and stats.exists():
-            vecnorm = VecNormalize.load(str(stats), venv)
-            vecnorm.training = True
-        else:
-            keys = [k for k in NORM_OBS_KEYS if k in venv.observation_space.spaces]
-            vecnorm = VecNormalize(venv, norm_obs=True, norm_reward=False, clip_obs=10.0,
-                                   norm_obs_keys=keys, gamma=hp.gamma)
+            ObsNormalizer.load(stats).apply_to(vecnorm)         # plain arrays, no pickle
         venv_train = vecnorm
     else:
         venv_train = venv
@@ -451,13 +506,14 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                  "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
         _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
     if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=_callbacks(out, checkpoint_every, vecnorm),
+        model.learn(total_timesteps=remaining,
+                    callback=_callbacks(out, checkpoint_every, vecnorm, digest),
                     reset_num_timesteps=ckpt is None, tb_log_name=key, progress_bar=progress)
     wall = time.perf_counter() - t0
     if checkpoint_every > 0 and remaining > 0:     # resume continues from the exact end
-        _save_checkpoint(model, vecnorm, out)
+        _save_checkpoint(model, vecnorm, out, digest)
     model_path = out / MODEL_FILE
-    _save_model(model, vecnorm, model_path, out / VECNORM_FILE)
+    model_sha = _save_model(model, vecnorm, model_path, out / VECNORM_FILE)
     if vecnorm is None and (out / VECNORM_FILE).exists():
         (out / VECNORM_FILE).unlink()
     import torch
@@ -465,7 +521,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     meta = {
         "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
         "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
-        "num_candidates": num_candidates, "complete": True,
+        "num_candidates": num_candidates, "complete": True, "model_sha256": model_sha,
+        "run_digest": digest,
         "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,
         "layout": _layout_meta(venv),
         "norm_obs_keys": list(vecnorm.norm_obs_keys) if vecnorm is not None else [],
@@ -487,6 +544,37 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     if evaluate_fn is not None:
         evaluate_fn(out)
     return model_path
+
+
+def _check_hyperparam_types(hp: Any, overrides: dict[str, Any]) -> None:
+    """Refuse an override whose type differs from the field's default (``n_steps="abc"``).
+
+    Raises:
+        ConfigError: Naming the field, the value, the expected type and an example.
+    """
+    defaults = {f.name: getattr(type(hp)(), f.name) for f in dataclasses.fields(hp)}
+    for name, value in overrides.items():
+        default = defaults.get(name)
+        if default is None:
+            continue
+        ok = True
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = ok and value > 0 if name in ("n_steps", "batch_size", "n_epochs") else ok
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) \
+                and bool(np.isfinite(value))
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        elif isinstance(default, tuple | list):
+            ok = isinstance(value, tuple | list)
+        if not ok:
+            raise ConfigError(f"hyperparameter {name}={value!r}: expected a "
+                              f"{'positive ' if name in ('n_steps', 'batch_size', 'n_epochs') else ''}"
+                              f"{type(default).__name__} like the default {default!r}, e.g. "
+                              f"--hp {name}={json.dumps(default)}")
 
 
 def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> dict[str, Any]:

@@ -71,8 +71,8 @@ from baselines.node_balance import NB_MODES, node_balance
 from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
 from hdamoe_env import linksim, perf, sources
 from hdamoe_env.calibrate import fit_gamma
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled
-from hdamoe_env.fileio import atomic_write, write_json
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled, OutputPathError
+from hdamoe_env.fileio import atomic_write, check_output_dir, write_json
 from hdamoe_env.placement import Placement, expert_parallel, identity_mapping, share_unit
 from hdamoe_env.profiles import PROFILES, Conventions, get_profile
 from hdamoe_env.simulator import MoESimulator, is_tensor_parallel
@@ -476,36 +476,90 @@ def _read_layer(out: Path, layer: int, config_hash: str) -> LayerOutcome | None:
         record = json.loads(js.read_text())
         with np.load(npz, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, KeyError):
+    except Exception as exc:  # noqa: BLE001 - a damaged layer is recomputed, whatever broke
+        log.warning("layer %d in %s is unreadable (%s: %s); it will be recomputed", layer, out,
+                    type(exc).__name__, exc)
         return None
-    if record.get("config_hash") != config_hash:
+    if not isinstance(record, dict) or record.get("config_hash") != config_hash:
         return None
     return LayerOutcome(layer, arrays, record)
 
 
-def _check_run_file(out: Path, run_info: dict[str, Any], resume: bool) -> None:
+_OWN_FILES = re.compile(r"^(run\.json|placement(_[a-z_]+)?\.npz|layer_\d{3}\.(json|npz))$")
+
+
+def _read_run_file(path: Path) -> dict[str, Any] | None:
+    """Return the ``run.json`` of an ``hdamoe place`` run, or None when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("config"), dict)
+            and isinstance(data.get("config_hash"), str)):
+        return None
+    return data
+
+
+def _set_aside(out: Path, names: Sequence[str], label: str) -> Path:
+    """Move files of ``out`` into a new ``out/superseded-<label>-N/`` directory (never delete)."""
+    for n in range(1, 10_000):
+        target = out / f"superseded-{label}-{n}"
+        if not target.exists():
+            break
+    target.mkdir()
+    for name in names:
+        os.replace(out / name, target / name)
+    return target
+
+
+def _config_diff(old: dict[str, Any], run_info: dict[str, Any]) -> list[str]:
+    diff = sorted(k for k in set(old.get("config", {})) | set(run_info["config"])
+                  if old.get("config", {}).get(k) != run_info["config"].get(k))
+    if old.get("trace_id") != run_info["trace_id"]:
+        diff.append("trace_id")
+    return diff or ["conventions"]
+
+
+def _check_run_file(out: Path, run_info: dict[str, Any], resume: bool, force: bool = False
+                    ) -> None:
+    """Decide whether ``out`` may receive this run; never delete a file.
+
+    * empty or new directory, or this configuration's own run: go on (finished layers are kept;
+      without ``resume`` the selected layers are recomputed);
+    * a run of another configuration: refused (with ``resume`` too); ``force`` moves its files
+      into ``superseded-<hash>-N/`` first;
+    * any other non-empty directory: refused; ``force`` moves only the files whose names this
+      command writes into ``superseded-foreign-N/`` and leaves everything else alone.
+
+    Raises:
+        OutputPathError: The directory holds another configuration's run or unrelated files.
+    """
     path = out / RUN_FILE
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old.get("config_hash") != run_info["config_hash"]:
-            if resume:
-                diff = sorted(k for k in set(old.get("config", {})) | set(run_info["config"])
-                              if old.get("config", {}).get(k) != run_info["config"].get(k))
-                if old.get("trace_id") != run_info["trace_id"]:
-                    diff.append("trace_id")
-                raise ConfigError(
-                    f"cannot resume {str(out)!r}: it was written with another configuration "
-                    f"(differs in {diff or ['conventions']}; hash {old.get('config_hash')} vs "
-                    f"{run_info['config_hash']}); use a new --out directory or rerun without "
-                    "--resume to overwrite it")
-        if not resume:
-            for p in out.iterdir():
-                if _LAYER_RE.match(p.name):
-                    p.unlink()
-    elif not resume:
-        for p in out.glob("layer_*.*"):
-            if _LAYER_RE.match(p.name):
-                p.unlink()
+    old = _read_run_file(path) if path.exists() else None
+    present = sorted(p.name for p in out.iterdir())
+    if old is not None and old.get("config_hash") != run_info["config_hash"]:
+        diff = _config_diff(old, run_info)
+        if not force:
+            raise OutputPathError(
+                f"{'cannot resume ' if resume else ''}{str(out)!r}: it holds a run of another "
+                f"configuration (differs in {diff}; hash {old.get('config_hash')} vs "
+                f"{run_info['config_hash']}); use a new --out directory, or --force to move the "
+                "old run's files into a superseded-* subdirectory")
+        own = [n for n in present if _OWN_FILES.match(n)]
+        moved = _set_aside(out, own, str(old.get("config_hash"))[:8])
+        log.warning("moved the run of another configuration (%s) to %s", diff, moved)
+    elif old is None and present:
+        clashes = [n for n in present if _OWN_FILES.match(n)]
+        if not force:
+            raise OutputPathError(
+                f"{str(out)!r} is not empty and is not an `hdamoe place` run ({len(present)} "
+                f"entries, e.g. {present[:3]}"
+                + (f"; would overwrite {clashes[:4]}" if clashes else "")
+                + "); use a new or empty --out directory, or --force (files this command writes "
+                "are moved into a superseded-* subdirectory, nothing is deleted)")
+        if clashes:
+            moved = _set_aside(out, clashes, "foreign")
+            log.warning("moved %d file(s) of %s into %s", len(clashes), out, moved)
     _write_json(path, run_info)
 
 
@@ -654,28 +708,80 @@ def spawn_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], wor
     """Run ``fn(*args)`` for every ``args`` in ``calls`` in a spawn process pool.
 
     ``done`` gets each result in completion order; on an error or interruption the calls not
-    started yet are cancelled and the exception propagates (finished results were already
+    started yet are cancelled, the running workers are terminated (within seconds) and the
+    exception propagates. Workers exit by themselves when the parent dies (``kill -9``) (finished results were already
     handed to ``done``, so a resumable caller loses nothing). One BLAS/OpenMP thread per worker
     (dependencies.md §4), inherited by the children.
     """
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(fn, *args) for args in calls]
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                                  initializer=_watch_parent,
+                                                  initargs=(os.getpid(),))
+    futures = [pool.submit(fn, *args) for args in calls]
+    try:
+        for fut in concurrent.futures.as_completed(futures):
+            done(fut.result())
+    except BaseException:
+        # Ctrl-C or an error: drop the calls not started and stop the running workers now
+        # (finished results were already handed to ``done``)
+        for fut in futures:
+            fut.cancel()
+        _terminate_workers(pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _terminate_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + 5.0
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Pool-worker initializer: exit as soon as the parent process is gone (issue 15 #5).
+
+    On Linux the kernel sends SIGKILL when the parent dies (``PR_SET_PDEATHSIG``); everywhere a
+    daemon thread polls ``os.getppid()`` as well, so a ``kill -9`` of the parent never leaves
+    workers blocked on their pipes.
+    """
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
         try:
-            for fut in concurrent.futures.as_completed(futures):
-                done(fut.result())
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)      # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:                            # died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="hdamoe-parent-watch", daemon=True).start()
 
 
 def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
                  layers: str | Sequence[int] | None = None, workers: int = 1,
                  backend: str = "process", resume: bool = False, trace: Any = None,
-                 on_layer: Callable[[LayerOutcome], None] | None = None) -> PipelineResult:
+                 on_layer: Callable[[LayerOutcome], None] | None = None,
+                 force: bool = False) -> PipelineResult:
     """Run the offline placement pipeline (§8.5) and write its artifacts.
 
     Args:
@@ -687,18 +793,21 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
         resume: Skip layers already finished in ``out_dir`` with the same configuration.
         trace: A loaded ``RoutingTrace`` (default: :func:`load_trace`).
         on_layer: Called in the parent with every finished layer (progress bars).
+        force: Use a directory holding another configuration's run or unrelated files: the
+            files this command would overwrite are moved into ``out_dir/superseded-*/`` first
+            (nothing is ever deleted).
 
     Returns:
         The merged placement and the per-layer outcomes.
 
     Raises:
-        ConfigError: Invalid configuration, or ``resume`` into a directory written with another
-            configuration.
+        ConfigError: Invalid configuration.
+        OutputPathError: ``out_dir`` is a file, or holds another configuration's run or
+            unrelated files (without ``force``).
         DependencyNotInstalled: ``backend="ray"`` without Ray.
     """
     t0 = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(out_dir)
     model = config.model_spec
     hw = config.hardware
     if trace is None:
@@ -710,7 +819,8 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
                 "trace_id": trace.trace_id, "trace": config.trace,
                 "conventions": sim.conv.to_dict(), "hardware": hw.to_dict(),
                 "topology": sim.topology_spec.to_dict(), "model": model.key}
-    _check_run_file(out, run_info, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run_file(out, run_info, resume, force)
     outcomes: dict[int, LayerOutcome] = {}
     for layer in range(model.num_moe_layers):
         found = _read_layer(out, layer, config_hash)
@@ -748,7 +858,7 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
 def sweep_rho_mem(config: PlaceConfig, rho_values: Sequence[float | None],
                   out_dir: str | os.PathLike[str], *, layers: str | Sequence[int] | None = None,
                   workers: int = 1, backend: str = "process", resume: bool = False,
-                  trace: Any = None) -> list[dict[str, Any]]:
+                  trace: Any = None, force: bool = False) -> list[dict[str, Any]]:
     """Sweep the memory cap ρ_mem (§7.3 (10), paper Fig. 20).
 
     For every ρ_mem the pipeline runs into ``out_dir/rho_<value>``; reported per value: the
@@ -769,7 +879,7 @@ def sweep_rho_mem(config: PlaceConfig, rho_values: Sequence[float | None],
         cfg = dataclasses.replace(config, rho_mem=None if rho is None else float(rho))
         sub = out / ("rho_none" if rho is None else f"rho_{float(rho):g}")
         res = run_pipeline(cfg, sub, layers=layers, workers=workers, backend=backend,
-                           resume=resume, trace=trace)
+                           resume=resume, trace=trace, force=force)
         placed = sorted(res.layers)
         P, pi = res.placement.P, res.placement.pi
         w_e = perf.expert_bytes(model, conv)

@@ -201,8 +201,10 @@ class PlacementStore:
             if self.progress is not None else None
         t0 = time.perf_counter()
         try:
+            # the cache directory is the package's own: a damaged entry is set aside (force)
             run_pipeline(pc, out, workers=max(1, self.config.place_workers), resume=True,
-                         trace=self.trace, on_layer=(lambda _: bar.update(1)) if bar else None)
+                         force=True, trace=self.trace,
+                         on_layer=(lambda _: bar.update(1)) if bar else None)
         finally:
             if bar is not None:
                 bar.close()
@@ -219,6 +221,11 @@ def _complete_artifact(directory: Path, config_hash: str) -> bool:
         return False  # an older cache without every artifact: the resumed pipeline merges again
     try:
         meta = Placement.load(path).meta
-    except ConfigError:
+        for artifact in PLACEMENT_ARTIFACTS.values():
+            if artifact and artifact != "placement.npz":
+                Placement.load(directory / artifact)
+    except ConfigError as exc:
+        # a corrupt cache entry is a miss: the resumed pipeline recomputes what it cannot read
+        log.warning("placement cache %s is damaged (%s); recomputing it", directory, exc)
         return False
     return meta.get("config_hash") == config_hash and not meta.get("layers_missing")

@@ -38,7 +38,8 @@ RENDER_MODES = ("ansi",)
 
 
 def _positive_int(name: str, value: Any, minimum: int, what: str) -> int:
-    if not (isinstance(value, int | np.integer) and value >= minimum):
+    if isinstance(value, bool | np.bool_) or not (isinstance(value, int | np.integer)
+                                                   and value >= minimum):
         raise ConfigError(f"{name} must be {what}, got {value!r}")
     return int(value)
 
@@ -150,6 +151,12 @@ class EnvConfig:
         _positive_int("batch", self.batch, 1, "a positive integer")
         _positive_int("steps_per_episode", self.steps_per_episode, 1, "a positive integer")
         _positive_int("max_broadcast", self.max_broadcast, 0, "an integer >= 0")
+        for name in ("trace_seed", "placement_seed", "gamma_seed"):
+            _positive_int(name, getattr(self, name), 0, "an integer >= 0 (a seed)")
+        for name in ("trace_requests", "trace_tokens"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name), 1,
+                              "None (the default) or a positive integer")
         rules = tuple(self.dispatch_rules)
         for rule in rules:
             if rule not in DISPATCH_RULES:
@@ -186,9 +193,15 @@ class EnvConfig:
 
         L = self.model_spec.num_moe_layers
         if self.k_b is not None:
-            manual = np.broadcast_to(np.asarray(self.k_b, dtype=np.int64), (L,))
-            if (manual < 0).any():
-                raise ConfigError(f"k_b must be >= 0, got {self.k_b!r}")
+            raw = np.asarray(self.k_b)
+            if raw.dtype.kind not in "iu" or raw.ndim > 1 or raw.size not in (1, L):
+                raise ConfigError(f"k_b must be an integer or one integer per layer (L={L}), "
+                                  f"got {self.k_b!r}")
+            manual = np.broadcast_to(raw.astype(np.int64), (L,))
+            cap = min(self.max_broadcast, self.model_spec.num_experts)
+            if (manual < 0).any() or (manual > cap).any():
+                raise ConfigError(f"k_b must lie in [0, min(max_broadcast, E) = {cap}], got "
+                                  f"{self.k_b!r}; raise max_broadcast or lower k_b")
         if self.gating_comp_penalty not in COMP_PENALTIES:
             raise unknown_name("computation penalty", self.gating_comp_penalty, COMP_PENALTIES)
         if self.gating_comm_penalty not in COMM_PENALTIES:

@@ -9,22 +9,23 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from traces.errors import TraceFormatError  # defined in the bottom layer; re-exported here
+# defined in the bottom layer (so trace errors share the base class); re-exported here
+from traces.errors import HdMoeError, TraceFormatError, UnknownNameError
 
 __all__ = [
     "ConfigError",
     "DependencyNotInstalled",
     "HdMoeError",
     "InfeasibleError",
+    "IntegrityError",
     "InvalidAction",
+    "OutputPathError",
+    "ResourceLimitError",
     "SolverError",
     "TraceFormatError",
+    "UnknownNameError",
     "unknown_name",
 ]
-
-
-class HdMoeError(Exception):
-    """Base class of every error raised by hdamoe-env."""
 
 
 class ConfigError(HdMoeError, ValueError):
@@ -33,6 +34,19 @@ class ConfigError(HdMoeError, ValueError):
 
 class InfeasibleError(ConfigError):
     """A valid request that cannot be satisfied (e.g. a memory cap below what the placement needs)."""
+
+
+class OutputPathError(ConfigError):
+    """An output path cannot be used: a directory given as a file (or the reverse), a parent that
+    is not a directory or not writable, or existing files the command would overwrite."""
+
+
+class IntegrityError(HdMoeError):
+    """A file does not match the checksum recorded for it (modified, replaced or corrupted)."""
+
+
+class ResourceLimitError(ConfigError):
+    """A run would need more memory than the machine can give it (estimate in the message)."""
 
 
 class InvalidAction(HdMoeError, ValueError):

@@ -16,8 +16,87 @@ from typing import IO, Any
 
 import numpy as np
 
+from hdamoe_env.errors import OutputPathError
 
-__all__ = ["atomic_write", "json_default", "write_json"]
+__all__ = ["apply_umask", "atomic_write", "check_output_dir", "check_output_file",
+           "json_default", "write_json"]
+
+
+def _umask() -> int:
+    """Return the process umask (read by setting and restoring it; there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | os.PathLike[str], mode: int = 0o666) -> None:
+    """Give ``path`` the permissions a plainly created file would have (``mode & ~umask``).
+
+    ``tempfile.mkstemp`` creates files readable by their owner only (0600); files written
+    through a temporary file are therefore re-moded before they replace the target.
+    """
+    os.chmod(path, mode & ~_umask())
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def _check_parent(path: Path, what: str) -> None:
+    parent = _nearest_existing(path.absolute().parent)
+    if not parent.is_dir():
+        raise OutputPathError(f"{what} {str(path)!r}: {str(parent)!r} is a file, not a directory; "
+                              "expected a path inside a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{what} {str(path)!r}: directory {str(parent)!r} is not writable; "
+                              "choose a path in a writable directory")
+
+
+def check_output_file(path: str | os.PathLike[str], what: str = "output file", *,
+                      parent_must_exist: bool = False) -> Path:
+    """Check, before any work starts, that ``path`` can be written as a file.
+
+    Missing parent directories are fine when they can be created (the writer creates them),
+    unless ``parent_must_exist``.
+
+    Raises:
+        OutputPathError: ``path`` is a directory, its parent is missing (``parent_must_exist``),
+            or its nearest existing ancestor is a file or not writable.
+    """
+    target = Path(path)
+    parent = target.absolute().parent
+    if parent_must_exist and not parent.is_dir():
+        raise OutputPathError(f"{what} {str(target)!r}: directory {str(parent)!r} does not exist "
+                              "or is not a directory; create it first or choose another path")
+    if target.is_dir():
+        raise OutputPathError(f"{what} {str(target)!r} is a directory; expected a file path "
+                              f"such as {str(target / 'out.json')!r}")
+    _check_parent(target, what)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise OutputPathError(f"{what} {str(target)!r} is not writable; choose another path")
+    return target
+
+
+def check_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
+    """Check, before any work starts, that ``path`` can be used (or created) as a directory.
+
+    Raises:
+        OutputPathError: ``path`` exists and is not a directory, or its nearest existing
+            ancestor is a file or not writable.
+    """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise OutputPathError(f"{what} {str(target)!r} is a file; expected a directory (give a "
+                              "new or existing directory path)")
+    if target.is_dir():
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise OutputPathError(f"{what} {str(target)!r} is not writable; choose another one")
+        return target
+    _check_parent(target, what)
+    return target
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], Any],
@@ -33,11 +112,19 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], Any],
         The destination path.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise OutputPathError(f"cannot write {str(path)!r}: it is a directory; expected a file "
+                              "path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise OutputPathError(f"cannot write {str(path)!r}: a parent is a file, not a directory "
+                              f"({exc.filename})") from None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": ""})) as fh:
             write(fh)
+        apply_umask(tmp)                   # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

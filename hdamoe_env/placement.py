@@ -63,8 +63,21 @@ class Placement:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        P = np.ascontiguousarray(np.asarray(self.P, dtype=np.float64))
-        pi = np.ascontiguousarray(np.asarray(self.pi, dtype=np.int64))
+        try:
+            raw_P, raw_pi = np.asarray(self.P), np.asarray(self.pi)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"placement arrays P and pi must be numeric arrays: {exc}") from None
+        if raw_P.dtype.kind not in "fiu":
+            raise ConfigError(f"placement P must hold real numbers, got dtype {raw_P.dtype}; "
+                              "expected float64 shares [L, E, D]")
+        if raw_pi.dtype.kind not in "iuf" or (
+                raw_pi.dtype.kind == "f" and not np.array_equal(raw_pi, np.trunc(raw_pi))):
+            raise ConfigError(f"placement pi must hold integer endpoints, got dtype {raw_pi.dtype}"
+                              + (f" with non-integer values {raw_pi[raw_pi != np.trunc(raw_pi)][:3]}"
+                                 if raw_pi.dtype.kind == "f" else "")
+                              + "; expected int64 [L, D] (a permutation per layer)")
+        P = np.ascontiguousarray(raw_P.astype(np.float64, copy=False))
+        pi = np.ascontiguousarray(raw_pi.astype(np.int64, copy=False))
         object.__setattr__(self, "P", P)
         object.__setattr__(self, "pi", pi)
         self.validate()
@@ -173,13 +186,39 @@ class Placement:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"placement file {str(path)!r} does not exist")
+        if path.is_dir():
+            raise ConfigError(f"placement file {str(path)!r} is a directory; expected a .npz file "
+                              "(for an `hdamoe place` output give DIR/placement.npz)")
         try:
             with np.load(path, allow_pickle=False) as data:
+                if not hasattr(data, "files"):
+                    raise ValueError("a bare .npy array, not an .npz archive")
                 P, pi, meta_raw = data["P"], data["pi"], data["meta"]
-        except (KeyError, ValueError, OSError) as exc:
-            raise ConfigError(f"{str(path)!r} is not a placement file (.npz with P, pi, meta): "
-                              f"{exc}") from None
-        meta = json.loads(bytes(meta_raw).decode())
+        except Exception as exc:  # noqa: BLE001 - truncated/bit-flipped archives raise anything
+            raise ConfigError(f"{str(path)!r} is not a placement file (readable .npz with P, pi, "
+                              f"meta): {type(exc).__name__}: {exc}; rewrite it with "
+                              "Placement.save or `hdamoe place`") from None
+        try:
+            if meta_raw.dtype != np.uint8 or meta_raw.ndim != 1:
+                raise ValueError(f"dtype {meta_raw.dtype}, shape {meta_raw.shape}")
+            meta = json.loads(bytes(meta_raw).decode())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{str(path)!r}: array 'meta' is not UTF-8 JSON bytes ({exc}); "
+                              "expected a file written by Placement.save") from None
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{str(path)!r}: meta is a JSON {type(meta).__name__}, expected an "
+                              "object; the file was not written by Placement.save")
+        if P.dtype.kind != "f" or pi.dtype.kind not in "iu":
+            raise ConfigError(f"{str(path)!r}: P has dtype {P.dtype} and pi {pi.dtype}; expected "
+                              "float shares and integer endpoints (a float pi would be "
+                              "truncated)")
+        version = meta.get("format_version", 0)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ConfigError(f"{str(path)!r}: meta.format_version={version!r}, expected an "
+                              "integer")
+        if not isinstance(meta.get("method", "custom"), str):
+            raise ConfigError(f"{str(path)!r}: meta.method={meta.get('method')!r}, expected a "
+                              "string")
         if meta.get("format") != PLACEMENT_FORMAT:
             raise ConfigError(f"{str(path)!r}: meta.format={meta.get('format')!r}, expected "
                               f"{PLACEMENT_FORMAT!r}")
@@ -189,7 +228,10 @@ class Placement:
         method = meta.pop("method", "custom")
         meta.pop("format", None)
         meta.pop("format_version", None)
-        return cls(P=P, pi=pi, method=method, meta=meta)
+        try:
+            return cls(P=P, pi=pi, method=method, meta=meta)
+        except ConfigError as exc:
+            raise ConfigError(f"{str(path)!r}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------- constructors

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -292,7 +293,16 @@ def hardware_from_setting(setting: str = "5/50", mesh: str | tuple[int, int] = (
         The hardware spec.
     """
     tflops, gbps = parse_setting(setting)
-    shape = parse_mesh(mesh) if isinstance(mesh, str) else (int(mesh[0]), int(mesh[1]))
+    if isinstance(mesh, str):
+        shape = parse_mesh(mesh)
+    else:
+        ok = (isinstance(mesh, tuple | list) and len(mesh) == 2
+              and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                      for v in mesh))
+        if not ok:
+            raise ConfigError(f"mesh {mesh!r} is not 'XxY' or a pair of positive integers "
+                              "(X, Y); e.g. '4x8' or (4, 8)")
+        shape = (int(mesh[0]), int(mesh[1]))
     return HardwareSpec(mesh_shape=shape, compute_tflops=tflops, link_bw_gbps=gbps, **overrides)
 
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["TraceFormatError", "UnknownNameError", "unknown_name"]
+__all__ = ["HdMoeError", "TraceFormatError", "UnknownNameError", "unknown_name"]
 
 
-class TraceFormatError(ValueError):
+class HdMoeError(Exception):
+    """Base class of every error raised by hdamoe-env (traces, core, agents, baselines, app).
+
+    Defined in the bottom layer so that trace errors are ``HdMoeError``s too;
+    ``hdamoe_env.errors`` re-exports it.
+    """
+
+
+class TraceFormatError(HdMoeError, ValueError):
     """A trace file or array is malformed.
 
     The message names the file, the array or layer key, the first offending row and what was
@@ -16,7 +24,7 @@ class TraceFormatError(ValueError):
     """
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(HdMoeError, ValueError):
     """A registry name (model key, view, batching mode) is unknown; the message suggests a match."""
 
 

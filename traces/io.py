@@ -21,7 +21,6 @@ import json
 import os
 import re
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -114,10 +113,20 @@ def save(trace: RoutingTrace, path: str | os.PathLike[str]) -> Path:
     arrays: dict[str, NDArray[Any]] = dict(trace.array_items())
     arrays["meta"] = np.frombuffer(meta_bytes, dtype=np.uint8)
     directory = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise TraceFormatError(f"{target}: is a directory; expected a file path such as "
+                               f"{target / 'trace.hdtrace.npz'}")
+    if not directory.is_dir():
+        raise TraceFormatError(f"{target}: directory {directory} does not exist or is not a "
+                               "directory; create it first or choose another path")
     handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(handle, "wb") as stream:
             np.savez_compressed(stream, **arrays)  # type: ignore[arg-type]
+        # mkstemp creates 0600; give the file the mode a plainly created file would have
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(temp_name, 0o666 & ~mask)
         os.replace(temp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -158,7 +167,7 @@ def load(path: str | os.PathLike[str]) -> RoutingTrace:
             }
     except TraceFormatError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - damaged archives raise anything (zlib, zipfile)
         raise TraceFormatError(
             f"{source}: cannot read as .npz ({type(exc).__name__}: {exc}); "
             "expected a file written by traces.save"
@@ -298,7 +307,9 @@ def _layer_order(
     """Return the layer keys in MoE-layer order and the key offset; check contiguity."""
     numbers = []
     for key in layers:
-        if not isinstance(key, str) or not key.isdigit():
+        # ASCII digits only: str.isdigit() accepts e.g. '١' or '²', which int() maps elsewhere
+        if (not isinstance(key, str) or not key.isascii() or not key.isdigit()
+                or str(int(key)) != key):      # '00', '01' would not map back to their key
             raise TraceFormatError(
                 f"{source}: {what}key {key!r} is not a decimal layer key; "
                 "expected keys '0', '1', ..."
@@ -341,6 +352,8 @@ def _rows_array(rows: Any, source: str, what: str, key: str, top_k: int | None) 
     expected_k = (
         top_k if top_k is not None else (len(rows[0]) if isinstance(rows[0], list) else None)
     )
+    if array is not None and array.dtype.kind in "iu" and _has_bools(rows):
+        array = None                       # JSON true/false are not expert ids (find the row)
     if (
         array is None
         or array.ndim != 2
@@ -368,6 +381,11 @@ def _rows_array(rows: Any, source: str, what: str, key: str, top_k: int | None) 
             f"{source}: {what}layer key {key!r}: rows do not form an integer [T, k] table"
         )
     return array.astype(np.int64, copy=False)
+
+
+def _has_bools(rows: list[Any]) -> bool:
+    """True when a JSON true/false hides among the ids (numpy would read them as 1/0)."""
+    return any(type(v) is bool for row in rows if isinstance(row, list) for v in row)
 
 
 def _check_rows(array: NDArray[Any], num_experts: int, source: str, what: str, key: str) -> None:
@@ -583,6 +601,7 @@ def read_reference_json(
     k: int | None = None,
     layer_key_offset: int | None = None,
     segment_detection: bool = True,
+    num_layers: int | None = None,
 ) -> RoutingTrace:
     """Read one of the authors' JSON traces (traces.md §2.1–2.3) into a validated trace.
 
@@ -604,6 +623,8 @@ def read_reference_json(
             smallest key.
         segment_detection: Recover requests with traces.md §3.2 (otherwise one request, every row
             kept).
+        num_layers: Expected number of MoE layers (the model's); a file with another count is
+            refused.
 
     Returns:
         The trace; ``meta`` records the source file, its SHA-256, the licence, the category parsed
@@ -650,6 +671,13 @@ def read_reference_json(
         )
     )
     keys, _, layers = _parse_layers(routing, source, what, layer_key_offset, k, None)
+    if num_layers is not None and len(keys) != num_layers:
+        raise TraceFormatError(
+            f"{source}: {what}has {len(keys)} MoE layers (keys {keys[0]}..{keys[-1]}) but "
+            f"the model has {num_layers}; expected layer keys "
+            f"{layer_key_offset or 0}..{(layer_key_offset or 0) + num_layers - 1}; check "
+            "--model or the file"
+        )
     num_tokens, top_k = layers[0].shape
     orig_layers, pred_layers = _parse_wrapped(original, predicted, keys, source, top_k, num_tokens)
     if E is None:

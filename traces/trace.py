@@ -361,6 +361,16 @@ class RoutingTrace:
                     f"{source}: array 'cand_scores' layer {layer} row {row}: "
                     "non-finite score; expected finite router scores"
                 )
+            if self.meta.get("score_kind") == "softmax_all":
+                scores = self.cand_scores
+                bad = ((scores < 0) | (scores > 1 + 1e-3)).any(axis=2)
+                if bad.any():
+                    layer, row = _first_bad_row(bad)
+                    raise TraceFormatError(
+                        f"{source}: array 'cand_scores' layer {layer} row {row}: scores "
+                        f"{scores[layer, row].tolist()} outside [0, 1]; score_kind "
+                        "'softmax_all' means softmax probabilities (traces.md §5)"
+                    )
         bad_phase = np.flatnonzero(self.phase > 2)
         if bad_phase.size:
             row = int(bad_phase[0])

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from hdamoe_env import __version__
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled, OutputPathError, unknown_name
 from baselines.store import (PLACEMENT_ARTIFACTS, QUICK_PLACEMENT, PlacementStore, StoreConfig)
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import factory as progress_factory
@@ -541,6 +541,10 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
         raise ConfigError(f"seeds must be distinct and non-empty, got {seeds}")
     trace, probe = _load_trace(config)
     run_key = config.run_key(trace.trace_id)
+    if json_path and not resume and Path(json_path).is_file() and Path(json_path).stat().st_size:
+        raise OutputPathError(f"{str(json_path)!r} already exists and would be replaced; pass "
+                              "resume=True (--resume) to keep its records and skip finished "
+                              "pairs, or choose another path")
     existing = read_records(json_path) if (json_path and resume) else []
     done = {(r.get("run_key"), r.get("method"), r.get("seed")): r for r in existing}
     skipped = [(m, s) for m in names for s in seeds if (run_key, m, s) in done]

@@ -19,9 +19,17 @@ from typing import Any
 
 from hdamoe_env import __version__
 from hdamoe_env.app import bench, crossover, envbench, place, record, reproduce
+from hdamoe_env.app.argtypes import (
+    float_list,
+    int_list,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
-from hdamoe_env.errors import HdMoeError, TraceFormatError
+from hdamoe_env.errors import HdMoeError
 from hdamoe_env.fileio import write_json
 from hdamoe_env.placement import placement_by_name
 from hdamoe_env.profiles import PROFILES, get_profile
@@ -186,7 +194,8 @@ def cmd_traces_convert(args: argparse.Namespace) -> int:
     if args.model:
         model = get_model(args.model)
         kwargs = {"model_key": model.key, "E": model.num_experts, "k": model.top_k,
-                  "layer_key_offset": model.layer_key_offset}
+                  "layer_key_offset": model.layer_key_offset,
+                  "num_layers": model.num_moe_layers}
     trace = traces.read_reference_json(args.path, **kwargs)
     path = traces.save(trace, args.out)
     print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows; keep it outside "
@@ -201,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hdamoe", description="HDA-MoE on 3D near-memory processing: simulate MoE decode "
         "latency on a NoC, build placements, benchmark agents.")
     parser.add_argument("--version", action="version", version=f"hdamoe-env {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more log output (-vv: debug); errors show their traceback")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="per-layer latency and TBT of TP/EP or a placement",
@@ -210,30 +222,30 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
     sim.add_argument("--mesh", default="4x8", help="node grid XxY (fat-tree: 4x8 endpoints)")
     sim.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    sim.add_argument("--hop-latency-ns", type=float, default=0.0)
-    sim.add_argument("--dram-gib", type=float, default=None,
+    sim.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0)
+    sim.add_argument("--dram-gib", type=positive_float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
-    sim.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
+    sim.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
     sim.add_argument("--placement", default="tp,ep",
                      help="comma list of tp, ep or paths to placement .npz files")
     sim.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
-    sim.add_argument("--requests", type=int, default=None,
+    sim.add_argument("--requests", type=positive_int, default=None,
                      help="synthetic trace: number of requests (default: generator's)")
     sim.add_argument("--conventions", default="faithful", type=profile_name,
                      help=PROFILE_HELP)
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"))
-    sim.add_argument("--steps", type=int, default=16, help="decode steps (sampled evaluator)")
+    sim.add_argument("--steps", type=positive_int, default=16, help="decode steps (sampled evaluator)")
     sim.add_argument("--batching", default="streams", choices=("streams", "random_rows"))
     sim.add_argument("--view", default="content", choices=("content", "unique", "raw"),
                      help="trace rows used: content (new computation only), unique, raw (all "
                      "rows, as the reference sampled them)")
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--seed", type=nonneg_int, default=0)
     sim.add_argument("--json", default=None, help="write records to this JSON file")
     sim.set_defaults(func=cmd_simulate)
 
     bs = sub.add_parser("bench-sim", help="DES fast kernel vs oracle: simulations per second")
-    bs.add_argument("--seconds", type=float, default=3.0, help="time budget per measurement")
-    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--seconds", type=positive_float, default=3.0, help="time budget per measurement")
+    bs.add_argument("--seed", type=nonneg_int, default=0)
     bs.add_argument("--json", default=None)
     bs.set_defaults(func=cmd_bench_sim)
 
@@ -244,15 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("paths", nargs="+",
                     help="trace files (.json reference, .npz canonical) or synthetic:<model>")
     st.add_argument("--view", default="content", choices=("content", "unique", "raw"))
-    st.add_argument("--batch", type=int, default=64, help="B for the fluctuation statistics")
-    st.add_argument("--requests", type=int, default=None)
-    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--batch", type=positive_int, default=64, help="B for the fluctuation statistics")
+    st.add_argument("--requests", type=positive_int, default=None)
+    st.add_argument("--seed", type=nonneg_int, default=0)
     st.add_argument("--json", default=None)
     st.set_defaults(func=cmd_traces_stats)
     gen = tsub.add_parser("gen", help="write a synthetic trace (.hdtrace.npz)")
     gen.add_argument("--model", default="deepseek-v2-lite")
-    gen.add_argument("--requests", type=int, default=None)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--requests", type=positive_int, default=None)
+    gen.add_argument("--seed", type=nonneg_int, default=0)
     gen.add_argument("--out", required=True)
     gen.set_defaults(func=cmd_traces_gen)
     conv = tsub.add_parser("convert", help="reference JSON trace → canonical .npz")
@@ -296,34 +308,34 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", default="deepseek-v2-lite",
                    help=f"model preset: {', '.join(MODEL_PRESETS)}")
     p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
-    p.add_argument("--requests", type=int, default=None,
+    p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: the env's)")
     p.add_argument("--mesh", default="4x8", help="node grid XxY")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
+    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
     p.add_argument("--conventions", default="faithful", type=profile_name,
                    help=PROFILE_HELP)
     p.add_argument("--methods", default=",".join(bench.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
                    "an agent")
-    p.add_argument("--seeds", default="0,1,2", help="comma list of episode seeds")
-    p.add_argument("--steps", type=int, default=16, help="decode steps per episode")
+    p.add_argument("--seeds", type=int_list, default="0,1,2", help="comma list of episode seeds")
+    p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
     p.add_argument("--fidelity", default="des", choices=("des", "analytic"))
     p.add_argument("--predictor", default="noisy_oracle",
                    choices=("noisy_oracle", "oracle", "trace", "frequency"))
-    p.add_argument("--max-broadcast", type=int, default=8, help="pre-broadcast slots")
-    p.add_argument("--k-b", type=int, default=None,
+    p.add_argument("--max-broadcast", type=nonneg_int, default=8, help="pre-broadcast slots")
+    p.add_argument("--k-b", type=nonneg_int, default=None,
                    help="manual pre-broadcast slots per layer (default: the budget rule)")
-    p.add_argument("--gating-protect-top", type=int, default=0,
+    p.add_argument("--gating-protect-top", type=nonneg_int, default=0,
                    help="never drop a token's m best original experts (0 = reference)")
     p.add_argument("--placement-dir", default=None,
                    help="`hdamoe place` output directory (default: quick pipeline, cached)")
     p.add_argument("--cache-dir", default=None,
                    help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
-    p.add_argument("--place-workers", type=int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("--place-workers", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="worker processes of the quick placement pipeline")
-    p.add_argument("--place-seed", type=int, default=0, help="seed of EP and the pipeline")
+    p.add_argument("--place-seed", type=nonneg_int, default=0, help="seed of EP and the pipeline")
     p.add_argument("--json", default=None, help="write the records (JSON list) here")
     p.add_argument("--csv", default=None, help="write the records as CSV here")
     p.add_argument("--resume", action="store_true",
@@ -346,11 +358,11 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", default="deepseek-v2-lite")
     p.add_argument("--mesh", default="4x8")
     p.add_argument("--setting", default="5/50")
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--batch", type=positive_int, default=128)
     p.add_argument("--conventions", default="faithful", type=profile_name,
                    help=PROFILE_HELP)
-    p.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seconds", type=positive_float, default=2.0, help="time budget per measurement")
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--json", default=None)
     p.set_defaults(func=envbench.cmd_bench_env)
     return p
@@ -365,7 +377,7 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="quick: <= 20 min on 2 cores; full: the whole grid")
     p.add_argument("--out", required=True, help="output directory (report.md, figures/, "
                    "results.jsonl, cells/)")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="parallel worker processes (or Ray CPUs)")
     p.add_argument("--backend", default="process", choices=reproduce.BACKENDS)
     p.add_argument("--ray-address", default=None,
@@ -375,7 +387,7 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(Mixtral cells are skipped when it is missing)")
     p.add_argument("--cache-dir", default=None,
                    help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
-    p.add_argument("--seeds", default=None, help="comma list of episode seeds")
+    p.add_argument("--seeds", type=int_list, default=None, help="comma list of episode seeds")
     p.add_argument("--fresh", action="store_true",
                    help="ignore finished cells in --out and compute everything again")
     p.add_argument("--report-only", action="store_true",
@@ -392,14 +404,14 @@ def _add_record_parsers(tsub: Any) -> None:
                          help="train the tiny Mixtral model on stdlib sources (needs [record])")
     tt.add_argument("--out", default=None,
                     help="output directory (default ~/.cache/hdamoe-env/tiny-mixtral)")
-    tt.add_argument("--minutes", type=float, default=8.0, help="wall-clock training budget")
-    tt.add_argument("--seed", type=int, default=0)
-    tt.add_argument("--hidden", type=int, default=96)
-    tt.add_argument("--layers", type=int, default=4)
-    tt.add_argument("--seq-len", type=int, default=128)
-    tt.add_argument("--batch", type=int, default=16)
-    tt.add_argument("--lr", type=float, default=3e-3)
-    tt.add_argument("--max-steps", type=int, default=None)
+    tt.add_argument("--minutes", type=positive_float, default=8.0, help="wall-clock training budget")
+    tt.add_argument("--seed", type=nonneg_int, default=0)
+    tt.add_argument("--hidden", type=positive_int, default=96)
+    tt.add_argument("--layers", type=positive_int, default=4)
+    tt.add_argument("--seq-len", type=positive_int, default=128)
+    tt.add_argument("--batch", type=positive_int, default=16)
+    tt.add_argument("--lr", type=positive_float, default=3e-3)
+    tt.add_argument("--max-steps", type=positive_int, default=None)
     tt.set_defaults(func=record.cmd_train_tiny)
 
     rec = tsub.add_parser("record", formatter_class=fmt,
@@ -412,14 +424,14 @@ def _add_record_parsers(tsub: Any) -> None:
                      help="text file, prompts separated by blank lines")
     src.add_argument("--stdlib-heldout", action="store_true",
                      help="prompts from the held-out stdlib files")
-    rec.add_argument("--num-prompts", type=int, default=16)
-    rec.add_argument("--prompt-bytes", type=int, default=256,
+    rec.add_argument("--num-prompts", type=positive_int, default=16)
+    rec.add_argument("--prompt-bytes", type=positive_int, default=256,
                      help="--stdlib-heldout: bytes per prompt")
-    rec.add_argument("--max-new-tokens", type=int, default=64)
-    rec.add_argument("--extra-candidates", type=int, default=None,
+    rec.add_argument("--max-new-tokens", type=positive_int, default=64)
+    rec.add_argument("--extra-candidates", type=nonneg_int, default=None,
                      help="J: candidates beyond the top-k stored with scores (default k)")
     rec.add_argument("--model-key", default=None, help="meta['model'] of the trace")
-    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--seed", type=nonneg_int, default=0)
     rec.add_argument("--out", required=True, help="trace path (.hdtrace.npz)")
     rec.add_argument("--json", default=None, help="write the prediction accuracy here")
     rec.set_defaults(func=record.cmd_record)
@@ -428,15 +440,15 @@ def _add_record_parsers(tsub: Any) -> None:
                           help="routing fidelity of hardware-aware gating on held-out text "
                           "(paper-model.md §12; needs [record])")
     fid.add_argument("--model-dir", default=None)
-    fid.add_argument("--num-texts", type=int, default=16)
-    fid.add_argument("--text-bytes", type=int, default=512)
-    fid.add_argument("--max-len", type=int, default=512)
-    fid.add_argument("--batch", type=int, default=32,
+    fid.add_argument("--num-texts", type=positive_int, default=16)
+    fid.add_argument("--text-bytes", type=positive_int, default=512)
+    fid.add_argument("--max-len", type=positive_int, default=512)
+    fid.add_argument("--batch", type=positive_int, default=32,
                      help="gating batch: consecutive rows gated together (a decode step)")
-    fid.add_argument("--levels", default="0.01,0.1,1",
+    fid.add_argument("--levels", type=float_list(positive=False), default="0.01,0.1,1",
                      help="multiples of the default (r_comp, r_comm) of --sim-model")
-    fid.add_argument("--cache-lambda", type=float, default=0.5)
-    fid.add_argument("--sub-tokens", type=int, default=256,
+    fid.add_argument("--cache-lambda", type=nonneg_float, default=0.5)
+    fid.add_argument("--sub-tokens", type=positive_int, default=256,
                      help="tokens per layer for the substitutability matrix")
     fid.add_argument("--sim-model", default="mixtral-8x7b",
                      help="preset whose layer shapes (h, I) and coefficients are used; its "
@@ -446,7 +458,7 @@ def _add_record_parsers(tsub: Any) -> None:
     fid.add_argument("--conventions", default="paper", type=profile_name, help=PROFILE_HELP)
     fid.add_argument("--placement", default="ep", choices=("ep", "tp"))
     fid.add_argument("--no-simulate", dest="simulate", action="store_false")
-    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--seed", type=nonneg_int, default=0)
     fid.add_argument("--json", default=None)
     fid.set_defaults(func=record.cmd_fidelity)
 
@@ -456,33 +468,36 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
                    "(aliases mixtral, deepseek, qwen2, qwen35)")
     p.add_argument("--mesh", default="4x8", help="node grid XxY")
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
+    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
-    p.add_argument("--hop-latency-ns", type=float, default=0.0)
+    p.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0)
     p.add_argument("--trace", default="synthetic",
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
-    p.add_argument("--requests", type=int, default=None,
+    p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: generator's)")
     p.add_argument("--conventions", default="faithful", type=profile_name,
                    help=PROFILE_HELP)
     p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")
-    p.add_argument("--time-limit", type=float, default=10.0,
+    p.add_argument("--time-limit", type=positive_float, default=10.0,
                    help="Node-Balance time budget per layer (heuristic warm start + MILP), s")
-    p.add_argument("--mip-gap", type=float, default=0.05)
+    p.add_argument("--mip-gap", type=nonneg_float, default=0.05)
     p.add_argument("--nb-mode", default="milp", choices=("milp", "heuristic"))
     p.add_argument("--solver", default=None, choices=("highs", "cbc"),
                    help="MILP solver (default: HiGHS when highspy is installed, else CBC)")
-    p.add_argument("--bo-calls", type=int, default=70, help="Link-Balance evaluation budget")
+    p.add_argument("--bo-calls", type=positive_int, default=70, help="Link-Balance evaluation budget")
     p.add_argument("--lb-method", default="bo", choices=sorted(place._LB_CHOICES))
     p.add_argument("--lb-objective", default="des", choices=("des", "mst"))
     p.add_argument("--no-guard", action="store_true",
                    help="do not fall back to TP for layers where Node+Link is slower")
-    p.add_argument("--workers", type=int, default=1, help="parallel worker processes")
+    p.add_argument("--workers", type=positive_int, default=1, help="parallel worker processes")
     p.add_argument("--backend", default="process", choices=("process", "ray"))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="skip layers already finished in --out (same configuration only)")
+    p.add_argument("--force", action="store_true",
+                   help="use an --out directory holding another run or other files: the files "
+                   "this command writes are first moved into --out/superseded-*/ (never deleted)")
     p.add_argument("--json", default=None, help="also write the table rows to this JSON file")
 
 
@@ -492,7 +507,7 @@ def _add_place_parser(subparsers: Any) -> argparse.ArgumentParser:
         "place", help="offline placement: γ fit, Node Balance, Link Balance per layer",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_place_common(p)
-    p.add_argument("--rho-mem", type=float, default=None,
+    p.add_argument("--rho-mem", type=positive_float, default=None,
                    help="memory-capacity cap factor ρ_mem (Eq. 10; None = off)")
     p.set_defaults(func=place.run_place)
     return p
@@ -504,27 +519,154 @@ def _add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
         "sweep-mem", help="memory-cap sweep: ρ_mem → max/mean DRAM load and TBT",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_place_common(p)
-    p.add_argument("--rho-values", default="none,2,1.5,1.25,1.1,1.0",
+    p.add_argument("--rho-values", type=float_list(allow_none=True),
+                   default="none,2,1.5,1.25,1.1,1.0",
                    help="comma list of ρ_mem values ('none' = no cap)")
     p.set_defaults(func=place.run_sweep)
     return p
 
 
+_FILE_OPTIONS = ("json", "csv")
+#: (command path) -> kind of ``--out``: "dir" or "file".
+_OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "dir",
+             "evaluate": "dir", "traces gen": "file", "traces convert": "file",
+             "traces record": "file", "traces train-tiny": "dir"}
+
+
+def _command(args: argparse.Namespace) -> str:
+    sub = getattr(args, "traces_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
+
+
+def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
+    """Check every output path before any work starts; refuse to replace files silently.
+
+    Raises:
+        OutputPathError: A directory given as a file (or the reverse), an unusable parent, an
+            existing file that would be replaced, or a non-empty directory that is not this
+            command's own run.
+    """
+    from hdamoe_env.errors import OutputPathError
+    from hdamoe_env.fileio import check_output_dir, check_output_file
+
+    resume = bool(getattr(args, "resume", False)) or bool(getattr(args, "force", False))
+    for opt in _FILE_OPTIONS:
+        value = getattr(args, opt, None)
+        if value and value != "-":
+            path = check_output_file(value, f"--{opt}")
+            if path.is_file() and path.stat().st_size and not resume:
+                hint = ("pass --resume to keep its records and skip finished pairs, "
+                        if command == "bench" else "")
+                raise OutputPathError(f"--{opt} {value!r} already exists and would be replaced; "
+                                      f"{hint}choose another path or move it away first")
+    for opt in ("tensorboard", "plots"):
+        value = getattr(args, opt, None)
+        if value:
+            check_output_dir(value, f"--{opt}")
+    out = getattr(args, "out", None)
+    kind = _OUT_KIND.get(command)
+    if not out or kind is None:
+        return
+    if kind == "file":
+        path = check_output_file(out, "--out", parent_must_exist=True)
+        if path.is_file() and path.stat().st_size:
+            raise OutputPathError(f"--out {out!r} already exists and would be replaced; choose "
+                                  "another path or move it away first")
+        return
+    path = check_output_dir(out, "--out")
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    if command == "train" and not args.resume:
+        raise OutputPathError(f"--out {out!r} is not empty (e.g. {sorted(os.listdir(path))[:3]}); "
+                              "a fresh run would mix with its files and stale checkpoints; pass "
+                              "--resume to continue the run there, or use a new directory")
+    if command == "reproduce" and not ((path / "suite.json").exists() or (path / "cells").is_dir()
+                                       or (path / "results.jsonl").exists()):
+        raise OutputPathError(f"--out {out!r} is not empty and is not an `hdamoe reproduce` "
+                              "output (no suite.json, cells/ or results.jsonl); use a new or "
+                              "empty directory")
+
+
+def _preflight_memory(args: argparse.Namespace, command: str) -> None:
+    """Refuse runs whose estimated peak memory exceeds what is available (issue 15 #11)."""
+    from hdamoe_env.app import limits
+    from hdamoe_env.specs import parse_mesh
+
+    model_key = getattr(args, "model", None)
+    if not isinstance(model_key, str):
+        return
+    try:
+        model = get_model(model_key)
+    except HdMoeError:
+        return                                 # the command reports the unknown model itself
+    batch = getattr(args, "batch", None)
+    mesh = getattr(args, "mesh", None)
+    if command in ("simulate", "bench", "place", "sweep-mem", "train", "bench-env") and batch:
+        try:
+            X, Y = parse_mesh(mesh or "4x8")
+        except HdMoeError:
+            return
+        need = limits.batch_bytes(batch, model.num_experts, model.top_k, X * Y)
+        limits.check_fits(need, f"a decode batch of --batch {batch} tokens ({model.key}, "
+                          f"{X}x{Y} nodes)", "use a smaller --batch")
+    requests = getattr(args, "requests", None)
+    if requests and command in ("simulate", "bench", "place", "sweep-mem", "traces gen",
+                                "traces stats", "train"):
+        need = limits.trace_bytes(requests, model.num_moe_layers, model.top_k)
+        limits.check_fits(need, f"a synthetic trace of --requests {requests} ({model.key})",
+                          "use fewer --requests")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename!r}" if exc.filename else exc.strerror
+    return text or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hdamoe`` console script."""
+    """Entry point of the ``hdamoe`` console script.
+
+    Every error becomes one line on stderr and exit code 2 (``-v`` adds the traceback);
+    Ctrl-C exits with 130. Output paths and the memory estimate are checked before the command
+    starts any work.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbose = int(getattr(args, "verbose", 0) or 0)
     try:
+        command = _command(args)
+        _preflight_outputs(args, command)
+        _preflight_memory(args, command)
         return int(args.func(args) or 0)
-    except HdMoeError as exc:
-        print(f"hdamoe: error: {exc}", file=sys.stderr)
-        return 2
-    except TraceFormatError as exc:
-        print(f"hdamoe: trace error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("hdamoe: interrupted", file=sys.stderr)
+        print("hdamoe: interrupted (finished results were kept; rerun with --resume where "
+              "available)", file=sys.stderr)
         return 130
+    except HdMoeError as exc:
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        print(f"hdamoe: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        print("hdamoe: error: out of memory; use a smaller --batch, fewer --requests or a "
+              "smaller model", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 2
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        kind = "error" if isinstance(exc, OSError) else f"internal error ({type(exc).__name__})"
+        print(f"hdamoe: {kind}: {_one_line(exc)}"
+              + ("" if verbose else " (rerun with -v for the traceback)"), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

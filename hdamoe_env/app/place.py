@@ -77,7 +77,7 @@ def run_place(args: argparse.Namespace) -> int:
     try:
         result = run_pipeline(config, args.out, layers=todo, workers=args.workers,
                               backend=args.backend, resume=args.resume, trace=trace,
-                              on_layer=tick)
+                              on_layer=tick, force=getattr(args, "force", False))
     finally:
         bar.close()
     shown = PipelineResult(result.placement, {l: result.layers[l] for l in todo
@@ -99,7 +99,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             values.append(None if part.lower() == "none" else float(part))
     config = _config(args, None)
     rows = sweep_rho_mem(config, values, args.out, layers=args.layers, workers=args.workers,
-                         backend=args.backend, resume=args.resume)
+                         backend=args.backend, resume=args.resume,
+                         force=getattr(args, "force", False))
     head = ["rho_mem", "DRAM max GiB", "DRAM mean GiB", "max/mean", "TBT µs", "TP TBT µs",
             "norm. TBT"]
     print(render_table(head, [[str(r["rho_mem"]), f"{r['dram_max_gib']:.3f}",

@@ -199,7 +199,7 @@ def _run_sweep_mem(params: Mapping[str, Any], cache_dir: str | None) -> list[dic
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     out = root / f"sweep_mem__{pc.config_hash('sweep')}"
     rows = sweep_rho_mem(pc, list(params["rho"]), out, layers=params.get("layers"),
-                         resume=True)
+                         resume=True, force=True)      # the package's own cache directory
     return [{**row, "model": pc.model_spec.key, "setting": pc.setting, "mesh": mesh,
              "batch": pc.batch, "profile": pc.conventions} for row in rows]
 

@@ -36,6 +36,7 @@ from agents.learned import read_meta
 from agents.learned_train import ACTION_MODES, ALGORITHMS, to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app import bench
+from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
 from hdamoe_env.app.records import format_bench_table, summarise
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.fileio import atomic_write
@@ -368,14 +369,14 @@ def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--model", default=d("deepseek-v2-lite"), help="model preset id")
     p.add_argument("--mesh", default=d("4x8"), help="node grid XxY")
     p.add_argument("--setting", default=d("5/50"), help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=int, default=d(128), help="tokens per decode step B")
+    p.add_argument("--batch", type=positive_int, default=d(128), help="tokens per decode step B")
     p.add_argument("--conventions", default=d("faithful"), help="convention profile")
     p.add_argument("--trace", default=d("synthetic"), help="'synthetic' or a trace path")
-    p.add_argument("--requests", type=int, default=None, help="synthetic trace: requests")
-    p.add_argument("--trace-seed", type=int, default=None, help="synthetic trace seed")
-    p.add_argument("--k-b", type=int, default=None,
+    p.add_argument("--requests", type=positive_int, default=None, help="synthetic trace: requests")
+    p.add_argument("--trace-seed", type=nonneg_int, default=None, help="synthetic trace seed")
+    p.add_argument("--k-b", type=nonneg_int, default=None,
                    help="force N pre-broadcast slots per layer (default: the budget rule)")
-    p.add_argument("--max-broadcast", type=int, default=None, help="pre-broadcast slots")
+    p.add_argument("--max-broadcast", type=nonneg_int, default=None, help="pre-broadcast slots")
     p.add_argument("--placement", default=None,
                    help="tp | ep | node_link | hybrid | node_balance (default ep)")
     p.add_argument("--placement-dir", default=None, help="`hdamoe place` output directory")
@@ -415,24 +416,24 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """
     p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS)
     _env_cli_arguments(p, defaults=True)
-    p.add_argument("--timesteps", type=int, default=10_000, help="total env steps")
+    p.add_argument("--timesteps", type=positive_int, default=10_000, help="total env steps")
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
                    "expert ids; residual: HDA-MoE's action + a learned deviation")
     p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
                    help="residual mode: initial logit bonus of 'keep the greedy's choice'")
-    p.add_argument("--candidates", type=int, default=4, help="K of the ranked action")
+    p.add_argument("--candidates", type=positive_int, default=4, help="K of the ranked action")
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
-    p.add_argument("--n-envs", type=int, default=1, help="env copies (SubprocVecEnv if > 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=5_000, help="steps (0: never)")
+    p.add_argument("--n-envs", type=positive_int, default=1, help="env copies (SubprocVecEnv if > 1)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--checkpoint-every", type=nonneg_int, default=5_000, help="steps (0: never)")
     p.add_argument("--no-normalize", action="store_true", help="no VecNormalize")
     p.add_argument("--no-tensorboard", action="store_true")
-    p.add_argument("--hp", action="append", default=[], metavar="NAME=VALUE",
+    p.add_argument("--hp", type=hp_item, action="append", default=[], metavar="NAME=VALUE",
                    help="hyperparameter override, e.g. --hp n_steps=128 (repeatable)")
-    p.add_argument("--eval-steps", type=int, default=16, help="decode steps per eval episode")
-    p.add_argument("--eval-seeds", default=None, help="comma list (default 10000,10001,10002)")
+    p.add_argument("--eval-steps", type=positive_int, default=16, help="decode steps per eval episode")
+    p.add_argument("--eval-seeds", type=int_list, default=None, help="comma list (default 10000,10001,10002)")
     p.add_argument("--eval-trace", default=None, help="held-out trace (real traces)")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     p.add_argument("--out", required=True, help="output directory")
@@ -504,8 +505,8 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     _env_cli_arguments(p, defaults=False)
     p.add_argument("--fidelity", default="des",
                    help="comma list of fidelities (des, analytic)")
-    p.add_argument("--seeds", default=None, help="episode seeds (default 10000,10001,10002)")
-    p.add_argument("--steps", type=int, default=16, help="decode steps per episode")
+    p.add_argument("--seeds", type=int_list, default=None, help="episode seeds (default 10000,10001,10002)")
+    p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
     p.add_argument("--no-held-out", action="store_true",
                    help="evaluate on the given trace as is (default: the held-out split of a "
                    "learned agent's training trace)")

@@ -44,7 +44,7 @@ def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
                                                 baselines=["noop", "hd-moe", "hda-moe"])
     path = _train(env_kwargs, tmp_path, evaluate_fn=evaluate_fn, tensorboard=True)
     assert path == tmp_path / "model.zip" and path.exists()
-    assert (tmp_path / "vecnormalize.pkl").exists()
+    assert (tmp_path / "vecnormalize.npz").exists() and not list(tmp_path.rglob("*.pkl"))
     meta = json.loads((tmp_path / "learned.json").read_text())
     assert meta["algo"] == "maskable-ppo" and meta["num_timesteps"] >= 256
     assert meta["torch_threads"] == 1 and torch.get_num_threads() == 1

@@ -84,9 +84,15 @@ def test_resume_refuses_a_changed_configuration(cfg, trace, tmp_path, make_trace
     other = make_trace(2, 4, 2, 300, seed=2)
     with pytest.raises(ConfigError, match="trace_id"):
         run_pipeline(cfg, tmp_path, trace=other, resume=True)
-    # without --resume the directory is overwritten from scratch
-    res = run_pipeline(changed, tmp_path, trace=trace, layers="1")
+    # without --resume the other configuration's run is refused too (issue 15 #1) ...
+    with pytest.raises(ConfigError, match="another configuration.*--force"):
+        run_pipeline(changed, tmp_path, trace=trace, layers="1")
+    assert (tmp_path / "layer_000.json").exists()
+    # ... and --force moves it aside instead of deleting it
+    res = run_pipeline(changed, tmp_path, trace=trace, layers="1", force=True)
     assert res.computed == [1] and not (tmp_path / "layer_000.json").exists()
+    (kept,) = tmp_path.glob("superseded-*")
+    assert (kept / "layer_000.json").exists() and (kept / "run.json").exists()
 
 
 def test_same_seed_same_placement(cfg, trace, tmp_path):

@@ -1,0 +1,119 @@
+"""``argparse`` value types of the ``hdamoe`` options: every value is checked at parse time.
+
+Each function takes the option text and returns the parsed value or raises
+``argparse.ArgumentTypeError`` with the value received, what was expected and an example, which
+argparse prints as one ``hdamoe <cmd>: error: argument --x: ...`` line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+
+__all__ = ["bounded_int", "float_list", "hp_item", "int_list", "nonneg_float",
+           "nonneg_int", "positive_float", "positive_int"]
+
+def _int(text: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected e.g. 16") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected e.g. 2.5") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not finite; expected a finite number")
+    return value
+
+
+def bounded_int(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """Return a type accepting integers in ``[lo, hi]`` (``hi`` None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        if value < lo or (hi is not None and value > hi):
+            bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise argparse.ArgumentTypeError(f"{value} is out of range; expected an integer "
+                                             f"{bound}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+positive_int = bounded_int(1)
+nonneg_int = bounded_int(0)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0; e.g. 10")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0; e.g. 0 or 2.5")
+    return value
+
+
+def int_list(text: str) -> str:
+    """A comma list of integers (kept as text; the command splits it again)."""
+    items = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; expected integers like 0,1,2")
+    for item in items:
+        try:
+            int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not an integer; expected "
+                                             "integers like 0,1,2") from None
+    return str(text)
+
+
+def float_list(allow_none: bool = False, positive: bool = True) -> Callable[[str], str]:
+    """Return a type accepting a comma list of finite numbers (and ``none`` if allowed)."""
+
+    def parse(text: str) -> str:
+        items = [p.strip() for p in str(text).split(",") if p.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r} is empty; expected numbers like 1,1.5")
+        for item in items:
+            if allow_none and item.lower() == "none":
+                continue
+            try:
+                value = _float(item)
+            except argparse.ArgumentTypeError:
+                raise argparse.ArgumentTypeError(
+                    f"{item!r} in {text!r} is not a number; expected numbers"
+                    + (" or 'none'" if allow_none else "") + " like none,2,1.5") from None
+            if positive and value <= 0:
+                raise argparse.ArgumentTypeError(f"{item!r} in {text!r} must be > 0")
+        return str(text)
+
+    parse.__name__ = "number list"
+    return parse
+
+
+def hp_item(text: str) -> str:
+    """``NAME=VALUE`` with a JSON value (a bare word is a string); kept as text."""
+    name, sep, value = str(text).partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. n_steps=128")
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return str(text)                       # a string value (e.g. a schedule name)
+    if isinstance(parsed, float) and not math.isfinite(parsed):
+        raise argparse.ArgumentTypeError(f"{text!r}: value must be finite")
+    return str(text)
