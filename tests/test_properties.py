@@ -6,7 +6,6 @@ and env actions raise nothing outside the package's error classes.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np

@@ -529,6 +529,7 @@ def _add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
 _FILE_OPTIONS = ("json", "csv")
 #: (command path) -> kind of ``--out``: "dir" or "file".
 _OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "dir",
+             "crossover": "dir",
              "evaluate": "dir", "traces gen": "file", "traces convert": "file",
              "traces record": "file", "traces train-tiny": "dir"}
 
@@ -580,9 +581,10 @@ def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
         raise OutputPathError(f"--out {out!r} is not empty (e.g. {sorted(os.listdir(path))[:3]}); "
                               "a fresh run would mix with its files and stale checkpoints; pass "
                               "--resume to continue the run there, or use a new directory")
-    if command == "reproduce" and not ((path / "suite.json").exists() or (path / "cells").is_dir()
-                                       or (path / "results.jsonl").exists()):
-        raise OutputPathError(f"--out {out!r} is not empty and is not an `hdamoe reproduce` "
+    if command in ("reproduce", "crossover") and not (
+            (path / "suite.json").exists() or (path / "cells").is_dir()
+            or (path / "results.jsonl").exists()):
+        raise OutputPathError(f"--out {out!r} is not empty and is not an `hdamoe {command}` "
                               "output (no suite.json, cells/ or results.jsonl); use a new or "
                               "empty directory")
 

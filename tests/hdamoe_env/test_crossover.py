@@ -58,3 +58,11 @@ def test_tiny_run_finds_winners_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv) == 0                                   # everything resumed
     assert "0 cell(s) computed, 2 resumed" in capsys.readouterr().out
+
+
+def test_refuses_a_foreign_non_empty_out(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["crossover", "--suite", "tiny", "--out", str(tmp_path),
+                 "--methods", "tp,ep"]) == 2
+    assert "is not an `hdamoe crossover` output" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
