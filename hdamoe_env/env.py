@@ -253,6 +253,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               "predictor='noisy_oracle' or a trace with predictions")
         self._trace_seed = int(config.trace_seed)
         self._scored: RoutingTrace | None = None
+        self._cand_key: int | None = None
+        self._cand_step: tuple[NDArray[np.int64], NDArray[np.float64]] | None = None
         self.score_kind = self.trace.meta.get("score_kind")
         rows = self.trace.view(view)
         if rows.size == 0:
@@ -420,6 +422,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         try:
             steps = batching.make_steps(self.batch_mode, self.trace, self.batch, rng, **kwargs)
             self._rows = batching.take(steps, self.steps_per_episode)
+            self._cand_key = None
         except ValueError as exc:
             raise ConfigError(f"cannot form decode steps of B={self.batch} ({self.batch_mode}) "
                               f"from the trace: {exc}") from None
@@ -641,12 +644,21 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 f"expert {value} is already held by every node; allowed values: the unmasked "
                 f"experts of action_masks() or {E} (none)")
 
-    def _candidates(self, layer: int) -> tuple[NDArray[np.int16], NDArray[np.float32]]:
-        """Return the router candidates (ids, scores) [B, k + J] of the current decode step."""
-        rows = self._rows[self._decode_step]
-        trace = self._scored_trace()
-        assert trace.cand_ids is not None and trace.cand_scores is not None
-        return trace.cand_ids[layer, rows], trace.cand_scores[layer, rows]
+    def _candidates(self, layer: int) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Return the router candidates (ids, scores) [B, k + J] of the current decode step.
+
+        Gathered for every layer at the first gated layer of a decode step (one indexing
+        operation instead of one per layer), as the int64/float64 arrays gating works on.
+        """
+        key = self._decode_step                      # reset() clears the key
+        if self._cand_key != key or self._cand_step is None:
+            rows = self._rows[self._decode_step]
+            trace = self._scored_trace()
+            assert trace.cand_ids is not None and trace.cand_scores is not None
+            self._cand_step = (trace.cand_ids[:, rows].astype(np.int64),
+                               trace.cand_scores[:, rows].astype(np.float64))
+            self._cand_key = key
+        return self._cand_step[0][layer], self._cand_step[1][layer]
 
     def _scored_trace(self) -> RoutingTrace:
         """Return the trace with router candidates, synthesising scores once if it has none."""
