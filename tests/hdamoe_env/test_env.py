@@ -501,3 +501,24 @@ def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-mo
     assert c.conv is derived and c.sim.conv is derived
     with pytest.raises(ConfigError, match="batch must be a positive integer"):
         EnvConfig(batch=0)
+
+
+@pytest.mark.parametrize("env_id", sorted(hdamoe_env.REGISTERED_ENVS))
+def test_registered_variants(env_id):
+    kwargs, max_steps = hdamoe_env.REGISTERED_ENVS[env_id]
+    spec = gym.spec(env_id)
+    assert spec.entry_point == "hdamoe_env.env:HdMoeEnv"
+    assert spec.max_episode_steps == max_steps
+    env = gym.make(env_id, batch=8, trace_tokens=512, trace_requests=8)
+    base = env.unwrapped
+    for key, value in kwargs.items():
+        assert getattr(base.config, key) == value if key != "model" else base.model.key == value
+    if max_steps is not None:                 # the TimeLimit equals the env's own episode end
+        assert max_steps == base.steps_per_episode * base.num_layers
+    env.reset(seed=0)
+    n, done = 0, False
+    while not done:
+        _, _, term, trunc, _ = env.step(noop(base))
+        n += 1
+        done = term or trunc
+    assert term and n == base.steps_per_episode * base.num_layers
