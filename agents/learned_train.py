@@ -244,9 +244,42 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
 
 
 # ------------------------------------------------------------------------------- callbacks
-def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any) -> Any:
-    """Return the SB3 callbacks: latency logging and atomic checkpoints."""
+def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any,
+               on_progress: Callable[[int, float], None] | None = None,
+               hparams: dict[str, Any] | None = None) -> Any:
+    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams."""
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+    from stable_baselines3.common.logger import HParam
+
+    class HParamCallback(BaseCallback):
+        """Record the run's hyperparameters and configuration in TensorBoard's HPARAMS tab."""
+
+        def _on_training_start(self) -> None:
+            assert hparams is not None
+            clean = {k: (v if isinstance(v, bool | int | float | str) else json.dumps(
+                to_jsonable(v))) for k, v in hparams.items()}
+            self.logger.record("hparams", HParam(clean, {"rollout/ep_rew_mean": 0.0,
+                                                         "latency/total_over_tp": 0.0}),
+                               exclude=("stdout", "log", "json", "csv"))
+
+        def _on_step(self) -> bool:
+            return True
+
+    class ProgressCallback(BaseCallback):
+        """Call ``on_progress(num_timesteps, steps_per_s)`` at the end of every rollout."""
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+            self.n0 = self.model.num_timesteps
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            assert on_progress is not None
+            elapsed = time.perf_counter() - self.t0
+            n = self.model.num_timesteps
+            on_progress(n, (n - self.n0) / elapsed if elapsed > 0 else 0.0)
 
     class LatencyCallback(BaseCallback):
         """Log the env's ``info["total_us"]`` and ``info["tbt_us"]`` under ``latency/``."""
@@ -281,8 +314,12 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any) -> Any:
             return True
 
     callbacks: list[Any] = [LatencyCallback()]
+    if hparams:
+        callbacks.append(HParamCallback())
     if checkpoint_every > 0:
         callbacks.append(AtomicCheckpoint())
+    if on_progress is not None:
+        callbacks.append(ProgressCallback())
     return CallbackList(callbacks)
 
 
@@ -350,7 +387,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           placement: Placement | None = None, evaluate_fn: Callable[[Path], Any] | None = None,
           threads: int = 1, start_method: str | None = None, progress: bool = False,
           action_mode: str = "ranked", num_candidates: int = 4,
-          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT) -> Path:
+          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
+          on_progress: Callable[[int, float], None] | None = None) -> Path:
     """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
 
     Args:
@@ -384,6 +422,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             policy starts biased towards "no deviation" by ``residual_keep_logit``).
         num_candidates: K of the ranked action.
         residual_keep_logit: Initial logit bonus of "keep the greedy's choice" (residual mode).
+        on_progress: Called with (env steps so far, training steps/s) after every rollout
+            (the application layer shows it; ``agents`` prints nothing).
 
     Returns:
         The path of the saved model (``out_dir/model.zip``).
@@ -451,7 +491,13 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                  "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
         _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
     if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=_callbacks(out, checkpoint_every, vecnorm),
+        model.learn(total_timesteps=remaining, callback=_callbacks(
+                        out, checkpoint_every, vecnorm, on_progress,
+                        hparams={"algo": key, "action_mode": action_mode,
+                                 "num_candidates": num_candidates, "fidelity": fidelity,
+                                 "seed": seed, "n_envs": n_envs, "normalize_obs": normalize_obs,
+                                 **{f"env/{k}": v for k, v in user_kwargs.items()},
+                                 **{f"hp/{k}": v for k, v in dataclasses.asdict(hp).items()}}),
                     reset_num_timesteps=ckpt is None, tb_log_name=key, progress_bar=progress)
     wall = time.perf_counter() - t0
     if checkpoint_every > 0 and remaining > 0:     # resume continues from the exact end
