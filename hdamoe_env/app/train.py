@@ -446,7 +446,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     Returns:
         ``p``.
     """
-    p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS)
+    p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS, help="RL algorithm")
     _env_cli_arguments(p, defaults=True)
     p.add_argument("--timesteps", type=int, default=10_000, help="total env steps")
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
@@ -458,10 +458,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
     p.add_argument("--n-envs", type=int, default=1, help="env copies (SubprocVecEnv if > 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--checkpoint-every", type=int, default=5_000, help="steps (0: never)")
     p.add_argument("--no-normalize", action="store_true", help="no VecNormalize")
-    p.add_argument("--no-tensorboard", action="store_true")
+    p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
     p.add_argument("--hp", action="append", default=[], metavar="NAME=VALUE",
                    help="hyperparameter override, e.g. --hp n_steps=128 (repeatable)")
     p.add_argument("--eval-steps", type=int, default=16, help="decode steps per eval episode")
