@@ -244,30 +244,11 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
 
 
 # ------------------------------------------------------------------------------- callbacks
-def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any,
-               on_progress: Callable[[int, float], None] | None = None,
-               hparams: dict[str, Any] | None = None) -> Any:
-    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams."""
-    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
-    from stable_baselines3.common.logger import HParam
-
-    class HParamCallback(BaseCallback):
-        """Record the run's hyperparameters and configuration in TensorBoard's HPARAMS tab."""
-
-        def _on_training_start(self) -> None:
-            assert hparams is not None
-            clean = {k: (v if isinstance(v, bool | int | float | str) else json.dumps(
-                to_jsonable(v))) for k, v in hparams.items()}
-            self.logger.record("hparams", HParam(clean, {"rollout/ep_rew_mean": 0.0,
-                                                         "latency/total_over_tp": 0.0}),
-                               exclude=("stdout", "log", "json", "csv"))
-
-        def _on_step(self) -> bool:
-            return True
+def _progress_callback(on_progress: Callable[[int, float], None]) -> Any:
+    """Return an SB3 callback calling ``on_progress(num_timesteps, steps_per_s)`` per rollout."""
+    from stable_baselines3.common.callbacks import BaseCallback
 
     class ProgressCallback(BaseCallback):
-        """Call ``on_progress(num_timesteps, steps_per_s)`` at the end of every rollout."""
-
         def _on_training_start(self) -> None:
             self.t0 = time.perf_counter()
             self.n0 = self.model.num_timesteps
@@ -276,10 +257,38 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any,
             return True
 
         def _on_rollout_end(self) -> None:
-            assert on_progress is not None
             elapsed = time.perf_counter() - self.t0
             n = self.model.num_timesteps
             on_progress(n, (n - self.n0) / elapsed if elapsed > 0 else 0.0)
+
+    return ProgressCallback()
+
+
+def _hparam_callback(hparams: dict[str, Any]) -> Any:
+    """Return an SB3 callback recording ``hparams`` in TensorBoard's HPARAMS tab at the start."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import HParam
+
+    clean = {k: (v if isinstance(v, bool | int | float | str) else json.dumps(to_jsonable(v)))
+             for k, v in hparams.items()}
+
+    class HParamCallback(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.logger.record("hparams", HParam(clean, {"rollout/ep_rew_mean": 0.0,
+                                                         "latency/total_over_tp": 0.0}),
+                               exclude=("stdout", "log", "json", "csv"))
+
+        def _on_step(self) -> bool:
+            return True
+
+    return HParamCallback()
+
+
+def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any,
+               on_progress: Callable[[int, float], None] | None = None,
+               hparams: dict[str, Any] | None = None) -> Any:
+    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams."""
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
     class LatencyCallback(BaseCallback):
         """Log the env's ``info["total_us"]`` and ``info["tbt_us"]`` under ``latency/``."""
@@ -315,11 +324,11 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any,
 
     callbacks: list[Any] = [LatencyCallback()]
     if hparams:
-        callbacks.append(HParamCallback())
+        callbacks.append(_hparam_callback(hparams))
     if checkpoint_every > 0:
         callbacks.append(AtomicCheckpoint())
     if on_progress is not None:
-        callbacks.append(ProgressCallback())
+        callbacks.append(_progress_callback(on_progress))
     return CallbackList(callbacks)
 
 

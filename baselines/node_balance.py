@@ -202,7 +202,7 @@ def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int 
         class _HiGHS(pulp.HiGHS):  # type: ignore[misc, name-defined]
             """PuLP's HiGHS interface, plus a MIP start taken from the variables' values."""
 
-            def createAndConfigureSolver(self, lp: Any) -> None:  # noqa: N802 - PuLP's name
+            def createAndConfigureSolver(self, lp: Any) -> None:  # PuLP's method name
                 with _solver_stdout(bool(msg)):          # the banner comes with Highs()
                     super().createAndConfigureSolver(lp)
                 if msg:                                  # the log (output_flag on) to stderr

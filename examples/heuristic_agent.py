@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> float:
     done = False
     while not done:
         action, _ = agent.predict(obs)
-        obs, reward, terminated, truncated, info = env.step(action)
+        obs, _, terminated, truncated, info = env.step(action)
         if "tbt_us" in info:
             print(f"decode step {info['decode_step']}: TBT {info['tbt_us']:.1f} us")
         done = terminated or truncated

@@ -499,7 +499,7 @@ _PREPARED_ARRAYS: dict[tuple[bytes, float], tuple[NDArray[np.float64], NDArray[n
 def _prepared_arrays(P: NDArray[np.float64], w: float
                      ) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64],
                                 NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """Return P·w and the holders of every expert as CSR arrays (ptr, node, P_ic·w, P_ic) + |nodes(i)|.
+    """Return P·w, the holders of every expert as CSR arrays (ptr, node, P_ic·w, P_ic), |nodes(i)|.
 
     The same holders, in the same (node) order, as :func:`_prepared`; cached by the placement's
     bytes.
@@ -703,7 +703,7 @@ def _greedy_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], width: int
                 for j in range(h_ptr[i], h_ptr[i + 1]):
                     loads[h_node[j]] -= h_wc[j]
             peak = loads.max()
-        for attempt in range(2):
+        for _attempt in range(2):
             if new_nodes:
                 ok = _scan_row_new_nodes(cand, sv, width, k, loads, peak, h_ptr, h_node, h_wc,
                                          h_share, dispersion, rc, rm, inv_c, protect, mode,

@@ -41,7 +41,8 @@ def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: st
     path), DES and analytic fidelity, under four policies: no-op actions (gating off), no-op
     with hardware-aware gating at level 1 (``_gating``), random actions drawn from the
     per-dimension masks (``_random_masked``, what an untrained masked policy sends) and the
-    HDA-MoE agent (``_hda_moe``, pre-broadcast + dispatch + gating). Baseline, same run: the raw simulator layer
+    HDA-MoE agent (``_hda_moe``, pre-broadcast + dispatch + gating). Baseline, same run: the raw
+    simulator layer
     call ``MoESimulator.layer_sampled`` on the same decode steps. Decisions: ``HDMoEAgent`` and
     ``HDAMoEAgent`` on the observations of a DES episode (typical), and with the budget forced to
     ``max_broadcast`` slots (worst case); baseline: ``NoOpAgent.predict``.

@@ -52,11 +52,11 @@ __all__ = [
     "cmd_train",
     "evaluate",
     "format_evaluation",
-    "write_eval_scalars",
     "held_out_evaluation",
     "plot_learning_curve",
     "read_scalars",
     "resolve_placement",
+    "write_eval_scalars",
 ]
 
 log = logging.getLogger(__name__)
