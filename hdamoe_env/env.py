@@ -655,8 +655,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             rows = self._rows[self._decode_step]
             trace = self._scored_trace()
             assert trace.cand_ids is not None and trace.cand_scores is not None
-            self._cand_step = (trace.cand_ids[:, rows].astype(np.int64),
-                               trace.cand_scores[:, rows].astype(np.float64))
+            self._cand_step = (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
+                               np.ascontiguousarray(trace.cand_scores[:, rows],
+                                                    dtype=np.float64))
             self._cand_key = key
         return self._cand_step[0][layer], self._cand_step[1][layer]
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -164,8 +165,8 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
             raise ConfigError(f"candidate ids and scores must be integer and float arrays of the "
                               f"same shape [B, C], got {ids_in.shape} ({ids_in.dtype}) and "
                               f"{vals.shape}")
-        raw_ids = ids_in.astype(np.int64)
-        if raw_ids.size and (raw_ids.min() < 0 or raw_ids.max() >= num_experts):
+        raw_ids = np.ascontiguousarray(ids_in, dtype=np.int64)     # no copy when int64
+        if raw_ids.size and not _ids_in_range(raw_ids, num_experts):
             raise ConfigError(f"candidate ids must lie in [0, E={num_experts}), got range "
                               f"[{raw_ids.min()}, {raw_ids.max()}]")
     else:
@@ -173,7 +174,8 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
         if vals.ndim != 2 or vals.shape[1] != num_experts:
             raise ConfigError(f"scores must have shape [B, E={num_experts}], got {vals.shape}")
         raw_ids = None
-    if not np.all(np.isfinite(vals)):
+    vals = np.ascontiguousarray(vals)
+    if not _all_finite(vals):
         raise ConfigError("scores must be finite")
     num_rows, total = vals.shape
     if not (isinstance(k, int | np.integer) and 1 <= k <= total):
@@ -198,6 +200,24 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
     pre_ids = pos if raw_ids is None else np.take_along_axis(raw_ids, pos, axis=1)
     return _Candidates(np.ascontiguousarray(pre_ids, dtype=np.int64),
                        np.ascontiguousarray(pre_vals), total, raw_ids, vals)
+
+
+@njit(cache=True)
+def _ids_in_range(ids: NDArray[np.int64], num_experts: int) -> bool:
+    """Return whether every id lies in [0, E) (one pass, no temporaries)."""
+    for v in ids.ravel():
+        if v < 0 or v >= num_experts:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _all_finite(vals: NDArray[np.float64]) -> bool:
+    """Return whether every value is finite (one pass, no temporaries)."""
+    for v in vals.ravel():
+        if not np.isfinite(v):
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -395,9 +415,15 @@ def hardware_aware_gating(
         raise unknown_name("communication penalty", comm_penalty, COMM_PENALTIES)
     if not (compute_flops > 0 and math.isfinite(compute_flops)):
         raise ConfigError(f"compute_flops must be positive, got {compute_flops!r}")
-    cands = _candidates(scores, k, num_experts, candidate_window)
     if not 0 <= protect_top <= k:
         raise ConfigError(f"protect_top must lie in [0, k={k}], got {protect_top}")
+    fast = _fused_gating(scores, k, P, float(w_flops), float(compute_flops),
+                         float(sigma) * float(r_comp), float(sigma) * float(r_comm),
+                         comp_penalty, comm_penalty, int(protect_top), candidate_window,
+                         include_future, initial_counts, diagnostics, renormalize)
+    if fast is not None:
+        return fast
+    cands = _candidates(scores, k, num_experts, candidate_window)
     entropy, margin = float("nan"), float("nan")
     if diagnostics:
         raw = cands.raw_vals
@@ -457,6 +483,72 @@ def _greedy(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: flo
         np.ascontiguousarray(cands.raw_vals), k, loads, h_ptr, h_node, h_wc, h_share,
         dispersion, float(rc), float(rm), 1.0 / C, int(protect),
         COMP_PENALTIES.index(comp_penalty), comm_penalty == "new_nodes", bool(include_future))
+
+
+#: Use the one-call compiled path of :func:`_fused_gating` when it applies (tests switch it off
+#: to compare with the general path).
+_FUSED = True
+
+
+def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
+                  P: NDArray[np.float64], w: float, C: float, rc: float, rm: float,
+                  comp_penalty: str, comm_penalty: str, protect: int, window: int | None,
+                  include_future: bool, initial_counts: ArrayLike | None, diagnostics: bool,
+                  renormalize: bool) -> GatingResult | None:
+    """The env's common case in one compiled call; None when it does not apply.
+
+    Applies to int64/float64 candidate pairs ``(ids, scores)`` of at most 4k + 4
+    columns (sorted whole, no prefix), no window, no ``initial_counts``/``include_future``, no
+    diagnostics and non-zero coefficients. It validates, sorts (:func:`_sort_rows`), runs the
+    greedy (:func:`_greedy_kernel`) and counts the kept ranks in one kernel call and returns
+    exactly what the general path returns (tested field by field).
+    """
+    if not (_FUSED and isinstance(scores, tuple) and len(scores) == 2 and window is None
+            and initial_counts is None and not include_future and not diagnostics
+            and (rc != 0 or rm != 0)):
+        return None
+    ids, vals = scores
+    if not (isinstance(ids, np.ndarray) and isinstance(vals, np.ndarray)
+            and ids.dtype == np.int64 and vals.dtype == np.float64 and ids.ndim == 2
+            and ids.shape == vals.shape and ids.shape[0] > 0
+            and 1 <= k <= ids.shape[1] <= 4 * k + 4):
+        return None
+    ids, vals = np.ascontiguousarray(ids), np.ascontiguousarray(vals)
+    _, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
+    out = _fused_kernel(ids, vals, P.shape[0], P.shape[1], k, h_ptr, h_node, h_wc, h_share,
+                        dispersion, rc, rm, 1.0 / C, protect, COMP_PENALTIES.index(comp_penalty),
+                        comm_penalty == "new_nodes")
+    if out is None:                    # invalid ids or scores: the general path raises
+        return None
+    sets, weights, positions, sorted_ids, sorted_vals, kept, changed = out
+    orig = np.ascontiguousarray(sorted_ids[:, :k])
+    orig_vals = sorted_vals[:, :k]
+    raw_weights = weights
+    if renormalize:
+        total = weights.sum(axis=1, keepdims=True)
+        weights = weights / np.where(total > 0, total, 1.0)
+    return _statistics(sets, weights, raw_weights, orig, orig_vals, positions, float("nan"),
+                       float("nan"), (kept, changed))
+
+
+@njit(cache=True)
+def _fused_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], num_experts: int,
+                  num_nodes: int, k: int,
+                  h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
+                  h_wc: NDArray[np.float64], h_share: NDArray[np.float64],
+                  dispersion: NDArray[np.float64], rc: float, rm: float, inv_c: float,
+                  protect: int, mode: int, new_nodes: bool) -> Any:
+    """Validate, sort, gate and count in one call (:func:`_fused_gating`); None if invalid."""
+    if not _ids_in_range(ids, num_experts) or not _all_finite(vals):
+        return None
+    sorted_ids, sorted_vals = _sort_rows(vals, ids, True)
+    width = ids.shape[1]
+    loads = np.zeros(num_nodes)
+    sets, weights, positions = _greedy_kernel(
+        sorted_ids, sorted_vals, width, ids, True, vals, k, loads, h_ptr, h_node, h_wc,
+        h_share, dispersion, rc, rm, inv_c, protect, mode, new_nodes, False)
+    kept, changed = _kept_counts(positions)
+    return sets, weights, positions, sorted_ids, sorted_vals, kept, changed
 
 
 def _greedy_reference(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: float,
@@ -884,7 +976,8 @@ class _RowState:
 def _statistics(sets: NDArray[np.int64], weights: NDArray[np.float64],
                 raw_weights: NDArray[np.float64], orig: NDArray[np.int64],
                 orig_vals: NDArray[np.float64], positions: NDArray[np.int64], entropy: float,
-                margin: float) -> GatingResult:
+                margin: float, counts: tuple[NDArray[np.float64], int] | None = None
+                ) -> GatingResult:
     """Compute the perturbation statistics of §11.5 / §12 for one step.
 
     Candidate positions are original ranks (sorted best first), so rank r is kept iff position r
@@ -895,7 +988,8 @@ def _statistics(sets: NDArray[np.int64], weights: NDArray[np.float64],
         return GatingResult(sets, weights, orig, 0.0, 0.0, 1.0, 1.0, np.zeros(k), entropy,
                             margin)
     # counts are exact integers, so count / B equals the mean of the bool arrays bit for bit
-    kept_per_rank, changed_rows = _kept_counts(np.ascontiguousarray(positions, dtype=np.int64))
+    kept_per_rank, changed_rows = (counts if counts is not None else
+                                   _kept_counts(np.ascontiguousarray(positions, dtype=np.int64)))
     replaced_per_rank = 1.0 - kept_per_rank / num_rows
     top_mass = float(orig_vals.sum())
     return GatingResult(

@@ -300,3 +300,59 @@ def test_compiled_candidate_sort_equals_numpy_stable_sort(E, k, width):
         assert c.ids.shape[1] == width                  # no prefix: the compiled sort
         np.testing.assert_array_equal(c.ids, want_ids)
         np.testing.assert_array_equal(c.vals, np.take_along_axis(vals, order, axis=1))
+
+
+def test_fused_path_equals_general_path_field_by_field(monkeypatch):
+    """The env's one-call path (``_fused_gating``) returns exactly the general path's result."""
+    from hdamoe_env import gating
+
+    rng = np.random.default_rng(77)
+    used = 0
+    for case in range(300):
+        E = int(rng.choice([8, 16, 64]))
+        D = int(rng.choice([2, 4, 8]))
+        k = int(rng.integers(1, 7))
+        width = int(rng.integers(k, min(E, 4 * k + 4) + 1))
+        B = int(rng.integers(1, 64))
+        P = np.zeros((E, D))
+        for i in range(E):
+            hold = rng.choice(D, size=int(rng.integers(1, D + 1)), replace=False)
+            P[i, hold] = rng.dirichlet(np.ones(hold.size))
+        ids = np.stack([rng.permutation(E)[:width] for _ in range(B)]).astype(np.int64)
+        vals = np.round(rng.random((B, width)), int(rng.integers(1, 4)))
+        kw = dict(comp_penalty=str(rng.choice(gating.COMP_PENALTIES)),
+                  comm_penalty=str(rng.choice(gating.COMM_PENALTIES)),
+                  protect_top=int(rng.integers(0, k + 1)) if rng.random() < 0.3 else 0,
+                  renormalize=bool(rng.random() < 0.5), diagnostics=False)
+        rc = -float(10 ** rng.uniform(3, 7)) * (1 if rng.random() < 0.9 else -1)
+        rm = -float(10 ** rng.uniform(-4, -0.5))
+        args = ((ids, vals), k, P, 2e6, 1e12, rc, rm)
+        fast = gating.hardware_aware_gating(*args, **kw)
+        assert gating._fused_gating(*args[:1], k, P, 2e6, 1e12, rc, rm, kw["comp_penalty"],
+                                    kw["comm_penalty"], kw["protect_top"], None, False, None,
+                                    False, kw["renormalize"]) is not None
+        used += 1
+        monkeypatch.setattr(gating, "_FUSED", False)
+        slow = gating.hardware_aware_gating(*args, **kw)
+        monkeypatch.setattr(gating, "_FUSED", True)
+        for field in ("sets", "weights", "orig_sets", "replaced_per_rank"):
+            np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field),
+                                          err_msg=f"case {case} {field}")
+        for field in ("changed_fraction", "changed_choices", "top1_retention",
+                      "score_mass_kept"):
+            assert getattr(fast, field) == getattr(slow, field), (case, field)
+    assert used == 300
+
+
+def test_fused_path_rejects_invalid_input_like_the_general_path():
+    from hdamoe_env import gating
+
+    P = np.eye(4)
+    ids = np.array([[0, 5]], dtype=np.int64)
+    with pytest.raises(ConfigError, match="candidate ids must lie"):
+        gating.hardware_aware_gating((ids, np.array([[0.5, 0.4]])), 1, P, 1.0, 1.0, -1.0, -0.1,
+                                     diagnostics=False)
+    with pytest.raises(ConfigError, match="finite"):
+        gating.hardware_aware_gating((np.array([[0, 1]], dtype=np.int64),
+                                      np.array([[np.nan, 0.4]])), 1, P, 1.0, 1.0, -1.0, -0.1,
+                                     diagnostics=False)
