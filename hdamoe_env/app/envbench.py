@@ -35,6 +35,39 @@ def _rate(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
             return count / elapsed, count
 
 
+def _policy_rates(env: Any, policies: dict[str, Callable[[Any], Any]], seconds: float,
+                  seed: int) -> tuple[dict[str, float], float]:
+    """Return env steps/s per policy and the time when the first policy's warm-up ended.
+
+    The policies take turns (:data:`ROUNDS` rounds of ``seconds / ROUNDS`` each) and each keeps
+    its best round: load from other processes then hits all of them alike, and the ratios
+    (gating on vs off) compare like with like.
+    """
+    runners: dict[str, Callable[[], int]] = {}
+    warm = 0.0
+    for suffix, policy in policies.items():
+        state = {"episodes": 0}
+
+        def env_steps(policy: Any = policy, state: dict[str, int] = state) -> int:
+            obs, _ = env.reset(seed=seed + state["episodes"])
+            state["episodes"] += 1
+            n, done = 0, False
+            while not done:
+                obs, _, term, trunc, _ = env.step(policy(obs))
+                n += 1
+                done = term or trunc
+            return n
+
+        env_steps()                                      # warm-up: JIT, γ fit, caches
+        warm = warm or time.perf_counter()
+        runners[suffix] = env_steps
+    best = dict.fromkeys(runners, 0.0)
+    for _ in range(ROUNDS):
+        for suffix, run in runners.items():
+            best[suffix] = max(best[suffix], _rate(run, seconds / ROUNDS)[0])
+    return best, warm
+
+
 def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: str = "4x8",
               setting: str = "5/50", batch: int = 128, conventions: str = "faithful",
               seed: int = 0) -> dict[str, Any]:
@@ -45,9 +78,9 @@ def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: st
     with hardware-aware gating at level 1 (``_gating``), random actions drawn from the
     per-dimension masks (``_random_masked``, what an untrained masked policy sends) and the
     HDA-MoE agent (``_hda_moe``, pre-broadcast + dispatch + gating), measured in
-    :data:`ROUNDS` interleaved rounds (best round each) of ``seconds`` in total per policy. Baseline, same run: the raw
-    simulator layer
-    call ``MoESimulator.layer_sampled`` on the same decode steps. Decisions: ``HDMoEAgent`` and
+    :data:`ROUNDS` interleaved rounds (best round each) of ``seconds`` in total per policy.
+    Baseline, same run: the raw simulator layer call ``MoESimulator.layer_sampled`` on the same
+    decode steps. Decisions: ``HDMoEAgent`` and
     ``HDAMoEAgent`` on the observations of a DES episode (typical), and with the budget forced to
     ``max_broadcast`` slots (worst case); baseline: ``NoOpAgent.predict``.
 
@@ -77,33 +110,9 @@ def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: st
                 mask=env.action_mask_tuple()),
             "_hda_moe": lambda obs, agent=hda: agent.predict(obs)[0],
         }
-        runners: dict[str, Callable[[], int]] = {}
-        for suffix, policy in policies.items():
-            state = {"episodes": 0}
-
-            def env_steps(env: Any = env, policy: Any = policy,
-                          state: dict[str, int] = state) -> int:
-                obs, _ = env.reset(seed=seed + state["episodes"])
-                state["episodes"] += 1
-                n, done = 0, False
-                while not done:
-                    obs, _, term, trunc, _ = env.step(policy(obs))
-                    n += 1
-                    done = term or trunc
-                return n
-
-            env_steps()                                  # warm-up: JIT, γ fit, caches
-            if not suffix:
-                out[f"{fidelity}_setup_s"] = time.perf_counter() - t0
-            runners[suffix] = env_steps
-        # the policies take turns (ROUNDS rounds of seconds / ROUNDS each) and each keeps its
-        # best round: load from other processes then hits all of them alike, and the ratios
-        # (gating on vs off) compare like with like
-        best = dict.fromkeys(runners, 0.0)
-        for _ in range(ROUNDS):
-            for suffix, run in runners.items():
-                best[suffix] = max(best[suffix], _rate(run, seconds / ROUNDS)[0])
-        for suffix, rate in best.items():
+        rates, warm_s = _policy_rates(env, policies, seconds, seed)
+        out[f"{fidelity}_setup_s"] = warm_s - t0
+        for suffix, rate in rates.items():
             out[f"env_{fidelity}{suffix}_steps_per_s"] = rate
         out[f"ratio_{fidelity}_gating_on_vs_off"] = (out[f"env_{fidelity}_gating_steps_per_s"]
                                                       / out[f"env_{fidelity}_steps_per_s"])
