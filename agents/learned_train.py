@@ -246,8 +246,50 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
 
 
 # ------------------------------------------------------------------------------- callbacks
-def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str = "") -> Any:
-    """Return the SB3 callbacks: latency logging and atomic checkpoints."""
+def _progress_callback(on_progress: Callable[[int, float], None]) -> Any:
+    """Return an SB3 callback calling ``on_progress(num_timesteps, steps_per_s)`` per rollout."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class ProgressCallback(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+            self.n0 = self.model.num_timesteps
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            elapsed = time.perf_counter() - self.t0
+            n = self.model.num_timesteps
+            on_progress(n, (n - self.n0) / elapsed if elapsed > 0 else 0.0)
+
+    return ProgressCallback()
+
+
+def _hparam_callback(hparams: dict[str, Any]) -> Any:
+    """Return an SB3 callback recording ``hparams`` in TensorBoard's HPARAMS tab at the start."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import HParam
+
+    clean = {k: (v if isinstance(v, bool | int | float | str) else json.dumps(to_jsonable(v)))
+             for k, v in hparams.items()}
+
+    class HParamCallback(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.logger.record("hparams", HParam(clean, {"rollout/ep_rew_mean": 0.0,
+                                                         "latency/total_over_tp": 0.0}),
+                               exclude=("stdout", "log", "json", "csv"))
+
+        def _on_step(self) -> bool:
+            return True
+
+    return HParamCallback()
+
+
+def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str = "",
+               on_progress: Callable[[int, float], None] | None = None,
+               hparams: dict[str, Any] | None = None) -> Any:
+    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams."""
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
     class LatencyCallback(BaseCallback):
@@ -283,8 +325,12 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str =
             return True
 
     callbacks: list[Any] = [LatencyCallback()]
+    if hparams:
+        callbacks.append(_hparam_callback(hparams))
     if checkpoint_every > 0:
         callbacks.append(AtomicCheckpoint())
+    if on_progress is not None:
+        callbacks.append(_progress_callback(on_progress))
     return CallbackList(callbacks)
 
 
@@ -401,7 +447,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           placement: Placement | None = None, evaluate_fn: Callable[[Path], Any] | None = None,
           threads: int = 1, start_method: str | None = None, progress: bool = False,
           action_mode: str = "ranked", num_candidates: int = 4,
-          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT) -> Path:
+          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
+          on_progress: Callable[[int, float], None] | None = None) -> Path:
     """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
 
     Args:
@@ -435,6 +482,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             policy starts biased towards "no deviation" by ``residual_keep_logit``).
         num_candidates: K of the ranked action.
         residual_keep_logit: Initial logit bonus of "keep the greedy's choice" (residual mode).
+        on_progress: Called with (env steps so far, training steps/s) after every rollout
+            (the application layer shows it; ``agents`` prints nothing).
 
     Returns:
         The path of the saved model (``out_dir/model.zip``).
@@ -506,8 +555,13 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                  "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
         _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
     if remaining > 0:
-        model.learn(total_timesteps=remaining,
-                    callback=_callbacks(out, checkpoint_every, vecnorm, digest),
+        model.learn(total_timesteps=remaining, callback=_callbacks(
+                        out, checkpoint_every, vecnorm, digest, on_progress,
+                        hparams={"algo": key, "action_mode": action_mode,
+                                 "num_candidates": num_candidates, "fidelity": fidelity,
+                                 "seed": seed, "n_envs": n_envs, "normalize_obs": normalize_obs,
+                                 **{f"env/{k}": v for k, v in user_kwargs.items()},
+                                 **{f"hp/{k}": v for k, v in dataclasses.asdict(hp).items()}}),
                     reset_num_timesteps=ckpt is None, tb_log_name=key, progress_bar=progress)
     wall = time.perf_counter() - t0
     if checkpoint_every > 0 and remaining > 0:     # resume continues from the exact end

@@ -45,10 +45,14 @@ installed, else PuLP's bundled CBC). PuLP, highspy and scipy are imported lazily
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import math
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,8 +145,33 @@ def solver_version(name: str) -> str:
     return f"CBC (bundled with PuLP {pulp_version})"
 
 
+@contextlib.contextmanager
+def _solver_stdout(show: bool) -> Iterator[None]:
+    """Keep a native solver's prints off stdout: to stderr when ``show``, else discarded.
+
+    HiGHS prints its banner from C++ on file descriptor 1 when a ``Highs`` object is built, even
+    with ``output_flag`` off (dependencies.md §3), so ``sys.stdout`` redirection cannot catch it;
+    fd 1 is pointed at stderr or ``/dev/null`` for the duration and restored after.
+    """
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:                      # no fd 1 (embedded interpreters): nothing to protect
+        yield
+        return
+    target = os.dup(2) if show else os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(target, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(target)
+
+
 def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int = 1, *,
-                msg: bool = False, warm_start: bool = False) -> tuple[Any, str]:
+                msg: bool | None = None, warm_start: bool = False) -> tuple[Any, str]:
     """Build the PuLP MILP solver (the one place a solver is constructed; dependencies.md §3).
 
     Args:
@@ -152,7 +181,8 @@ def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int 
         gap: Relative MIP gap at which the solver may stop (0.05 = 5 %).
         threads: Solver threads. HiGHS fixes its thread count per process: keep it constant
             within one process (dependencies.md §3).
-        msg: Show the solver log.
+        msg: Show the solver log (on stderr; never on stdout). None: show it when this
+            module's logger is enabled for DEBUG (``hdamoe -vv``).
         warm_start: Hand the variables' initial values (``setInitialValue``) to the solver as an
             incumbent.
 
@@ -168,6 +198,8 @@ def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int 
         raise ConfigError(f"time_limit_s must be a positive number of seconds, got {time_limit_s}")
     if not 0 <= gap < 1:
         raise ConfigError(f"mip_gap must be in [0, 1), got {gap}")
+    if msg is None:
+        msg = log.isEnabledFor(logging.DEBUG)
     resolved = (name or "auto").lower()
     if resolved == "auto":
         resolved = "highs" if _highs_available() else "cbc"
@@ -180,7 +212,17 @@ def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int 
         class _HiGHS(pulp.HiGHS):  # type: ignore[misc, name-defined]
             """PuLP's HiGHS interface, plus a MIP start taken from the variables' values."""
 
+            def createAndConfigureSolver(self, lp: Any) -> None:  # PuLP's method name
+                with _solver_stdout(bool(msg)):          # the banner comes with Highs()
+                    super().createAndConfigureSolver(lp)
+                if msg:                                  # the log (output_flag on) to stderr
+                    lp.solverModel.setOptionValue("log_to_console", True)
+
             def callSolver(self, lp: Any) -> None:  # noqa: N802 - PuLP's method name
+                with _solver_stdout(bool(msg)):
+                    self._run(lp)
+
+            def _run(self, lp: Any) -> None:
                 if warm_start:
                     values = [0.0] * lp.solverModel.getNumCol()
                     for var in lp.variables():

@@ -9,7 +9,9 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
 * simulation: ``MoESimulator``, ``hdamoe_env.des.simulate_messages`` (explicit
   message lists on any topology);
 * environment: ``gymnasium.make("hdamoe_env/HdMoE-v0", ...)`` (``hdamoe_env.env.HdMoeEnv``),
-  registered at import with a string entry point (the env module is imported only on ``make``).
+  registered at import with a string entry point (the env module is imported only on ``make``);
+  variants ``hdamoe_env/HdMoE-analytic-v0`` and ``hdamoe_env/HdMoE-Mixtral-v0``
+  (``REGISTERED_ENVS``).
 """
 
 from __future__ import annotations
@@ -25,13 +27,28 @@ __version__ = "0.1.0"
 
 import gymnasium as _gymnasium  # noqa: E402 - registration needs the package metadata above
 
-if "hdamoe_env/HdMoE-v0" not in _gymnasium.registry:  # a re-import must not warn
-    _gymnasium.register(id="hdamoe_env/HdMoE-v0", entry_point="hdamoe_env.env:HdMoeEnv")
+#: Registered ids -> (kwargs, max_episode_steps). An episode is steps_per_episode (4) decode
+#: steps × L MoE layers; the env terminates itself there, and the TimeLimit of a variant (whose
+#: model is fixed) says the same. The base id takes any model through kwargs, so it has none.
+#: Real traces are not registered: they live outside the package (pass ``trace=PATH``).
+REGISTERED_ENVS: dict[str, tuple[dict[str, object], int | None]] = {
+    "hdamoe_env/HdMoE-v0": ({}, None),
+    # DeepSeek-V2-Lite (L = 26) on the γ-calibrated analytic twin: ~3x faster steps
+    "hdamoe_env/HdMoE-analytic-v0": ({"fidelity": "analytic"}, 4 * 26),
+    # Mixtral-8x7B (L = 32, E = 8, top-2) on a synthetic Mixtral-like trace
+    "hdamoe_env/HdMoE-Mixtral-v0": ({"model": "mixtral-8x7b"}, 4 * 32),
+}
+
+for _env_id, (_kwargs, _max_steps) in REGISTERED_ENVS.items():
+    if _env_id not in _gymnasium.registry:  # a re-import must not warn
+        _gymnasium.register(id=_env_id, entry_point="hdamoe_env.env:HdMoeEnv",
+                            kwargs=dict(_kwargs), max_episode_steps=_max_steps)
 
 __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "PROFILES",
+    "REGISTERED_ENVS",
     "ConfigError",
     "Conventions",
     "DependencyNotInstalled",

@@ -69,13 +69,19 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     top-k).
 
     Masks (``action_masks()``, repeated in ``info["action_mask"]``; the flat concatenation of the
-    per-dimension masks, for sb3-contrib's MaskablePPO): slots ≥ k_b of the layer allow only
+    per-dimension masks, for sb3-contrib's MaskablePPO; ``action_mask_tuple()`` gives them per
+    dimension for ``MultiDiscrete.sample(mask=...)``): slots ≥ k_b of the layer allow only
     "none"; layer 0 allows no broadcast (k_b = 0); experts already held by every node (TP-split
-    over all D) are masked. Duplicate experts in two slots, masked values, values outside the
-    space, non-integer values and wrong shapes raise ``InvalidAction``. Per-dimension masks cannot
-    exclude duplicates: with ``duplicates="ignore"`` a repeated expert counts once (use it with
-    MaskablePPO); with ``invalid_action="coerce"`` masked values and duplicates become "none"
-    (for checkers and unmasked learners that sample the raw space).
+    over all D) are masked. Through ``gymnasium.make``'s wrappers reach them with
+    ``env.unwrapped.action_masks()`` or ``env.get_wrapper_attr("action_masks")()``.
+
+    Every element of the action space is a legal argument of ``step`` (the default
+    ``invalid_action="coerce"``): a masked slot value becomes "none" and an expert repeated in a
+    later slot counts once; ``info["coerced"]`` lists each change as ``(slot, value, reason)``
+    with reason ``"masked"`` or ``"duplicate"`` (empty when the action was legal). With
+    ``invalid_action="raise"`` (strict) both raise ``InvalidAction`` instead (``duplicates=
+    "ignore"`` then still lets a repeated expert count once). Values outside the space,
+    non-integer values and wrong shapes raise ``InvalidAction`` in both modes.
 
     ## Observation Space
 
@@ -125,7 +131,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     ## Version History
 
-    * v0: initial version.
+    * v0: initial version. ``invalid_action`` defaults to ``"coerce"`` (``info["coerced"]``);
+      observations, actions and rewards of legal actions are unchanged.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -185,11 +192,12 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             gating_include_future: Count later rows' original choices in the penalties.
             k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
             bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
-            invalid_action: ``"raise"`` (default) or ``"coerce"`` (see Action Space).
-            duplicates: ``"raise"`` (default) or ``"ignore"``: an expert repeated in a later
-                slot counts once. Per-dimension masks cannot exclude duplicates, so learners
-                that sample the slots independently (MaskablePPO) need ``"ignore"``
-                (``invalid_action="coerce"`` implies it).
+            invalid_action: ``"coerce"`` (default: masked values become "none", duplicates
+                count once, both listed in ``info["coerced"]``) or ``"raise"`` (strict
+                ``InvalidAction``; see Action Space).
+            duplicates: ``"raise"`` (default) or ``"ignore"``: with ``invalid_action="raise"``,
+                whether an expert repeated in a later slot raises or counts once
+                (``invalid_action="coerce"`` implies ``"ignore"``).
             flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector (row-major) instead of
                 [E, D]; SB3's ``check_env`` warns about 2-D observations.
 
@@ -245,6 +253,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               "predictor='noisy_oracle' or a trace with predictions")
         self._trace_seed = int(config.trace_seed)
         self._scored: RoutingTrace | None = None
+        self._cand_key: int | None = None
+        self._cand_step: tuple[NDArray[np.int64], NDArray[np.float64]] | None = None
         self.score_kind = self.trace.meta.get("score_kind")
         rows = self.trace.view(view)
         if rows.size == 0:
@@ -313,6 +323,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._nvec = np.array([E + 1] * self.max_broadcast + [len(rules), len(levels)],
                               dtype=np.int64)
         self._nvec_list = self._nvec.tolist()
+        self._mask_splits = np.cumsum(self._nvec)[:-1]
+        self._coerced: tuple[tuple[int, int, str], ...] = ()
         self.action_space = spaces.MultiDiscrete(self._nvec)
         self.observation_space = spaces.Dict({
             "pred_load": spaces.Box(0.0, 1.0, (E,), np.float32),
@@ -410,6 +422,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         try:
             steps = batching.make_steps(self.batch_mode, self.trace, self.batch, rng, **kwargs)
             self._rows = batching.take(steps, self.steps_per_episode)
+            self._cand_key = None
         except ValueError as exc:
             raise ConfigError(f"cannot form decode steps of B={self.batch} ({self.batch_mode}) "
                               f"from the trace: {exc}") from None
@@ -436,8 +449,26 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._prev_busy = self._zeros_links
 
     def action_masks(self) -> NDArray[np.bool_]:
-        """Return the flat bool mask of the next action (sb3-contrib ``MaskablePPO``)."""
+        """Return the flat bool mask of the next action (sb3-contrib ``MaskablePPO``).
+
+        Through ``gymnasium.make``'s wrappers call ``env.unwrapped.action_masks()`` or
+        ``env.get_wrapper_attr("action_masks")()`` (sb3-contrib's ``get_action_masks`` does the
+        latter).
+        """
         return self._masks[self._layer].copy()
+
+    def action_mask_tuple(self) -> tuple[NDArray[np.int8], ...]:
+        """Return the mask of the next action per dimension, for ``MultiDiscrete.sample``.
+
+        ``env.action_space.sample(mask=env.unwrapped.action_mask_tuple())`` draws an action
+        that respects every per-dimension mask (it may still repeat an expert in two slots;
+        the default ``invalid_action="coerce"`` counts it once).
+
+        Returns:
+            One int8 array (1 = allowed) of length ``nvec[i]`` per action dimension.
+        """
+        mask = self._masks[self._layer]
+        return tuple(part.astype(np.int8) for part in np.split(mask, self._mask_splits))
 
     def step(self, action: Any) -> tuple[dict[str, NDArray[np.float32]], SupportsFloat, bool,
                                          bool, dict[str, Any]]:
@@ -498,6 +529,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "dispatch_rule": rule, "gating_level": level,
             "changed_fraction": gstats[0], "top1_retention": gstats[1],
             "score_mass_kept": gstats[2],
+            "coerced": self._coerced,
             "balancedness": (1.0 if res.t_comp_compute_s <= 0 else float(
                 res.node_compute_s.sum()) / (self.num_nodes * res.t_comp_compute_s)),
         }
@@ -572,6 +604,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                                 f"[0, {self._nvec_list[i] - 1}]")
         E, mb = self.num_experts, self.max_broadcast
         broadcast: list[int] = []
+        coerced: list[tuple[int, int, str]] = []
         if mb and values[:mb].count(E) < mb:
             allowed = self._slot_allowed[self._layer]
             for i, v in enumerate(values[:mb]):
@@ -579,14 +612,17 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                     continue
                 if not allowed[i, v]:
                     if self.invalid_action == "coerce":
+                        coerced.append((i, v, "masked"))
                         continue
                     raise InvalidAction(self._mask_message(i, v))
                 if v in broadcast:
                     if self._ignore_duplicates:
+                        coerced.append((i, v, "duplicate"))
                         continue
                     raise InvalidAction(f"action[{i}] (broadcast slot {i}) repeats expert {v}; "
                                         f"each expert may be broadcast once (use {E} = none)")
                 broadcast.append(v)
+        self._coerced = tuple(coerced)
         return broadcast, values[mb], values[mb + 1]
 
     def _slot_name(self, i: int) -> str:
@@ -608,12 +644,22 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 f"expert {value} is already held by every node; allowed values: the unmasked "
                 f"experts of action_masks() or {E} (none)")
 
-    def _candidates(self, layer: int) -> tuple[NDArray[np.int16], NDArray[np.float32]]:
-        """Return the router candidates (ids, scores) [B, k + J] of the current decode step."""
-        rows = self._rows[self._decode_step]
-        trace = self._scored_trace()
-        assert trace.cand_ids is not None and trace.cand_scores is not None
-        return trace.cand_ids[layer, rows], trace.cand_scores[layer, rows]
+    def _candidates(self, layer: int) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Return the router candidates (ids, scores) [B, k + J] of the current decode step.
+
+        Gathered for every layer at the first gated layer of a decode step (one indexing
+        operation instead of one per layer), as the int64/float64 arrays gating works on.
+        """
+        key = self._decode_step                      # reset() clears the key
+        if self._cand_key != key or self._cand_step is None:
+            rows = self._rows[self._decode_step]
+            trace = self._scored_trace()
+            assert trace.cand_ids is not None and trace.cand_scores is not None
+            self._cand_step = (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
+                               np.ascontiguousarray(trace.cand_scores[:, rows],
+                                                    dtype=np.float64))
+            self._cand_key = key
+        return self._cand_step[0][layer], self._cand_step[1][layer]
 
     def _scored_trace(self) -> RoutingTrace:
         """Return the trace with router candidates, synthesising scores once if it has none."""

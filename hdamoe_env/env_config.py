@@ -91,7 +91,9 @@ class EnvConfig:
         gating_include_future: Count later rows' original choices in the penalties.
         k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
         bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
-        invalid_action: ``"raise"`` or ``"coerce"``.
+        invalid_action: ``"coerce"`` (default: masked slot values become "none" and repeated
+            experts count once, listed in ``info["coerced"]``) or ``"raise"`` (strict:
+            ``InvalidAction``). Out-of-space actions raise in both modes.
         duplicates: ``"raise"`` or ``"ignore"``.
         flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector.
     """
@@ -132,7 +134,7 @@ class EnvConfig:
     gating_include_future: bool = False
     k_b: int | Sequence[int] | None = None
     bc_max_messages: int = 20_000
-    invalid_action: str = "raise"
+    invalid_action: str = "coerce"
     duplicates: str = "raise"
     flatten_replicas: bool = False
 

@@ -394,10 +394,10 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
             tbts.append(float(info["tbt_us"]))
             totals.append(layer_total)
             layer_total = 0.0
-            if writer is not None:
-                writer.add_scalar("latency/tbt_us", float(info["tbt_us"]), len(tbts) - 1)
+            if writer is not None:              # x = env step (docs/TENSORBOARD.md)
+                writer.add_scalar("latency/tbt_us", float(info["tbt_us"]), step)
         if done and writer is not None and "episode_tbt_us" in info:
-            writer.add_scalar("latency/episode_tbt_us", float(info["episode_tbt_us"]), seed)
+            writer.add_scalar("latency/episode_tbt_us", float(info["episode_tbt_us"]), step)
         step += 1
         if on_step is not None:
             on_step()
@@ -570,10 +570,21 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             agent = resolve_agent(spec.agent, env, seed=seed)
             writer = None
             if tensorboard_dir is not None:
-                from hdamoe_env.app.tb import make_writer, run_dir_name
+                from hdamoe_env.app.tb import config_markdown, make_writer, run_dir_name
 
-                writer = make_writer(Path(tensorboard_dir) / run_dir_name(spec.name, seed,
-                                                                           timestamp=stamp))
+                writer = make_writer(Path(tensorboard_dir) / run_dir_name(
+                    spec.name, seed, timestamp=stamp, model=config.model_spec.key,
+                    setting=config.setting, batch=config.batch))
+                writer.add_text("config", config_markdown({
+                    "method": spec.name, "seed": seed, "agent": spec.agent or "noop",
+                    "placement": spec.placement, "model": config.model_spec.key,
+                    "setting": config.setting, "mesh": config.mesh,
+                    "topology": config.topology, "batch": config.batch,
+                    "steps_per_episode": config.steps, "fidelity": config.fidelity,
+                    "predictor": config.predictor, "max_broadcast": config.max_broadcast,
+                    "profile": conv.name, "trace": config.trace_label,
+                    "trace_id": trace.trace_id, "placement_seed": config.placement_seed,
+                    "version": __version__}))
             try:
                 measured = run_episode(env, agent, seed, writer=writer,
                                        on_step=(lambda: bar.update(1)) if bar else None)

@@ -10,8 +10,10 @@ subcommand that needs them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from hdamoe_env.app.argtypes import (
     positive_float,
     positive_int,
 )
+from hdamoe_env.app.logs import configure_logging
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
 from hdamoe_env.errors import HdMoeError
@@ -204,6 +207,32 @@ def cmd_traces_convert(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------- main
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Show an option's default once: appended only when it says something and the help does not.
+
+    No "(default: None)" or "(default: False)"; a help text that already mentions its default
+    ("default: the budget rule") is left alone.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, argparse.SUPPRESS)
+                or "default" in text.lower() or "%(default)" in text
+                or (isinstance(default, list | tuple | str) and not default)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every subparser below it :class:`HelpFormatter`."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _use_formatter(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``hdamoe``."""
     parser = argparse.ArgumentParser(
@@ -219,10 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sim.add_argument("--model", default="deepseek-v2-lite",
                      help=f"model preset: {', '.join(MODEL_PRESETS)}")
-    sim.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
+    sim.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
     sim.add_argument("--mesh", default="4x8", help="node grid XxY (fat-tree: 4x8 endpoints)")
     sim.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    sim.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0)
+    sim.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0, help="router latency per hop, ns")
     sim.add_argument("--dram-gib", type=positive_float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
     sim.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
@@ -233,20 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="synthetic trace: number of requests (default: generator's)")
     sim.add_argument("--conventions", default="faithful", type=profile_name,
                      help=PROFILE_HELP)
-    sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"))
+    sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"),
+                     help="sampled: simulate decode steps; static: expected loads")
     sim.add_argument("--steps", type=positive_int, default=16, help="decode steps (sampled evaluator)")
-    sim.add_argument("--batching", default="streams", choices=("streams", "random_rows"))
+    sim.add_argument("--batching", default="streams", choices=("streams", "random_rows"),
+                     help="decode-step formation from the trace")
     sim.add_argument("--view", default="content", choices=("content", "unique", "raw"),
                      help="trace rows used: content (new computation only), unique, raw (all "
                      "rows, as the reference sampled them)")
-    sim.add_argument("--seed", type=nonneg_int, default=0)
-    sim.add_argument("--json", default=None, help="write records to this JSON file")
+    sim.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    sim.add_argument("--json", default=None,
+                     help="write records to this JSON file ('-' = stdout, text to stderr)")
     sim.set_defaults(func=cmd_simulate)
 
     bs = sub.add_parser("bench-sim", help="DES fast kernel vs oracle: simulations per second")
     bs.add_argument("--seconds", type=positive_float, default=3.0, help="time budget per measurement")
-    bs.add_argument("--seed", type=nonneg_int, default=0)
-    bs.add_argument("--json", default=None)
+    bs.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    bs.add_argument("--json", default=None,
+                    help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     bs.set_defaults(func=cmd_bench_sim)
 
     tr = sub.add_parser("traces", help="routing traces: statistics, generation, conversion")
@@ -255,27 +288,34 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     st.add_argument("paths", nargs="+",
                     help="trace files (.json reference, .npz canonical) or synthetic:<model>")
-    st.add_argument("--view", default="content", choices=("content", "unique", "raw"))
+    st.add_argument("--view", default="content", choices=("content", "unique", "raw"),
+                    help="trace rows used: content, unique or raw")
     st.add_argument("--batch", type=positive_int, default=64, help="B for the fluctuation statistics")
-    st.add_argument("--requests", type=positive_int, default=None)
-    st.add_argument("--seed", type=nonneg_int, default=0)
-    st.add_argument("--json", default=None)
+    st.add_argument("--requests", type=positive_int, default=None,
+                    help="synthetic trace: number of requests (default: the generator's)")
+    st.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    st.add_argument("--json", default=None,
+                    help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     st.set_defaults(func=cmd_traces_stats)
     gen = tsub.add_parser("gen", help="write a synthetic trace (.hdtrace.npz)")
-    gen.add_argument("--model", default="deepseek-v2-lite")
-    gen.add_argument("--requests", type=positive_int, default=None)
-    gen.add_argument("--seed", type=nonneg_int, default=0)
-    gen.add_argument("--out", required=True)
+    gen.add_argument("--model", default="deepseek-v2-lite",
+                     help="model preset id of the synthetic trace")
+    gen.add_argument("--requests", type=positive_int, default=None,
+                     help="synthetic trace: number of requests (default: the generator's)")
+    gen.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    gen.add_argument("--out", required=True, help="output trace path (.hdtrace.npz)")
     gen.set_defaults(func=cmd_traces_gen)
     conv = tsub.add_parser("convert", help="reference JSON trace → canonical .npz")
-    conv.add_argument("path")
-    conv.add_argument("--model", default=None)
-    conv.add_argument("--out", required=True)
+    conv.add_argument("path", help="reference JSON trace file")
+    conv.add_argument("--model", default=None,
+                      help="model preset of the trace (E, k, layer keys; default: from the file)")
+    conv.add_argument("--out", required=True, help="output trace path (.hdtrace.npz)")
     conv.set_defaults(func=cmd_traces_convert)
 
     _add_record_parsers(tsub)
 
     _add_optional_commands(sub)
+    _use_formatter(parser)
     return parser
 
 
@@ -311,7 +351,7 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: the env's)")
     p.add_argument("--mesh", default="4x8", help="node grid XxY")
-    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
+    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
     p.add_argument("--conventions", default="faithful", type=profile_name,
@@ -321,9 +361,11 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "an agent")
     p.add_argument("--seeds", type=int_list, default="0,1,2", help="comma list of episode seeds")
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
-    p.add_argument("--fidelity", default="des", choices=("des", "analytic"))
+    p.add_argument("--fidelity", default="des", choices=("des", "analytic"),
+                   help="latency model: des (discrete-event NoC) or analytic (calibrated twin)")
     p.add_argument("--predictor", default="noisy_oracle",
-                   choices=("noisy_oracle", "oracle", "trace", "frequency"))
+                   choices=("noisy_oracle", "oracle", "trace", "frequency"),
+                   help="next-layer expert-load predictor")
     p.add_argument("--max-broadcast", type=nonneg_int, default=8, help="pre-broadcast slots")
     p.add_argument("--k-b", type=nonneg_int, default=None,
                    help="manual pre-broadcast slots per layer (default: the budget rule)")
@@ -336,7 +378,7 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--place-workers", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="worker processes of the quick placement pipeline")
     p.add_argument("--place-seed", type=nonneg_int, default=0, help="seed of EP and the pipeline")
-    p.add_argument("--json", default=None, help="write the records (JSON list) here")
+    p.add_argument("--json", default=None, help="write the records (JSON list) here ('-' = stdout)")
     p.add_argument("--csv", default=None, help="write the records as CSV here")
     p.add_argument("--resume", action="store_true",
                    help="skip (method, seed) pairs already in --json for this configuration")
@@ -355,15 +397,16 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench-env", help="env steps/s (DES, analytic) and heuristic decision time per step",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="deepseek-v2-lite")
-    p.add_argument("--mesh", default="4x8")
-    p.add_argument("--setting", default="5/50")
-    p.add_argument("--batch", type=positive_int, default=128)
+    p.add_argument("--model", default="deepseek-v2-lite", help="model preset id")
+    p.add_argument("--mesh", default="4x8", help="node grid XxY")
+    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
+    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
     p.add_argument("--conventions", default="faithful", type=profile_name,
                    help=PROFILE_HELP)
     p.add_argument("--seconds", type=positive_float, default=2.0, help="time budget per measurement")
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--json", default=None)
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    p.add_argument("--json", default=None,
+                   help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     p.set_defaults(func=envbench.cmd_bench_env)
     return p
 
@@ -379,7 +422,8 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "results.jsonl, cells/)")
     p.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="parallel worker processes (or Ray CPUs)")
-    p.add_argument("--backend", default="process", choices=reproduce.BACKENDS)
+    p.add_argument("--backend", default="process", choices=reproduce.BACKENDS,
+                   help="parallel back end")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--mixtral-dir", default=reproduce.DEFAULT_MIXTRAL_DIR,
@@ -405,13 +449,14 @@ def _add_record_parsers(tsub: Any) -> None:
     tt.add_argument("--out", default=None,
                     help="output directory (default ~/.cache/hdamoe-env/tiny-mixtral)")
     tt.add_argument("--minutes", type=positive_float, default=8.0, help="wall-clock training budget")
-    tt.add_argument("--seed", type=nonneg_int, default=0)
-    tt.add_argument("--hidden", type=positive_int, default=96)
-    tt.add_argument("--layers", type=positive_int, default=4)
-    tt.add_argument("--seq-len", type=positive_int, default=128)
-    tt.add_argument("--batch", type=positive_int, default=16)
-    tt.add_argument("--lr", type=positive_float, default=3e-3)
-    tt.add_argument("--max-steps", type=positive_int, default=None)
+    tt.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    tt.add_argument("--hidden", type=positive_int, default=96, help="hidden size of the tiny model")
+    tt.add_argument("--layers", type=positive_int, default=4, help="transformer layers of the tiny model")
+    tt.add_argument("--seq-len", type=positive_int, default=128, help="training sequence length, tokens")
+    tt.add_argument("--batch", type=positive_int, default=16, help="sequences per training batch")
+    tt.add_argument("--lr", type=positive_float, default=3e-3, help="learning rate")
+    tt.add_argument("--max-steps", type=positive_int, default=None,
+                    help="stop after this many optimiser steps (default: time budget only)")
     tt.set_defaults(func=record.cmd_train_tiny)
 
     rec = tsub.add_parser("record", formatter_class=fmt,
@@ -424,42 +469,48 @@ def _add_record_parsers(tsub: Any) -> None:
                      help="text file, prompts separated by blank lines")
     src.add_argument("--stdlib-heldout", action="store_true",
                      help="prompts from the held-out stdlib files")
-    rec.add_argument("--num-prompts", type=positive_int, default=16)
+    rec.add_argument("--num-prompts", type=positive_int, default=16, help="prompts to generate from")
     rec.add_argument("--prompt-bytes", type=positive_int, default=256,
                      help="--stdlib-heldout: bytes per prompt")
-    rec.add_argument("--max-new-tokens", type=positive_int, default=64)
+    rec.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens generated per prompt")
     rec.add_argument("--extra-candidates", type=nonneg_int, default=None,
                      help="J: candidates beyond the top-k stored with scores (default k)")
     rec.add_argument("--model-key", default=None, help="meta['model'] of the trace")
-    rec.add_argument("--seed", type=nonneg_int, default=0)
+    rec.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     rec.add_argument("--out", required=True, help="trace path (.hdtrace.npz)")
-    rec.add_argument("--json", default=None, help="write the prediction accuracy here")
+    rec.add_argument("--json", default=None,
+                     help="write the prediction accuracy here ('-' = stdout)")
     rec.set_defaults(func=record.cmd_record)
 
     fid = tsub.add_parser("fidelity", formatter_class=fmt,
                           help="routing fidelity of hardware-aware gating on held-out text "
                           "(paper-model.md §12; needs [record])")
-    fid.add_argument("--model-dir", default=None)
-    fid.add_argument("--num-texts", type=positive_int, default=16)
-    fid.add_argument("--text-bytes", type=positive_int, default=512)
-    fid.add_argument("--max-len", type=positive_int, default=512)
+    fid.add_argument("--model-dir", default=None,
+                     help="save_pretrained directory of the model (default: the train-tiny output)")
+    fid.add_argument("--num-texts", type=positive_int, default=16, help="held-out texts evaluated")
+    fid.add_argument("--text-bytes", type=positive_int, default=512, help="bytes per held-out text")
+    fid.add_argument("--max-len", type=positive_int, default=512, help="tokens per text at most")
     fid.add_argument("--batch", type=positive_int, default=32,
                      help="gating batch: consecutive rows gated together (a decode step)")
     fid.add_argument("--levels", type=float_list(positive=False), default="0.01,0.1,1",
                      help="multiples of the default (r_comp, r_comm) of --sim-model")
-    fid.add_argument("--cache-lambda", type=nonneg_float, default=0.5)
+    fid.add_argument("--cache-lambda", type=nonneg_float, default=0.5,
+                     help="weight of the cache term of the fidelity metric")
     fid.add_argument("--sub-tokens", type=positive_int, default=256,
                      help="tokens per layer for the substitutability matrix")
     fid.add_argument("--sim-model", default="mixtral-8x7b",
                      help="preset whose layer shapes (h, I) and coefficients are used; its "
                      "layer count is replaced by the recorded model's")
-    fid.add_argument("--setting", default="5/50")
-    fid.add_argument("--mesh", default="4x8")
+    fid.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
+    fid.add_argument("--mesh", default="4x8", help="node grid XxY")
     fid.add_argument("--conventions", default="paper", type=profile_name, help=PROFILE_HELP)
-    fid.add_argument("--placement", default="ep", choices=("ep", "tp"))
-    fid.add_argument("--no-simulate", dest="simulate", action="store_false")
-    fid.add_argument("--seed", type=nonneg_int, default=0)
-    fid.add_argument("--json", default=None)
+    fid.add_argument("--placement", default="ep", choices=("ep", "tp"),
+                     help="placement of the simulation")
+    fid.add_argument("--no-simulate", dest="simulate", action="store_false",
+                     help="skip the latency simulation (routing fidelity only)")
+    fid.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    fid.add_argument("--json", default=None,
+                     help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     fid.set_defaults(func=record.cmd_fidelity)
 
 
@@ -469,8 +520,8 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", default="4x8", help="node grid XxY")
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
-    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
-    p.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0)
+    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
+    p.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0, help="router latency per hop, ns")
     p.add_argument("--trace", default="synthetic",
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=positive_int, default=None,
@@ -480,25 +531,31 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")
     p.add_argument("--time-limit", type=positive_float, default=10.0,
                    help="Node-Balance time budget per layer (heuristic warm start + MILP), s")
-    p.add_argument("--mip-gap", type=nonneg_float, default=0.05)
-    p.add_argument("--nb-mode", default="milp", choices=("milp", "heuristic"))
+    p.add_argument("--mip-gap", type=nonneg_float, default=0.05,
+                   help="relative MIP gap at which Node Balance stops")
+    p.add_argument("--nb-mode", default="milp", choices=("milp", "heuristic"),
+                   help="Node Balance: MILP or heuristic")
     p.add_argument("--solver", default=None, choices=("highs", "cbc"),
                    help="MILP solver (default: HiGHS when highspy is installed, else CBC)")
     p.add_argument("--bo-calls", type=positive_int, default=70, help="Link-Balance evaluation budget")
-    p.add_argument("--lb-method", default="bo", choices=sorted(place._LB_CHOICES))
-    p.add_argument("--lb-objective", default="des", choices=("des", "mst"))
+    p.add_argument("--lb-method", default="bo", choices=sorted(place._LB_CHOICES),
+                   help="Link Balance search method")
+    p.add_argument("--lb-objective", default="des", choices=("des", "mst"),
+                   help="Link Balance objective: des (simulated) or mst (proxy)")
     p.add_argument("--no-guard", action="store_true",
                    help="do not fall back to TP for layers where Node+Link is slower")
     p.add_argument("--workers", type=positive_int, default=1, help="parallel worker processes")
-    p.add_argument("--backend", default="process", choices=("process", "ray"))
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--backend", default="process", choices=("process", "ray"),
+                   help="parallel back end")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="skip layers already finished in --out (same configuration only)")
     p.add_argument("--force", action="store_true",
                    help="use an --out directory holding another run or other files: the files "
                    "this command writes are first moved into --out/superseded-*/ (never deleted)")
-    p.add_argument("--json", default=None, help="also write the table rows to this JSON file")
+    p.add_argument("--json", default=None,
+                   help="also write the table rows to this JSON file ('-' = stdout)")
 
 
 def _add_place_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -626,6 +683,23 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the subcommand; with ``--json -`` its JSON goes to stdout and its text to stderr."""
+    if getattr(args, "json", None) != "-":
+        return int(args.func(args) or 0)
+    stdout = sys.stdout
+    with tempfile.TemporaryDirectory(prefix="hdamoe-json-") as tmp:
+        args.json = str(Path(tmp) / "out.json")
+        with contextlib.redirect_stdout(sys.stderr):       # the tables and notes
+            code = int(args.func(args) or 0)
+        result = Path(args.json)
+        if result.exists():
+            text = result.read_text()
+            stdout.write(text if text.endswith("\n") else text + "\n")
+            stdout.flush()
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hdamoe`` console script.
 
@@ -636,11 +710,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbose = int(getattr(args, "verbose", 0) or 0)
+    configure_logging(verbose, bool(getattr(args, "quiet", False)))
     try:
         command = _command(args)
         _preflight_outputs(args, command)
         _preflight_memory(args, command)
-        return int(args.func(args) or 0)
+        return _run_command(args)
     except KeyboardInterrupt:
         print("hdamoe: interrupted (finished results were kept; rerun with --resume where "
               "available)", file=sys.stderr)

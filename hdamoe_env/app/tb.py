@@ -10,8 +10,10 @@ through this module. Writers are looked up lazily, in this order:
 3. a no-op writer that logs one warning per process.
 
 Tags are namespaced (``latency/tbt_us``, ``latency/comm_us``, ``links/max_util``,
-``nodes/balancedness``, ``gating/top1_retention``, ``train/*``); run directories are named
-``{env_id}__{method}__{seed}__{timestamp}`` (:func:`run_dir_name`).
+``nodes/balancedness``, ``gating/top1_retention``, ``train/*``, ``eval/*``), each group on one
+x-axis, and the run's configuration goes to the Text tab (``config``); run directories are named
+``{env_id}__{model}__{setting}__B{batch}__{method}__{seed}__{timestamp}`` (:func:`run_dir_name`).
+docs/TENSORBOARD.md lists every tag and its x-axis.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "ENV_ID",
     "NoOpWriter",
     "ScalarWriter",
+    "config_markdown",
     "make_writer",
     "run_dir_name",
 ]
@@ -53,6 +56,9 @@ class ScalarWriter(Protocol):
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         """Record ``value`` under ``tag`` at global step ``step``."""
 
+    def add_text(self, tag: str, text: str, step: int = 0) -> None:
+        """Record a Markdown text under ``tag``."""
+
     def flush(self) -> None:
         """Write pending events to disk."""
 
@@ -65,6 +71,10 @@ class _WriterBase:
     logdir: Path | None = None
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def add_text(self, tag: str, text: str, step: int = 0) -> None:  # pragma: no cover
+        """Record a Markdown text (TensorBoard's Text tab) under ``tag``."""
         raise NotImplementedError
 
     def add_scalars(self, values: dict[str, float], step: int) -> None:
@@ -97,6 +107,9 @@ class NoOpWriter(_WriterBase):
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         """Drop the scalar."""
 
+    def add_text(self, tag: str, text: str, step: int = 0) -> None:
+        """Drop the text."""
+
     def flush(self) -> None:
         """Do nothing."""
 
@@ -115,6 +128,9 @@ class _TensorboardXWriter(_WriterBase):
         value = float(value)
         if math.isfinite(value):
             self._writer.add_scalar(tag, value, int(step))
+
+    def add_text(self, tag: str, text: str, step: int = 0) -> None:
+        self._writer.add_text(tag, text, int(step))
 
     def flush(self) -> None:
         self._writer.flush()
@@ -135,6 +151,7 @@ class _EventFileWriter(_WriterBase):
         self.logdir = logdir
         self._event = event_pb2.Event
         self._summary = summary_pb2.Summary
+        self._summary_pb2 = summary_pb2
         self._writer = EventFileWriter(str(logdir))
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
@@ -142,6 +159,20 @@ class _EventFileWriter(_WriterBase):
         if not math.isfinite(value):
             return
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(self._event(wall_time=time.time(), step=int(step),
+                                           summary=summary))
+
+    def add_text(self, tag: str, text: str, step: int = 0) -> None:
+        from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2, types_pb2
+
+        meta = self._summary_pb2.SummaryMetadata(
+            plugin_data=self._summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+        tensor = tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_STRING, string_val=[text.encode("utf-8")],
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(
+                dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]))
+        summary = self._summary(value=[self._summary.Value(   # tensorboardX's tag naming
+            tag=f"{tag}/text_summary", metadata=meta, tensor=tensor)])
         self._writer.add_event(self._event(wall_time=time.time(), step=int(step),
                                            summary=summary))
 
@@ -196,15 +227,34 @@ def make_writer(logdir: str | Path, *, backend: str | None = None) -> _WriterBas
 
 
 def run_dir_name(method: str, seed: int, *, env_id: str = ENV_ID,
-                 timestamp: str | None = None) -> str:
-    """Return ``{env_id}__{method}__{seed}__{timestamp}`` with path-safe parts (style.md R16).
+                 timestamp: str | None = None, model: str | None = None,
+                 setting: str | None = None, batch: int | None = None) -> str:
+    """Return the run directory name, path-safe (style.md R16, docs/TENSORBOARD.md).
+
+    ``{env_id}__{model}__{setting}__B{batch}__{method}__{seed}__{timestamp}``; the model,
+    setting and batch parts are left out when not given (``{env_id}__{method}__{seed}__{time}``).
 
     Args:
         method: Method name (``"hd-moe"``, ``"agent:greedy-prebroadcast"``, ...).
         seed: Episode seed.
         env_id: Environment id (namespace dropped).
         timestamp: ``YYYYmmdd-HHMMSS`` (default: now).
+        model: Model preset id.
+        setting: "TFLOPS/GBps" (the slash becomes ``-``).
+        batch: Tokens per decode step B.
     """
     stamp = timestamp or time.strftime("%Y%m%d-%H%M%S")
-    parts = [env_id.rsplit("/", 1)[-1], method, str(seed), stamp]
+    config = [p for p in (model, setting, None if batch is None else f"B{batch}") if p]
+    parts = [env_id.rsplit("/", 1)[-1], *config, method, str(seed), stamp]
     return "__".join(_SAFE.sub("-", p).strip("-") or "x" for p in parts)
+
+
+def config_markdown(config: dict[str, Any]) -> str:
+    """Return a run's configuration as a two-column Markdown table (the ``config`` text)."""
+    rows = ["| key | value |", "|---|---|"]
+    def cell(x: Any) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    for key, value in config.items():
+        rows.append(f"| {cell(key)} | {cell(value)} |")
+    return "\n".join(rows)

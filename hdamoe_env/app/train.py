@@ -37,6 +37,8 @@ from agents.learned_train import ACTION_MODES, ALGORITHMS, to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app import bench
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
+from hdamoe_env.app.progress import bar as progress_bar
+from hdamoe_env.app.progress import stage
 from hdamoe_env.app.records import format_bench_table, summarise
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.fileio import atomic_write
@@ -55,6 +57,7 @@ __all__ = [
     "plot_learning_curve",
     "read_scalars",
     "resolve_placement",
+    "write_eval_scalars",
 ]
 
 log = logging.getLogger(__name__)
@@ -266,6 +269,7 @@ def held_out_evaluation(*, seeds: Sequence[int] | None = None, steps: int = 16,
     def run(out_dir: Path) -> dict[str, Any]:
         res = evaluate(out_dir, seeds=seeds, steps=steps, fidelities=fidelities, trace=trace,
                        baselines=baselines, out_dir=out_dir)
+        write_eval_scalars(out_dir, res)
         if learning_curve:
             fidelity = read_meta(out_dir).get("fidelity", "analytic")
             ref = {m: v for m, v in res["summary"].get(fidelity, {}).get("tbt_us", {}).items()
@@ -278,6 +282,35 @@ def held_out_evaluation(*, seeds: Sequence[int] | None = None, steps: int = 16,
         return res
 
     return run
+
+
+def write_eval_scalars(out_dir: str | os.PathLike[str], result: dict[str, Any]) -> Path | None:
+    """Write the held-out evaluation as ``eval/*`` scalars into the run's TensorBoard directory.
+
+    Tags ``eval/{fidelity}/tbt_us/{method}`` and ``eval/{fidelity}/{learned}_vs_{ref}`` at
+    x = the agent's training env steps (the x-axis of SB3's ``rollout/*`` and ``train/*``), in
+    the newest SB3 run directory under ``out_dir/tb`` (docs/TENSORBOARD.md).
+
+    Returns:
+        The run directory written to, or None without TensorBoard logs.
+    """
+    from hdamoe_env.app.tb import make_writer
+
+    tb_root = Path(out_dir) / "tb"
+    runs = sorted((p for p in tb_root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return None
+    step = int(read_meta(out_dir).get("num_timesteps", 0))
+    with make_writer(runs[-1]) as writer:
+        for fid, summary in result["summary"].items():
+            if fid == "twin_gap":
+                continue
+            for method, tbt in summary.get("tbt_us", {}).items():
+                writer.add_scalar(f"eval/{fid}/tbt_us/{method}", float(tbt), step)
+            for key, value in summary.items():
+                if key != "tbt_us":
+                    writer.add_scalar(f"eval/{fid}/{key}", float(value), step)
+    return runs[-1]
 
 
 def format_evaluation(result: dict[str, Any]) -> str:
@@ -414,7 +447,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     Returns:
         ``p``.
     """
-    p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS)
+    p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS, help="RL algorithm")
     _env_cli_arguments(p, defaults=True)
     p.add_argument("--timesteps", type=positive_int, default=10_000, help="total env steps")
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
@@ -426,10 +459,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
     p.add_argument("--n-envs", type=positive_int, default=1, help="env copies (SubprocVecEnv if > 1)")
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     p.add_argument("--checkpoint-every", type=nonneg_int, default=5_000, help="steps (0: never)")
     p.add_argument("--no-normalize", action="store_true", help="no VecNormalize")
-    p.add_argument("--no-tensorboard", action="store_true")
+    p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
     p.add_argument("--hp", type=hp_item, action="append", default=[], metavar="NAME=VALUE",
                    help="hyperparameter override, e.g. --hp n_steps=128 (repeatable)")
     p.add_argument("--eval-steps", type=positive_int, default=16, help="decode steps per eval episode")
@@ -473,14 +506,42 @@ def cmd_train(args: argparse.Namespace) -> int:
     evaluate_fn = None if args.no_eval else held_out_evaluation(
         seeds=_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
         learning_curve=not args.no_tensorboard)
-    path = train(args.algo, env_kwargs, args.timesteps, n_envs=args.n_envs,
-                 seed=args.seed, out_dir=args.out, checkpoint_every=args.checkpoint_every,
-                 fidelity=args.fidelity, normalize_obs=not args.no_normalize,
-                 tensorboard=not args.no_tensorboard, resume=args.resume,
-                 hyperparams=_parse_hp(args.hp), placement=resolve_placement(env_kwargs),
-                 evaluate_fn=evaluate_fn, progress=args.progress,
-                 action_mode=args.action_mode, num_candidates=args.candidates,
-                 residual_keep_logit=args.keep_logit)
+    # one progress helper (a tqdm bar on a terminal, plain lines in logs); SB3's own bar with
+    # --progress instead
+    bar = progress_bar(args.timesteps, "train env steps", unit="step",
+                       enabled=not args.progress)
+    done = {"n": 0}
+
+    def on_progress(steps: int, fps: float) -> None:
+        bar.set_postfix_str(f"{fps:.0f} steps/s")
+        bar.update(max(0, steps - done["n"]))
+        done["n"] = steps
+        if steps >= args.timesteps:
+            bar.close()
+
+    if evaluate_fn is not None:
+        inner = evaluate_fn
+
+        def evaluate_fn(out_dir: Path) -> dict[str, Any]:
+            bar.close()
+            line = stage("held-out evaluation")
+            try:
+                return inner(out_dir)
+            finally:
+                line.close()
+
+    try:
+        path = train(args.algo, env_kwargs, args.timesteps, n_envs=args.n_envs,
+                     seed=args.seed, out_dir=args.out, checkpoint_every=args.checkpoint_every,
+                     fidelity=args.fidelity, normalize_obs=not args.no_normalize,
+                     tensorboard=not args.no_tensorboard, resume=args.resume,
+                     hyperparams=_parse_hp(args.hp), placement=resolve_placement(env_kwargs),
+                     evaluate_fn=evaluate_fn, progress=args.progress,
+                     action_mode=args.action_mode, num_candidates=args.candidates,
+                     residual_keep_logit=args.keep_logit,
+                     on_progress=None if args.progress else on_progress)
+    finally:
+        bar.close()
     meta = read_meta(args.out)
     print(f"hdamoe train: {meta['algo']} {meta['num_timesteps']} steps on {args.fidelity} "
           f"({meta['steps_per_s'] or 0:.0f} steps/s, training wall {meta['wall_s']:.1f} s) "

@@ -42,7 +42,11 @@ def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
 
     evaluate_fn = train_app.held_out_evaluation(steps=2, seeds=[0, 1],
                                                 baselines=["noop", "hd-moe", "hda-moe"])
-    path = _train(env_kwargs, tmp_path, evaluate_fn=evaluate_fn, tensorboard=True)
+    reports = []
+    path = _train(env_kwargs, tmp_path, evaluate_fn=evaluate_fn, tensorboard=True,
+                  on_progress=lambda n, fps: reports.append((n, fps)))
+    # progress after every rollout (n_steps = 64): env steps so far and a positive rate
+    assert [n for n, _ in reports] == [64, 128, 192, 256] and all(f > 0 for _, f in reports)
     assert path == tmp_path / "model.zip" and path.exists()
     assert (tmp_path / "vecnormalize.npz").exists() and not list(tmp_path.rglob("*.pkl"))
     meta = json.loads((tmp_path / "learned.json").read_text())
@@ -58,6 +62,19 @@ def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
     assert "learned_vs_hda-moe" in ev["summary"]["des"]
     assert (tmp_path / "eval.md").read_text().startswith("held-out split")
     assert any((tmp_path / "tb").rglob("events.out.tfevents*"))
+    # TensorBoard: eval/* on the training-step axis, hyperparameters in the HPARAMS plugin
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = next(p for p in (tmp_path / "tb").iterdir() if p.is_dir())
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "eval/des/tbt_us/learned" in tags and "eval/analytic/tbt_us/hda-moe" in tags
+    assert [e.step for e in acc.Scalars("eval/des/tbt_us/learned")] == [meta["num_timesteps"]]
+    assert "rollout/ep_rew_mean" in tags or "latency/total_over_tp" in tags
+    plugins = {p for f in run.glob("events.out.tfevents*") for p in _plugins(f)}
+    assert "hparams" in plugins
     # the loaded agent runs on a strict env (2-D replicas, duplicates raise) without masks too
     agent = learned.load_agent(tmp_path, env=make_tiny_env())
     env = make_tiny_env(fidelity="analytic")
@@ -73,6 +90,15 @@ def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
     batch = {k: np.stack([v, v]) for k, v in obs.items()}
     actions, _ = agent.predict(batch, action_masks=np.stack([env.action_masks()] * 2))
     assert actions.shape == (2, *env.action_space.shape)
+
+
+def _plugins(path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    for event in EventFileLoader(str(path)).Load():
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name:
+                yield value.metadata.plugin_data.plugin_name
 
 
 def test_bench_resolves_learned_agent(env_kwargs, tmp_path, make_tiny_env):

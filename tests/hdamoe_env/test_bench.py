@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,5 +166,56 @@ def test_cmd_bench_prints_the_table_and_writes_outputs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "TBT/TP" in out and "ep" in out
     assert len(json.loads((tmp_path / "r.json").read_text())) == 2
-    runs = sorted(p.name.split("__")[1] for p in (tmp_path / "tb").iterdir())
-    assert runs == ["ep", "tp"]
+    dirs = sorted((tmp_path / "tb").iterdir())
+    parts = [p.name.split("__") for p in dirs]
+    assert [q[:6] for q in parts] == [["HdMoE-v0", "tiny", "1-1", "B8", m, "0"]
+                                      for m in ("ep", "tp")]
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(dirs[0]), size_guidance={"tensors": 0})
+    acc.Reload()
+    L = TINY.num_moe_layers
+    # one x-axis for the latency group: the env step (the one that ended the decode step)
+    assert [e.step for e in acc.Scalars("latency/tbt_us")] == [L - 1, 2 * L - 1]
+    assert [e.step for e in acc.Scalars("latency/layer_us")] == list(range(2 * L))
+    assert [e.step for e in acc.Scalars("latency/episode_tbt_us")] == [2 * L - 1]
+    text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| model | tiny |" in text and "| batch | 8 |" in text
+
+
+def test_bench_quick_pipeline_prints_no_solver_banner_on_stdout(tmp_path):
+    """`make run`'s job: the node-link pipeline's MILP solver never writes to stdout."""
+    pytest.importorskip("pulp")
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+           "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "hdamoe_env.app.cli", "bench", "--model", "mixtral", "--mesh",
+         "2x2", "--setting", "1/1", "--batch", "8", "--methods", "tp,hd-moe", "--seeds", "0",
+         "--steps", "1", "--requests", "4", "--cache-dir", str(tmp_path / "cache"),
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "hd-moe" in proc.stdout and "TBT/TP" in proc.stdout        # the pipeline ran
+    assert "quick pipeline" in proc.stdout
+    for banner in ("HiGHS", "Running", "Copyright", "THIRD_PARTY"):
+        assert banner not in proc.stdout, proc.stdout[:500]
+        assert banner not in proc.stderr, proc.stderr[:500]             # nor anywhere (no -v)
+
+
+def test_bench_env_reports_gating_random_masked_and_agent_rates():
+    res = envbench.bench_env(seconds=0.05, model="mixtral-8x7b", mesh="2x2", setting="1/1",
+                             batch=8)
+    for fid in ("des", "analytic"):
+        for suffix in ("", "_gating", "_random_masked", "_hda_moe"):
+            assert res[f"env_{fid}{suffix}_steps_per_s"] > 0
+        assert res[f"ratio_{fid}_gating_on_vs_off"] > 0
+    assert "gating_on_vs_off" in res["pass"]
+    table = envbench.format_bench_env(res)
+    assert "gating on (level 1)" in table and "random masked actions" in table
+    assert "HDA-MoE agent" in table

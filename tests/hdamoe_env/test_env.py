@@ -234,7 +234,7 @@ def test_budget_rule_sets_kb():
     (np.array([0, E, 0, 0]), r"action\[0\] \(broadcast slot 0\) = 0 is masked: layer 0"),
 ])
 def test_invalid_actions_at_layer0(action, match):
-    env = make()
+    env = make(invalid_action="raise")
     env.reset(seed=0)
     with pytest.raises(InvalidAction, match=match):
         env.step(action)
@@ -242,7 +242,7 @@ def test_invalid_actions_at_layer0(action, match):
 
 
 def test_invalid_actions_later_layers():
-    env = make()
+    env = make(invalid_action="raise")
     env.reset(seed=0)
     env.step(noop(env))
     with pytest.raises(InvalidAction, match=r"slot 1\) = 2 is masked: only 1 pre-broadcast"):
@@ -257,7 +257,7 @@ def test_invalid_actions_later_layers():
 
 
 def test_coerce_and_ignore_modes():
-    env = make(duplicates="ignore")
+    env = make(invalid_action="raise", duplicates="ignore")
     env.reset(seed=0)
     env.step(noop(env))
     env.step(noop(env))
@@ -267,6 +267,89 @@ def test_coerce_and_ignore_modes():
     env.reset(seed=0)
     _, _, _, _, info = env.step(np.array([1, 2, 0, 0]))              # layer 0: masked → none
     assert info["broadcast"] == ()
+    assert info["coerced"] == ((0, 1, "masked"), (1, 2, "masked"))
+
+
+@pytest.mark.parametrize("action,match", [
+    (np.array([E, E, 0]), "shape"),
+    (np.array([E + 1, E, 0, 0]), "outside"),
+    (np.array([E, E, 0, 4]), "outside"),
+    (np.array([E, E, 0, 1.5]), "integers"),
+])
+def test_default_coerces_in_space_but_rejects_out_of_space(action, match):
+    env = make()                                          # default: invalid_action="coerce"
+    assert env.invalid_action == "coerce"
+    env.reset(seed=0)
+    with pytest.raises(InvalidAction, match=match):
+        env.step(action)
+
+
+def test_default_env_accepts_every_element_of_the_action_space():
+    env = make()
+    rng = np.random.default_rng(0)
+    env.action_space.seed(0)
+    env.reset(seed=0)
+    kinds = set()
+    for _ in range(60):
+        a = env.action_space.sample()
+        mask_parts = env.action_mask_tuple()
+        legal = [int(v) for i, v in enumerate(a[:env.max_broadcast])
+                 if v != E and mask_parts[i][v]]
+        _, _, term, trunc, info = env.step(a)
+        expect_bc = list(dict.fromkeys(legal))                        # first occurrence wins
+        assert list(info["broadcast"]) == expect_bc
+        for slot, value, why in info["coerced"]:
+            assert a[slot] == value and why in ("masked", "duplicate")
+            kinds.add(why)
+        n_changed = sum(1 for v in a[:env.max_broadcast] if v != E) - len(expect_bc)
+        assert len(info["coerced"]) == n_changed
+        if term or trunc:
+            env.reset(seed=int(rng.integers(100)))
+    assert kinds == {"masked", "duplicate"}
+    # a legal action reports nothing
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(noop(env))
+    assert info["coerced"] == ()
+
+
+def test_duplicates_coerced_by_default():
+    env = make()
+    env.reset(seed=0)
+    env.step(noop(env))
+    env.step(noop(env))                                              # layer 2: k_b = 2
+    _, _, _, _, info = env.step(np.array([3, 3, 0, 0]))
+    assert info["broadcast"] == (3,) and info["coerced"] == ((1, 3, "duplicate"),)
+
+
+def test_action_mask_tuple_matches_flat_mask_and_samples_legal_slots():
+    env = make()
+    env.reset(seed=0)
+    env.step(noop(env))                                              # layer 1: k_b = 1
+    parts = env.action_mask_tuple()
+    assert [p.size for p in parts] == env.action_space.nvec.tolist()
+    assert all(p.dtype == np.int8 for p in parts)
+    np.testing.assert_array_equal(np.concatenate(parts).astype(bool), env.action_masks())
+    assert parts[1].tolist() == [0] * E + [1]                        # slot 1 >= k_b: none only
+    env.action_space.seed(1)
+    for _ in range(20):
+        a = env.action_space.sample(mask=parts)
+        assert a[1] == E and bool(parts[0][a[0]])
+
+
+def test_action_masks_reachable_through_gym_make_wrappers():
+    env = gym.make("hdamoe_env/HdMoE-v0", model=TINY, hardware=HW, batch=8, trace_tokens=512,
+                   trace_requests=8, steps_per_episode=1, max_broadcast=2, k_b=[0, 1, 2])
+    env.reset(seed=0)
+    expect = env.unwrapped.action_masks()
+    np.testing.assert_array_equal(env.get_wrapper_attr("action_masks")(), expect)
+    pytest.importorskip("sb3_contrib")
+    from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
+    from sb3_contrib.common.wrappers import ActionMasker
+
+    assert is_masking_supported(env)
+    np.testing.assert_array_equal(get_action_masks(env), expect)
+    masked = ActionMasker(env, lambda e: e.get_wrapper_attr("action_masks")())
+    np.testing.assert_array_equal(get_action_masks(masked), expect)
 
 
 # ------------------------------------------------------------------------------ mechanics
@@ -418,3 +501,24 @@ def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-mo
     assert c.conv is derived and c.sim.conv is derived
     with pytest.raises(ConfigError, match="batch must be a positive integer"):
         EnvConfig(batch=0)
+
+
+@pytest.mark.parametrize("env_id", sorted(hdamoe_env.REGISTERED_ENVS))
+def test_registered_variants(env_id):
+    kwargs, max_steps = hdamoe_env.REGISTERED_ENVS[env_id]
+    spec = gym.spec(env_id)
+    assert spec.entry_point == "hdamoe_env.env:HdMoeEnv"
+    assert spec.max_episode_steps == max_steps
+    env = gym.make(env_id, batch=8, trace_tokens=512, trace_requests=8)
+    base = env.unwrapped
+    for key, value in kwargs.items():
+        assert getattr(base.config, key) == value if key != "model" else base.model.key == value
+    if max_steps is not None:                 # the TimeLimit equals the env's own episode end
+        assert max_steps == base.steps_per_episode * base.num_layers
+    env.reset(seed=0)
+    n, done = 0, False
+    while not done:
+        _, _, term, trunc, _ = env.step(noop(base))
+        n += 1
+        done = term or trunc
+    assert term and n == base.steps_per_episode * base.num_layers

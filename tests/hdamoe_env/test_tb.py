@@ -53,3 +53,20 @@ def test_run_dir_name_is_path_safe():
     name = tb.run_dir_name("agent:runs/ppo.zip", 0, env_id="hdamoe_env/HdMoE-v0",
                            timestamp="t")
     assert "/" not in name and name.startswith("HdMoE-v0__agent-runs-ppo.zip__0__")
+
+
+@pytest.mark.parametrize("backend", ["tensorboardX", "tensorboard"])
+def test_writers_write_config_text(tmp_path, backend):
+    pytest.importorskip(backend)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    name = tb.run_dir_name("hda-moe", 1, timestamp="20260101-000000", model="mixtral-8x7b",
+                           setting="5/50", batch=128)
+    assert name == "HdMoE-v0__mixtral-8x7b__5-50__B128__hda-moe__1__20260101-000000"
+    with tb.make_writer(tmp_path / name, backend=backend) as writer:
+        writer.add_text("config", tb.config_markdown({"model": "mixtral-8x7b", "a|b": 1}))
+    acc = EventAccumulator(str(tmp_path / name), size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| model | mixtral-8x7b |" in text and "a\\|b" in text

@@ -1,0 +1,73 @@
+"""The examples/ scripts and the RL Zoo hyperparameter file, in tiny configurations."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import hdamoe_env  # noqa: F401 - registers the ids
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TINY = ["--model", "mixtral-8x7b", "--mesh", "2x2", "--batch", "8"]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_heuristic_agent_example(capsys):
+    path = EXAMPLES / "heuristic_agent.py"
+    assert len(path.read_text().splitlines()) <= 40
+    tbt = _load("heuristic_agent").main([*TINY, "--steps", "2"])
+    out = capsys.readouterr().out
+    assert tbt > 0 and out.count("decode step") == 2 and "episode mean TBT" in out
+
+
+def test_maskable_ppo_example(capsys, tmp_path):
+    pytest.importorskip("sb3_contrib")
+    fps = _load("train_maskable_ppo").main([*TINY, "--timesteps", "64", "--n-steps", "32",
+                                            "--k-b", "2", "--save", str(tmp_path / "m.zip")])
+    out = capsys.readouterr().out
+    assert fps > 0 and "MaskablePPO: 64 env steps" in out and "evaluation episode" in out
+    assert (tmp_path / "m.zip").exists()
+
+
+def _wrapper(entry):
+    """Resolve one RL Zoo ``env_wrapper`` entry: "module.Class" or {"module.Class": kwargs}."""
+    name, kwargs = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module), cls), dict(kwargs or {})
+
+
+def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
+    yaml = pytest.importorskip("yaml")
+    path = EXAMPLES / "hyperparams" / "ppo_mask.yml"
+    text = path.read_text()
+    assert "python -m rl_zoo3.train --algo ppo_mask" in text          # the command
+    conf = yaml.safe_load(text)
+    assert set(conf) == {"hdamoe_env/HdMoE-analytic-v0", "hdamoe_env/HdMoE-Mixtral-v0"}
+    for env_id, hp in conf.items():
+        assert env_id in gym.registry and hp["policy"] == "MultiInputPolicy"
+        assert isinstance(hp["n_timesteps"], float) and hp["n_steps"] > 0
+        env = gym.make(env_id, mesh="2x2", batch=8, trace_tokens=512, trace_requests=8)
+        for entry in hp["env_wrapper"]:
+            cls, kwargs = _wrapper(entry)
+            assert issubclass(cls, gym.Wrapper)
+            env = cls(env, **kwargs)
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.contains(obs)
+        assert all(v.ndim == 1 for v in obs.values())                  # flattened replicas
+        env.action_space.seed(0)
+        for _ in range(5):
+            mask = np.asarray(env.get_wrapper_attr("action_masks")(), dtype=bool)
+            assert mask.size == int(np.sum(env.action_space.nvec))
+            parts = np.split(mask.astype(np.int8), np.cumsum(env.action_space.nvec)[:-1])
+            obs, *_ = env.step(env.action_space.sample(mask=tuple(parts)))
