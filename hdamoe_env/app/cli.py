@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hdamoe_env import __version__
 from hdamoe_env.app import bench, crossover, envbench, place, record, reproduce
@@ -233,9 +233,17 @@ def _use_formatter(parser: argparse.ArgumentParser) -> None:
                 _use_formatter(sub)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE (see PROG --help)`` and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser of ``hdamoe``."""
-    parser = argparse.ArgumentParser(
+    """Return the argument parser of ``hdamoe`` (subcommand parsers inherit one-line errors)."""
+    parser = _Parser(
         prog="hdamoe", description="HDA-MoE on 3D near-memory processing: simulate MoE decode "
         "latency on a NoC, build placements, benchmark agents.")
     parser.add_argument("--version", action="version", version=f"hdamoe-env {__version__}")

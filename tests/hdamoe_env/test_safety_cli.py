@@ -128,3 +128,13 @@ def test_env_arguments_are_typed(kwargs):
 
     with pytest.raises(HdMoeError):
         HdMoeEnv(model="mixtral-8x7b", mesh="2x2", steps_per_episode=1, **kwargs)
+
+
+def test_usage_errors_are_one_line(capsys):
+    from hdamoe_env.app.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["simulate", "--steps", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hdamoe simulate: error: argument --steps")
