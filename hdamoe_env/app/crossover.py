@@ -39,6 +39,7 @@ from hdamoe_env.app.reproduce import (
     _cfg,
     _mixtral_trace,
     _placement_key,
+    dedupe_cells,
     run_suite,
 )
 from hdamoe_env.errors import ConfigError
@@ -170,12 +171,7 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
                     tags = {"base": base_conv.name, "knob": knob or "base",
                             "value": value if knob is not None else None}
                     cells.append(Cell(_FIGURE, "bench", params, tags))
-    seen: dict[str, Cell] = {}
-    for cell in cells:
-        seen.setdefault(cell.key, cell)
-    ordered = list(seen.values())
-    return [c for c in ordered if c.kind == "placement"] + [
-        c for c in ordered if c.kind != "placement"]
+    return dedupe_cells(cells)
 
 
 # ------------------------------------------------------------------------------------ analysis

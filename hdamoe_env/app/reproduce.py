@@ -57,6 +57,7 @@ __all__ = [
     "read_results",
     "run_cell",
     "run_suite",
+    "dedupe_cells",
     "shrink",
     "suite_cells",
 ]
@@ -319,7 +320,7 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
                                        trace_requests=16), ("tp", "ep"), placement=False)
         bench("fig10_end_to_end", _cfg("deepseek-v2-lite", "synthetic", "2.5/75", 8, steps=1,
                                        trace_requests=16), ("tp", "ep"), placement=False)
-        return _dedupe(cells)
+        return dedupe_cells(cells)
 
     ds = ("deepseek-v2-lite", "synthetic")
     models = [ds]
@@ -388,10 +389,11 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
                    env_kwargs={"gating_coefficients_published": [r_comp, r_comm]})
         bench("fig24_sensitivity", cfg, ("node-link", "hda-moe"),
               tags={"r_comp": r_comp, "r_comm": r_comm, "axis": axis})
-    return _dedupe(cells)
+    return dedupe_cells(cells)
 
 
-def _dedupe(cells: Iterable[Cell]) -> list[Cell]:
+def dedupe_cells(cells: Iterable[Cell]) -> list[Cell]:
+    """Drop repeated cells (same key) and put placement cells first, order kept otherwise."""
     seen: dict[str, Cell] = {}
     for cell in cells:
         seen.setdefault(cell.key, cell)
