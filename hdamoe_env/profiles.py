@@ -49,7 +49,7 @@ class Conventions:
     nb_comm_factor: float = 1.0       # Node-Balance objective t_comp + factor·t̂_comm
     tp_allreduce: str = "ring"        # ring all-reduce, or "const": tp_const·B·h/BW (Q4)
     tp_const: float = 16.0            # 16 journal, 8 conference
-    b_psum: int = 2                   # bytes per partial-sum element (ring all-reduce)
+    b_psum: int = 4                   # bytes per partial-sum element (fp32 accumulation; PHYSICS.md)
     weight_streaming: bool = True     # per-node roofline over active shards (Q7)
     nonmoe: str = "arch"              # "arch" §5.3.4, "journal" §5.3.1, "generic" §5.3.2
     nonmoe_ctx_len: int = 1024        # L_ctx (arch) / L_dec (journal) / L_kv (generic)
@@ -134,7 +134,7 @@ class Conventions:
 
 
 _PAPER = Conventions(
-    name="paper", expert_matrices=1, b_msg=1, kappa_a=4.0, moe_comm="2xcombine",
+    name="paper", expert_matrices=1, b_msg=1, b_psum=2, kappa_a=4.0, moe_comm="2xcombine",
     nb_comm_factor=2.0, tp_allreduce="const", tp_const=16.0, weight_streaming=False,
     nonmoe="journal", nonmoe_ctx_len=64, dense_layers=False, aggregator="ref", tie_break="ref",
     gamma_fit="ols", gamma_combine_only=True, nb_group_constraint="aggregated",

@@ -39,8 +39,12 @@ def test_paper_tp_layer_terms(ds_trace):  # §14.1, §14.2, §14.3
     assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 39.43
 
 
+# faithful with the pre-PHYSICS.md cost knobs: the values of paper-model.md §14.5 and §14.8
+FAITHFUL_V1 = "faithful+b_psum=2"
+
+
 def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
-    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "faithful")
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", FAITHFUL_V1)
     ev = evaluate_static(sim, tensor_parallel(26, 64, 32), ds_trace, 128)
     assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 58.09
     assert round(ev.layer_means["t_comm_moe_s"][0] * US, 2) == 20.32
