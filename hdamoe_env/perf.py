@@ -307,8 +307,11 @@ def tp_allreduce_time(
     """Return TP's MoE all-reduce time per layer (§5.6).
 
     * ``tp_allreduce="const"`` (``paper*``, Q4): tp_const·B·h/BW (16 journal, 8 conference);
-    * ``tp_allreduce="ring"`` (``faithful``): 2·(D−1)·(B·h·b_psum/(D·BW) + hop_latency_s),
-      reduce-scatter then all-gather over a ring of physical neighbours.
+    * ``tp_allreduce="ring"`` (``faithful``): 2·(D−1)·(α + hop + B·h·b_psum/(D·BW)),
+      reduce-scatter then all-gather over a ring of physical neighbours; α = ``msg_alpha_s``
+      per step, hop = ``hw.hop_latency_for(conv)`` (one α–β model, docs/PHYSICS.md). This is
+      the documented closed form of the 1-D ring; the evaluators use the best DES-simulated
+      algorithm (``collectives.best_allreduce``).
 
     Args:
         model: The model (h).
@@ -328,7 +331,8 @@ def tp_allreduce_time(
     if conv.tp_allreduce == "const":
         return _out(conv.tp_const * batch * h / bw)
     nodes = _nodes(hw, num_nodes)
-    return _out(2 * (nodes - 1) * (batch * h * conv.b_psum / (nodes * bw) + hw.hop_latency_s))
+    step_s = conv.msg_alpha_s + hw.hop_latency_for(conv)
+    return _out(2 * (nodes - 1) * (batch * h * conv.b_psum / (nodes * bw) + step_s))
 
 
 # --------------------------------------------------------------------------------------------

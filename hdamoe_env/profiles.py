@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +73,14 @@ class Conventions:
     bc_payload: str = "weights"       # S = W_e (3·h·I·b_w), or "paper": 2·h·I bytes (Q15)
     bc_depth: str = "diameter"        # H = topology diameter, or 2·sqrt(D)
     bc_budget: str = "layer"          # t_nm(l) + t_comp(l), or the HD budget formula (Q14)
-    bc_alpha_s: float = 100e-9        # broadcast start-up latency per message
+    bc_alpha_s: float | None = None   # broadcast start-up per message; None = msg_alpha_s
     bc_charge_excess: bool = True     # add max(0, T_bc − budget) to the layer latency
     ref_bookkeeping: bool = False     # §10.9 (Q16)
     skip_zero_priority: bool = True   # §10.5 [decision]
     batch_mode: str = "streams"       # decode-step formation (traces.md §6)
+    # α–β cost of every message and collective step (docs/PHYSICS.md)
+    msg_alpha_s: float = 100e-9       # start-up α per message / collective step (DMA + NI)
+    hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -91,7 +95,19 @@ class Conventions:
                 raise ConfigError(f"Conventions.{knob} must be >= 1, got {getattr(self, knob)}")
         if not self.kappa_a > 0 or not self.tp_const > 0:
             raise ConfigError("kappa_a and tp_const must be positive")
+        for knob in ("msg_alpha_s", "hop_latency_s", "bc_alpha_s"):
+            value = getattr(self, knob)
+            if value is None and knob == "bc_alpha_s":
+                continue
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"Conventions.{knob} must be a finite number >= 0 (seconds), "
+                                  f"got {value!r}")
         object.__setattr__(self, "gamma_paper_batches", tuple(self.gamma_paper_batches))
+
+    @property
+    def broadcast_alpha_s(self) -> float:
+        """Start-up latency α of one broadcast message (§10.4): ``bc_alpha_s``, else α_msg."""
+        return self.msg_alpha_s if self.bc_alpha_s is None else float(self.bc_alpha_s)
 
     @property
     def is_paper(self) -> bool:
@@ -140,6 +156,7 @@ _PAPER = Conventions(
     gamma_fit="ols", gamma_combine_only=True, nb_group_constraint="aggregated",
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
+    bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0,
 )
 
 PROFILES: dict[str, Conventions] = {
@@ -186,6 +203,10 @@ def _parse_override(base: Conventions, text: str, whole: str) -> tuple[str, Any]
         raise ConfigError(f"profile {whole!r}: {text!r} is not knob=value; write e.g. "
                           "'faithful+b_psum=4'")
     current = getattr(base, knob)
+    if knob == "bc_alpha_s":  # float | None
+        if raw == "None":
+            return knob, None
+        current = 0.0
     try:
         if isinstance(current, bool):
             if raw not in ("True", "False", "true", "false", "1", "0"):

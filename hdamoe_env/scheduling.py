@@ -88,7 +88,7 @@ def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch:
     Args:
         model: The model (S from h, I).
         hw: The hardware (D, C, BW, BW_mem).
-        conv: The conventions (``bc_budget``, ``bc_payload``, ``bc_depth``, ``bc_alpha_s``).
+        conv: The conventions (``bc_budget``, ``bc_payload``, ``bc_depth``, ``broadcast_alpha_s``).
         batch: Tokens per decode step B.
         topology_diameter: Diameter in hops (``bc_depth="diameter"``).
         t_nm_prev: t_nm of the layer the broadcast hides behind (``bc_budget="layer"``), s.
@@ -101,7 +101,7 @@ def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch:
     budget = float(prebroadcast.broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
     S = prebroadcast.broadcast_payload(model, conv)
     H = prebroadcast.broadcast_depth(conv, hw.num_nodes, topology_diameter)
-    alpha, bw = conv.bc_alpha_s, hw.link_bw_Bps
+    alpha, bw = conv.broadcast_alpha_s, hw.link_bw_Bps
     k_b = prebroadcast.num_broadcast(budget, S, H, alpha, bw, max_m)
     chunk = float(prebroadcast.broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
     time = float(prebroadcast.broadcast_time(k_b, S, H, alpha, bw))

@@ -419,11 +419,11 @@ class DecisionEvaluator:
         if hit is None:
             conv, hw = self.conv, self.sim.hw
             chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
-                                               conv.bc_alpha_s, hw.link_bw_Bps))
+                                               conv.broadcast_alpha_s, hw.link_bw_Bps))
             hit = scheduling.simulate_broadcast(
                 self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
-                chunk, pi=self.placement.pi[layer], alpha_s=conv.bc_alpha_s,
-                hop_latency_s=hw.hop_latency_s, tie_break=conv.tie_break,
+                chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
+                hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
                 max_messages=self.bc_max_messages, trees=self._trees)
             if len(self._bc_cache) >= 4096:
                 self._bc_cache.clear()

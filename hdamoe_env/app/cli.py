@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
     sim.add_argument("--mesh", default="4x8", help="node grid XxY (fat-tree: 4x8 endpoints)")
     sim.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    sim.add_argument("--hop-latency-ns", type=float, default=0.0)
+    sim.add_argument("--hop-latency-ns", type=float, default=None,
+                     help="per-hop NoC latency, ns (default: the profile's hop_latency_s)")
     sim.add_argument("--dram-gib", type=float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
     sim.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
@@ -455,7 +456,8 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     p.add_argument("--batch", type=int, default=128, help="tokens per decode step B")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS)
-    p.add_argument("--hop-latency-ns", type=float, default=0.0)
+    p.add_argument("--hop-latency-ns", type=float, default=None,
+                   help="per-hop NoC latency, ns (default: the profile's hop_latency_s)")
     p.add_argument("--trace", default="synthetic",
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=int, default=None,

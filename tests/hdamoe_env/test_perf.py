@@ -26,6 +26,9 @@ MODELS = {
 PAPER = PROFILES["paper"]
 PAPER_HD = PROFILES["paper-hd"]
 FAITHFUL = PROFILES["faithful"]
+# faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums):
+# the profile the faithful check values of paper-model.md §14 are stated for
+FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 ALPHA = 100e-9
 
@@ -150,26 +153,47 @@ def test_14_2_faithful_ring() -> None:
     for name, values in expected.items():
         for setting, value in zip(SETTINGS, values, strict=True):
             hw = hardware_from_setting(setting, "4x8")
-            ring2 = FAITHFUL.derive(b_psum=2)
-            assert close(perf.tp_allreduce_time(MODELS[name], hw, ring2, 128) * US, value)
+            assert close(perf.tp_allreduce_time(MODELS[name], hw, FAITHFUL_V1, 128) * US, value)
     assert FAITHFUL.b_psum == 4 and PAPER.b_psum == 2
     hw = hardware_from_setting("5/50", "4x8")
-    assert close(perf.tp_allreduce_time(MODELS["deepseek"], hw, FAITHFUL, 128) * US, 40.63)
+    fp32 = FAITHFUL_V1.derive(b_psum=4)
+    assert close(perf.tp_allreduce_time(MODELS["deepseek"], hw, fp32, 128) * US, 40.63)
+
+
+def test_5_6_faithful_ring_alpha_beta() -> None:
+    """§5.6 with docs/PHYSICS.md: t = 2(D−1)·(α + hop + B·h·b_psum/(D·BW)).
+
+    DeepSeek, 4×8, 50 GB/s, B = 128, faithful (α = 100 ns, hop = 2 ns, b_psum = 4):
+    S/(D·BW) = 128·2048·4 B / (32 · 50 GB/s) = 655.36 ns; 62 · (100 + 2 + 655.36) ns = 46.956 µs.
+    An explicit hardware hop latency (10 ns) replaces the profile's 2 ns: + 62·8 ns = 47.452 µs.
+    """
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    assert FAITHFUL.msg_alpha_s == 100e-9 and FAITHFUL.hop_latency_s == 2e-9
+    assert hw.hop_latency_ns is None and hw.hop_latency_for(FAITHFUL) == 2e-9
+    assert close(perf.tp_allreduce_time(model, hw, FAITHFUL, 128) * US, 46.96)
+    assert math.isclose(perf.tp_allreduce_time(model, hw, FAITHFUL, 128), 62 * 757.36e-9,
+                        rel_tol=1e-12)
+    hw10 = hardware_from_setting("5/50", "4x8", hop_latency_ns=10.0)
+    assert math.isclose(perf.tp_allreduce_time(model, hw10, FAITHFUL, 128), 62 * 765.36e-9,
+                        rel_tol=1e-12)
+    assert PAPER.msg_alpha_s == 0.0 and PAPER.hop_latency_s == 0.0
+    assert PAPER.broadcast_alpha_s == 100e-9 == FAITHFUL.broadcast_alpha_s
 
 
 def test_5_6_ring_hop_latency_and_bw_end() -> None:
     """§5.6: the ring adds 2(D−1) hop latencies; bw_end_Bps overrides the link bandwidth."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8", hop_latency_ns=10.0)
-    base = perf.tp_allreduce_time(model, hardware_from_setting("5/50", "4x8"), FAITHFUL, 128)
+    base = perf.tp_allreduce_time(model, hardware_from_setting("5/50", "4x8"), FAITHFUL_V1, 128)
     assert math.isclose(
-        perf.tp_allreduce_time(model, hw, FAITHFUL, 128), base + 62 * 10e-9, rel_tol=1e-12
+        perf.tp_allreduce_time(model, hw, FAITHFUL_V1, 128), base + 62 * 10e-9, rel_tol=1e-12
     )
     half = perf.tp_allreduce_time(
-        model, hardware_from_setting("5/50"), FAITHFUL, 128, bw_end_Bps=25e9
+        model, hardware_from_setting("5/50"), FAITHFUL_V1, 128, bw_end_Bps=25e9
     )
     assert math.isclose(half, 2 * base, rel_tol=1e-12)
-    assert perf.tp_allreduce_time(model, hw, FAITHFUL, 128, num_nodes=1) == 0.0
+    assert perf.tp_allreduce_time(model, hw, FAITHFUL_V1, 128, num_nodes=1) == 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,11 +408,12 @@ def test_7_3_faithful_rcc_uses_ring() -> None:
     """§7.3: faithful R_cc = t_comp_TP / t_TP(ring); independent of B without hop latency."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    expected = perf.tp_expert_compute_time(model, hw, FAITHFUL, 128) / perf.tp_allreduce_time(
-        model, hw, FAITHFUL, 128
+    conv = FAITHFUL_V1
+    expected = perf.tp_expert_compute_time(model, hw, conv, 128) / perf.tp_allreduce_time(
+        model, hw, conv, 128
     )
-    assert math.isclose(perf.r_cc(model, hw, FAITHFUL), expected, rel_tol=1e-12)
-    assert math.isclose(perf.r_cc(model, hw, FAITHFUL, B=16), expected, rel_tol=1e-12)
+    assert math.isclose(perf.r_cc(model, hw, conv), expected, rel_tol=1e-12)
+    assert math.isclose(perf.r_cc(model, hw, conv, B=16), expected, rel_tol=1e-12)
     with pytest.raises(ConfigError, match="R_cc is undefined"):
         perf.r_cc(model, hw, FAITHFUL, num_nodes=1)
 

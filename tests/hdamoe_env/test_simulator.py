@@ -40,7 +40,7 @@ def test_paper_tp_layer_terms(ds_trace):  # §14.1, §14.2, §14.3
 
 
 # faithful with the pre-PHYSICS.md cost knobs: the values of paper-model.md §14.5 and §14.8
-FAITHFUL_V1 = "faithful+b_psum=2"
+FAITHFUL_V1 = "faithful+b_psum=2+hop_latency_s=0.0+msg_alpha_s=0.0"
 
 
 def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
@@ -64,8 +64,17 @@ def _tiny(conv_name, aggregator="first"):
 
 
 @pytest.mark.parametrize("conv,combine,dispatch,total", [("paper", 0.7, 0.0, 1.4),
-                                                          ("faithful", 1.4, 1.0, 2.4)])
+                                                          (FAITHFUL_V1, 1.4, 1.0, 2.4),
+                                                          ("faithful", 1.502, 1.102, 2.604)])
 def test_static_task_set_micro_example(conv, combine, dispatch, total):  # §14.8 item 4
+    """§14.8 item 4; default faithful adds α = 100 ns per message and 2 ns per hop.
+
+    Combine: (0,1)→(0,0) 1000 B occupies that link 100–1100 ns (arrives 1102); the 400 B message
+    (1,1)→(0,1)→(0,0) crosses its first link 100–500, arrives 502, waits for the shared link
+    until 1100, crosses 1100–1500, arrives 1502 → 1.502 µs. Dispatch (reverse): 600 B
+    (1,0)→(1,1) 100–700; 400 B (0,0)→(1,0)→(1,1) 100–500, 700–1100, arrives 1102; 1000 B
+    (0,0)→(0,1) arrives 1102 → 1.102 µs.
+    """
     sim = _tiny(conv)
     P = np.eye(4)[None]
     placement = Placement(P=P, pi=identity_mapping(1, 4), method="one-per-node")
