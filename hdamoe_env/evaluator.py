@@ -172,7 +172,7 @@ class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_compute", "nm_total", "pi",
-                 "support")
+                 "support", "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
                  is_tp: bool) -> None:
@@ -182,6 +182,7 @@ class _LayerConst:
         self.nm_total = float(nm.total_s)
         self.nm_compute = float(nm.compute_s)
         self.is_tp = is_tp
+        self.tile_work: NDArray[np.float64] | None = None   # [E, D] s per padded token (tiles)
         self._holders: linksim.HolderTable | None = None
         self._bitmask: NDArray[np.uint64] | None | bool = False
 
@@ -224,6 +225,10 @@ class LayerEvaluator:
         self.num_experts = model.num_experts
         self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
         self.stream_per_s = perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+        # tile model (PHYSICS.md): s per padded token of each shard, and per active shard
+        self.tiled = conv.tiled
+        self.tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
+        self.gemm_s = conv.expert_matrices * conv.gemm_overhead_s
         self._t_tp: float | None = None
         self.msg = np.full(self.batch, sim.msg_bytes)
         tp_share = 1.0 / placement.num_nodes
@@ -276,7 +281,10 @@ class LayerEvaluator:
         conv = self.conv
         P = const.P if P_layer is None else P_layer
         counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
-        compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
+        if self.tiled:
+            compute = self._tiled_compute(const, P_layer, counts)
+        else:
+            compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
         if conv.weight_streaming:
             active = (counts > 0).astype(np.float64)
             stream = np.einsum("...ed,...e->...d", P, active) * self.stream_per_s
@@ -336,7 +344,14 @@ class LayerEvaluator:
         counts = np.bincount(flat, minlength=num_layers * E).astype(np.float64).reshape(
             num_layers, E)
         share = consts[0].P[0, 0]
-        t_compute = counts.sum(axis=1) * share * self.flops_per_s            # equal on all nodes
+        if self.tiled:  # every node runs m GEMMs (tokens n_i, I/D columns) per active expert
+            tile_t = self.conv.tile_tokens
+            rows = np.ceil(np.maximum(counts / tile_t - 1e-9, 0.0)) * tile_t
+            cols = float(perf.tile_columns(share, self.model, self.conv))
+            t_compute = (rows.sum(axis=1) * cols * self.tile_flop_s
+                         + (counts > 0).sum(axis=1) * self.gemm_s)
+        else:
+            t_compute = counts.sum(axis=1) * share * self.flops_per_s        # equal on all nodes
         if self.conv.weight_streaming:
             stream = (counts > 0).sum(axis=1) * share * self.stream_per_s
             t_comp = np.maximum(t_compute, stream)
@@ -344,6 +359,26 @@ class LayerEvaluator:
             t_comp = t_compute
         nm = np.array([c.nm_total for c in consts[:num_layers]])
         return nm + t_comp + self.t_tp
+
+    def _tiled_compute(self, const: _LayerConst, P_layer: NDArray[np.float64] | None,
+                       counts: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the per-node expert compute [D] of one step under the tile model (PHYSICS.md).
+
+        The same terms as ``perf.tiled_node_compute``, with the padded columns of the layer's
+        own shares cached.
+        """
+        if P_layer is None:
+            if const.tile_work is None:
+                const.tile_work = perf.tile_columns(const.P, self.model, self.conv) \
+                    * self.tile_flop_s
+            work, held = const.tile_work, const.support
+        else:
+            work = perf.tile_columns(P_layer, self.model, self.conv) * self.tile_flop_s
+            held = P_layer > 0
+        tile_t = self.conv.tile_tokens
+        rows = np.ceil(np.maximum(counts / tile_t - 1e-9, 0.0)) * tile_t
+        active = (counts > 0).astype(np.float64)
+        return rows @ work + (active @ held) * self.gemm_s
 
     @staticmethod
     def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,

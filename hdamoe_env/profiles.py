@@ -81,6 +81,10 @@ class Conventions:
     # α–β cost of every message and collective step (docs/PHYSICS.md)
     msg_alpha_s: float = 100e-9       # start-up α per message / collective step (DMA + NI)
     hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
+    # tile model of the expert GEMMs (docs/PHYSICS.md); 1, 1, 0 = the fluid model of §5.2
+    tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
+    tile_cols: int = 64               # GEMM columns (shard of I) are padded to a multiple
+    gemm_overhead_s: float = 100e-9   # fixed time per GEMM (array fill/drain)
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -90,12 +94,13 @@ class Conventions:
                                   f"{list(choices)}")
         if self.expert_matrices not in (1, 2, 3):
             raise ConfigError(f"expert_matrices must be 1, 2 or 3, got {self.expert_matrices}")
-        for knob in ("b_w", "b_msg", "b_psum", "chunks", "nonmoe_ctx_len", "gamma_points"):
+        for knob in ("b_w", "b_msg", "b_psum", "chunks", "nonmoe_ctx_len", "gamma_points",
+                     "tile_tokens", "tile_cols"):
             if getattr(self, knob) < 1:
                 raise ConfigError(f"Conventions.{knob} must be >= 1, got {getattr(self, knob)}")
         if not self.kappa_a > 0 or not self.tp_const > 0:
             raise ConfigError("kappa_a and tp_const must be positive")
-        for knob in ("msg_alpha_s", "hop_latency_s", "bc_alpha_s"):
+        for knob in ("msg_alpha_s", "hop_latency_s", "bc_alpha_s", "gemm_overhead_s"):
             value = getattr(self, knob)
             if value is None and knob == "bc_alpha_s":
                 continue
@@ -103,6 +108,11 @@ class Conventions:
                 raise ConfigError(f"Conventions.{knob} must be a finite number >= 0 (seconds), "
                                   f"got {value!r}")
         object.__setattr__(self, "gamma_paper_batches", tuple(self.gamma_paper_batches))
+
+    @property
+    def tiled(self) -> bool:
+        """Whether the expert GEMMs follow the tile model (else the fluid model of §5.2)."""
+        return self.tile_tokens > 1 or self.tile_cols > 1 or self.gemm_overhead_s > 0
 
     @property
     def broadcast_alpha_s(self) -> float:
@@ -156,7 +166,8 @@ _PAPER = Conventions(
     gamma_fit="ols", gamma_combine_only=True, nb_group_constraint="aggregated",
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
-    bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0,
+    bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
+    gemm_overhead_s=0.0,
 )
 
 PROFILES: dict[str, Conventions] = {

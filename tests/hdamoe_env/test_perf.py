@@ -28,7 +28,8 @@ PAPER_HD = PROFILES["paper-hd"]
 FAITHFUL = PROFILES["faithful"]
 # faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums):
 # the profile the faithful check values of paper-model.md §14 are stated for
-FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0)
+FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
+                               tile_cols=1, gemm_overhead_s=0.0)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 ALPHA = 100e-9
 
@@ -336,19 +337,19 @@ def test_14_5_faithful(name: str) -> None:
     model = MODELS[name]
     hw = hardware_from_setting("5/50", "4x8")
     (nm_c, nm_m, nm_t), (ex_c, ex_s, ex_t) = TABLE_14_5[name]
-    t = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
+    t = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128)
     assert close(t.compute_s * US, nm_c) and close(t.memory_s * US, nm_m), t
     assert close(t.total_s * US, nm_t)
     P = tp_placement(model, hw.num_nodes)
     n = uniform_f(model) * 128
     compute, stream = perf.expert_compute_times(
-        P, n, model, hw, FAITHFUL, active=np.ones(model.num_experts)
+        P, n, model, hw, FAITHFUL_V1, active=np.ones(model.num_experts)
     )
     assert compute.shape == stream.shape == (32,)
     assert close(compute.max() * US, ex_c) and close(stream.max() * US, ex_s)
     assert close(perf.t_comp(compute, stream) * US, ex_t)
     # The static form (a_i = 1 − (1 − f_i)^128 ≈ 1) gives the same rounded value.
-    assert close(perf.t_comp_static(P, uniform_f(model), 128, model, hw, FAITHFUL) * US, ex_t)
+    assert close(perf.t_comp_static(P, uniform_f(model), 128, model, hw, FAITHFUL_V1) * US, ex_t)
 
 
 def test_14_5_memory_bound_at_10_tflops() -> None:
@@ -360,7 +361,7 @@ def test_14_5_memory_bound_at_10_tflops() -> None:
         uniform_f(model) * 128,
         model,
         hw,
-        FAITHFUL,
+        FAITHFUL_V1,
         active=np.ones(model.num_experts),
     )
     assert close(compute.max() * US, 41.52) and close(stream.max() * US, 55.36)
@@ -601,21 +602,21 @@ def test_5_2_sampled_streams_only_active_shards() -> None:
     hw = hardware_from_setting("5/50", (1, 2))
     P = np.array([[1, 0], [0.5, 0.5], [0, 1], [0, 1]], dtype=float)
     counts = np.array([2, 0, 1, 0])
-    compute, stream = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
-    f_e, w_e = perf.expert_flops(model, FAITHFUL), perf.expert_bytes(model, FAITHFUL)
+    compute, stream = perf.expert_compute_times(P, counts, model, hw, FAITHFUL_V1)
+    f_e, w_e = perf.expert_flops(model, FAITHFUL_V1), perf.expert_bytes(model, FAITHFUL_V1)
     assert np.allclose(compute, np.array([2, 1]) * f_e / hw.compute_flops)
     assert np.allclose(stream, np.array([1, 1]) * w_e / hw.mem_bw_Bps)
     _, stream_paper = perf.expert_compute_times(P, counts, model, hw, PAPER)
     assert not stream_paper.any()
     layered = perf.t_comp_sampled(
-        np.stack([P, P[::-1]]), np.stack([counts, counts]), model, hw, FAITHFUL
+        np.stack([P, P[::-1]]), np.stack([counts, counts]), model, hw, FAITHFUL_V1
     )
     assert layered.shape == (2,)
     assert math.isclose(layered[0], perf.t_comp(compute, stream))
     with pytest.raises(ConfigError, match="experts"):
-        perf.expert_compute_times(P[:3], counts[:3], model, hw, FAITHFUL)
+        perf.expert_compute_times(P[:3], counts[:3], model, hw, FAITHFUL_V1)
     with pytest.raises(ConfigError, match="shape"):
-        perf.expert_compute_times(P, counts[:3], model, hw, FAITHFUL)
+        perf.expert_compute_times(P, counts[:3], model, hw, FAITHFUL_V1)
 
 
 def test_5_2_expected_active() -> None:
@@ -700,3 +701,44 @@ def test_5_3_4_optional_knobs() -> None:
     t = nonmoe.nonmoe_time(model, hw, conv, 128)
     assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, FAITHFUL, 128))
     assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + t.comm_s)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tile model of the expert GEMMs (docs/PHYSICS.md)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_tile_model_shards_of_12_tokens() -> None:
+    """DeepSeek (h = 2048, m = 3), 5 TFLOPS, faithful tiles 8 × 64, o = 100 ns, 12 tokens.
+
+    44-column shard (TP's 1408/32): rows 12 → 16, columns 44 → 64; one GEMM
+    16·64·2048·2 = 4,194,304 FLOP = 838.8608 ns, + 100 ns = 938.8608 ns; m = 3 → 2.8165824 µs
+    (the fluid model: 12·44·2048·2·3 FLOP = 1.2976128 µs).
+    1408-column shard (a whole expert): 16·1408·2048·2 = 92,274,688 FLOP = 18.4549376 µs,
+    + 0.1 µs, × 3 = 55.6648128 µs (fluid 41.5236096 µs).
+    The overhead term alone: m·o = 0.3 µs per active shard.
+    """
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    assert (FAITHFUL.tile_tokens, FAITHFUL.tile_cols, FAITHFUL.gemm_overhead_s) == (8, 64, 1e-7)
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL), 2.8165824e-6,
+                        rel_tol=1e-12)
+    assert math.isclose(perf.gemm_tile_time(12, 1408, model, hw, FAITHFUL), 55.6648128e-6,
+                        rel_tol=1e-12)
+    no_overhead = FAITHFUL.derive(gemm_overhead_s=0.0)
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL)
+                        - perf.gemm_tile_time(12, 44, model, hw, no_overhead), 3e-7,
+                        rel_tol=1e-9)
+    assert perf.gemm_tile_time(0, 44, model, hw, FAITHFUL) == 0.0
+    fluid = FAITHFUL.derive(tile_tokens=1, tile_cols=1, gemm_overhead_s=0.0)
+    assert not fluid.tiled and not PAPER.tiled and FAITHFUL.tiled
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, fluid), 1.2976128e-6,
+                        rel_tol=1e-12)
+    # per node, TP (every shard 44 columns) with 12 tokens on each of two experts
+    P = tp_placement(model, 32)
+    counts = np.zeros(model.num_experts)
+    counts[[3, 7]] = 12
+    compute, _ = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
+    assert np.allclose(compute, 2 * 2.8165824e-6, rtol=1e-12)
+    compute, _ = perf.expert_compute_times(P, counts, model, hw, fluid)
+    assert np.allclose(compute, 2 * 1.2976128e-6, rtol=1e-12)
