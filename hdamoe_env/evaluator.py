@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import linksim, nonmoe, perf
+from hdamoe_env import collectives, linksim, nonmoe, perf
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions
@@ -60,6 +60,9 @@ class LayerResult:
         node_stream_s: float64 [D] expert weight-streaming time per logical cluster.
         link_busy_s: float64 [num_links] busy time per directed link (all phases), or None.
         mode: ``"tp"``, ``"des"`` or ``"analytic"``.
+        tp_algorithm: TP layers: the all-reduce algorithm charged (``collectives.ALGORITHMS``,
+            or ``"ring"`` / ``"const"`` closed forms); empty otherwise.
+        t_nm_comm_s: The non-MoE all-reduce inside ``t_nm_s`` (``nonmoe_allreduce``).
     """
 
     layer: int
@@ -75,6 +78,8 @@ class LayerResult:
     node_stream_s: NDArray[np.float64]
     link_busy_s: NDArray[np.float64] | None
     mode: str
+    tp_algorithm: str = ""
+    t_nm_comm_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -89,7 +94,8 @@ class LayerResult:
     @property
     def memory_s(self) -> float:
         """Exposed memory time (the part of the rooflines not hidden behind compute)."""
-        return (self.t_nm_s - self.t_nm_compute_s) + (self.t_comp_s - self.t_comp_compute_s)
+        return (self.t_nm_s - self.t_nm_compute_s - self.t_nm_comm_s) \
+            + (self.t_comp_s - self.t_comp_compute_s)
 
     @property
     def balancedness(self) -> float:
@@ -109,6 +115,10 @@ class SimulatorParts(Protocol):
 
     def nonmoe(self, batch: int, layer: int) -> nonmoe.NonMoeTime:
         """Return the non-MoE term of a layer at a batch size."""
+        ...
+
+    def tp_allreduce(self, batch: int) -> collectives.AllReduce:
+        """Return TP's all-reduce of one layer at a batch size (time and algorithm, §5.6)."""
         ...
 
 
@@ -171,8 +181,8 @@ def _bitmask(support: NDArray[np.bool_]) -> NDArray[np.uint64] | None:
 class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
-    __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_compute", "nm_total", "pi",
-                 "support", "tile_work")
+    __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
+                 "pi", "support", "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
                  is_tp: bool) -> None:
@@ -181,6 +191,7 @@ class _LayerConst:
         self.pi = np.ascontiguousarray(pi, dtype=np.int64)
         self.nm_total = float(nm.total_s)
         self.nm_compute = float(nm.compute_s)
+        self.nm_comm = float(nm.comm_s)
         self.is_tp = is_tp
         self.tile_work: NDArray[np.float64] | None = None   # [E, D] s per padded token (tiles)
         self._holders: linksim.HolderTable | None = None
@@ -229,7 +240,7 @@ class LayerEvaluator:
         self.tiled = conv.tiled
         self.tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
         self.gemm_s = conv.expert_matrices * conv.gemm_overhead_s
-        self._t_tp: float | None = None
+        self._t_tp: collectives.AllReduce | None = None
         self.msg = np.full(self.batch, sim.msg_bytes)
         tp_share = 1.0 / placement.num_nodes
         wanted = range(placement.num_layers) if layers is None else layers
@@ -240,12 +251,16 @@ class LayerEvaluator:
                 bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)))
 
     @property
+    def tp_allreduce(self) -> collectives.AllReduce:
+        """TP all-reduce of one layer at this batch (§5.6): time and algorithm."""
+        if self._t_tp is None:
+            self._t_tp = self.sim.tp_allreduce(self.batch)
+        return self._t_tp
+
+    @property
     def t_tp(self) -> float:
         """TP all-reduce time of one layer at this batch (§5.6), seconds."""
-        if self._t_tp is None:
-            self._t_tp = float(perf.tp_allreduce_time(self.model, self.hw, self.conv, self.batch,
-                                                      self.sim.topology.bw_end_Bps))
-        return self._t_tp
+        return self.tp_allreduce.time_s
 
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *, rng: np.random.Generator,
                  fidelity: str = "des", gamma: float | None = None,
@@ -298,8 +313,10 @@ class LayerEvaluator:
         # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
         t_comp = max(t_compute, float(stream.max())) if conv.weight_streaming else t_compute
         if P_layer is None and const.is_tp:
+            tp = self.tp_allreduce
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
-                               0.0, self.t_tp, extra_s, compute, stream, None, "tp")
+                               0.0, tp.time_s, extra_s, compute, stream, None, "tp",
+                               tp.algorithm, const.nm_comm)
         if fidelity == "des":
             if P_layer is None:
                 support, holders = const.support, const.holders
@@ -310,7 +327,8 @@ class LayerEvaluator:
                 self.sim, layer, token_sets, self.msg, support, holders, const.pi, rng, agg,
                 extra_holders)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, t_d,
-                               t_c, t_moe, extra_s, compute, stream, busy, "des")
+                               t_c, t_moe, extra_s, compute, stream, busy, "des", "",
+                               const.nm_comm)
         if fidelity == "analytic":
             if gamma is None:
                 raise ConfigError("fidelity='analytic' needs gamma (fit it with "
@@ -320,7 +338,8 @@ class LayerEvaluator:
                 / self.sim.topology.bw_end_Bps
             t_moe = gamma * x * (2.0 if conv.gamma_combine_only else 1.0)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
-                               0.0, t_moe, extra_s, compute, stream, None, "analytic")
+                               0.0, t_moe, extra_s, compute, stream, None, "analytic", "",
+                               const.nm_comm)
         raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
 
     def tp_totals(self, step_sets: NDArray[np.int64]) -> NDArray[np.float64]:

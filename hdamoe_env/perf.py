@@ -388,7 +388,7 @@ def tp_allreduce_time(
     """Return TP's MoE all-reduce time per layer (§5.6).
 
     * ``tp_allreduce="const"`` (``paper*``, Q4): tp_const·B·h/BW (16 journal, 8 conference);
-    * ``tp_allreduce="ring"`` (``faithful``): 2·(D−1)·(α + hop + B·h·b_psum/(D·BW)),
+    * ``tp_allreduce="ring"`` or ``"best"`` (``faithful``): 2·(D−1)·(α + hop + B·h·b_psum/(D·BW)),
       reduce-scatter then all-gather over a ring of physical neighbours; α = ``msg_alpha_s``
       per step, hop = ``hw.hop_latency_for(conv)`` (one α–β model, docs/PHYSICS.md). This is
       the documented closed form of the 1-D ring; the evaluators use the best DES-simulated

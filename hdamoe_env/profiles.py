@@ -20,7 +20,7 @@ __all__ = ["PROFILES", "Conventions", "get_profile"]
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "moe_comm": ("dispatch+combine", "2xcombine"),
-    "tp_allreduce": ("ring", "const"),
+    "tp_allreduce": ("best", "ring", "const"),
     "nonmoe": ("arch", "journal", "generic"),
     "aggregator": ("uniform", "ref", "first"),
     "tie_break": ("fifo", "ref"),
@@ -48,7 +48,8 @@ class Conventions:
     kappa_a: float = 2.0              # analytic estimator constant (Eq. 2, §5.5)
     moe_comm: str = "dispatch+combine"  # or "2xcombine" (Q3)
     nb_comm_factor: float = 1.0       # Node-Balance objective t_comp + factor·t̂_comm
-    tp_allreduce: str = "ring"        # ring all-reduce, or "const": tp_const·B·h/BW (Q4)
+    tp_allreduce: str = "best"        # fastest DES all-reduce (collectives), "ring" closed
+                                      # form, or "const": tp_const·B·h/BW (Q4)
     tp_const: float = 16.0            # 16 journal, 8 conference
     b_psum: int = 4                   # bytes per partial-sum element (fp32 accumulation; PHYSICS.md)
     weight_streaming: bool = True     # per-node roofline over active shards (Q7)
@@ -56,7 +57,7 @@ class Conventions:
     nonmoe_ctx_len: int = 1024        # L_ctx (arch) / L_dec (journal) / L_kv (generic)
     dense_layers: bool = True         # include DeepSeek's dense layer 0 as a non-MoE layer
     include_lm_head: bool = False
-    nonmoe_allreduce: bool = False
+    nonmoe_allreduce: bool = True     # attention/shared experts split over D: one all-reduce
     aggregator: str = "uniform"       # §6.2 (Q6)
     tie_break: str = "fifo"           # §6.3 (Q19)
     chunks: int = 1                   # split every MoE message into this many parts
@@ -167,7 +168,7 @@ _PAPER = Conventions(
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
     bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
-    gemm_overhead_s=0.0,
+    gemm_overhead_s=0.0, nonmoe_allreduce=False,
 )
 
 PROFILES: dict[str, Conventions] = {

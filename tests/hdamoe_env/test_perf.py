@@ -29,7 +29,8 @@ FAITHFUL = PROFILES["faithful"]
 # faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums):
 # the profile the faithful check values of paper-model.md §14 are stated for
 FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
-                               tile_cols=1, gemm_overhead_s=0.0)
+                               tile_cols=1, gemm_overhead_s=0.0, tp_allreduce="ring",
+                               nonmoe_allreduce=False)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 ALPHA = 100e-9
 
@@ -638,8 +639,8 @@ def test_5_3_4_qwen35_full_and_linear_layers() -> None:
     hw = hardware_from_setting("5/50", "4x8")
     D, C, M = 32, hw.compute_flops, hw.mem_bw_Bps
     h, I_s = 2048, 512
-    full = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=3)
-    linear = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=0)
+    full = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128, layer=3)
+    linear = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128, layer=0)
     assert math.isclose(
         full.compute_s, 128 * (2 * 27_262_976 + 16384 * 1024 + 6 * h * I_s) / (D * C)
     )
@@ -653,17 +654,17 @@ def test_5_3_4_qwen35_full_and_linear_layers() -> None:
         linear.memory_s, (2 * (33_685_504 + 3 * h * I_s) + 128 * 2 * 32 * 128 * 128 * 4) / (D * M)
     )
     assert full.total_s == max(full.compute_s, full.memory_s)
-    step = nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128)
+    step = nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1, 128)
     assert math.isclose(step, 10 * full.total_s + 30 * linear.total_s, rel_tol=1e-12)
     with pytest.raises(ConfigError, match="layer"):
-        nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=40)
+        nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128, layer=40)
 
 
 def test_5_3_4_dense_layer_and_profile_rules() -> None:
     """§5.3.4: DeepSeek's dense layer 0 joins faithful only; paper+arch is serial."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    dense = nonmoe.dense_layer_time(model, hw, FAITHFUL, 128)
+    dense = nonmoe.dense_layer_time(model, hw, FAITHFUL_V1, 128)
     h, I_d = 2048, 10944
     assert math.isclose(
         dense.compute_s,
@@ -673,13 +674,13 @@ def test_5_3_4_dense_layer_and_profile_rules() -> None:
         dense.memory_s,
         (2 * (13_762_560 + 3 * h * I_d) + 128 * 1024 * 576 * 2) / (32 * hw.mem_bw_Bps),
     )
-    layer = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
+    layer = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128)
     assert math.isclose(
-        nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128),
+        nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1, 128),
         26 * layer.total_s + dense.total_s,
         rel_tol=1e-12,
     )
-    no_dense = FAITHFUL.derive(dense_layers=False)
+    no_dense = FAITHFUL_V1.derive(dense_layers=False)
     assert math.isclose(
         nonmoe.nonmoe_step_time(model, hw, no_dense, 128), 26 * layer.total_s, rel_tol=1e-12
     )
@@ -691,16 +692,40 @@ def test_5_3_4_optional_knobs() -> None:
     """§5.3.4: include_lm_head adds vocab·h once per step; nonmoe_allreduce adds a TP all-reduce."""
     model = MODELS["mixtral"]
     hw = hardware_from_setting("5/50", "4x8")
-    base = nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128)
-    head = nonmoe.lm_head_time(model, hw, FAITHFUL, 128)
+    base = nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1, 128)
+    head = nonmoe.lm_head_time(model, hw, FAITHFUL_V1, 128)
     assert math.isclose(head.compute_s, 2 * 128 * 32000 * 4096 / (32 * hw.compute_flops))
     assert math.isclose(head.memory_s, 2 * 32000 * 4096 / (32 * hw.mem_bw_Bps))
-    with_head = nonmoe.nonmoe_step_time(model, hw, FAITHFUL.derive(include_lm_head=True), 128)
+    with_head = nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1.derive(include_lm_head=True), 128)
     assert math.isclose(with_head, base + head.total_s, rel_tol=1e-12)
-    conv = FAITHFUL.derive(nonmoe_allreduce=True)
+    conv = FAITHFUL_V1.derive(nonmoe_allreduce=True)
     t = nonmoe.nonmoe_time(model, hw, conv, 128)
-    assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, FAITHFUL, 128))
+    assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, conv, 128))
     assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + t.comm_s)
+
+
+def test_faithful_nonmoe_allreduce_uses_the_best_collective() -> None:
+    """PHYSICS.md: faithful splits attention over D, so every layer all-reduces B·h activations.
+
+    Mixtral (h = 4096), 4×8 mesh 5/50, B = 128, b_psum = 4: S = 2 MiB; with a topology the
+    fastest DES algorithm, the bidirectional ring 62·(100 + 2 + 655.36) ns = 46.95632 µs;
+    without one the closed-form 1-D ring 62·(102 + 1310.72) ns = 87.58864 µs. paper*: none.
+    """
+    from hdamoe_env.topology import make_topology
+
+    model = MODELS["mixtral"]
+    hw = hardware_from_setting("5/50", "4x8")
+    topo = make_topology("mesh", hw)
+    assert FAITHFUL.nonmoe_allreduce and not PAPER.nonmoe_allreduce
+    t = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, topology=topo)
+    assert math.isclose(t.comm_s, 46.95632e-6, rel_tol=1e-9)
+    assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + 46.95632e-6, rel_tol=1e-9)
+    closed = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
+    assert math.isclose(closed.comm_s, 87.58864e-6, rel_tol=1e-9)
+    both = nonmoe.nonmoe_allreduce_time(model, hw, FAITHFUL, np.array([128, 128]),
+                                        topology=topo)
+    assert np.allclose(both, 46.95632e-6, rtol=1e-9)
+    assert nonmoe.nonmoe_time(model, hw, PAPER, 128, topology=topo).comm_s == 0.0
 
 
 # ------------------------------------------------------------------------------------------------
