@@ -182,7 +182,7 @@ class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
-                 "pi", "support", "tile_work")
+                 "pi", "support", "tile_held", "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
                  is_tp: bool) -> None:
@@ -194,6 +194,7 @@ class _LayerConst:
         self.nm_comm = float(nm.comm_s)
         self.is_tp = is_tp
         self.tile_work: NDArray[np.float64] | None = None   # [E, D] s per padded token (tiles)
+        self.tile_held: NDArray[np.float64] | None = None   # [E, D] 1.0 where P_ic > 0
         self._holders: linksim.HolderTable | None = None
         self._bitmask: NDArray[np.uint64] | None | bool = False
 
@@ -390,14 +391,17 @@ class LayerEvaluator:
             if const.tile_work is None:
                 const.tile_work = perf.tile_columns(const.P, self.model, self.conv) \
                     * self.tile_flop_s
-            work, held = const.tile_work, const.support
+                const.tile_held = const.support.astype(np.float64)
+            work, held = const.tile_work, const.tile_held
         else:
             work = perf.tile_columns(P_layer, self.model, self.conv) * self.tile_flop_s
-            held = P_layer > 0
+            held = (P_layer > 0).astype(np.float64)
         tile_t = self.conv.tile_tokens
-        rows = np.ceil(np.maximum(counts / tile_t - 1e-9, 0.0)) * tile_t
-        active = (counts > 0).astype(np.float64)
-        return rows @ work + (active @ held) * self.gemm_s
+        rows = np.ceil(counts * (1.0 / tile_t) - 1e-9).clip(0.0) * tile_t
+        out = rows @ work
+        if self.gemm_s > 0:
+            out += (counts > 0).astype(np.float64) @ held * self.gemm_s
+        return out
 
     @staticmethod
     def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,
