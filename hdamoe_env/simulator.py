@@ -15,7 +15,8 @@ uses the γ-calibrated estimator of Eq. 2–3 instead (γ per layer from ``calib
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,6 +398,10 @@ class DecisionEvaluator:
         self.compute_flops = hw.compute_flops
         self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
                          if conv.weight_streaming else 0.0)
+        # replicas run whole experts (I columns) under the tile model (docs/PHYSICS.md §4)
+        self.replica_time: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None = (
+            functools.partial(_replica_time, model=model, hw=hw, conv=conv)
+            if conv.tiled else None)
         self.bc_payload = prebroadcast.broadcast_payload(model, conv)
         self.bc_depth = prebroadcast.broadcast_depth(conv, hw.num_nodes, sim.topology.diameter)
         # §10.3: the broadcast for layer l hides behind layer l - 1 (none for layer 0)
@@ -486,7 +491,7 @@ class DecisionEvaluator:
             dispatch = scheduling.dispatch_broadcast(
                 sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
                 ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
-                stream_s=self.stream_s)
+                stream_s=self.stream_s, tile_time=self.replica_time)
             P_layer, extra_holders = dispatch.P_layer, dispatch.extra_holders
             extra_compute, extra_stream = dispatch.extra_compute_s, dispatch.extra_stream_s
             bres = self.broadcast_traffic(layer, broadcast)
@@ -554,6 +559,13 @@ def _summarise(method: str, evaluator: str, results: list[StepResult], num_links
                 busy += lr.link_busy_s
     return Evaluation(method, evaluator, float(tbts.mean()), float(tbts.std()), layer_means,
                       breakdown, len(results), busy / len(results), meta)
+
+
+def _replica_time(tokens: NDArray[np.float64], *, model: ModelSpec, hw: HardwareSpec,
+                  conv: Conventions) -> NDArray[np.float64]:
+    """Return the tile-model seconds of whole-expert replicas with ``tokens`` tokens each."""
+    return np.asarray(perf.gemm_tile_time(tokens, model.expert_intermediate, model, hw, conv),
+                      dtype=np.float64)
 
 
 def _tp_meta(sim: MoESimulator, batch: int) -> dict[str, Any]:
