@@ -4,9 +4,9 @@ Journal per-model formulas (§5.3.1, Qwen3.5 via the package formula of §5.3.3)
 generic formula (§5.3.2) and the architecture roofline (§5.3.4) with full-attention and
 Gated-DeltaNet layers, DeepSeek's dense layer 0, the optional LM head and the optional non-MoE
 all-reduce (on in ``faithful``: the split work's collective, docs/PHYSICS.md). Assumption (the
-paper's, §5.1): the non-MoE work of a layer is split evenly over the D nodes. Pure functions, SI units, scalar or array batch sizes, as in :mod:`hdamoe_env.perf`
-(whose argument checks this module shares). Pinned by ``tests/hdamoe_env/test_perf.py``
-(paper-model.md §14).
+paper's, §5.1): the non-MoE work of a layer is split evenly over the D nodes. Pure functions,
+SI units, scalar or array batch sizes, as in :mod:`hdamoe_env.perf` (whose argument checks this
+module shares). Pinned by ``tests/hdamoe_env/test_perf.py`` (paper-model.md §14).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class Conventions:
     tp_allreduce: str = "best"        # fastest DES all-reduce (collectives), "ring" closed
                                       # form, or "const": tp_const·B·h/BW (Q4)
     tp_const: float = 16.0            # 16 journal, 8 conference
-    b_psum: int = 4                   # bytes per partial-sum element (fp32 accumulation; PHYSICS.md)
+    b_psum: int = 4                   # bytes per partial-sum element (fp32 sums, PHYSICS.md)
     weight_streaming: bool = True     # per-node roofline over active shards (Q7)
     nonmoe: str = "arch"              # "arch" §5.3.4, "journal" §5.3.1, "generic" §5.3.2
     nonmoe_ctx_len: int = 1024        # L_ctx (arch) / L_dec (journal) / L_kv (generic)

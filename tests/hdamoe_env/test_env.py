@@ -283,7 +283,8 @@ def test_prebroadcast_traffic_visible_in_link_busy():
     np.testing.assert_allclose(info["link_busy_us"] - bc, env.last_layer.link_busy_s * 1e6)
     # each broadcast expert crosses the 3 edges of a spanning tree of the 2×2 mesh once, in
     # chunks that also occupy the link for the start-up α
-    per_edge = env.decisions.bc_payload + info["bc_chunks"] * env.conv.broadcast_alpha_s * HW.link_bw_Bps
+    alpha = env.conv.broadcast_alpha_s
+    per_edge = env.decisions.bc_payload + info["bc_chunks"] * alpha * HW.link_bw_Bps
     assert bc.sum() == pytest.approx(2 * 3 * per_edge / HW.link_bw_Bps * 1e6)
     assert np.count_nonzero(bc) >= 3
     assert info["link_busy_us"].sum() > base["link_busy_us"].sum()
