@@ -445,6 +445,8 @@ class DecisionEvaluator:
             conv, hw = self.conv, self.sim.hw
             chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
                                                conv.broadcast_alpha_s, hw.link_bw_Bps))
+            if chunk <= 0:  # α = 0: c* -> 0; simulate a fine but finite pipeline [decision]
+                chunk = self.bc_payload / _ZERO_ALPHA_CHUNKS
             hit = scheduling.simulate_broadcast(
                 self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
                 chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
@@ -559,6 +561,10 @@ def _summarise(method: str, evaluator: str, results: list[StepResult], num_links
                 busy += lr.link_busy_s
     return Evaluation(method, evaluator, float(tbts.mean()), float(tbts.std()), layer_means,
                       breakdown, len(results), busy / len(results), meta)
+
+
+#: Chunks per broadcast expert when the broadcast start-up α is 0 (c* of §10.4 would be 0).
+_ZERO_ALPHA_CHUNKS = 256
 
 
 def _replica_time(tokens: NDArray[np.float64], *, model: ModelSpec, hw: HardwareSpec,

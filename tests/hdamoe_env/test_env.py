@@ -419,3 +419,13 @@ def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-mo
     assert c.conv is derived and c.sim.conv is derived
     with pytest.raises(ConfigError, match="batch must be a positive integer"):
         EnvConfig(batch=0)
+
+
+def test_prebroadcast_with_zero_alpha_uses_finite_chunks():
+    """α = 0 (e.g. ``faithful+msg_alpha_s=0.0``) makes c* = 0; the DES then pipelines 256 chunks."""
+    env = make(k_b=[0, 2, 2], conventions="faithful+msg_alpha_s=0.0")
+    assert env.conv.broadcast_alpha_s == 0.0
+    env.reset(seed=0)
+    env.step(noop(env))
+    _, _, _, _, info = env.step(np.array([0, 3, 0, 0]))
+    assert info["bc_makespan_us"] > 0 and info["bc_chunks"] == 256
