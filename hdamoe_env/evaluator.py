@@ -182,7 +182,7 @@ class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
-                 "pi", "support", "tile_held", "tile_work")
+                 "pi", "support", "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
                  is_tp: bool) -> None:
@@ -193,8 +193,7 @@ class _LayerConst:
         self.nm_compute = float(nm.compute_s)
         self.nm_comm = float(nm.comm_s)
         self.is_tp = is_tp
-        self.tile_work: NDArray[np.float64] | None = None   # [E, D] s per padded token (tiles)
-        self.tile_held: NDArray[np.float64] | None = None   # [E, D] 1.0 where P_ic > 0
+        self.tile_work: NDArray[np.float64] | None = None   # [2E, D] tile model (evaluator)
         self._holders: linksim.HolderTable | None = None
         self._bitmask: NDArray[np.uint64] | None | bool = False
 
@@ -241,6 +240,8 @@ class LayerEvaluator:
         self.tiled = conv.tiled
         self.tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
         self.gemm_s = conv.expert_matrices * conv.gemm_overhead_s
+        tile_t = conv.tile_tokens
+        self._rows_table = np.ceil(np.arange(self.batch + 1) / tile_t - 1e-9).clip(0.0) * tile_t
         self._t_tp: collectives.AllReduce | None = None
         self.msg = np.full(self.batch, sim.msg_bytes)
         tp_share = 1.0 / placement.num_nodes
@@ -384,24 +385,32 @@ class LayerEvaluator:
                        counts: NDArray[np.float64]) -> NDArray[np.float64]:
         """Return the per-node expert compute [D] of one step under the tile model (PHYSICS.md).
 
-        The same terms as ``perf.tiled_node_compute``, with the padded columns of the layer's
-        own shares cached.
+        The same terms as ``perf.tiled_node_compute``: [padded rows, activity] @ [[padded
+        columns · m·2h/C], [holder · m·o]], the stacked [2E, D] matrix cached per layer and the
+        padded rows read from a table of 0..B tokens.
         """
         if P_layer is None:
             if const.tile_work is None:
-                const.tile_work = perf.tile_columns(const.P, self.model, self.conv) \
-                    * self.tile_flop_s
-                const.tile_held = const.support.astype(np.float64)
-            work, held = const.tile_work, const.tile_held
+                const.tile_work = self._tile_matrix(const.P)
+            mat = const.tile_work
         else:
-            work = perf.tile_columns(P_layer, self.model, self.conv) * self.tile_flop_s
-            held = (P_layer > 0).astype(np.float64)
-        tile_t = self.conv.tile_tokens
-        rows = np.ceil(counts * (1.0 / tile_t) - 1e-9).clip(0.0) * tile_t
-        out = rows @ work
-        if self.gemm_s > 0:
-            out += (counts > 0).astype(np.float64) @ held * self.gemm_s
+            mat = self._tile_matrix(P_layer)
+        E = self.num_experts
+        x = np.empty(2 * E)
+        n = counts.astype(np.intp)
+        if n.max(initial=0) < self._rows_table.size:
+            x[:E] = self._rows_table[n]
+        else:  # not reached by top-k sets of B tokens; kept exact for any counts
+            tile_t = self.conv.tile_tokens
+            x[:E] = np.ceil(counts / tile_t - 1e-9).clip(0.0) * tile_t
+        x[E:] = counts > 0
+        out: NDArray[np.float64] = x @ mat
         return out
+
+    def _tile_matrix(self, P: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the stacked [2E, D] tile-model matrix of shares ``P`` (``_tiled_compute``)."""
+        work = perf.tile_columns(P, self.model, self.conv) * self.tile_flop_s
+        return np.vstack([work, (P > 0) * self.gemm_s])
 
     @staticmethod
     def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,
