@@ -138,7 +138,7 @@ class PlaceConfig:
         bo_calls: Link-Balance evaluation budget (70).
         lb_objective: ``"des"`` or ``"mst"``.
         hybrid_time_limit_s: Time limit of the hybrid's region-balance MILP.
-        hop_latency_ns: Per-hop latency of the NoC.
+        hop_latency_ns: Per-hop latency of the NoC (None: the profile's ``hop_latency_s``).
         guard: ``"tp"`` (default): keep TP for a layer whose Node+Link placement the static
             evaluator finds slower than TP ([decision], module docstring); None: off.
         seed: Run seed.
@@ -163,7 +163,7 @@ class PlaceConfig:
     bo_calls: int = 70
     lb_objective: str = "des"
     hybrid_time_limit_s: float = 60.0
-    hop_latency_ns: float = 0.0
+    hop_latency_ns: float | None = None
     guard: str | None = "tp"
     seed: int = 0
 

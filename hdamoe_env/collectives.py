@@ -1,12 +1,31 @@
-"""Collectives on the NoC DES: the ring all-reduce of TP layers.
+"""Collectives on the NoC DES: the all-reduce of TP layers, by the best algorithm available.
 
 Implements paper-model.md §5.6 (TP all-reduce) simulated with the message DES of §6.3
-(``hdamoe_env.des``): the default ring of a topology and a reduce-scatter + all-gather run as
-2(p−1) sequential DES rounds. The closed form used by the evaluators is ``perf.tp_allreduce_time``;
-this module exists to check it against the simulated network.
+(``hdamoe_env.des``), with the α–β cost of docs/PHYSICS.md: every collective step is one DES
+round whose messages start α after the previous step ended, and every hop adds the hop latency.
+
+Algorithms (``ALGORITHMS``; reduce-scatter then all-gather, S bytes per node, p nodes):
+
+* ``ring`` — 1-D ring over ``default_ring``: 2(p−1) steps of S/p per member; on a ring of
+  one-hop neighbours 2(p−1)·(α + hop + S/(p·BW)), the closed form ``perf.tp_allreduce_time``.
+* ``biring`` — the same ring in both directions at once, each carrying half the data:
+  2(p−1) steps of S/(2p) to the successor and S/(2p) to the predecessor.
+* ``ring2d`` — rows then columns of the endpoint grid (X rows of Y): reduce-scatter along every
+  row ring (Y−1 steps of S/Y), then along every column ring (X−1 steps of S/(X·Y)), all-gather in
+  reverse. Mesh rows and columns are lines, so their rings are the folded order 0, 2, 4, …, 5,
+  3, 1 (every link used once per step, two hops per message); torus rows and columns are rings;
+  on the fat-tree a row is a pod (pod-local rings, then cross-pod rings: the hierarchical scheme).
+
+Every step of an algorithm repeats the same messages on idle links, so one DES round per distinct
+step kind is simulated and multiplied by its count (exact: the DES is shift-invariant). Results
+are cached per (topology, algorithm, bytes, α, hop latency); ``best_allreduce`` returns the
+fastest and its name, which the evaluators report.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -15,7 +34,26 @@ from hdamoe_env.des import _check_scalar, _des_kernel, _prepare
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.topology import Topology
 
-__all__ = ["default_ring", "ring_allreduce_des"]
+__all__ = ["ALGORITHMS", "AllReduce", "allreduce_time", "best_allreduce", "default_ring",
+           "ring_allreduce_des"]
+
+ALGORITHMS = ("ring", "biring", "ring2d")
+_CACHE_TOPOLOGIES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduce:
+    """The all-reduce chosen for a size: its time and the algorithm (``ALGORITHMS``).
+
+    Attributes:
+        time_s: Seconds.
+        algorithm: Name of the fastest algorithm (ties: the first in ``ALGORITHMS``).
+        times_s: Seconds of every algorithm considered, by name.
+    """
+
+    time_s: float
+    algorithm: str
+    times_s: dict[str, float]
 
 
 def _grid_cycle(x: int, y: int) -> list[tuple[int, int]]:
@@ -104,3 +142,125 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
                                         topology.route_links, topology.link_bw_Bps,
                                         prep.hop_latency, False)
     return float(t)
+
+
+def _folded(n: int) -> list[int]:
+    """Return the ring order of a line of n nodes with every link used once: 0, 2, …, 3, 1."""
+    return list(range(0, n, 2)) + list(range(n - 1 - (n % 2 == 1), 0, -2)) if n > 2 \
+        else list(range(n))
+
+
+def _grid_groups(topology: Topology) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Return the row rings [X, Y] and column rings [Y, X] of ``ring2d`` as endpoint ids."""
+    x, y = topology.grid_shape
+    grid = np.arange(x * y, dtype=np.int64).reshape(x, y)
+    if topology.kind == "mesh":  # lines: the folded ring
+        return grid[:, _folded(y)], grid.T[:, _folded(x)]
+    return grid, grid.T.copy()  # torus rings; fat-tree rows = pods in endpoint order
+
+
+def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64], size: float,
+             alpha_s: float, hop_latency_s: float) -> float:
+    """Return the time of one collective step: all messages start at α on idle links."""
+    if src.size == 0 or size <= 0:
+        return 0.0
+    prep = _prepare(topology, src, dst, np.full(src.size, size), None, "fifo", hop_latency_s,
+                    None, 1)
+    routes = topology.select_routes(prep.src, prep.dst, prep.keys)
+    ready = np.full(routes.size, alpha_s)
+    rank = np.zeros(routes.size, dtype=np.int64)
+    t, _busy, _finish = _des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
+                                    topology.route_links, topology.link_bw_Bps,
+                                    prep.hop_latency, False)
+    return float(t)
+
+
+def _schedule(topology: Topology, algorithm: str, size: float
+              ) -> list[tuple[int, NDArray[np.int64], NDArray[np.int64], float]]:
+    """Return the steps of an algorithm as (count, src, dst, bytes per message)."""
+    if algorithm == "ring":
+        order = default_ring(topology)
+        p = order.size
+        return [(2 * (p - 1), order, np.roll(order, -1), size / p)]
+    if algorithm == "biring":
+        order = default_ring(topology)
+        p = order.size
+        src = np.concatenate([order, order])
+        dst = np.concatenate([np.roll(order, -1), np.roll(order, 1)])
+        return [(2 * (p - 1), src, dst, size / (2 * p))]
+    if algorithm == "ring2d":
+        rows, cols = _grid_groups(topology)
+        x, y = topology.grid_shape
+        steps = []
+        for count, rings, part in ((2 * (y - 1), rows, size / y),
+                                   (2 * (x - 1), cols, size / (x * y))):
+            if count:
+                steps.append((count, rings.reshape(-1), np.roll(rings, -1, axis=1).reshape(-1),
+                               part))
+        return steps
+    raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
+                      f"{list(ALGORITHMS)}")
+
+
+_cache: dict[int, tuple[Topology, dict[tuple[str, float, float, float], float]]] = {}
+
+
+def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring", *,
+                   alpha_s: float = 0.0, hop_latency_s: float = 0.0) -> float:
+    """Return the DES time of an all-reduce of ``size_bytes`` per node by ``algorithm`` (cached).
+
+    Args:
+        topology: The NoC (all endpoints take part).
+        size_bytes: Bytes S to all-reduce per node.
+        algorithm: One of ``ALGORITHMS``.
+        alpha_s: Start-up latency α of every step, seconds.
+        hop_latency_s: Latency after every link traversal, seconds.
+
+    Returns:
+        Seconds (0 for one endpoint or S = 0).
+
+    Raises:
+        ConfigError: Unknown algorithm, or a negative or non-finite size or latency.
+    """
+    size = _check_scalar("size_bytes", size_bytes)
+    alpha = _check_scalar("alpha_s", alpha_s)
+    hop = _check_scalar("hop_latency_s", hop_latency_s)
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
+                          f"{list(ALGORITHMS)}")
+    entry = _cache.get(id(topology))
+    if entry is None or entry[0] is not topology:
+        if len(_cache) >= _CACHE_TOPOLOGIES:
+            _cache.clear()
+        entry = _cache[id(topology)] = (topology, {})
+    key = (algorithm, size, alpha, hop)
+    hit = entry[1].get(key)
+    if hit is None:
+        if topology.num_endpoints <= 1 or size == 0:
+            hit = 0.0
+        else:
+            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop)
+                            for count, src, dst, part in _schedule(topology, algorithm, size))
+        entry[1][key] = hit
+    return hit
+
+
+def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.0,
+                   hop_latency_s: float = 0.0,
+                   algorithms: tuple[str, ...] = ALGORITHMS) -> AllReduce:
+    """Return the fastest all-reduce algorithm the topology admits for ``size_bytes`` (§5.6).
+
+    Args:
+        topology: The NoC.
+        size_bytes: Bytes S to all-reduce per node (TP: B·h·b_psum).
+        alpha_s: Start-up latency α of every step, seconds.
+        hop_latency_s: Latency after every link traversal, seconds.
+        algorithms: Candidates, default all of ``ALGORITHMS``.
+
+    Returns:
+        The time, the chosen algorithm and every candidate's time.
+    """
+    times = {name: allreduce_time(topology, size_bytes, name, alpha_s=alpha_s,
+                                  hop_latency_s=hop_latency_s) for name in algorithms}
+    name = min(times, key=lambda n: (times[n], algorithms.index(n)))
+    return AllReduce(times[name], name, times)

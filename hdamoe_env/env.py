@@ -517,8 +517,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "t_comm_us": res.t_comm_moe_s * 1e6, "t_extra_us": res.t_extra_s * 1e6,
             "total_us": total * 1e6, "tp_total_us": tp_total * 1e6,
             "compute_us": (res.t_nm_compute_s + res.t_comp_compute_s) * 1e6,
-            "memory_us": ((res.t_nm_s - res.t_nm_compute_s)
-                          + (res.t_comp_s - res.t_comp_compute_s)) * 1e6,
+            "memory_us": res.memory_s * 1e6,           # exposed memory (no non-MoE comm)
+            "t_nm_comm_us": res.t_nm_comm_s * 1e6,     # non-MoE all-reduce inside t_nm
             "link_busy_us": (np.zeros(self.topology.num_links) if busy is None else busy * 1e6),
             "broadcast": tuple(broadcast), "k_b": int(self.k_b[layer]),
             "bc_link_busy_us": (np.zeros(self.topology.num_links) if bc_busy is None

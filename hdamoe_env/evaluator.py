@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import linksim, nonmoe, perf
+from hdamoe_env import collectives, linksim, nonmoe, perf
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions
@@ -60,6 +60,9 @@ class LayerResult:
         node_stream_s: float64 [D] expert weight-streaming time per logical cluster.
         link_busy_s: float64 [num_links] busy time per directed link (all phases), or None.
         mode: ``"tp"``, ``"des"`` or ``"analytic"``.
+        tp_algorithm: TP layers: the all-reduce algorithm charged (``collectives.ALGORITHMS``,
+            or ``"ring"`` / ``"const"`` closed forms); empty otherwise.
+        t_nm_comm_s: The non-MoE all-reduce inside ``t_nm_s`` (``nonmoe_allreduce``).
     """
 
     layer: int
@@ -75,6 +78,8 @@ class LayerResult:
     node_stream_s: NDArray[np.float64]
     link_busy_s: NDArray[np.float64] | None
     mode: str
+    tp_algorithm: str = ""
+    t_nm_comm_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -89,7 +94,8 @@ class LayerResult:
     @property
     def memory_s(self) -> float:
         """Exposed memory time (the part of the rooflines not hidden behind compute)."""
-        return (self.t_nm_s - self.t_nm_compute_s) + (self.t_comp_s - self.t_comp_compute_s)
+        return (self.t_nm_s - self.t_nm_compute_s - self.t_nm_comm_s) \
+            + (self.t_comp_s - self.t_comp_compute_s)
 
     @property
     def balancedness(self) -> float:
@@ -109,6 +115,10 @@ class SimulatorParts(Protocol):
 
     def nonmoe(self, batch: int, layer: int) -> nonmoe.NonMoeTime:
         """Return the non-MoE term of a layer at a batch size."""
+        ...
+
+    def tp_allreduce(self, batch: int) -> collectives.AllReduce:
+        """Return TP's all-reduce of one layer at a batch size (time and algorithm, §5.6)."""
         ...
 
 
@@ -151,8 +161,8 @@ def simulate_moe_comm(sim: SimulatorParts, layer: int, token_sets: NDArray[np.in
     phases = ("dispatch", "combine") if both else ("combine",)
     comm = linksim.simulate_layer_comm(
         sim.topology, token_sets, msg_bytes, support, pi, agg, phases=phases,
-        tie_break=conv.tie_break, hop_latency_s=sim.hw.hop_latency_s, layer=layer,
-        extra_holders=extra_holders, chunks=conv.chunks)
+        tie_break=conv.tie_break, hop_latency_s=sim.hw.hop_latency_for(conv), layer=layer,
+        extra_holders=extra_holders, chunks=conv.chunks, alpha_s=conv.msg_alpha_s)
     t_combine = comm.combine_s
     if both:
         t_dispatch = comm.dispatch_s
@@ -171,8 +181,8 @@ def _bitmask(support: NDArray[np.bool_]) -> NDArray[np.uint64] | None:
 class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
-    __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_compute", "nm_total", "pi",
-                 "support")
+    __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
+                 "pi", "support", "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
                  is_tp: bool) -> None:
@@ -181,7 +191,9 @@ class _LayerConst:
         self.pi = np.ascontiguousarray(pi, dtype=np.int64)
         self.nm_total = float(nm.total_s)
         self.nm_compute = float(nm.compute_s)
+        self.nm_comm = float(nm.comm_s)
         self.is_tp = is_tp
+        self.tile_work: NDArray[np.float64] | None = None   # [2E, D] tile model (evaluator)
         self._holders: linksim.HolderTable | None = None
         self._bitmask: NDArray[np.uint64] | None | bool = False
 
@@ -224,7 +236,13 @@ class LayerEvaluator:
         self.num_experts = model.num_experts
         self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
         self.stream_per_s = perf.expert_bytes(model, conv) / hw.mem_bw_Bps
-        self._t_tp: float | None = None
+        # tile model (PHYSICS.md): s per padded token of each shard, and per active shard
+        self.tiled = conv.tiled
+        self.tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
+        self.gemm_s = conv.expert_matrices * conv.gemm_overhead_s
+        tile_t = conv.tile_tokens
+        self._rows_table = np.ceil(np.arange(self.batch + 1) / tile_t - 1e-9).clip(0.0) * tile_t
+        self._t_tp: collectives.AllReduce | None = None
         self.msg = np.full(self.batch, sim.msg_bytes)
         tp_share = 1.0 / placement.num_nodes
         wanted = range(placement.num_layers) if layers is None else layers
@@ -235,12 +253,16 @@ class LayerEvaluator:
                 bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)))
 
     @property
+    def tp_allreduce(self) -> collectives.AllReduce:
+        """TP all-reduce of one layer at this batch (§5.6): time and algorithm."""
+        if self._t_tp is None:
+            self._t_tp = self.sim.tp_allreduce(self.batch)
+        return self._t_tp
+
+    @property
     def t_tp(self) -> float:
         """TP all-reduce time of one layer at this batch (§5.6), seconds."""
-        if self._t_tp is None:
-            self._t_tp = float(perf.tp_allreduce_time(self.model, self.hw, self.conv, self.batch,
-                                                      self.sim.topology.bw_end_Bps))
-        return self._t_tp
+        return self.tp_allreduce.time_s
 
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *, rng: np.random.Generator,
                  fidelity: str = "des", gamma: float | None = None,
@@ -276,7 +298,10 @@ class LayerEvaluator:
         conv = self.conv
         P = const.P if P_layer is None else P_layer
         counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
-        compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
+        if self.tiled:
+            compute = self._tiled_compute(const, P_layer, counts)
+        else:
+            compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
         if conv.weight_streaming:
             active = (counts > 0).astype(np.float64)
             stream = np.einsum("...ed,...e->...d", P, active) * self.stream_per_s
@@ -290,8 +315,10 @@ class LayerEvaluator:
         # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
         t_comp = max(t_compute, float(stream.max())) if conv.weight_streaming else t_compute
         if P_layer is None and const.is_tp:
+            tp = self.tp_allreduce
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
-                               0.0, self.t_tp, extra_s, compute, stream, None, "tp")
+                               0.0, tp.time_s, extra_s, compute, stream, None, "tp",
+                               tp.algorithm, const.nm_comm)
         if fidelity == "des":
             if P_layer is None:
                 support, holders = const.support, const.holders
@@ -302,7 +329,8 @@ class LayerEvaluator:
                 self.sim, layer, token_sets, self.msg, support, holders, const.pi, rng, agg,
                 extra_holders)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, t_d,
-                               t_c, t_moe, extra_s, compute, stream, busy, "des")
+                               t_c, t_moe, extra_s, compute, stream, busy, "des", "",
+                               const.nm_comm)
         if fidelity == "analytic":
             if gamma is None:
                 raise ConfigError("fidelity='analytic' needs gamma (fit it with "
@@ -312,7 +340,8 @@ class LayerEvaluator:
                 / self.sim.topology.bw_end_Bps
             t_moe = gamma * x * (2.0 if conv.gamma_combine_only else 1.0)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
-                               0.0, t_moe, extra_s, compute, stream, None, "analytic")
+                               0.0, t_moe, extra_s, compute, stream, None, "analytic", "",
+                               const.nm_comm)
         raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
 
     def tp_totals(self, step_sets: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -336,7 +365,14 @@ class LayerEvaluator:
         counts = np.bincount(flat, minlength=num_layers * E).astype(np.float64).reshape(
             num_layers, E)
         share = consts[0].P[0, 0]
-        t_compute = counts.sum(axis=1) * share * self.flops_per_s            # equal on all nodes
+        if self.tiled:  # every node runs m GEMMs (tokens n_i, I/D columns) per active expert
+            tile_t = self.conv.tile_tokens
+            rows = np.ceil(np.maximum(counts / tile_t - 1e-9, 0.0)) * tile_t
+            cols = float(perf.tile_columns(share, self.model, self.conv))
+            t_compute = (rows.sum(axis=1) * cols * self.tile_flop_s
+                         + (counts > 0).sum(axis=1) * self.gemm_s)
+        else:
+            t_compute = counts.sum(axis=1) * share * self.flops_per_s        # equal on all nodes
         if self.conv.weight_streaming:
             stream = (counts > 0).sum(axis=1) * share * self.stream_per_s
             t_comp = np.maximum(t_compute, stream)
@@ -344,6 +380,37 @@ class LayerEvaluator:
             t_comp = t_compute
         nm = np.array([c.nm_total for c in consts[:num_layers]])
         return nm + t_comp + self.t_tp
+
+    def _tiled_compute(self, const: _LayerConst, P_layer: NDArray[np.float64] | None,
+                       counts: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the per-node expert compute [D] of one step under the tile model (PHYSICS.md).
+
+        The same terms as ``perf.tiled_node_compute``: [padded rows, activity] @ [[padded
+        columns · m·2h/C], [holder · m·o]], the stacked [2E, D] matrix cached per layer and the
+        padded rows read from a table of 0..B tokens.
+        """
+        if P_layer is None:
+            if const.tile_work is None:
+                const.tile_work = self._tile_matrix(const.P)
+            mat = const.tile_work
+        else:
+            mat = self._tile_matrix(P_layer)
+        E = self.num_experts
+        x = np.empty(2 * E)
+        n = counts.astype(np.intp)
+        if n.max(initial=0) < self._rows_table.size:
+            x[:E] = self._rows_table[n]
+        else:  # not reached by top-k sets of B tokens; kept exact for any counts
+            tile_t = self.conv.tile_tokens
+            x[:E] = np.ceil(counts / tile_t - 1e-9).clip(0.0) * tile_t
+        x[E:] = counts > 0
+        out: NDArray[np.float64] = x @ mat
+        return out
+
+    def _tile_matrix(self, P: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the stacked [2E, D] tile-model matrix of shares ``P`` (``_tiled_compute``)."""
+        work = perf.tile_columns(P, self.model, self.conv) * self.tile_flop_s
+        return np.vstack([work, (P > 0) * self.gemm_s])
 
     @staticmethod
     def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,

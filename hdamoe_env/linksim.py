@@ -573,7 +573,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                         holder_mask: ArrayLike, pi: ArrayLike, agg: ArrayLike, *,
                         phases: Sequence[str] = PHASES, tie_break: str = "fifo",
                         hop_latency_s: float = 0.0, layer: int = 0,
-                        extra_holders: ArrayLike | None = None, chunks: int = 1) -> LayerComm:
+                        extra_holders: ArrayLike | None = None, chunks: int = 1,
+                        alpha_s: float = 0.0) -> LayerComm:
     """Simulate the MoE communication of one layer: message generation plus one DES per phase.
 
     The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
@@ -593,6 +594,10 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
         layer: Layer index (enters the flow key).
         extra_holders: Optional int array [T, x] of further source clusters, -1 = none.
         chunks: Split every message into this many equal parts.
+        alpha_s: Start-up latency α of every message (α–β model, docs/PHYSICS.md): a message
+            can enter the network α after it is ready. All messages of a phase are ready at
+            t = 0, so the DES is the same run shifted by α: a phase's makespan grows by α
+            when any message leaves its node, busy times are unchanged.
 
     Returns:
         Makespan, per-link busy time and message count per phase.
@@ -618,6 +623,9 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                                   topology.num_endpoints)
         if not _run_layer_kernel(arrays, *args):
             raise ConfigError("layer inputs failed validation")  # not reached: see above
+    alpha = _check_scalar("alpha_s", alpha_s)
+    if alpha > 0:
+        makespan = np.where(makespan > 0, makespan + alpha, makespan)
     return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
 
 

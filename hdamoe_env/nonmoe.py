@@ -3,10 +3,10 @@
 Journal per-model formulas (§5.3.1, Qwen3.5 via the package formula of §5.3.3), the conference
 generic formula (§5.3.2) and the architecture roofline (§5.3.4) with full-attention and
 Gated-DeltaNet layers, DeepSeek's dense layer 0, the optional LM head and the optional non-MoE
-all-reduce. Assumption (the paper's, §5.1): the non-MoE work of a layer is split evenly over the
-D nodes. Pure functions, SI units, scalar or array batch sizes, as in :mod:`hdamoe_env.perf`
-(whose argument checks this module shares). Pinned by ``tests/hdamoe_env/test_perf.py``
-(paper-model.md §14).
+all-reduce (on in ``faithful``: the split work's collective, docs/PHYSICS.md). Assumption (the
+paper's, §5.1): the non-MoE work of a layer is split evenly over the D nodes. Pure functions,
+SI units, scalar or array batch sizes, as in :mod:`hdamoe_env.perf` (whose argument checks this
+module shares). Pinned by ``tests/hdamoe_env/test_perf.py`` (paper-model.md §14).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from hdamoe_env import collectives
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.perf import FloatArray, FloatOrArray, _batch, _out, tp_allreduce_time
 from hdamoe_env.profiles import Conventions
 from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.topology import Topology
 
 __all__ = ["NonMoeTime", "dense_layer_time", "lm_head_time", "nonmoe_allreduce_time",
            "nonmoe_step_time", "nonmoe_time"]
@@ -167,11 +169,17 @@ def nonmoe_allreduce_time(
     conv: Conventions,
     B: ArrayLike,
     bw_end_Bps: float | None = None,
+    topology: Topology | None = None,
 ) -> FloatOrArray:
-    """Return the optional per-layer all-reduce of a TP attention (§5.3.4 ``nonmoe_allreduce``).
+    """Return the per-layer all-reduce of a TP attention (§5.3.4 ``nonmoe_allreduce``).
 
-    [decision] B·h activations are all-reduced with the profile's TP all-reduce model (§5.6);
-    the term is zero when the knob is off (the paper's assumption).
+    [decision] B·h activations (b_psum bytes each) are all-reduced with the profile's TP
+    all-reduce model (§5.6): a token lives on its home node, so attention and shared experts
+    split over the D nodes need a reduce-scatter of the partial outputs to the homes and an
+    all-gather of the inputs, i.e. one all-reduce per layer (docs/PHYSICS.md). With
+    ``tp_allreduce="best"`` and a ``topology``, the fastest DES algorithm of
+    ``collectives.best_allreduce``; otherwise the closed form ``perf.tp_allreduce_time``. The
+    term is zero when the knob is off (the paper's assumption, ``paper*``).
 
     Args:
         model: The model (h).
@@ -179,6 +187,7 @@ def nonmoe_allreduce_time(
         conv: The conventions (``nonmoe_allreduce`` and the §5.6 knobs).
         B: Tokens per decode step (scalar or array).
         bw_end_Bps: Endpoint-side bandwidth, default the hardware link bandwidth.
+        topology: The NoC for the DES algorithms (``tp_allreduce="best"``).
 
     Returns:
         Seconds, shape of ``B``.
@@ -186,6 +195,12 @@ def nonmoe_allreduce_time(
     batch = _batch(B)
     if not conv.nonmoe_allreduce:
         return _out(np.zeros_like(batch))
+    if conv.tp_allreduce == "best" and topology is not None:
+        alpha, hop = conv.msg_alpha_s, hw.hop_latency_for(conv)
+        times = [collectives.best_allreduce(topology, float(b) * model.hidden_size * conv.b_psum,
+                                            alpha_s=alpha, hop_latency_s=hop).time_s
+                 for b in batch.reshape(-1)]
+        return _out(np.array(times, dtype=np.float64).reshape(batch.shape))
     return tp_allreduce_time(model, hw, conv, batch, bw_end_Bps=bw_end_Bps)
 
 
@@ -196,6 +211,7 @@ def nonmoe_time(
     B: ArrayLike,
     layer: int = 0,
     bw_end_Bps: float | None = None,
+    topology: Topology | None = None,
 ) -> NonMoeTime:
     """Return the non-MoE term t_nm of MoE layer ``layer`` (§5.3).
 
@@ -217,6 +233,7 @@ def nonmoe_time(
         B: Tokens per decode step (scalar or array).
         layer: MoE layer index l (0..L−1); only the ``"arch"`` formula depends on it.
         bw_end_Bps: Endpoint-side bandwidth for the optional all-reduce.
+        topology: The NoC for the all-reduce's DES algorithms (``nonmoe_allreduce_time``).
 
     Returns:
         The layer's ``NonMoeTime`` (seconds).
@@ -242,7 +259,8 @@ def nonmoe_time(
     nodes = hw.num_nodes
     compute = flops / (nodes * hw.compute_flops)
     memory = nbytes / (nodes * hw.mem_bw_Bps)
-    comm = np.asarray(nonmoe_allreduce_time(model, hw, conv, batch, bw_end_Bps), np.float64)
+    comm = np.asarray(nonmoe_allreduce_time(model, hw, conv, batch, bw_end_Bps, topology),
+                      np.float64)
     return _combine(np.asarray(compute), np.asarray(memory), comm, roofline)
 
 
@@ -252,6 +270,7 @@ def dense_layer_time(
     conv: Conventions,
     B: ArrayLike,
     bw_end_Bps: float | None = None,
+    topology: Topology | None = None,
 ) -> NonMoeTime:
     """Return the time of one dense leading decoder layer (DeepSeek's layer 0, §5.3.4).
 
@@ -265,6 +284,7 @@ def dense_layer_time(
         conv: The conventions.
         B: Tokens per decode step (scalar or array).
         bw_end_Bps: Endpoint-side bandwidth for the optional all-reduce.
+        topology: The NoC for the all-reduce's DES algorithms (``nonmoe_allreduce_time``).
 
     Returns:
         One dense layer's ``NonMoeTime`` (seconds).
@@ -277,7 +297,8 @@ def dense_layer_time(
     flops = batch * (2 * weights + core_flops + 6 * h * model.dense_intermediate)
     nbytes = conv.b_w * (weights + 3 * h * model.dense_intermediate) + batch * kv_bytes
     nodes = hw.num_nodes
-    comm = np.asarray(nonmoe_allreduce_time(model, hw, conv, batch, bw_end_Bps), np.float64)
+    comm = np.asarray(nonmoe_allreduce_time(model, hw, conv, batch, bw_end_Bps, topology),
+                      np.float64)
     return _combine(
         flops / (nodes * hw.compute_flops),
         nbytes / (nodes * hw.mem_bw_Bps),
@@ -323,6 +344,7 @@ def nonmoe_step_time(
     conv: Conventions,
     B: ArrayLike,
     bw_end_Bps: float | None = None,
+    topology: Topology | None = None,
 ) -> FloatOrArray:
     """Return the whole step's non-MoE time: Σ_l t_nm(l) + dense layers + LM head (§5.1, §5.3).
 
@@ -335,6 +357,7 @@ def nonmoe_step_time(
         conv: The conventions.
         B: Tokens per decode step (scalar or array).
         bw_end_Bps: Endpoint-side bandwidth for the optional all-reduce.
+        topology: The NoC for the all-reduce's DES algorithms.
 
     Returns:
         Seconds, shape of ``B``.
@@ -346,11 +369,11 @@ def nonmoe_step_time(
         kind = conv.nonmoe == "arch" and model.is_full_attention(layer)
         if kind not in per_layer:
             per_layer[kind] = np.asarray(
-                nonmoe_time(model, hw, conv, batch, layer, bw_end_Bps).total_s, np.float64
+                nonmoe_time(model, hw, conv, batch, layer, bw_end_Bps, topology).total_s, np.float64
             )
         total = total + per_layer[kind]
     if conv.dense_layers and model.num_dense_layers > 0:
-        dense = dense_layer_time(model, hw, conv, batch, bw_end_Bps).total_s
+        dense = dense_layer_time(model, hw, conv, batch, bw_end_Bps, topology).total_s
         total = total + model.num_dense_layers * np.asarray(dense, np.float64)
     if conv.include_lm_head:
         total = total + np.asarray(lm_head_time(model, hw, conv, batch).total_s, np.float64)

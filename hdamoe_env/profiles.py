@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ __all__ = ["PROFILES", "Conventions", "get_profile"]
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "moe_comm": ("dispatch+combine", "2xcombine"),
-    "tp_allreduce": ("ring", "const"),
+    "tp_allreduce": ("best", "ring", "const"),
     "nonmoe": ("arch", "journal", "generic"),
     "aggregator": ("uniform", "ref", "first"),
     "tie_break": ("fifo", "ref"),
@@ -47,15 +48,16 @@ class Conventions:
     kappa_a: float = 2.0              # analytic estimator constant (Eq. 2, §5.5)
     moe_comm: str = "dispatch+combine"  # or "2xcombine" (Q3)
     nb_comm_factor: float = 1.0       # Node-Balance objective t_comp + factor·t̂_comm
-    tp_allreduce: str = "ring"        # ring all-reduce, or "const": tp_const·B·h/BW (Q4)
+    tp_allreduce: str = "best"        # fastest DES all-reduce (collectives), "ring" closed
+                                      # form, or "const": tp_const·B·h/BW (Q4)
     tp_const: float = 16.0            # 16 journal, 8 conference
-    b_psum: int = 2                   # bytes per partial-sum element (ring all-reduce)
+    b_psum: int = 4                   # bytes per partial-sum element (fp32 sums, PHYSICS.md)
     weight_streaming: bool = True     # per-node roofline over active shards (Q7)
     nonmoe: str = "arch"              # "arch" §5.3.4, "journal" §5.3.1, "generic" §5.3.2
     nonmoe_ctx_len: int = 1024        # L_ctx (arch) / L_dec (journal) / L_kv (generic)
     dense_layers: bool = True         # include DeepSeek's dense layer 0 as a non-MoE layer
     include_lm_head: bool = False
-    nonmoe_allreduce: bool = False
+    nonmoe_allreduce: bool = True     # attention/shared experts split over D: one all-reduce
     aggregator: str = "uniform"       # §6.2 (Q6)
     tie_break: str = "fifo"           # §6.3 (Q19)
     chunks: int = 1                   # split every MoE message into this many parts
@@ -72,12 +74,18 @@ class Conventions:
     bc_payload: str = "weights"       # S = W_e (3·h·I·b_w), or "paper": 2·h·I bytes (Q15)
     bc_depth: str = "diameter"        # H = topology diameter, or 2·sqrt(D)
     bc_budget: str = "layer"          # t_nm(l) + t_comp(l), or the HD budget formula (Q14)
-    bc_alpha_s: float = 100e-9        # broadcast start-up latency per message
+    bc_alpha_s: float | None = None   # broadcast start-up per message; None = msg_alpha_s
     bc_charge_excess: bool = True     # add max(0, T_bc − budget) to the layer latency
     ref_bookkeeping: bool = False     # §10.9 (Q16)
     skip_zero_priority: bool = True   # §10.5 [decision]
     batch_mode: str = "streams"       # decode-step formation (traces.md §6)
-    tile_cols: int = 64                # columns of one PE-array tile; shares are multiples of tile_cols / I
+    # α–β cost of every message and collective step (docs/PHYSICS.md)
+    msg_alpha_s: float = 100e-9       # start-up α per message / collective step (DMA + NI)
+    hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
+    # tile model of the expert GEMMs (docs/PHYSICS.md); 1, 1, 0 = the fluid model of §5.2
+    tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
+    tile_cols: int = 64               # GEMM columns padded to a multiple; shares on a tile_cols/I grid
+    gemm_overhead_s: float = 100e-9   # fixed time per GEMM (array fill/drain)
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -88,12 +96,29 @@ class Conventions:
         if self.expert_matrices not in (1, 2, 3):
             raise ConfigError(f"expert_matrices must be 1, 2 or 3, got {self.expert_matrices}")
         for knob in ("b_w", "b_msg", "b_psum", "chunks", "nonmoe_ctx_len", "gamma_points",
-                     "tile_cols"):
+                     "tile_tokens", "tile_cols"):
             if getattr(self, knob) < 1:
                 raise ConfigError(f"Conventions.{knob} must be >= 1, got {getattr(self, knob)}")
         if not self.kappa_a > 0 or not self.tp_const > 0:
             raise ConfigError("kappa_a and tp_const must be positive")
+        for knob in ("msg_alpha_s", "hop_latency_s", "bc_alpha_s", "gemm_overhead_s"):
+            value = getattr(self, knob)
+            if value is None and knob == "bc_alpha_s":
+                continue
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"Conventions.{knob} must be a finite number >= 0 (seconds), "
+                                  f"got {value!r}")
         object.__setattr__(self, "gamma_paper_batches", tuple(self.gamma_paper_batches))
+
+    @property
+    def tiled(self) -> bool:
+        """Whether the expert GEMMs follow the tile model (else the fluid model of §5.2)."""
+        return self.tile_tokens > 1 or self.tile_cols > 1 or self.gemm_overhead_s > 0
+
+    @property
+    def broadcast_alpha_s(self) -> float:
+        """Start-up latency α of one broadcast message (§10.4): ``bc_alpha_s``, else α_msg."""
+        return self.msg_alpha_s if self.bc_alpha_s is None else float(self.bc_alpha_s)
 
     @property
     def is_paper(self) -> bool:
@@ -136,13 +161,14 @@ class Conventions:
 
 
 _PAPER = Conventions(
-    name="paper", expert_matrices=1, b_msg=1, kappa_a=4.0, moe_comm="2xcombine",
+    name="paper", expert_matrices=1, b_msg=1, b_psum=2, kappa_a=4.0, moe_comm="2xcombine",
     nb_comm_factor=2.0, tp_allreduce="const", tp_const=16.0, weight_streaming=False,
     nonmoe="journal", nonmoe_ctx_len=64, dense_layers=False, aggregator="ref", tie_break="ref",
     gamma_fit="ols", gamma_combine_only=True, nb_group_constraint="aggregated",
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
-    tile_cols=1,
+    bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
+    gemm_overhead_s=0.0, nonmoe_allreduce=False,
 )
 
 PROFILES: dict[str, Conventions] = {
@@ -189,6 +215,10 @@ def _parse_override(base: Conventions, text: str, whole: str) -> tuple[str, Any]
         raise ConfigError(f"profile {whole!r}: {text!r} is not knob=value; write e.g. "
                           "'faithful+b_psum=4'")
     current = getattr(base, knob)
+    if knob == "bc_alpha_s":  # float | None
+        if raw == "None":
+            return knob, None
+        current = 0.0
     try:
         if isinstance(current, bool):
             if raw not in ("True", "False", "true", "false", "1", "0"):

@@ -23,7 +23,7 @@ Everything is numpy plus the package's DES (``des``); no RL (style.md R1). Units
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,7 +88,7 @@ def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch:
     Args:
         model: The model (S from h, I).
         hw: The hardware (D, C, BW, BW_mem).
-        conv: The conventions (``bc_budget``, ``bc_payload``, ``bc_depth``, ``bc_alpha_s``).
+        conv: The conventions (``bc_budget``, ``bc_payload``, ``bc_depth``, ``broadcast_alpha_s``).
         batch: Tokens per decode step B.
         topology_diameter: Diameter in hops (``bc_depth="diameter"``).
         t_nm_prev: t_nm of the layer the broadcast hides behind (``bc_budget="layer"``), s.
@@ -101,7 +101,7 @@ def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch:
     budget = float(prebroadcast.broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
     S = prebroadcast.broadcast_payload(model, conv)
     H = prebroadcast.broadcast_depth(conv, hw.num_nodes, topology_diameter)
-    alpha, bw = conv.bc_alpha_s, hw.link_bw_Bps
+    alpha, bw = conv.broadcast_alpha_s, hw.link_bw_Bps
     k_b = prebroadcast.num_broadcast(budget, S, H, alpha, bw, max_m)
     chunk = float(prebroadcast.broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
     time = float(prebroadcast.broadcast_time(k_b, S, H, alpha, bw))
@@ -232,7 +232,9 @@ def _holder_lists(P: NDArray[np.float64]) -> list[list[int]]:
 
 def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[int], w: float,
                        *, rule: str = "least_loaded", ref_bookkeeping: bool = False,
-                       compute_flops: float = 1.0, stream_s: float = 0.0) -> DispatchResult:
+                       compute_flops: float = 1.0, stream_s: float = 0.0,
+                       tile_time: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None
+                       = None) -> DispatchResult:
     """Dispatch every (token, broadcast expert) pair to one node (paper-model.md §10.6–10.7).
 
     Loads start from the non-broadcast experts, L_c = Σ_{i ∉ bc} P_ic·n_i·w (actual counts).
@@ -261,6 +263,10 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
         compute_flops: C, FLOP/s, to express the dispatched work in seconds.
         stream_s: Streaming time of one broadcast expert's weights on one node, W_e / BW_mem
             (0 when the profile does not stream weights).
+        tile_time: Optional tile model (docs/PHYSICS.md §4): maps the token counts [bc, D] of
+            every replica to its seconds (e.g. ``perf.gemm_tile_time`` with I columns); the
+            charged ``extra_compute_s`` is then its sum over experts instead of work / C. The
+            dispatch decisions still balance the fluid work w.
 
     Returns:
         The dispatch nodes and what they add to the layer (see ``DispatchResult``).
@@ -287,6 +293,7 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
     nodes = np.full((num_tokens, top_k), -1, dtype=np.int64)
     flops = np.zeros(num_nodes)
     computes = np.zeros((len(bc), num_nodes), dtype=bool)
+    replica_tokens = np.zeros((len(bc), num_nodes))
     slot_bc = is_bc[sets]                                        # [B, k]
     orphans = slot_bc.all(axis=1)
     if bc:
@@ -322,6 +329,7 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
                 work[c_t] += w
                 nodes[t, row.index(e)] = c_t
                 computes[b, c_t] = True
+                replica_tokens[b, c_t] += 1.0
         flops = np.asarray(work)
     extra_stream = computes.sum(axis=0) * float(stream_s)
     extra_holders = None
@@ -332,7 +340,9 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
             order = np.argsort(~mask, axis=1, kind="stable")[:, :width]
             picked = np.take_along_axis(nodes, order, axis=1)
             extra_holders = np.where(np.take_along_axis(mask, order, axis=1), picked, -1)
-    return DispatchResult(nodes, flops, flops / compute_flops, extra_stream, P_layer,
+    extra_compute = flops / compute_flops if tile_time is None or not bc \
+        else np.asarray(tile_time(replica_tokens), dtype=np.float64).sum(axis=0)
+    return DispatchResult(nodes, flops, extra_compute, extra_stream, P_layer,
                           extra_holders, orphans)
 
 

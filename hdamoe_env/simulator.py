@@ -15,7 +15,8 @@ uses the γ-calibrated estimator of Eq. 2–3 instead (γ per layer from ``calib
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hdamoe_env import gating as gating_mod, nonmoe, prebroadcast
-from hdamoe_env import perf, scheduling
+from hdamoe_env import collectives, perf, scheduling
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.evaluator import (
     FIDELITIES,
@@ -77,7 +78,7 @@ class StepResult:
         """Return Σ compute, Σ communication and Σ exposed memory time in seconds."""
         return {
             "compute_s": sum(r.compute_s for r in self.layers) + self.dense_s,
-            "communication_s": sum(r.t_comm_moe_s for r in self.layers),
+            "communication_s": sum(r.t_comm_moe_s + r.t_nm_comm_s for r in self.layers),
             "memory_s": sum(r.memory_s for r in self.layers),
             "other_s": sum(r.t_extra_s for r in self.layers),
         }
@@ -143,16 +144,35 @@ class MoESimulator:
         key = (batch, layer if self.conv.nonmoe == "arch" else 0)
         hit = self._nm_cache.get(key)
         if hit is None:
-            hit = nonmoe.nonmoe_time(self.model, self.hw, self.conv, batch, layer)
+            hit = nonmoe.nonmoe_time(self.model, self.hw, self.conv, batch, layer,
+                                     self.topology.bw_end_Bps, self.topology)
             self._nm_cache[key] = hit
         return hit
+
+    def tp_allreduce(self, batch: int) -> collectives.AllReduce:
+        """Return TP's all-reduce of one MoE layer at batch ``batch`` (§5.6, docs/PHYSICS.md).
+
+        ``tp_allreduce="best"`` (``faithful``): the fastest of ``collectives.ALGORITHMS`` for
+        B·h·b_psum bytes, simulated on the DES with α = ``msg_alpha_s`` per step and the hop
+        latency (cached per size in ``collectives``). ``"ring"`` and ``"const"`` use the closed
+        forms of ``perf.tp_allreduce_time`` (``paper*``: ``"const"``).
+        """
+        conv = self.conv
+        if conv.tp_allreduce != "best":
+            t = float(perf.tp_allreduce_time(self.model, self.hw, conv, batch,
+                                             self.topology.bw_end_Bps))
+            return collectives.AllReduce(t, conv.tp_allreduce, {conv.tp_allreduce: t})
+        size = float(batch) * self.model.hidden_size * conv.b_psum
+        return collectives.best_allreduce(self.topology, size, alpha_s=conv.msg_alpha_s,
+                                          hop_latency_s=self.hw.hop_latency_for(conv))
 
     def dense_time(self, batch: int) -> float:
         """Return the time of the dense leading layers per step (0 unless ``faithful``)."""
         if not self.conv.dense_layers or self.model.num_dense_layers == 0:
             return 0.0
         return self.model.num_dense_layers * nonmoe.dense_layer_time(
-            self.model, self.hw, self.conv, batch).total_s
+            self.model, self.hw, self.conv, batch, self.topology.bw_end_Bps,
+            self.topology).total_s
 
     def _compute(self, P_layer: NDArray[np.float64], tokens: NDArray[np.float64],
                  active: NDArray[np.float64], extra_compute_s: NDArray[np.float64] | None,
@@ -259,17 +279,17 @@ class MoESimulator:
         t_comp, t_compute, compute, stream = self._compute(P, tokens, active, None, None)
         nm = self.nonmoe(batch, layer)
         if is_tensor_parallel(P):
-            t_tp = perf.tp_allreduce_time(self.model, self.hw, self.conv, batch,
-                                          self.topology.bw_end_Bps)
+            tp = self.tp_allreduce(batch)
             return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
-                               t_tp, 0.0, compute, stream, None, "tp")
+                               tp.time_s, 0.0, compute, stream, None, "tp", tp.algorithm,
+                               float(nm.comm_s))
         groups = np.asarray(groups, dtype=np.int64)
         msg = np.asarray(group_freqs, dtype=np.float64) * batch * self.msg_bytes
         support = P > 0
         t_d, t_c, t_moe, busy = simulate_moe_comm(self, layer, groups, msg, support, support,
                                                   placement.pi[layer], rng, agg, None)
         return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c, t_moe,
-                           0.0, compute, stream, busy, "des")
+                           0.0, compute, stream, busy, "des", "", float(nm.comm_s))
 
     # --------------------------------------------------------------------------- steps
     def step(self, placement: Placement, step_sets: NDArray[np.int64], *,
@@ -380,13 +400,18 @@ class DecisionEvaluator:
         self.compute_flops = hw.compute_flops
         self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
                          if conv.weight_streaming else 0.0)
+        # replicas run whole experts (I columns) under the tile model (docs/PHYSICS.md §4)
+        self.replica_time: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None = (
+            functools.partial(_replica_time, model=model, hw=hw, conv=conv)
+            if conv.tiled else None)
         self.bc_payload = prebroadcast.broadcast_payload(model, conv)
         self.bc_depth = prebroadcast.broadcast_depth(conv, hw.num_nodes, sim.topology.diameter)
         # §10.3: the broadcast for layer l hides behind layer l - 1 (none for layer 0)
         cap = min(int(max_broadcast), model.num_experts)
         self.plans: list[scheduling.BroadcastPlan | None] = [None]
         for layer in range(1, placement.num_layers):
-            t_nm_prev = sim.nonmoe(self.batch, layer - 1).total_s
+            nm_prev = sim.nonmoe(self.batch, layer - 1)   # its all-reduce uses the links
+            t_nm_prev = nm_prev.total_s - nm_prev.comm_s
             t_comp_prev = float(perf.t_comp_static(placement.P[layer - 1], freqs[layer - 1],
                                                    self.batch, model, hw, conv))
             self.plans.append(scheduling.broadcast_plan(
@@ -421,11 +446,13 @@ class DecisionEvaluator:
         if hit is None:
             conv, hw = self.conv, self.sim.hw
             chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
-                                               conv.bc_alpha_s, hw.link_bw_Bps))
+                                               conv.broadcast_alpha_s, hw.link_bw_Bps))
+            if chunk <= 0:  # α = 0: c* -> 0; simulate a fine but finite pipeline [decision]
+                chunk = self.bc_payload / _ZERO_ALPHA_CHUNKS
             hit = scheduling.simulate_broadcast(
                 self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
-                chunk, pi=self.placement.pi[layer], alpha_s=conv.bc_alpha_s,
-                hop_latency_s=hw.hop_latency_s, tie_break=conv.tie_break,
+                chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
+                hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
                 max_messages=self.bc_max_messages, trees=self._trees)
             if len(self._bc_cache) >= 4096:
                 self._bc_cache.clear()
@@ -468,7 +495,7 @@ class DecisionEvaluator:
             dispatch = scheduling.dispatch_broadcast(
                 sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
                 ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
-                stream_s=self.stream_s)
+                stream_s=self.stream_s, tile_time=self.replica_time)
             P_layer, extra_holders = dispatch.P_layer, dispatch.extra_holders
             extra_compute, extra_stream = dispatch.extra_compute_s, dispatch.extra_stream_s
             bres = self.broadcast_traffic(layer, broadcast)
@@ -538,6 +565,24 @@ def _summarise(method: str, evaluator: str, results: list[StepResult], num_links
                       breakdown, len(results), busy / len(results), meta)
 
 
+#: Chunks per broadcast expert when the broadcast start-up α is 0 (c* of §10.4 would be 0).
+_ZERO_ALPHA_CHUNKS = 256
+
+
+def _replica_time(tokens: NDArray[np.float64], *, model: ModelSpec, hw: HardwareSpec,
+                  conv: Conventions) -> NDArray[np.float64]:
+    """Return the tile-model seconds of whole-expert replicas with ``tokens`` tokens each."""
+    return np.asarray(perf.gemm_tile_time(tokens, model.expert_intermediate, model, hw, conv),
+                      dtype=np.float64)
+
+
+def _tp_meta(sim: MoESimulator, batch: int) -> dict[str, Any]:
+    """Return the TP all-reduce charged per layer at ``batch``: algorithm and times in µs."""
+    tp = sim.tp_allreduce(batch)
+    return {"algorithm": tp.algorithm, "time_us": tp.time_s * 1e6,
+            "times_us": {k: v * 1e6 for k, v in tp.times_s.items()}}
+
+
 def check_trace(sim: MoESimulator, trace: RoutingTrace) -> None:
     """Check that a trace fits the simulator's model (L, E, k).
 
@@ -572,7 +617,7 @@ def evaluate_static(sim: MoESimulator, placement: Placement, trace: RoutingTrace
              for layer in range(sim.model.num_moe_layers)]
     result = sim.static(placement, stats, batch, rng=np.random.default_rng(seed))
     meta = {"seed": seed, "view": view, "trace_id": trace.trace_id, "batch": batch,
-            **sim.describe()}
+            **sim.describe(), "tp_allreduce": _tp_meta(sim, batch)}
     return _summarise(placement.method, "static", [result], sim.topology.num_links, meta)
 
 
@@ -607,7 +652,8 @@ def evaluate_sampled(sim: MoESimulator, placement: Placement, trace: RoutingTrac
     results = [sim.step(placement, ids[:, rows, :], rng=agg_rng, fidelity=fidelity,
                         gammas=gammas) for rows in iterator]
     meta = {"seed": seed, "view": view, "mode": mode, "trace_id": trace.trace_id,
-            "batch": batch, "fidelity": fidelity, **sim.describe()}
+            "batch": batch, "fidelity": fidelity, **sim.describe(),
+            "tp_allreduce": _tp_meta(sim, batch)}
     return _summarise(placement.method, "sampled", results, sim.topology.num_links, meta)
 
 

@@ -12,9 +12,15 @@ import math
 import numbers
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hdamoe_env.errors import ConfigError, unknown_name
+
+
+class _HopLatencyProfile(Protocol):
+    """What ``HardwareSpec.hop_latency_for`` reads of a profile (``profiles.Conventions``)."""
+
+    hop_latency_s: float
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -180,7 +186,7 @@ class HardwareSpec:
     compute_tflops: float = 5.0            # per node
     link_bw_gbps: float = 50.0             # per directed link, GB/s = 1e9 B/s
     mem_bw_gbps: float = 625.0             # per node DRAM
-    hop_latency_ns: float = 0.0            # per hop, added after every link traversal
+    hop_latency_ns: float | None = None    # per hop; None = the profile's hop_latency_s
     node_dram_gib: float | None = None     # DRAM capacity per node (None = unconstrained)
 
     def __post_init__(self) -> None:
@@ -193,7 +199,9 @@ class HardwareSpec:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"HardwareSpec.{name} must be a positive number, got {value!r}")
-        if not (self.hop_latency_ns >= 0 and math.isfinite(self.hop_latency_ns)):
+        if self.hop_latency_ns is not None and not (
+                isinstance(self.hop_latency_ns, int | float) and self.hop_latency_ns >= 0
+                and math.isfinite(self.hop_latency_ns)):
             raise ConfigError(f"hop_latency_ns must be >= 0, got {self.hop_latency_ns!r}")
         if self.node_dram_gib is not None and not self.node_dram_gib > 0:
             raise ConfigError(f"node_dram_gib must be positive or None, got {self.node_dram_gib!r}")
@@ -219,8 +227,18 @@ class HardwareSpec:
         return self.mem_bw_gbps * 1e9
 
     @property
-    def hop_latency_s(self) -> float:
-        """Per-hop latency in seconds."""
+    def hop_latency_s(self) -> float | None:
+        """The explicit per-hop latency in seconds, or None (use ``hop_latency_for``)."""
+        return None if self.hop_latency_ns is None else self.hop_latency_ns * 1e-9
+
+    def hop_latency_for(self, conv: _HopLatencyProfile) -> float:
+        """Return the effective per-hop latency in seconds under a convention profile.
+
+        An explicit ``hop_latency_ns`` overrides the profile's ``hop_latency_s`` (one α–β model:
+        the DES hops and the collective steps read the same value, docs/PHYSICS.md).
+        """
+        if self.hop_latency_ns is None:
+            return float(conv.hop_latency_s)
         return self.hop_latency_ns * 1e-9
 
     @property

@@ -351,7 +351,8 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
     obs, _ = env.reset(seed=seed)
     tbts: list[float] = []
     totals: list[float] = []
-    sums = {"compute_us": 0.0, "t_comm_us": 0.0, "memory_us": 0.0, "t_extra_us": 0.0,
+    sums = {"compute_us": 0.0, "t_comm_us": 0.0, "t_nm_comm_us": 0.0, "memory_us": 0.0,
+            "t_extra_us": 0.0,
             "t_nm_us": 0.0, "t_comp_us": 0.0, "t_dispatch_us": 0.0, "t_combine_us": 0.0,
             "bc_makespan_us": 0.0}
     gating: dict[str, list[float]] = {"changed_fraction": [], "top1_retention": [],
@@ -407,7 +408,7 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
     dense = float(tbt.mean() - np.mean(totals)) if tbts else 0.0
     breakdown = {
         "compute_us": sums["compute_us"] / n_dec + dense,
-        "communication_us": sums["t_comm_us"] / n_dec,
+        "communication_us": (sums["t_comm_us"] + sums["t_nm_comm_us"]) / n_dec,
         "memory_us": sums["memory_us"] / n_dec,
         "extra_us": sums["t_extra_us"] / n_dec,
         "dense_us": dense,

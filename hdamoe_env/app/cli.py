@@ -259,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
     sim.add_argument("--mesh", default="4x8", help="node grid XxY (fat-tree: 4x8 endpoints)")
     sim.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    sim.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0, help="router latency per hop, ns")
+    sim.add_argument("--hop-latency-ns", type=nonneg_float, default=None,
+                     help="per-hop NoC latency, ns (default: the profile's hop_latency_s)")
     sim.add_argument("--dram-gib", type=positive_float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
     sim.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
@@ -529,7 +530,8 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
-    p.add_argument("--hop-latency-ns", type=nonneg_float, default=0.0, help="router latency per hop, ns")
+    p.add_argument("--hop-latency-ns", type=nonneg_float, default=None,
+                   help="per-hop NoC latency, ns (default: the profile's hop_latency_s)")
     p.add_argument("--trace", default="synthetic",
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=positive_int, default=None,

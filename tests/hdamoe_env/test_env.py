@@ -366,7 +366,8 @@ def test_prebroadcast_traffic_visible_in_link_busy():
     np.testing.assert_allclose(info["link_busy_us"] - bc, env.last_layer.link_busy_s * 1e6)
     # each broadcast expert crosses the 3 edges of a spanning tree of the 2×2 mesh once, in
     # chunks that also occupy the link for the start-up α
-    per_edge = env.decisions.bc_payload + info["bc_chunks"] * env.conv.bc_alpha_s * HW.link_bw_Bps
+    alpha = env.conv.broadcast_alpha_s
+    per_edge = env.decisions.bc_payload + info["bc_chunks"] * alpha * HW.link_bw_Bps
     assert bc.sum() == pytest.approx(2 * 3 * per_edge / HW.link_bw_Bps * 1e6)
     assert np.count_nonzero(bc) >= 3
     assert info["link_busy_us"].sum() > base["link_busy_us"].sum()
@@ -522,3 +523,13 @@ def test_registered_variants(env_id):
         n += 1
         done = term or trunc
     assert term and n == base.steps_per_episode * base.num_layers
+
+
+def test_prebroadcast_with_zero_alpha_uses_finite_chunks():
+    """α = 0 (e.g. ``faithful+msg_alpha_s=0.0``) makes c* = 0; the DES then pipelines 256 chunks."""
+    env = make(k_b=[0, 2, 2], conventions="faithful+msg_alpha_s=0.0")
+    assert env.conv.broadcast_alpha_s == 0.0
+    env.reset(seed=0)
+    env.step(noop(env))
+    _, _, _, _, info = env.step(np.array([0, 3, 0, 0]))
+    assert info["bc_makespan_us"] > 0 and info["bc_chunks"] == 256

@@ -263,6 +263,13 @@ def test_static_task_set_2x2(b_msg, combine_ns, dispatch_ns):  # §14.8 item 4
     assert comm.total_s == comm.dispatch_s + comm.combine_s
     only = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, phases=("combine",))
     assert only.combine_s == comm.combine_s
+    # α–β start-up (docs/PHYSICS.md): every message ready at α = the same run shifted by α
+    shifted = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, alpha_s=1e-7)
+    assert shifted.combine_s == pytest.approx(comm.combine_s + 1e-7, rel=1e-12)
+    assert shifted.dispatch_s == pytest.approx(comm.dispatch_s + 1e-7, rel=1e-12)
+    assert np.array_equal(shifted.link_busy_s, comm.link_busy_s)
+    ready = simulate_messages(topo, src, dst, size, ready_s=np.full(3, 1e-7))
+    assert shifted.combine_s == pytest.approx(ready.makespan_s, rel=1e-12)
     with pytest.raises(ConfigError, match="dispatch"):
         _ = only.dispatch_s
 

@@ -26,6 +26,11 @@ MODELS = {
 PAPER = PROFILES["paper"]
 PAPER_HD = PROFILES["paper-hd"]
 FAITHFUL = PROFILES["faithful"]
+# faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums):
+# the profile the faithful check values of paper-model.md §14 are stated for
+FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
+                               tile_cols=1, gemm_overhead_s=0.0, tp_allreduce="ring",
+                               nonmoe_allreduce=False)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 ALPHA = 100e-9
 
@@ -136,7 +141,11 @@ def test_14_2_tp_allreduce_constants(name: str) -> None:
 
 
 def test_14_2_faithful_ring() -> None:
-    """§14.2: faithful ring, D = 32, b_psum = 2, no hop latency: 2·31/32·B·h·2/BW."""
+    """§14.2: faithful ring, D = 32, b_psum = 2, no hop latency: 2·31/32·B·h·2/BW.
+
+    The §14.2 values are stated for b_psum = 2; faithful's default is 4 (PHYSICS.md), which
+    exactly doubles them (DeepSeek 5/50: 40.63 µs).
+    """
     expected = {
         "deepseek": (13.54, 20.32, 40.63),
         "qwen35": (13.54, 20.32, 40.63),
@@ -146,22 +155,47 @@ def test_14_2_faithful_ring() -> None:
     for name, values in expected.items():
         for setting, value in zip(SETTINGS, values, strict=True):
             hw = hardware_from_setting(setting, "4x8")
-            assert close(perf.tp_allreduce_time(MODELS[name], hw, FAITHFUL, 128) * US, value)
+            assert close(perf.tp_allreduce_time(MODELS[name], hw, FAITHFUL_V1, 128) * US, value)
+    assert FAITHFUL.b_psum == 4 and PAPER.b_psum == 2
+    hw = hardware_from_setting("5/50", "4x8")
+    fp32 = FAITHFUL_V1.derive(b_psum=4)
+    assert close(perf.tp_allreduce_time(MODELS["deepseek"], hw, fp32, 128) * US, 40.63)
+
+
+def test_5_6_faithful_ring_alpha_beta() -> None:
+    """§5.6 with docs/PHYSICS.md: t = 2(D−1)·(α + hop + B·h·b_psum/(D·BW)).
+
+    DeepSeek, 4×8, 50 GB/s, B = 128, faithful (α = 100 ns, hop = 2 ns, b_psum = 4):
+    S/(D·BW) = 128·2048·4 B / (32 · 50 GB/s) = 655.36 ns; 62 · (100 + 2 + 655.36) ns = 46.956 µs.
+    An explicit hardware hop latency (10 ns) replaces the profile's 2 ns: + 62·8 ns = 47.452 µs.
+    """
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    assert FAITHFUL.msg_alpha_s == 100e-9 and FAITHFUL.hop_latency_s == 2e-9
+    assert hw.hop_latency_ns is None and hw.hop_latency_for(FAITHFUL) == 2e-9
+    assert close(perf.tp_allreduce_time(model, hw, FAITHFUL, 128) * US, 46.96)
+    assert math.isclose(perf.tp_allreduce_time(model, hw, FAITHFUL, 128), 62 * 757.36e-9,
+                        rel_tol=1e-12)
+    hw10 = hardware_from_setting("5/50", "4x8", hop_latency_ns=10.0)
+    assert math.isclose(perf.tp_allreduce_time(model, hw10, FAITHFUL, 128), 62 * 765.36e-9,
+                        rel_tol=1e-12)
+    assert PAPER.msg_alpha_s == 0.0 and PAPER.hop_latency_s == 0.0
+    assert PAPER.broadcast_alpha_s == 100e-9 == FAITHFUL.broadcast_alpha_s
 
 
 def test_5_6_ring_hop_latency_and_bw_end() -> None:
     """§5.6: the ring adds 2(D−1) hop latencies; bw_end_Bps overrides the link bandwidth."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8", hop_latency_ns=10.0)
-    base = perf.tp_allreduce_time(model, hardware_from_setting("5/50", "4x8"), FAITHFUL, 128)
+    base = perf.tp_allreduce_time(model, hardware_from_setting("5/50", "4x8"), FAITHFUL_V1, 128)
     assert math.isclose(
-        perf.tp_allreduce_time(model, hw, FAITHFUL, 128), base + 62 * 10e-9, rel_tol=1e-12
+        perf.tp_allreduce_time(model, hw, FAITHFUL_V1, 128), base + 62 * 10e-9, rel_tol=1e-12
     )
     half = perf.tp_allreduce_time(
-        model, hardware_from_setting("5/50"), FAITHFUL, 128, bw_end_Bps=25e9
+        model, hardware_from_setting("5/50"), FAITHFUL_V1, 128, bw_end_Bps=25e9
     )
     assert math.isclose(half, 2 * base, rel_tol=1e-12)
-    assert perf.tp_allreduce_time(model, hw, FAITHFUL, 128, num_nodes=1) == 0.0
+    assert perf.tp_allreduce_time(model, hw, FAITHFUL_V1, 128, num_nodes=1) == 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -304,19 +338,19 @@ def test_14_5_faithful(name: str) -> None:
     model = MODELS[name]
     hw = hardware_from_setting("5/50", "4x8")
     (nm_c, nm_m, nm_t), (ex_c, ex_s, ex_t) = TABLE_14_5[name]
-    t = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
+    t = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128)
     assert close(t.compute_s * US, nm_c) and close(t.memory_s * US, nm_m), t
     assert close(t.total_s * US, nm_t)
     P = tp_placement(model, hw.num_nodes)
     n = uniform_f(model) * 128
     compute, stream = perf.expert_compute_times(
-        P, n, model, hw, FAITHFUL, active=np.ones(model.num_experts)
+        P, n, model, hw, FAITHFUL_V1, active=np.ones(model.num_experts)
     )
     assert compute.shape == stream.shape == (32,)
     assert close(compute.max() * US, ex_c) and close(stream.max() * US, ex_s)
     assert close(perf.t_comp(compute, stream) * US, ex_t)
     # The static form (a_i = 1 − (1 − f_i)^128 ≈ 1) gives the same rounded value.
-    assert close(perf.t_comp_static(P, uniform_f(model), 128, model, hw, FAITHFUL) * US, ex_t)
+    assert close(perf.t_comp_static(P, uniform_f(model), 128, model, hw, FAITHFUL_V1) * US, ex_t)
 
 
 def test_14_5_memory_bound_at_10_tflops() -> None:
@@ -328,7 +362,7 @@ def test_14_5_memory_bound_at_10_tflops() -> None:
         uniform_f(model) * 128,
         model,
         hw,
-        FAITHFUL,
+        FAITHFUL_V1,
         active=np.ones(model.num_experts),
     )
     assert close(compute.max() * US, 41.52) and close(stream.max() * US, 55.36)
@@ -376,11 +410,12 @@ def test_7_3_faithful_rcc_uses_ring() -> None:
     """§7.3: faithful R_cc = t_comp_TP / t_TP(ring); independent of B without hop latency."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    expected = perf.tp_expert_compute_time(model, hw, FAITHFUL, 128) / perf.tp_allreduce_time(
-        model, hw, FAITHFUL, 128
+    conv = FAITHFUL_V1
+    expected = perf.tp_expert_compute_time(model, hw, conv, 128) / perf.tp_allreduce_time(
+        model, hw, conv, 128
     )
-    assert math.isclose(perf.r_cc(model, hw, FAITHFUL), expected, rel_tol=1e-12)
-    assert math.isclose(perf.r_cc(model, hw, FAITHFUL, B=16), expected, rel_tol=1e-12)
+    assert math.isclose(perf.r_cc(model, hw, conv), expected, rel_tol=1e-12)
+    assert math.isclose(perf.r_cc(model, hw, conv, B=16), expected, rel_tol=1e-12)
     with pytest.raises(ConfigError, match="R_cc is undefined"):
         perf.r_cc(model, hw, FAITHFUL, num_nodes=1)
 
@@ -568,21 +603,21 @@ def test_5_2_sampled_streams_only_active_shards() -> None:
     hw = hardware_from_setting("5/50", (1, 2))
     P = np.array([[1, 0], [0.5, 0.5], [0, 1], [0, 1]], dtype=float)
     counts = np.array([2, 0, 1, 0])
-    compute, stream = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
-    f_e, w_e = perf.expert_flops(model, FAITHFUL), perf.expert_bytes(model, FAITHFUL)
+    compute, stream = perf.expert_compute_times(P, counts, model, hw, FAITHFUL_V1)
+    f_e, w_e = perf.expert_flops(model, FAITHFUL_V1), perf.expert_bytes(model, FAITHFUL_V1)
     assert np.allclose(compute, np.array([2, 1]) * f_e / hw.compute_flops)
     assert np.allclose(stream, np.array([1, 1]) * w_e / hw.mem_bw_Bps)
     _, stream_paper = perf.expert_compute_times(P, counts, model, hw, PAPER)
     assert not stream_paper.any()
     layered = perf.t_comp_sampled(
-        np.stack([P, P[::-1]]), np.stack([counts, counts]), model, hw, FAITHFUL
+        np.stack([P, P[::-1]]), np.stack([counts, counts]), model, hw, FAITHFUL_V1
     )
     assert layered.shape == (2,)
     assert math.isclose(layered[0], perf.t_comp(compute, stream))
     with pytest.raises(ConfigError, match="experts"):
-        perf.expert_compute_times(P[:3], counts[:3], model, hw, FAITHFUL)
+        perf.expert_compute_times(P[:3], counts[:3], model, hw, FAITHFUL_V1)
     with pytest.raises(ConfigError, match="shape"):
-        perf.expert_compute_times(P, counts[:3], model, hw, FAITHFUL)
+        perf.expert_compute_times(P, counts[:3], model, hw, FAITHFUL_V1)
 
 
 def test_5_2_expected_active() -> None:
@@ -604,8 +639,8 @@ def test_5_3_4_qwen35_full_and_linear_layers() -> None:
     hw = hardware_from_setting("5/50", "4x8")
     D, C, M = 32, hw.compute_flops, hw.mem_bw_Bps
     h, I_s = 2048, 512
-    full = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=3)
-    linear = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=0)
+    full = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128, layer=3)
+    linear = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128, layer=0)
     assert math.isclose(
         full.compute_s, 128 * (2 * 27_262_976 + 16384 * 1024 + 6 * h * I_s) / (D * C)
     )
@@ -619,17 +654,17 @@ def test_5_3_4_qwen35_full_and_linear_layers() -> None:
         linear.memory_s, (2 * (33_685_504 + 3 * h * I_s) + 128 * 2 * 32 * 128 * 128 * 4) / (D * M)
     )
     assert full.total_s == max(full.compute_s, full.memory_s)
-    step = nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128)
+    step = nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1, 128)
     assert math.isclose(step, 10 * full.total_s + 30 * linear.total_s, rel_tol=1e-12)
     with pytest.raises(ConfigError, match="layer"):
-        nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, layer=40)
+        nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128, layer=40)
 
 
 def test_5_3_4_dense_layer_and_profile_rules() -> None:
     """§5.3.4: DeepSeek's dense layer 0 joins faithful only; paper+arch is serial."""
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    dense = nonmoe.dense_layer_time(model, hw, FAITHFUL, 128)
+    dense = nonmoe.dense_layer_time(model, hw, FAITHFUL_V1, 128)
     h, I_d = 2048, 10944
     assert math.isclose(
         dense.compute_s,
@@ -639,13 +674,13 @@ def test_5_3_4_dense_layer_and_profile_rules() -> None:
         dense.memory_s,
         (2 * (13_762_560 + 3 * h * I_d) + 128 * 1024 * 576 * 2) / (32 * hw.mem_bw_Bps),
     )
-    layer = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
+    layer = nonmoe.nonmoe_time(model, hw, FAITHFUL_V1, 128)
     assert math.isclose(
-        nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128),
+        nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1, 128),
         26 * layer.total_s + dense.total_s,
         rel_tol=1e-12,
     )
-    no_dense = FAITHFUL.derive(dense_layers=False)
+    no_dense = FAITHFUL_V1.derive(dense_layers=False)
     assert math.isclose(
         nonmoe.nonmoe_step_time(model, hw, no_dense, 128), 26 * layer.total_s, rel_tol=1e-12
     )
@@ -657,13 +692,78 @@ def test_5_3_4_optional_knobs() -> None:
     """§5.3.4: include_lm_head adds vocab·h once per step; nonmoe_allreduce adds a TP all-reduce."""
     model = MODELS["mixtral"]
     hw = hardware_from_setting("5/50", "4x8")
-    base = nonmoe.nonmoe_step_time(model, hw, FAITHFUL, 128)
-    head = nonmoe.lm_head_time(model, hw, FAITHFUL, 128)
+    base = nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1, 128)
+    head = nonmoe.lm_head_time(model, hw, FAITHFUL_V1, 128)
     assert math.isclose(head.compute_s, 2 * 128 * 32000 * 4096 / (32 * hw.compute_flops))
     assert math.isclose(head.memory_s, 2 * 32000 * 4096 / (32 * hw.mem_bw_Bps))
-    with_head = nonmoe.nonmoe_step_time(model, hw, FAITHFUL.derive(include_lm_head=True), 128)
+    with_head = nonmoe.nonmoe_step_time(model, hw, FAITHFUL_V1.derive(include_lm_head=True), 128)
     assert math.isclose(with_head, base + head.total_s, rel_tol=1e-12)
-    conv = FAITHFUL.derive(nonmoe_allreduce=True)
+    conv = FAITHFUL_V1.derive(nonmoe_allreduce=True)
     t = nonmoe.nonmoe_time(model, hw, conv, 128)
-    assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, FAITHFUL, 128))
+    assert math.isclose(t.comm_s, perf.tp_allreduce_time(model, hw, conv, 128))
     assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + t.comm_s)
+
+
+def test_faithful_nonmoe_allreduce_uses_the_best_collective() -> None:
+    """PHYSICS.md: faithful splits attention over D, so every layer all-reduces B·h activations.
+
+    Mixtral (h = 4096), 4×8 mesh 5/50, B = 128, b_psum = 4: S = 2 MiB; with a topology the
+    fastest DES algorithm, the bidirectional ring 62·(100 + 2 + 655.36) ns = 46.95632 µs;
+    without one the closed-form 1-D ring 62·(102 + 1310.72) ns = 87.58864 µs. paper*: none.
+    """
+    from hdamoe_env.topology import make_topology
+
+    model = MODELS["mixtral"]
+    hw = hardware_from_setting("5/50", "4x8")
+    topo = make_topology("mesh", hw)
+    assert FAITHFUL.nonmoe_allreduce and not PAPER.nonmoe_allreduce
+    t = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128, topology=topo)
+    assert math.isclose(t.comm_s, 46.95632e-6, rel_tol=1e-9)
+    assert math.isclose(t.total_s, max(t.compute_s, t.memory_s) + 46.95632e-6, rel_tol=1e-9)
+    closed = nonmoe.nonmoe_time(model, hw, FAITHFUL, 128)
+    assert math.isclose(closed.comm_s, 87.58864e-6, rel_tol=1e-9)
+    both = nonmoe.nonmoe_allreduce_time(model, hw, FAITHFUL, np.array([128, 128]),
+                                        topology=topo)
+    assert np.allclose(both, 46.95632e-6, rtol=1e-9)
+    assert nonmoe.nonmoe_time(model, hw, PAPER, 128, topology=topo).comm_s == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Tile model of the expert GEMMs (docs/PHYSICS.md)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_tile_model_shards_of_12_tokens() -> None:
+    """DeepSeek (h = 2048, m = 3), 5 TFLOPS, faithful tiles 8 × 64, o = 100 ns, 12 tokens.
+
+    44-column shard (TP's 1408/32): rows 12 → 16, columns 44 → 64; one GEMM
+    16·64·2048·2 = 4,194,304 FLOP = 838.8608 ns, + 100 ns = 938.8608 ns; m = 3 → 2.8165824 µs
+    (the fluid model: 12·44·2048·2·3 FLOP = 1.2976128 µs).
+    1408-column shard (a whole expert): 16·1408·2048·2 = 92,274,688 FLOP = 18.4549376 µs,
+    + 0.1 µs, × 3 = 55.6648128 µs (fluid 41.5236096 µs).
+    The overhead term alone: m·o = 0.3 µs per active shard.
+    """
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    assert (FAITHFUL.tile_tokens, FAITHFUL.tile_cols, FAITHFUL.gemm_overhead_s) == (8, 64, 1e-7)
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL), 2.8165824e-6,
+                        rel_tol=1e-12)
+    assert math.isclose(perf.gemm_tile_time(12, 1408, model, hw, FAITHFUL), 55.6648128e-6,
+                        rel_tol=1e-12)
+    no_overhead = FAITHFUL.derive(gemm_overhead_s=0.0)
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL)
+                        - perf.gemm_tile_time(12, 44, model, hw, no_overhead), 3e-7,
+                        rel_tol=1e-9)
+    assert perf.gemm_tile_time(0, 44, model, hw, FAITHFUL) == 0.0
+    fluid = FAITHFUL.derive(tile_tokens=1, tile_cols=1, gemm_overhead_s=0.0)
+    assert not fluid.tiled and not PAPER.tiled and FAITHFUL.tiled
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, fluid), 1.2976128e-6,
+                        rel_tol=1e-12)
+    # per node, TP (every shard 44 columns) with 12 tokens on each of two experts
+    P = tp_placement(model, 32)
+    counts = np.zeros(model.num_experts)
+    counts[[3, 7]] = 12
+    compute, _ = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
+    assert np.allclose(compute, 2 * 2.8165824e-6, rtol=1e-12)
+    compute, _ = perf.expert_compute_times(P, counts, model, hw, fluid)
+    assert np.allclose(compute, 2 * 1.2976128e-6, rtol=1e-12)

@@ -164,7 +164,9 @@ def test_dispatch_all_k_broadcast_and_bookkeeping():
 def test_dispatch_streaming_and_conservation(rng):
     model = DEEPSEEK
     hw = hardware_from_setting("5/50")
-    sim = MoESimulator(model, hw)
+    # FLOPs are conserved in the fluid model; the tile model pads GEMMs (docs/PHYSICS.md)
+    sim = MoESimulator(model, hw, "mesh", FAITHFUL.derive(tile_tokens=1, tile_cols=1,
+                                                          gemm_overhead_s=0.0))
     pl = expert_parallel(model.num_moe_layers, 64, 32, rng)
     sets = np.stack([rng.permutation(64)[:6] for _ in range(128)])
     w = perf.expert_flops(model, sim.conv)
@@ -366,3 +368,28 @@ def test_evaluator_tp_and_tp_totals(tiny_model, tiny_hw, rng):
         assert totals[layer] == pytest.approx(ref.total_s, rel=1e-12)
     with pytest.raises(ConfigError, match="TP"):
         LayerEvaluator(sim, expert_parallel(2, 4, 4, rng), 16).tp_totals(step)
+
+
+def test_dispatch_replicas_follow_the_tile_model(rng):
+    """docs/PHYSICS.md §4: a replica runs a whole expert (I = 1408 columns) on its tokens.
+
+    DeepSeek, 5 TFLOPS, faithful tiles: a replica with n tokens costs
+    3·(ceil(n/8)·8·1408·2048·2 / 5e12 s + 100 ns); the charged extra compute of every node is the
+    sum over its replicas (here one broadcast expert).
+    """
+    model = DEEPSEEK
+    hw = hardware_from_setting("5/50")
+    sim = MoESimulator(model, hw, "mesh", FAITHFUL)
+    pl = expert_parallel(model.num_moe_layers, 64, 32, rng)
+    sets = np.stack([rng.permutation(64)[:6] for _ in range(128)])
+    e = int(sets[0, 0])
+    tile = lambda n: perf.gemm_tile_time(n, 1408, model, hw, sim.conv)  # noqa: E731
+    d = dispatch_broadcast(sets, pl.P[2], [e], perf.expert_flops(model, sim.conv),
+                           compute_flops=hw.compute_flops, tile_time=tile)
+    tokens = np.bincount(d.nodes[d.nodes >= 0], minlength=32)
+    want = [3 * (np.ceil(n / 8) * 8 * 1408 * 2048 * 2 / 5e12 + 1e-7) if n else 0.0
+            for n in tokens]
+    np.testing.assert_allclose(d.extra_compute_s, want, rtol=1e-12)
+    fluid = dispatch_broadcast(sets, pl.P[2], [e], perf.expert_flops(model, sim.conv),
+                               compute_flops=hw.compute_flops)
+    assert (d.extra_compute_s >= fluid.extra_compute_s - 1e-15).all()

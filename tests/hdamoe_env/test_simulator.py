@@ -39,8 +39,13 @@ def test_paper_tp_layer_terms(ds_trace):  # §14.1, §14.2, §14.3
     assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 39.43
 
 
+# faithful with the pre-PHYSICS.md cost knobs: the values of paper-model.md §14.5 and §14.8
+FAITHFUL_V1 = ("faithful+b_psum=2+gemm_overhead_s=0.0+hop_latency_s=0.0+msg_alpha_s=0.0"
+               "+nonmoe_allreduce=False+tile_cols=1+tile_tokens=1+tp_allreduce=ring")
+
+
 def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
-    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "faithful")
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", FAITHFUL_V1)
     ev = evaluate_static(sim, tensor_parallel(26, 64, 32), ds_trace, 128)
     assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 58.09
     assert round(ev.layer_means["t_comm_moe_s"][0] * US, 2) == 20.32
@@ -48,6 +53,27 @@ def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
     assert round(ev.layer_means["t_comp_s"][0] * US, 2) == 83.05
     assert ev.breakdown["compute_s"] > ev.breakdown["memory_s"]
     assert sim.dense_time(128) > 0
+    assert ev.meta["tp_allreduce"]["algorithm"] == "ring"
+
+
+def test_faithful_tp_charges_the_best_collective(ds_trace):
+    """Default faithful: TP's all-reduce is the fastest DES algorithm, reported per layer.
+
+    DeepSeek 4×8 mesh 5/50, B = 128, b_psum = 4 (1 MiB), α = 100 ns, hop 2 ns: the
+    bidirectional ring, 62·(100 + 2 + 327.68) ns = 26.64016 µs (test_collectives.py).
+    """
+    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "faithful")
+    tp = tensor_parallel(26, 64, 32)
+    ev = evaluate_static(sim, tp, ds_trace, 128)
+    assert ev.layer_means["t_comm_moe_s"][0] * US == pytest.approx(26.64016, rel=1e-9)
+    assert ev.meta["tp_allreduce"]["algorithm"] == "biring"
+    assert set(ev.meta["tp_allreduce"]["times_us"]) == {"ring", "biring", "ring2d"}
+    res = sim.layer_sampled(tp, 0, np.zeros((128, 6), np.int64) + np.arange(6),
+                            rng=np.random.default_rng(0))
+    assert res.mode == "tp" and res.tp_algorithm == "biring"
+    assert res.t_comm_moe_s == pytest.approx(26.64016e-6, rel=1e-9)
+    paper = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "paper")
+    assert paper.tp_allreduce(128).algorithm == "const"
 
 
 def _tiny(conv_name, aggregator="first"):
@@ -60,8 +86,17 @@ def _tiny(conv_name, aggregator="first"):
 
 
 @pytest.mark.parametrize("conv,combine,dispatch,total", [("paper", 0.7, 0.0, 1.4),
-                                                          ("faithful", 1.4, 1.0, 2.4)])
+                                                          (FAITHFUL_V1, 1.4, 1.0, 2.4),
+                                                          ("faithful", 1.502, 1.102, 2.604)])
 def test_static_task_set_micro_example(conv, combine, dispatch, total):  # §14.8 item 4
+    """§14.8 item 4; default faithful adds α = 100 ns per message and 2 ns per hop.
+
+    Combine: (0,1)→(0,0) 1000 B occupies that link 100–1100 ns (arrives 1102); the 400 B message
+    (1,1)→(0,1)→(0,0) crosses its first link 100–500, arrives 502, waits for the shared link
+    until 1100, crosses 1100–1500, arrives 1502 → 1.502 µs. Dispatch (reverse): 600 B
+    (1,0)→(1,1) 100–700; 400 B (0,0)→(1,0)→(1,1) 100–500, 700–1100, arrives 1102; 1000 B
+    (0,0)→(0,1) arrives 1102 → 1.102 µs.
+    """
     sim = _tiny(conv)
     P = np.eye(4)[None]
     placement = Placement(P=P, pi=identity_mapping(1, 4), method="one-per-node")
