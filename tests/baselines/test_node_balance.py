@@ -228,14 +228,16 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
 
     f = np.array([0.55, 0.45, 0.45, 0.55])
     hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=1.0, link_bw_gbps=1000.0)
-    conv4 = get_profile("faithful").derive(tile_cols=32)
+    # the cap values below are worked out with the fp16 1-D ring of R_cc, no α, no hop latency
+    base = get_profile("faithful", b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0)
+    conv4 = base.derive(tile_cols=32)
     coeffs4 = nb.nb_coefficients(f, model=nb_model, hw=hw, conv=conv4, gamma=0.02,
                                  batch=128, bw_end_Bps=1e12)
     assert coeffs4.load_cap == pytest.approx(0.50390625)
     with pytest.raises(InfeasibleError, match=r"tile grid \(unit 1/4\).*finer tile"):
         nb.repair_placement(np.eye(4), coeffs4)
     hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=10.0, link_bw_gbps=1000.0)
-    conv = get_profile("faithful").derive(tile_cols=16)
+    conv = base.derive(tile_cols=16)
     coeffs = nb.nb_coefficients(f, model=nb_model, hw=hw, conv=conv, gamma=0.02, batch=128,
                                 bw_end_Bps=1e12)
     assert coeffs.load_cap == pytest.approx(0.5390625) and coeffs.units == 8
