@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/hdamoe bench --json runs/bench.json --plots runs/plots
+	$(VENV)/bin/hdamoe bench --json runs/bench.json --resume --plots runs/plots
 
 test: install
 	$(PY) -m pytest -q
