@@ -6,11 +6,10 @@ expected and how to fix it (style.md R8).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 # defined in the bottom layer (so trace errors share the base class); re-exported here
-from traces.errors import HdMoeError, TraceFormatError, UnknownNameError
+from traces.errors import HdMoeError, TraceFormatError, UnknownNameError, unknown_name_message
 
 __all__ = [
     "ConfigError",
@@ -72,9 +71,4 @@ def unknown_name(kind: str, name: object, choices: Iterable[str]) -> ConfigError
     Returns:
         The error (to be raised by the caller).
     """
-    options = sorted(choices)
-    hint = difflib.get_close_matches(str(name), options, n=1)
-    msg = f"unknown {kind} {name!r}; expected one of {options}"
-    if hint:
-        msg += f" (did you mean {hint[0]!r}?)"
-    return ConfigError(msg)
+    return ConfigError(unknown_name_message(kind, name, choices))

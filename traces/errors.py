@@ -5,7 +5,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["HdMoeError", "TraceFormatError", "UnknownNameError", "unknown_name"]
+__all__ = ["HdMoeError", "TraceFormatError", "UnknownNameError", "unknown_name",
+           "unknown_name_message"]
 
 
 class HdMoeError(Exception):
@@ -39,9 +40,18 @@ def unknown_name(kind: str, name: object, choices: Iterable[str]) -> UnknownName
     Returns:
         The error, to be raised by the caller.
     """
+    return UnknownNameError(unknown_name_message(kind, name, choices))
+
+
+def unknown_name_message(kind: str, name: object, choices: Iterable[str]) -> str:
+    """Return "unknown KIND 'NAME'; expected one of [...] (did you mean 'X'?)" for any error class.
+
+    The one implementation of the near-miss hint; ``hdamoe_env.errors.unknown_name`` wraps it in a
+    ``ConfigError``.
+    """
     options = sorted(choices)
     hint = difflib.get_close_matches(str(name), options, n=1)
     msg = f"unknown {kind} {name!r}; expected one of {options}"
     if hint:
         msg += f" (did you mean {hint[0]!r}?)"
-    return UnknownNameError(msg)
+    return msg
