@@ -27,7 +27,6 @@ from hdamoe_env.env_config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
 from hdamoe_env.errors import ConfigError, InvalidAction
 from hdamoe_env.placement import Placement, placement_by_name, tensor_parallel
 from hdamoe_env.simulator import LayerResult, MoESimulator, check_trace
-from hdamoe_env.sources import load_trace
 from traces import RoutingTrace, batching, synthetic
 
 __all__ = ["ENV_ID", "INVALID_ACTION_MODES", "PREDICTORS", "EnvConfig", "HdMoeEnv"]
@@ -239,12 +238,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.top_k = self.model.top_k
 
         # --- trace
-        # the env's synthetic trace: 32 requests, max(8192, 16·B) rows, predictions only for
-        # the trace predictor
-        self.trace = load_trace(config.trace, self.model, seed=int(config.trace_seed),
-                                requests=int(config.trace_requests or 32),
-                                tokens=int(config.trace_tokens or max(8192, 16 * self.batch)),
-                                predictor="noisy_oracle" if predictor == "trace" else None)
+        self.trace = config.load_trace()
         check_trace(self.sim, self.trace)
         self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
                          else self.trace.topk_ids)

@@ -26,6 +26,7 @@ from hdamoe_env.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.scheduling import DISPATCH_RULES
+from hdamoe_env.sources import load_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
 
@@ -247,6 +248,18 @@ class EnvConfig:
     def resolved_batch_mode(self) -> str:
         """``batch_mode``, or the profile's when None."""
         return self.batch_mode if self.batch_mode is not None else self.conv.batch_mode
+
+    def load_trace(self) -> RoutingTrace:
+        """Load the env's routing trace (the one place the env's trace defaults live).
+
+        A synthetic trace has ``trace_requests`` requests (default 32) and ``trace_tokens``
+        rows (default max(8192, 16·B)); it records predicted sets only for the ``trace``
+        predictor. Files and ``RoutingTrace`` objects are returned as read.
+        """
+        return load_trace(self.trace, self.model_spec, seed=int(self.trace_seed),
+                          requests=int(self.trace_requests or 32),
+                          tokens=int(self.trace_tokens or max(8192, 16 * int(self.batch))),
+                          predictor="noisy_oracle" if self.predictor == "trace" else None)
 
     def accuracies(self) -> NDArray[np.float64]:
         """Return the noisy-oracle accuracy per layer (entry 0 unused; traces.md §7.6).

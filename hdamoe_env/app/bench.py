@@ -499,11 +499,13 @@ class BenchResult:
 
 
 def _load_trace(config: BenchConfig) -> tuple[Any, Any]:
-    """Build a TP env (cheap) to load the trace exactly as every method's env will."""
-    from hdamoe_env.env import HdMoeEnv
+    """Load the trace exactly as every method's env will; return it and the run's topology."""
+    from hdamoe_env.env_config import EnvConfig
+    from hdamoe_env.topology import make_topology
 
-    probe = HdMoeEnv(**{**config.env_arguments(), "trace": config.trace, "placement": "tp"})
-    return probe.trace, probe
+    env_config = EnvConfig(**{**config.env_arguments(), "trace": config.trace, "placement": "tp"})
+    topology = make_topology(env_config.topology_spec, env_config.hardware_spec)
+    return env_config.load_trace(), topology
 
 
 def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT_METHODS,
@@ -540,7 +542,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds must be distinct and non-empty, got {seeds}")
-    trace, probe = _load_trace(config)
+    trace, topology = _load_trace(config)
     run_key = config.run_key(trace.trace_id)
     if json_path and not resume and Path(json_path).is_file() and Path(json_path).stat().st_size:
         raise OutputPathError(f"{str(json_path)!r} already exists and would be replaced; pass "
@@ -622,7 +624,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
         write_records(json_path, all_records)
     if csv_path is not None:
         write_csv(csv_path, records)
-    return BenchResult(records, all_records, skipped, run_key, probe.topology,
+    return BenchResult(records, all_records, skipped, run_key, topology,
                        store.pipeline_wall_s,
                        str(store.pipeline_dir or config.placement_dir or "") or None,
                        time.perf_counter() - t_run)
