@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hdamoe_env.app.records import read_jsonl, render_table, summarise
 from hdamoe_env.app.reproduce import (
     BACKENDS,
@@ -247,8 +249,6 @@ def _heatmaps(rows: Sequence[dict[str, Any]], out: Path) -> list[str]:
                 grid[i][j] = hit
         fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(values), 0.9 + 0.42 * len(labels)))
         codes = [[methods.index(c["winner"]) if c else -1 for c in row] for row in grid]
-        import numpy as np
-
         arr = np.ma.masked_less(np.array(codes, dtype=float), 0)
         ax.imshow(arr, cmap=cmap, vmin=0, vmax=len(methods) - 1, aspect="auto")
         for i, row in enumerate(grid):
