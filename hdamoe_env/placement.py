@@ -4,6 +4,13 @@ Implements paper-model.md §1 (P_ic, π_l), §7.7 (storage), §9.1–9.2 (TP and
 and the memory checks of §7.3 (10). A placement is data; the optimisers that produce better ones
 live in ``baselines``. ``P[l, i, c]`` is the share of routed expert ``i`` of MoE layer ``l`` held by
 logical cluster ``c`` (rows sum to 1); ``pi[l, c]`` is the endpoint of cluster ``c`` in layer ``l``.
+
+Redundant experts (production serving practice, e.g. DeepSeek's EPLB; not in the paper): the
+optional ``replicas[l, i, c]`` marks a *whole* extra copy of expert ``i`` on cluster ``c``. The
+expert then has ``1 + Σ_c replicas[l, i, c]`` copies: the primary one described by the shares
+``P[l, i, :]`` (one node for a whole expert, several for a sharded one) and every replica node.
+Every step each token of the expert is computed by exactly one copy, chosen by a replica
+dispatch rule (``scheduling``); a replica node never also holds a share of the same expert.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ __all__ = [
 ]
 
 PLACEMENT_FORMAT = "hdamoe-placement"
-PLACEMENT_FORMAT_VERSION = 1
+PLACEMENT_FORMAT_VERSION = 2   # 2: optional ``replicas`` array (files without it are written as 1)
 _ROW_TOL = 1e-6
 _GRID_TOL = 1e-9   # |share/unit − round(share/unit)| allowed by the tile-grid check
 
@@ -55,12 +62,15 @@ class Placement:
         pi: int64 [L, D], ``pi[l, c]`` = endpoint of logical cluster ``c`` (a permutation).
         method: Name of the method that produced it (``"tp"``, ``"ep"``, ...).
         meta: JSON-serialisable metadata (seeds, solver records, profile, trace id, ...).
+        replicas: bool [L, E, D] whole redundant copies beyond the shares (module docstring),
+            or None (no redundant experts; an all-False array is normalised to None).
     """
 
     P: NDArray[np.float64]
     pi: NDArray[np.int64]
     method: str = "custom"
     meta: dict[str, Any] = field(default_factory=dict)
+    replicas: NDArray[np.bool_] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -80,6 +90,14 @@ class Placement:
         pi = np.ascontiguousarray(raw_pi.astype(np.int64, copy=False))
         object.__setattr__(self, "P", P)
         object.__setattr__(self, "pi", pi)
+        if self.replicas is not None:
+            raw_r = np.asarray(self.replicas)
+            if raw_r.dtype.kind not in "biu" or (raw_r.dtype.kind != "b"
+                                                 and not np.isin(raw_r, (0, 1)).all()):
+                raise ConfigError(f"placement replicas must be a bool mask [L, E, D], got dtype "
+                                  f"{raw_r.dtype}; mark each whole extra copy with True")
+            reps = np.ascontiguousarray(raw_r.astype(bool, copy=False))
+            object.__setattr__(self, "replicas", reps if reps.any() else None)
         self.validate()
 
     # ----------------------------------------------------------------------------- properties
@@ -101,6 +119,32 @@ class Placement:
     def support(self, layer: int) -> NDArray[np.bool_]:
         """Return the bool [E, D] mask ``P[layer] > 0`` (which clusters hold a shard)."""
         return self.P[layer] > 0
+
+    @property
+    def has_replicas(self) -> bool:
+        """True when some expert has a redundant whole copy (``replicas`` is set)."""
+        return self.replicas is not None
+
+    def copies(self, layer: int | None = None) -> NDArray[np.int64]:
+        """Return the number of copies of every expert: 1 + its replicas.
+
+        Args:
+            layer: One MoE layer (int64 [E]) or all (None: int64 [L, E]).
+        """
+        shape = self.P.shape[:2] if layer is None else self.P.shape[1:2]
+        if self.replicas is None:
+            return np.ones(shape, dtype=np.int64)
+        reps = self.replicas if layer is None else self.replicas[layer]
+        out: NDArray[np.int64] = 1 + reps.sum(axis=-1, dtype=np.int64)
+        return out
+
+    def held_experts(self) -> NDArray[np.float64]:
+        """Return float64 [L, D]: experts' worth of weights per cluster (shares + replicas)."""
+        held = self.P.sum(axis=1)
+        if self.replicas is not None:
+            held = held + self.replicas.sum(axis=1)
+        out: NDArray[np.float64] = held
+        return out
 
     def validate(self, model: ModelSpec | None = None, hw: HardwareSpec | None = None,
                  conv: Conventions | None = None) -> None:
@@ -134,6 +178,18 @@ class Placement:
             raise ConfigError(f"placement row P[{layer}, {expert}, :] sums to "
                               f"{sums[layer, expert]:.6g}; every expert's shares must sum to 1 "
                               "(normalise the rows)")
+        reps = self.replicas
+        if reps is not None:
+            if reps.shape != P.shape:
+                raise ConfigError(f"placement replicas must have the shape of P {P.shape}, got "
+                                  f"{reps.shape}")
+            clash = reps & (P > 0)
+            if clash.any():
+                layer, expert, node = (int(v) for v in np.argwhere(clash)[0])
+                raise ConfigError(f"placement replicas[{layer}, {expert}, {node}] marks a whole "
+                                  f"copy of expert {expert} on cluster {node}, which already holds "
+                                  f"a share P = {P[layer, expert, node]:.6g} of it; drop the "
+                                  "replica or move it to a cluster without a share")
         expected = np.arange(D)
         for layer in range(L):
             if not np.array_equal(np.sort(pi[layer]), expected):
@@ -153,11 +209,16 @@ class Placement:
 
     def with_layers(self, P: NDArray[np.float64] | None = None,
                     pi: NDArray[np.int64] | None = None, method: str | None = None,
+                    *, replicas: NDArray[np.bool_] | None | bool = True,
                     **meta: Any) -> Placement:
-        """Return a copy with replaced arrays, method or extra metadata."""
+        """Return a copy with replaced arrays, method or extra metadata.
+
+        ``replicas``: the new mask, None to drop the replicas, or True (default) to keep them.
+        """
+        reps = self.replicas if replicas is True else (None if replicas is False else replicas)
         return Placement(P=self.P if P is None else P, pi=self.pi if pi is None else pi,
                          method=self.method if method is None else method,
-                         meta={**self.meta, **meta})
+                         meta={**self.meta, **meta}, replicas=reps)
 
     # ----------------------------------------------------------------------------- storage
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -168,12 +229,15 @@ class Placement:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"format": PLACEMENT_FORMAT, "format_version": PLACEMENT_FORMAT_VERSION,
+        version = PLACEMENT_FORMAT_VERSION if self.replicas is not None else 1
+        meta = {"format": PLACEMENT_FORMAT, "format_version": version,
                 "method": self.method, **self.meta}
         meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True, default=json_default)
                                    .encode(), dtype=np.uint8)
-        atomic_write(path, lambda fh: np.savez_compressed(fh, P=self.P, pi=self.pi,
-                                                          meta=meta_bytes), "wb")
+        arrays: dict[str, NDArray[Any]] = {"P": self.P, "pi": self.pi, "meta": meta_bytes}
+        if self.replicas is not None:
+            arrays["replicas"] = self.replicas
+        atomic_write(path, lambda fh: np.savez_compressed(fh, **arrays), "wb")
         return path
 
     @classmethod
@@ -194,6 +258,7 @@ class Placement:
                 if not hasattr(data, "files"):
                     raise ValueError("a bare .npy array, not an .npz archive")
                 P, pi, meta_raw = data["P"], data["pi"], data["meta"]
+                reps = data["replicas"] if "replicas" in data.files else None
         except Exception as exc:  # noqa: BLE001 - truncated/bit-flipped archives raise anything
             raise ConfigError(f"{str(path)!r} is not a placement file (readable .npz with P, pi, "
                               f"meta): {type(exc).__name__}: {exc}; rewrite it with "
@@ -229,7 +294,7 @@ class Placement:
         meta.pop("format", None)
         meta.pop("format_version", None)
         try:
-            return cls(P=P, pi=pi, method=method, meta=meta)
+            return cls(P=P, pi=pi, method=method, meta=meta, replicas=reps)
         except ConfigError as exc:
             raise ConfigError(f"{str(path)!r}: {exc}") from None
 
@@ -423,10 +488,12 @@ def node_weight_bytes(placement: Placement, model: ModelSpec, conv: Conventions
     """Return the routed-expert weight bytes held by every logical cluster, summed over layers.
 
     Returns:
-        float64 [D]: Σ_l Σ_i P[l, i, c] · W_e with W_e = m·h·I·b_w of the profile.
+        float64 [D]: Σ_l (Σ_i P[l, i, c] + replicas[l, i, c]) · W_e with W_e = m·h·I·b_w of
+        the profile.
     """
     w_e = conv.expert_matrices * model.hidden_size * model.expert_intermediate * conv.b_w
-    return placement.P.sum(axis=(0, 1)) * w_e
+    out: NDArray[np.float64] = placement.held_experts().sum(axis=0) * w_e
+    return out
 
 
 def check_memory(placement: Placement, model: ModelSpec, hw: HardwareSpec, conv: Conventions,
@@ -438,7 +505,8 @@ def check_memory(placement: Placement, model: ModelSpec, hw: HardwareSpec, conv:
         model: Model whose experts are placed.
         hw: Hardware (``node_dram_gib`` gives the absolute cap when set).
         conv: Convention profile (bytes per expert).
-        rho_mem: Relative cap: per layer Σ_i P_ic ≤ ρ_mem·E/D on every node (None = off).
+        rho_mem: Relative cap: per layer Σ_i P_ic (+ the node's replicas) ≤ ρ_mem·E/D on every
+            node (None = off).
         reserved_bytes: Bytes per node taken by non-expert data (attention weights, KV cache).
 
     Raises:
@@ -446,7 +514,7 @@ def check_memory(placement: Placement, model: ModelSpec, hw: HardwareSpec, conv:
     """
     D = placement.num_nodes
     if rho_mem is not None:
-        per_layer = placement.P.sum(axis=1)                      # [L, D] experts per node
+        per_layer = placement.held_experts()                     # [L, D] experts per node
         cap = rho_mem * placement.num_experts / D
         if (per_layer > cap + 1e-9).any():
             layer, node = (int(v) for v in np.argwhere(per_layer > cap + 1e-9)[0])

@@ -207,3 +207,51 @@ def test_simulator_check_placement_enforces_the_grid():
     with pytest.raises(ConfigError, match="tile unit 1/22"):
         MoESimulator("deepseek", hw, conventions="faithful").check_placement(p)
     MoESimulator("deepseek", hw, conventions="paper").check_placement(p)
+
+
+def _replicated():
+    """2 layers, 3 experts, 4 clusters; EP-like primaries, expert 0 of layer 0 copied twice."""
+    P = np.zeros((2, 3, 4))
+    P[:, 0, 0] = P[:, 1, 1] = P[:, 2, 2] = 1.0
+    reps = np.zeros((2, 3, 4), dtype=bool)
+    reps[0, 0, [1, 3]] = True
+    return P, reps
+
+
+def test_replicas_count_copies_and_memory():
+    P, reps = _replicated()
+    pl = Placement(P=P, pi=np.tile(np.arange(4), (2, 1)), replicas=reps)
+    assert pl.has_replicas
+    assert pl.copies(0).tolist() == [3, 1, 1] and pl.copies().tolist() == [[3, 1, 1], [1, 1, 1]]
+    # layer 0: node 1 holds expert 1 plus a copy of expert 0; node 3 only the copy
+    assert pl.held_experts().tolist() == [[1, 2, 1, 1], [1, 1, 1, 0]]
+    with pytest.raises(InfeasibleError, match="node 1 holds 2.000 experts"):  # cap 1.5·3/4
+        check_memory(pl, get_model("deepseek-v2-lite"), HardwareSpec(), PROFILES["paper"],
+                     rho_mem=1.5)
+    # an all-False mask is no replicas at all
+    assert Placement(P=P, pi=pl.pi, replicas=np.zeros_like(reps)).replicas is None
+    assert pl.with_layers(replicas=None).replicas is None
+    assert pl.with_layers(method="x").replicas is not None
+
+
+def test_replicas_validation_names_the_clash():
+    P, reps = _replicated()
+    pi = np.tile(np.arange(4), (2, 1))
+    reps[1, 2, 2] = True                                  # node 2 already holds expert 2
+    with pytest.raises(ConfigError, match=r"replicas\[1, 2, 2\].*already holds a share"):
+        Placement(P=P, pi=pi, replicas=reps)
+    with pytest.raises(ConfigError, match="shape of P"):
+        Placement(P=P, pi=pi, replicas=np.ones((2, 3, 5), dtype=bool))
+    with pytest.raises(ConfigError, match="bool mask"):
+        Placement(P=P, pi=pi, replicas=np.full((2, 3, 4), 0.5))
+
+
+def test_replicas_save_load_roundtrip(tmp_path):
+    P, reps = _replicated()
+    pl = Placement(P=P, pi=np.tile(np.arange(4), (2, 1)), method="eplb", replicas=reps)
+    back = Placement.load(pl.save(tmp_path / "r.npz"))
+    assert back.replicas is not None and np.array_equal(back.replicas, reps)
+    plain = Placement.load(pl.with_layers(replicas=None).save(tmp_path / "p.npz"))
+    assert plain.replicas is None
+    with np.load(tmp_path / "p.npz") as data:               # no replicas: still version 1
+        assert '"format_version": 1' in bytes(data["meta"]).decode()
