@@ -11,6 +11,12 @@ Every command that needs a placement by name (``hdamoe bench``, ``reproduce``, `
 | ``node_balance`` | Node Balance with the random mapping π0 (§7) | ``placement_node_balance.npz`` |
 | ``node_link`` | Node + Link Balance with the TP guard (§7–8) | ``placement.npz`` |
 | ``node_link_raw`` | the same without the TP guard (ablations) | ``placement_node_link_raw.npz`` |
+| ``eplb`` | EPLB redundant experts (``baselines.eplb``; not in the paper) | computed directly |
+
+``eplb`` is computed from the trace's per-layer frequencies f_i (the pipeline's ``content``
+view) and the slot budget of ``StoreConfig.eplb_rho_mem`` and the hardware's DRAM cap
+(:func:`baselines.eplb.eplb_slots`); it takes milliseconds, so it is neither cached on disk nor
+read from a placement directory (only kept in memory, like ``tp`` and ``ep``).
 
 Artifact-backed placements are read from a ``hdamoe place`` output directory when one is given,
 otherwise from a quick run of the offline pipeline (:data:`QUICK_PLACEMENT`: heuristic Node
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from hdamoe_env.errors import ConfigError, unknown_name
 from hdamoe_env.placement import Placement, placement_by_name
@@ -45,7 +52,7 @@ log = logging.getLogger(__name__)
 PLACEMENT_ARTIFACTS: dict[str, str | None] = {
     "tp": None, "ep": None, "hybrid": "placement_hybrid.npz",
     "node_balance": "placement_node_balance.npz", "node_link": "placement.npz",
-    "node_link_raw": "placement_node_link_raw.npz",
+    "node_link_raw": "placement_node_link_raw.npz", "eplb": None,
 }
 
 #: Budget of the quick offline pipeline used when no placement directory is given [decision]:
@@ -82,6 +89,9 @@ class StoreConfig:
         place_batch: Batch size the placements are optimised at (paper: 128).
         place_workers: Worker processes of the quick pipeline.
         quick: Budget of the quick pipeline (``PlaceConfig`` fields).
+        eplb_rho_mem: Relative memory cap ρ_mem that sets EPLB's slots per node,
+            S = ⌊ρ_mem·E/D⌋ (None: ``baselines.eplb.DEFAULT_REDUNDANCY``).
+        eplb_node_groups: EPLB node groups (1: global policy; the mesh rows X: hierarchical).
     """
 
     model: str | ModelSpec = "deepseek-v2-lite"
@@ -97,6 +107,8 @@ class StoreConfig:
     place_batch: int = 128
     place_workers: int = 1
     quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
+    eplb_rho_mem: float | None = None
+    eplb_node_groups: int = 1
 
 
 class PlacementStore:
@@ -137,6 +149,8 @@ class PlacementStore:
             result: tuple[Placement, str | None] = (placement_by_name(
                 name, self.model, self.hw.num_nodes, self.config.placement_seed,
                 record_seed=False), None)
+        elif PLACEMENT_ARTIFACTS[name] is None:
+            result = (self._eplb(), None)
         else:
             directory = (Path(self.config.placement_dir) if self.config.placement_dir
                          else self._quick_pipeline())
@@ -159,6 +173,20 @@ class PlacementStore:
             result = (placement, str(path))
         self._cache[name] = result
         return result
+
+    def _eplb(self) -> Placement:
+        from baselines.eplb import eplb, eplb_placement, eplb_slots
+        from hdamoe_env.profiles import get_profile
+
+        model, D = self.model, self.hw.num_nodes
+        rows = self.trace.view("content")
+        freqs = np.stack([self.trace.layer_frequencies(layer, rows)
+                          for layer in range(model.num_moe_layers)])
+        slots = eplb_slots(model.num_experts, D, rho_mem=self.config.eplb_rho_mem, model=model,
+                           hw=self.hw, conv=get_profile(self.config.conventions))
+        result = eplb(freqs, D, slots, num_node_groups=self.config.eplb_node_groups)
+        return eplb_placement(result, trace_id=self.trace.trace_id,
+                              rho_mem=self.config.eplb_rho_mem)
 
     def place_config(self) -> Any:
         """Return the ``baselines.pipeline.PlaceConfig`` of the quick pipeline."""
