@@ -8,6 +8,9 @@ Modules:
   compression, warm starts, symmetry breaking) and its heuristic mode (§7);
 * :mod:`baselines.link_balance` — Link Balance: BO with scikit-optimize, swap local search,
   simulated annealing, random search and the MST proxy (§8);
+* :mod:`baselines.eplb` — EPLB redundant experts (production practice, not in the paper):
+  greedy replication by load per copy, balanced packing with S slots per node, hierarchical node
+  groups, periodic rebalancing with weight moves and their DES cost;
 * :mod:`baselines.pipeline` — the per-layer offline pipeline (§8.5) with parallel workers,
   atomic per-layer artifacts and resume; the memory-cap sweep;
 * ``hdamoe place`` and ``hdamoe sweep-mem`` are commands of the application layer

@@ -576,6 +576,13 @@ def _add_place_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_place_common(p)
     p.add_argument("--rho-mem", type=positive_float, default=None,
                    help="memory-capacity cap factor ρ_mem (Eq. 10; None = off)")
+    p.add_argument("--method", default="pipeline", choices=("pipeline", "eplb"),
+                   help="pipeline: the HD-MoE offline pipeline (Alg. 2); eplb: redundant experts "
+                   "by load (baselines.eplb; slots per node from --rho-mem, writes "
+                   "placement_eplb.npz)")
+    p.add_argument("--node-groups", type=positive_int, default=1,
+                   help="eplb: node groups of consecutive nodes (1 = global policy; the mesh "
+                   "rows X = hierarchical)")
     p.set_defaults(func=place.run_place)
     return p
 

@@ -1,5 +1,10 @@
 """Command-line front ends of the offline placement pipeline: ``hdamoe place`` and ``sweep-mem``.
 
+``hdamoe place --method eplb`` runs the EPLB redundant-expert baseline (``baselines.eplb``)
+instead of the pipeline: ``placement_eplb.npz`` in ``--out`` and a per-layer table of the expected
+max/mean node load of EP and EPLB (the placement always covers every layer; ``--layers`` selects
+the rows of the table).
+
 ``hdamoe_env.app.cli`` defines the parsers; their ``func`` is :func:`run_place` / :func:`run_sweep`,
 which return the process exit code. Progress goes to stderr (tqdm when installed); the final
 per-layer table (TP, EP, hybrid, Node Balance, Node+Link Balance: compute, communication and
@@ -68,6 +73,8 @@ def run_place(args: argparse.Namespace) -> int:
     """Run ``hdamoe place``; return the exit code."""
     config = _config(args, args.rho_mem)
     trace = load_trace(config)
+    if getattr(args, "method", "pipeline") == "eplb":
+        return _run_eplb(args, config, trace)
     todo = parse_layers(args.layers, config.model_spec.num_moe_layers)
     bar = progress_bar(len(todo), "layers", unit="layer")
 
@@ -89,6 +96,51 @@ def run_place(args: argparse.Namespace) -> int:
     if args.json:
         _write_rows(args.json, shown.table_rows())
     return 0
+
+
+def _run_eplb(args: argparse.Namespace, config: PlaceConfig, trace: Any) -> int:
+    """``hdamoe place --method eplb``: EPLB on the trace's frequencies, one file, a table."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from baselines.eplb import eplb, eplb_placement, eplb_slots, expected_node_load
+    from hdamoe_env.errors import OutputPathError
+
+    model, hw = config.model_spec, config.hardware
+    out = Path(args.out) / "placement_eplb.npz"
+    if out.exists() and not getattr(args, "force", False):
+        raise OutputPathError(f"{str(out)!r} already exists and would be replaced; pass --force "
+                              "or choose another --out")
+    rows = trace.view(config.view)
+    freqs = np.stack([trace.layer_frequencies(layer, rows)
+                      for layer in range(model.num_moe_layers)])
+    slots = eplb_slots(model.num_experts, hw.num_nodes, rho_mem=config.rho_mem, model=model,
+                       hw=hw, conv=config.conv)
+    result = eplb(freqs, hw.num_nodes, slots, num_node_groups=args.node_groups)
+    placement = eplb_placement(result, trace_id=trace.trace_id, rho_mem=config.rho_mem,
+                               model=model.key, mesh=list(config.mesh))
+    ep = expected_node_load(_ep(config), freqs)
+    load = expected_node_load(placement, freqs)
+    todo = parse_layers(args.layers, model.num_moe_layers)
+    lines = [[str(layer), str(int(result.counts[layer].max())),
+              f"{ep[layer].max() / ep[layer].mean():.3f}",
+              f"{load[layer].max() / load[layer].mean():.3f}"] for layer in todo]
+    print(render_table(["layer", "max copies", "EP max/mean", "EPLB max/mean"], lines))
+    placement.save(out)
+    print(f"\nEPLB: S={slots} slots per node, {int(result.counts[0].sum())} physical experts "
+          f"per layer, {args.node_groups} node group(s); placement written to {out}")
+    if args.json:
+        _write_rows(args.json, [dict(zip(("layer", "max_copies", "ep_max_over_mean",
+                                          "eplb_max_over_mean"), row)) for row in lines])
+    return 0
+
+
+def _ep(config: PlaceConfig) -> Any:
+    """Return the EP placement of the configuration (seeded by its seed), for comparison."""
+    from hdamoe_env.placement import placement_by_name
+
+    return placement_by_name("ep", config.model_spec, config.hardware.num_nodes, config.seed)
 
 
 def run_sweep(args: argparse.Namespace) -> int:

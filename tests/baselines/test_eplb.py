@@ -188,3 +188,21 @@ def test_store_resolves_eplb(nb_model, hw22, make_trace):
     assert (pl.copies().sum(axis=1) == 8).all()               # D·S = 4·2 physical experts
     check_memory(pl, nb_model, hw22, get_profile("faithful"), rho_mem=2.0)
     assert store.get("eplb")[0] is pl                         # kept in memory
+
+
+def test_place_method_eplb_cli(tmp_path, capsys):
+    """Mixtral (E=8) on a 2x2 mesh, rho_mem 1.5: S = floor(1.5·8/4) = 3, 12 physical experts."""
+    from hdamoe_env.app.cli import main as hdamoe_main
+
+    argv = ["place", "--model", "mixtral", "--mesh", "2x2", "--requests", "2", "--method",
+            "eplb", "--rho-mem", "1.5", "--layers", "0-1", "--out", str(tmp_path)]
+    assert hdamoe_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "EPLB max/mean" in out and "S=3" in out and "12 physical experts" in out
+    pl = Placement.load(tmp_path / "placement_eplb.npz")
+    assert pl.method == "eplb" and (pl.copies().sum(axis=1) == 12).all()
+    assert hdamoe_main(argv) == 2                              # refuses to overwrite
+    assert "already exists" in capsys.readouterr().err
+    # whole copies of 8 experts on 32 nodes do not fit rho_mem 1.5: one-line typed error
+    assert hdamoe_main([*argv[:4], "4x8", *argv[5:-1], str(tmp_path / "b")]) == 2
+    assert "rho_mem >= 4" in capsys.readouterr().err
