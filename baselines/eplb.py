@@ -568,7 +568,7 @@ def eplb_dynamic(step_counts: ArrayLike, period: int, num_nodes: int, slots_per_
         results.append(res)
         starts.append(t)
     placements = tuple(eplb_placement(r, method="eplb-dynamic", start_step=s, period=N)
-                       for r, s in zip(results, starts))
+                       for r, s in zip(results, starts, strict=True))
     return EplbSchedule(tuple(starts), placements, tuple(results), tuple(all_moves))
 
 

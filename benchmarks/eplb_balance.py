@@ -8,8 +8,8 @@ of the ratio over layers (and its worst layer) for EP (seed 0) and EPLB at each 
 is infeasible (S < ⌈E/D⌉) are skipped with the reason; ``--slots`` gives S directly.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/eplb_balance.py --model deepseek-v2-lite``
-or ``... --model mixtral-8x7b --trace ../shared/reference-traces/mixtral/experts_reasoning_mixtral.json
---slots 1``.
+or ``... --model mixtral-8x7b --rho 4,8
+--trace ../shared/reference-traces/mixtral/experts_reasoning_mixtral.json``.
 """
 
 from __future__ import annotations

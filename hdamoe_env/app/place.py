@@ -131,8 +131,8 @@ def _run_eplb(args: argparse.Namespace, config: PlaceConfig, trace: Any) -> int:
     print(f"\nEPLB: S={slots} slots per node, {int(result.counts[0].sum())} physical experts "
           f"per layer, {args.node_groups} node group(s); placement written to {out}")
     if args.json:
-        _write_rows(args.json, [dict(zip(("layer", "max_copies", "ep_max_over_mean",
-                                          "eplb_max_over_mean"), row)) for row in lines])
+        keys = ("layer", "max_copies", "ep_max_over_mean", "eplb_max_over_mean")
+        _write_rows(args.json, [dict(zip(keys, row, strict=True)) for row in lines])
     return 0
 
 
