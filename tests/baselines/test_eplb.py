@@ -19,7 +19,7 @@ from baselines.eplb import (
     simulate_moves,
 )
 from baselines.store import PlacementStore, StoreConfig
-from hdamoe_env.errors import InfeasibleError
+from hdamoe_env.errors import ConfigError, InfeasibleError
 from hdamoe_env.placement import Placement, check_memory, expert_parallel
 from hdamoe_env.profiles import get_profile
 from hdamoe_env.topology import make_topology
@@ -157,7 +157,7 @@ def test_dynamic_no_moves_when_loads_constant():
 def test_dynamic_moves_turn_old_into_new(rng):
     steps = rng.gamma(0.3, size=(9, 2, 12)) * 10
     sched = eplb_dynamic(steps, period=3, num_nodes=6, slots_per_node=3,
-                         initial_loads=np.ones((2, 12)))
+                         initial_loads=np.ones((2, 12)), mode="full")
     for k, moves in enumerate(sched.moves):
         old, new = sched.results[k].holds, sched.results[k + 1].holds
         assert len(moves) == int((new & ~old).sum())
@@ -165,6 +165,35 @@ def test_dynamic_moves_turn_old_into_new(rng):
         # relabelling never does worse than the raw EPLB labels
         raw = eplb(steps[3 * k:3 * k + 3].sum(axis=0), 6, 3).holds
         assert len(moves) <= int((raw & ~old).sum())
+
+
+def test_dynamic_incremental_moves_only_what_changed():
+    """E = 4, D = 4, S = 2; uniform start: 2 copies each, nodes {0,2} {0,2} {1,3} {1,3}.
+
+    The window then sees loads [10, 1, 1, 1]: replication of 8 copies (cap 4 per expert) gives
+    counts [4, 2, 1, 1] (expert 0: 10 → 5 → 3.33 → 2.5 per copy, then capped; expert 1 next).
+    Expert 2 drops its copy on node 0 (the most loaded holder, ties: lower id), expert 3 on
+    node 2; expert 0 takes node 2's free slot; node 0's free slot holds expert 0 already, so
+    expert 1 moves from node 3 to node 0 and expert 0 takes node 3: 3 moves (no 2-move
+    solution exists from this start). Nodes {0,1} {0,2} {0,1} {0,3} with per-copy loads 2.5,
+    0.5, 1, 1: max 3.5 (before: 10 + 1 = 11 per node holding expert 0, window loads ÷ 2).
+    """
+    start = np.ones((1, 4))
+    steps = np.tile(np.array([10.0, 1.0, 1.0, 1.0]), (6, 1))
+    sched = eplb_dynamic(steps, period=2, num_nodes=4, slots_per_node=2, initial_loads=start)
+    old, new = sched.results[0].holds[0], sched.results[1].holds[0]
+    assert old.sum(axis=1).tolist() == [2, 2, 2, 2]
+    assert new.sum(axis=1).tolist() == [4, 2, 1, 1]
+    assert new.sum(axis=0).max() <= 2
+    assert [(m.expert, m.dst) for m in sched.moves[0]] == [(0, 2), (0, 3), (1, 0)]
+    assert sched.moves[1] == ()                                # steady loads: nothing moves
+    w = np.array([10.0, 1, 1, 1]) / new.sum(axis=1)
+    assert (w @ new).max() == pytest.approx(3.5)
+    full = eplb_dynamic(steps, period=2, num_nodes=4, slots_per_node=2, initial_loads=start,
+                        mode="full")
+    assert len(full.moves[0]) >= len(sched.moves[0])
+    with pytest.raises(ConfigError, match="rebalance mode"):
+        eplb_dynamic(steps, period=2, num_nodes=4, slots_per_node=2, mode="sticky")
 
 
 def test_move_cost_on_the_noc(hw22):
