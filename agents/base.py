@@ -19,7 +19,6 @@ convenience that reads those specs from an env instance (it does not keep the en
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np

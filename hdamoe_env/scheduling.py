@@ -387,8 +387,10 @@ def replica_expected_shares(P: ArrayLike, replicas: ArrayLike | None) -> NDArray
 
 
 def _largest_remainder(fracs: list[float], total: int) -> list[int]:
-    """Split ``total`` items by ``fracs`` (Σ = 1): floors, then the largest remainders first
-    (ties: the lower index)."""
+    """Split ``total`` items by ``fracs`` (Σ = 1) by largest remainder.
+
+    Floors first, then one more item for each of the largest remainders (ties: the lower index).
+    """
     quota = [f * total for f in fracs]
     base = [math.floor(q + 1e-12) for q in quota]
     left = total - sum(base)
@@ -398,14 +400,14 @@ def _largest_remainder(fracs: list[float], total: int) -> list[int]:
     return base
 
 
-def dispatch_replicas(token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, w: float, *,
-                      rule: str = "least_loaded", fractions: ArrayLike | None = None,
-                      hops: ArrayLike | None = None, pi: ArrayLike | None = None,
-                      initial_flops: ArrayLike | None = None, compute_flops: float = 1.0,
-                      stream_s: float = 0.0,
-                      tile_time: Callable[[NDArray[np.float64], NDArray[np.float64]],
-                                          NDArray[np.float64]] | None = None
-                      ) -> DispatchResult:
+def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept together
+        token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, w: float, *,
+        rule: str = "least_loaded", fractions: ArrayLike | None = None,
+        hops: ArrayLike | None = None, pi: ArrayLike | None = None,
+        initial_flops: ArrayLike | None = None, compute_flops: float = 1.0,
+        stream_s: float = 0.0,
+        tile_time: Callable[[NDArray[np.float64], NDArray[np.float64]],
+                            NDArray[np.float64]] | None = None) -> DispatchResult:
     """Choose, for every token of a replicated expert, the one copy that computes it.
 
     A replicated expert e (``replicas[e].any()`` and a non-zero row ``P[e]``; a zero row is a

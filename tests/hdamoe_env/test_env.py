@@ -536,7 +536,7 @@ def test_prebroadcast_with_zero_alpha_uses_finite_chunks():
 
 
 # ------------------------------------------------------------------------------ redundant experts
-def _replicated_ep() -> "Placement":
+def _replicated_ep():
     from hdamoe_env.placement import Placement
 
     ep = expert_parallel(TINY.num_moe_layers, E, 4, np.random.default_rng(0))
@@ -569,7 +569,7 @@ def test_replicated_env_steps_with_every_rule_and_every_sampled_action():
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
     np.testing.assert_array_equal(obs["replicas"], (pl.P[0] + pl.replicas[0]).astype(np.float32))
-    for idx, rule in enumerate(env.replica_rules):
+    for rule in env.replica_rules:
         a = lay.encode(replica_rule=rule)
         _, _, term, _, info = env.step(a)
         assert info["replica_rule"] == rule and np.isfinite(info["total_us"])
