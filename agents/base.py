@@ -18,6 +18,7 @@ convenience that reads those specs from an env instance (it does not keep the en
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -104,7 +105,24 @@ class BaseAgent:
     def from_env(cls, env: Any, **kwargs: Any) -> BaseAgent:
         """Build the agent with the specs of ``env`` (``kwargs`` override them)."""
         specs = env_specs(env)
-        return cls(**_accepted(cls, {**specs, **kwargs}))
+        agent = cls(**_accepted(cls, {**specs, **kwargs}))
+        rules = ActionLayout.from_env(getattr(env, "unwrapped", env)).replica_rules
+        if rules:
+            agent.adopt_replica_rules(rules)
+        return agent
+
+    def adopt_replica_rules(self, rules: tuple[str, ...]) -> None:
+        """Extend the layout by the env's replica-rule dimension (placements with replicas).
+
+        The agent then always answers index 0, the env's default ``replica_rule``; cached
+        action templates of subclasses get that trailing 0.
+        """
+        old = self.layout.size
+        self.layout = dataclasses.replace(self.layout, replica_rules=tuple(rules))
+        for name in ("_action", "_template"):
+            cached = getattr(self, name, None)
+            if isinstance(cached, np.ndarray) and cached.shape == (old,):
+                setattr(self, name, np.append(cached, np.int64(0)))
 
     def act(self, observation: Observation,
             mask: list[NDArray[np.bool_]] | None = None) -> NDArray[np.int64]:
@@ -221,6 +239,8 @@ class RandomAgent(BaseAgent):
             masks.append(m)
         masks.append(np.ones(len(lay.dispatch_rules), dtype=bool))
         masks.append(np.ones(len(lay.gating_levels), dtype=bool))
+        if lay.replica_rules:
+            masks.append(np.ones(len(lay.replica_rules), dtype=bool))
         return masks
 
     def act(self, observation: Observation,
@@ -228,7 +248,7 @@ class RandomAgent(BaseAgent):
         """Draw a random valid action."""
         lay = self.layout
         masks = self._default_mask(observation) if mask is None else mask
-        action = np.empty(lay.max_broadcast + 2, dtype=np.int64)
+        action = np.empty(lay.size, dtype=np.int64)
         used: set[int] = set()
         for slot in range(lay.max_broadcast):
             allowed = np.flatnonzero(masks[slot])
@@ -239,7 +259,7 @@ class RandomAgent(BaseAgent):
             action[slot] = value
             if value != lay.none:
                 used.add(value)
-        for dim in (lay.max_broadcast, lay.max_broadcast + 1):
+        for dim in range(lay.max_broadcast, lay.size):
             allowed = np.flatnonzero(masks[dim])
             action[dim] = int(self.rng.choice(allowed)) if allowed.size else 0
         return action

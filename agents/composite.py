@@ -61,12 +61,14 @@ class CompositeAgent(BaseAgent):
             mask: list[NDArray[np.bool_]] | None = None) -> NDArray[np.int64]:
         """Return the combined action."""
         lay = self.layout
-        action = np.full(lay.max_broadcast + 2, lay.none, dtype=np.int64)
+        action = lay.noop()                # replica rule (with replicas): the env's default
         if self.broadcast is not None:
             chosen = self.broadcast.choose_broadcast(observation, mask)
             action[: len(chosen)] = chosen
-        action[-2] = 0 if self.dispatch is None else self.dispatch.choose_rule(observation)
-        action[-1] = self._off if self.gating is None else self.gating.choose_level(observation)
+        action[lay.rule_slot] = 0 if self.dispatch is None \
+            else self.dispatch.choose_rule(observation)
+        action[lay.level_slot] = self._off if self.gating is None \
+            else self.gating.choose_level(observation)
         return action
 
 

@@ -88,5 +88,5 @@ class HardwareAwareGatingAgent(BaseAgent):
             mask: list[NDArray[np.bool_]] | None = None) -> NDArray[np.int64]:
         """Return no pre-broadcast, the dispatch rule and the chosen gating level."""
         action = self._action.copy()
-        action[-1] = self.choose_level(observation)
+        action[self.layout.level_slot] = self.choose_level(observation)
         return action

@@ -131,10 +131,10 @@ class ResidualHDA:
         slots = (keep, keep[:-1] if keep else None, () if len(keep) >= 2 else None, swap)
         mask = np.zeros(int(self.nvec.sum()), dtype=bool)
         mask[: len(RESIDUAL_OPS)] = [s is not None for s in slots]
-        r0, g0 = int(base[-2]), int(base[-1])
+        r0, g0 = int(base[lay.rule_slot]), int(base[lay.level_slot])
         n_r, n_g = int(self.nvec[1]), int(self.nvec[2])
-        rules = np.ones(n_r, dtype=bool) if parts is None else parts[-2]
-        levels = np.ones(n_g, dtype=bool) if parts is None else parts[-1]
+        rules = np.ones(n_r, dtype=bool) if parts is None else parts[lay.rule_slot]
+        levels = np.ones(n_g, dtype=bool) if parts is None else parts[lay.level_slot]
         off = len(RESIDUAL_OPS)
         mask[off: off + n_r] = [bool(rules[(r0 + v) % n_r]) for v in range(n_r)]
         mask[off + n_r:] = [bool(levels[(g0 + v) % n_g]) for v in range(n_g)]
@@ -147,10 +147,13 @@ class ResidualHDA:
         chosen = choice.slots[int(a[0])] if 0 <= int(a[0]) < len(choice.slots) else None
         if chosen is None:
             chosen = choice.slots[0]
-        full = np.full(lay.max_broadcast + 2, lay.none, dtype=np.int64)
+        full = np.full(lay.size, lay.none, dtype=np.int64)
         full[: len(chosen)] = chosen
-        full[-2] = (int(choice.base[-2]) + int(a[1])) % int(self.nvec[1])
-        full[-1] = (int(choice.base[-1]) + int(a[2])) % int(self.nvec[2])
+        r, g = lay.rule_slot, lay.level_slot
+        full[r] = (int(choice.base[r]) + int(a[1])) % int(self.nvec[1])
+        full[g] = (int(choice.base[g]) + int(a[2])) % int(self.nvec[2])
+        if lay.replica_slot is not None:          # the reference's (the env's default) rule
+            full[lay.replica_slot] = int(choice.base[lay.replica_slot])
         return full
 
 

@@ -7,6 +7,11 @@ for the current layer (§10.5), E means "none"; then the index of the dispatch r
 index 0 = off, §11). :class:`ActionLayout` encodes and decodes such actions and splits the flat
 ``action_masks()`` vector per dimension.
 
+With a placement that has redundant experts (``Placement.replicas``) the env appends one more
+dimension, the index of the replica dispatch rule in ``replica_rules`` (``scheduling``'s
+``dispatch_replicas``); without replicas ``replica_rules`` is empty and the layout is exactly the
+one above. Index helpers: ``rule_slot``, ``level_slot``, ``replica_slot``.
+
 The layout is data about the env, so it lives in the core: the public wrappers
 (``hdamoe_env.wrappers``) and every agent (``agents.base`` re-exports it) read it. numpy only.
 """
@@ -36,15 +41,19 @@ class ActionLayout:
         max_broadcast: Number of pre-broadcast slots.
         dispatch_rules: Names of the dispatch rules, in action order.
         gating_levels: Gating levels (multiples of the default coefficients), index 0 = off.
+        replica_rules: Replica dispatch rules of the trailing dimension, in action order (index
+            0 = the env's default ``replica_rule``); empty = no such dimension (no replicas).
     """
 
     num_experts: int
     max_broadcast: int = 8
     dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES
     gating_levels: tuple[float, ...] = DEFAULT_GATING_LEVELS
+    replica_rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dispatch_rules", tuple(self.dispatch_rules))
+        object.__setattr__(self, "replica_rules", tuple(self.replica_rules))
         object.__setattr__(self, "gating_levels", tuple(float(v) for v in self.gating_levels))
         if self.num_experts < 1 or self.max_broadcast < 0:
             raise ConfigError(f"ActionLayout needs num_experts >= 1 and max_broadcast >= 0, got "
@@ -59,9 +68,31 @@ class ActionLayout:
 
     @property
     def nvec(self) -> NDArray[np.int64]:
-        """int64 [max_broadcast + 2] sizes of the ``MultiDiscrete`` dimensions."""
+        """int64 [size] sizes of the ``MultiDiscrete`` dimensions."""
+        tail = [len(self.replica_rules)] if self.replica_rules else []
         return np.array([self.num_experts + 1] * self.max_broadcast
-                        + [len(self.dispatch_rules), len(self.gating_levels)], dtype=np.int64)
+                        + [len(self.dispatch_rules), len(self.gating_levels)] + tail,
+                        dtype=np.int64)
+
+    @property
+    def size(self) -> int:
+        """Number of action dimensions: max_broadcast + 2 (+ 1 with replica rules)."""
+        return self.max_broadcast + 2 + (1 if self.replica_rules else 0)
+
+    @property
+    def rule_slot(self) -> int:
+        """Index of the dispatch-rule dimension (= max_broadcast)."""
+        return self.max_broadcast
+
+    @property
+    def level_slot(self) -> int:
+        """Index of the gating-level dimension (= max_broadcast + 1)."""
+        return self.max_broadcast + 1
+
+    @property
+    def replica_slot(self) -> int | None:
+        """Index of the replica-rule dimension (max_broadcast + 2), or None without one."""
+        return self.max_broadcast + 2 if self.replica_rules else None
 
     def rule_index(self, rule: str) -> int:
         """Return the action index of dispatch rule ``rule``.
@@ -89,7 +120,8 @@ class ActionLayout:
         return self.encode()
 
     def encode(self, broadcast: Any = (), dispatch_rule: str | None = None,
-               gating_level: float = 0.0) -> NDArray[np.int64]:
+               gating_level: float = 0.0, replica_rule: str | None = None
+               ) -> NDArray[np.int64]:
         """Build an action.
 
         Args:
@@ -97,16 +129,39 @@ class ActionLayout:
                 dropped); remaining slots are "none".
             dispatch_rule: Rule name (None: the first rule of the layout).
             gating_level: Gating level value (0.0 = off; the closest level is used).
+            replica_rule: Replica rule name (None: the first, the env's default); only with
+                ``replica_rules``.
 
         Returns:
-            int64 [max_broadcast + 2].
+            int64 [size].
+
+        Raises:
+            ConfigError: A rule the layout does not offer.
         """
-        action = np.full(self.max_broadcast + 2, self.none, dtype=np.int64)
+        action = np.full(self.size, self.none, dtype=np.int64)
         experts = [int(e) for e in broadcast][: self.max_broadcast]
         action[: len(experts)] = experts
-        action[-2] = 0 if dispatch_rule is None else self.rule_index(dispatch_rule)
-        action[-1] = self.level_index(gating_level)
+        action[self.rule_slot] = 0 if dispatch_rule is None else self.rule_index(dispatch_rule)
+        action[self.level_slot] = self.level_index(gating_level)
+        if self.replica_rules:
+            action[self.max_broadcast + 2] = (0 if replica_rule is None
+                                              else self.replica_rule_index(replica_rule))
+        elif replica_rule is not None:
+            raise ConfigError(f"replica rule {replica_rule!r} given but the env offers none (its "
+                              "placement has no replicas)")
         return action
+
+    def replica_rule_index(self, rule: str) -> int:
+        """Return the action index of replica rule ``rule``.
+
+        Raises:
+            ConfigError: The env does not offer the rule.
+        """
+        try:
+            return self.replica_rules.index(rule)
+        except ValueError:
+            raise ConfigError(f"replica rule {rule!r} is not offered by the env; expected one "
+                              f"of {list(self.replica_rules)}") from None
 
     def split_mask(self, mask: Any) -> list[NDArray[np.bool_]]:
         """Split a flat ``action_masks()`` vector into one bool array per dimension.
@@ -128,7 +183,9 @@ class ActionLayout:
         nvec = np.asarray(base.action_space.nvec)
         rules = tuple(getattr(base, "dispatch_rules", DEFAULT_DISPATCH_RULES))
         levels = tuple(getattr(base, "gating_levels", DEFAULT_GATING_LEVELS))
-        layout = cls(int(nvec[0]) - 1, int(nvec.size) - 2, rules, levels)
+        replica_rules = tuple(getattr(base, "replica_rules", ()))
+        layout = cls(int(nvec[0]) - 1, int(nvec.size) - 2 - (1 if replica_rules else 0), rules,
+                     levels, replica_rules)
         if not np.array_equal(layout.nvec, nvec):
             raise ConfigError(f"env action space nvec {nvec.tolist()} does not match the layout "
                               f"{layout.nvec.tolist()} built from its attributes")

@@ -61,11 +61,15 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     | 0 .. max_broadcast−1 | pre-broadcast slot: expert e < E, or E = none |
     | max_broadcast | dispatch rule: index into ``dispatch_rules`` |
     | max_broadcast + 1 | gating level: index into ``gating_levels`` |
+    | max_broadcast + 2 | only with redundant experts: replica rule, index into ``replica_rules`` |
 
     A slot value e < E replicates expert e on every node for the current layer (conceptually
     broadcast during the previous layer). The dispatch rule places the (token, broadcast expert)
     pairs (§10.6). A gating level multiplies the default (r_comp, r_comm) of §11.7 (0 = plain
-    top-k).
+    top-k). A placement with redundant experts (``Placement.replicas``) adds the last
+    dimension: the rule that sends each token of a replicated expert to one of its copies
+    (``scheduling.dispatch_replicas``; ``replica_rules``, index 0 = ``replica_rule``); without
+    replicas the space is exactly the one above.
 
     Masks (``action_masks()``, repeated in ``info["action_mask"]``; the flat concatenation of the
     per-dimension masks, for sb3-contrib's MaskablePPO; ``action_mask_tuple()`` gives them per
@@ -92,7 +96,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     | ``pred_load`` | [E] | [0, 1] | predicted tokens per expert ÷ B |
     | ``node_load`` | [D] | [0, D] | predicted expert load per node ÷ TP's load k·B·w/D |
     | ``link_busy`` | [num_links] | [0, 1] | previous layer's busy time per link ÷ its latency |
-    | ``replicas`` | [E, D] | [0, 1] | placement shares P_ic of the layer |
+    | ``replicas`` | [E, D] | [0, 1] | placement shares P_ic of the layer (+ 1 per redundant copy) |
     | ``layer`` | [1] | [0, 1] | l / (L − 1) |
     | ``budget`` | [1] | [0, 1] | k_b / max_broadcast (pre-broadcast slots available) |
 
@@ -100,7 +104,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     layer 0 (no prediction). ``link_busy`` covers the MoE messages (DES fidelity only; the
     analytic twin has no per-link traffic) plus the pre-broadcast traffic of the layer, is
     clipped to 1 and is 0 at layer 0. ``replicas`` is [E·D] row-major with
-    ``flatten_replicas=True``.
+    ``flatten_replicas=True``. With redundant experts ``replicas`` is the fraction of expert i's
+    weights held by node c (P_ic, or 1 on a replica node) and ``node_load`` splits a replicated
+    expert's predicted tokens evenly over its copies (``scheduling.replica_expected_shares``);
+    without replicas both are as before.
 
     ## Rewards
 
@@ -199,6 +206,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 (``invalid_action="coerce"`` implies ``"ignore"``).
             flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector (row-major) instead of
                 [E, D]; SB3's ``check_env`` warns about 2-D observations.
+            replica_rule: Default rule for the tokens of redundant experts (placements with
+                ``replicas``; ``"least_loaded"``): index 0 of the replica-rule dimension.
+            replica_rules: Replica rules offered in the action (``ENV_REPLICA_RULES`` =
+                least_loaded, nearest, round_robin).
 
         Raises:
             ConfigError: Any invalid argument (the message names it and the valid values).
@@ -262,6 +273,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                                             record_seed=False))
         self.sim.check_placement(self.placement)
         P = self.placement.P
+        reps = self.placement.replicas
+        self.replica_rules: tuple[str, ...] = (tuple(config.replica_rules) if reps is not None
+                                               else ())
 
         # --- gating coefficients
         gating_coefficients = config.gating_coefficients
@@ -314,7 +328,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._gamma_seed = int(config.gamma_seed)
 
         # --- spaces
-        self._nvec = np.array([E + 1] * self.max_broadcast + [len(rules), len(levels)],
+        tail = [len(self.replica_rules)] if self.replica_rules else []
+        self._nvec = np.array([E + 1] * self.max_broadcast + [len(rules), len(levels)] + tail,
                               dtype=np.int64)
         self._nvec_list = self._nvec.tolist()
         self._mask_splits = np.cumsum(self._nvec)[:-1]
@@ -329,11 +344,14 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "layer": spaces.Box(0.0, 1.0, (1,), np.float32),
             "budget": spaces.Box(0.0, 1.0, (1,), np.float32),
         })
-        self._replicas = [np.ascontiguousarray(P[layer], dtype=np.float32) for layer in range(L)]
+        held = P if reps is None else P + reps                 # a redundant copy holds 1
+        self._replicas = [np.ascontiguousarray(held[layer], dtype=np.float32)
+                          for layer in range(L)]
         if config.flatten_replicas:
             self._replicas = [r.ravel() for r in self._replicas]
         self._node_scale_all = np.ascontiguousarray(
-            P.transpose(0, 2, 1) * (D / (self.top_k * self.batch)))          # [L, D, E]
+            self.decisions.expected_shares.transpose(0, 2, 1)
+            * (D / (self.top_k * self.batch)))                                 # [L, D, E]
         broadcastable = (P > 0).sum(axis=2) < D                # [L, E]: not already everywhere
         self._masks = [self._layer_mask(int(self.k_b[layer]), broadcastable[layer])
                        for layer in range(L)]
@@ -383,6 +401,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "steps_per_episode": self.steps_per_episode, "trace_id": self.trace.trace_id,
             "score_kind": self.score_kind, "ref_bookkeeping": self.conv.ref_bookkeeping,
             "skip_zero_priority": self.conv.skip_zero_priority,
+            **({"replica_rules": list(self.replica_rules)} if self.replica_rules else {}),
         }
 
     def _layer_mask(self, kb: int, broadcastable: NDArray[np.bool_]) -> NDArray[np.bool_]:
@@ -390,7 +409,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         slots = np.zeros((self.max_broadcast, E + 1), dtype=bool)
         slots[:, E] = True
         slots[:kb, :E] = broadcastable
-        tail = np.ones(len(self.dispatch_rules) + len(self.gating_levels), dtype=bool)
+        tail = np.ones(len(self.dispatch_rules) + len(self.gating_levels)
+                       + len(self.replica_rules), dtype=bool)
         mask = np.concatenate([slots.ravel(), tail])
         mask.flags.writeable = False
         return mask
@@ -485,16 +505,18 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             raise ConfigError("step() called before reset() or after the episode ended; call "
                               "reset()")
         layer = self._layer
-        broadcast, rule_idx, level_idx = self._decode_action(action)
+        broadcast, rule_idx, level_idx, rep_idx = self._decode_action(action)
         rule = self.dispatch_rules[rule_idx]
         level = self.gating_levels[level_idx]
+        rep_rule = self.replica_rules[rep_idx] if self.replica_rules else "least_loaded"
         need_gamma = self.fidelity == "analytic" or self.measure_twin_error
         out = self.decisions.evaluate(
             layer, self._sets[layer], rng=self.np_random, broadcast=broadcast,
             dispatch_rule=rule, gating_level=level,
             candidates=self._candidates(layer) if level > 0 else None, fidelity=self.fidelity,
             gamma=self._gamma(layer) if need_gamma else None,
-            twin_rng=self._twin_rng if self.measure_twin_error else None)
+            twin_rng=self._twin_rng if self.measure_twin_error else None,
+            replica_rule=rep_rule)
         res, busy, bres, g = out.result, out.link_busy_s, out.broadcast, out.gating
         gstats = (0.0, 1.0, 1.0) if g is None else (g.changed_fraction, g.top1_retention,
                                                     g.score_mass_kept)
@@ -527,6 +549,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "balancedness": (1.0 if res.t_comp_compute_s <= 0 else float(
                 res.node_compute_s.sum()) / (self.num_nodes * res.t_comp_compute_s)),
         }
+        if self.replica_rules:
+            info["replica_rule"] = rep_rule
         if out.twin is not None:
             self._report_twin(info, res, out.twin)
         self.last_layer = res
@@ -575,8 +599,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 f"{info['dispatch_rule']}, gating x{info['gating_level']:g}")
 
     # ------------------------------------------------------------------ internals
-    def _decode_action(self, action: Any) -> tuple[list[int], int, int]:
-        """Validate an action and return (broadcast list, dispatch index, gating index)."""
+    def _decode_action(self, action: Any) -> tuple[list[int], int, int, int]:
+        """Validate an action; return (broadcast list, dispatch, gating, replica-rule index)."""
         n = self._nvec.size
         if type(action) is np.ndarray and action.dtype == np.int64 and action.shape == (n,):
             a = action                                   # the common case (SB3, agents)
@@ -584,7 +608,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             a = np.asarray(action)
         if a.shape != (n,):
             raise InvalidAction(f"action must have shape ({n},) = {self.max_broadcast} broadcast "
-                                f"slots + dispatch + gating, got shape {a.shape}")
+                                f"slots + dispatch + gating"
+                                + (" + replica rule" if self.replica_rules else "")
+                                + f", got shape {a.shape}")
         if a.dtype.kind not in "iu":
             if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
                 raise InvalidAction(f"action must hold integers, got {a.tolist()} (dtype "
@@ -617,13 +643,13 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                                         f"each expert may be broadcast once (use {E} = none)")
                 broadcast.append(v)
         self._coerced = tuple(coerced)
-        return broadcast, values[mb], values[mb + 1]
+        return broadcast, values[mb], values[mb + 1], values[mb + 2] if self.replica_rules else 0
 
     def _slot_name(self, i: int) -> str:
         mb = self.max_broadcast
         if i < mb:
             return f"broadcast slot {i}"
-        return "dispatch rule" if i == mb else "gating level"
+        return {mb: "dispatch rule", mb + 1: "gating level"}.get(i, "replica rule")
 
     def _mask_message(self, slot: int, value: int) -> str:
         E = self.num_experts
@@ -682,6 +708,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         digest.update(json.dumps(self.sim.describe(), sort_keys=True).encode())
         digest.update(P.tobytes())
         digest.update(self.placement.pi.tobytes())
+        if self.placement.replicas is not None:
+            digest.update(self.placement.replicas.tobytes())
         digest.update(f"{self.trace.trace_id}|{self.view}|{self.batch}|{self._gamma_seed}"
                       .encode())
         key = digest.hexdigest()

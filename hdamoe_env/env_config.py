@@ -25,17 +25,21 @@ from hdamoe_env.evaluator import FIDELITIES
 from hdamoe_env.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions, get_profile
-from hdamoe_env.scheduling import DISPATCH_RULES
+from hdamoe_env.scheduling import DISPATCH_RULES, REPLICA_RULES
 from hdamoe_env.sources import load_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
 
-__all__ = ["INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES", "EnvConfig"]
+__all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES",
+           "EnvConfig"]
 
 PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
 INVALID_ACTION_MODES = ("raise", "coerce")
 DUPLICATE_MODES = ("raise", "ignore")
 RENDER_MODES = ("ansi",)
+#: Replica rules the env can offer: ``"shares"`` needs per-copy fractions, which the discrete
+#: action does not carry.
+ENV_REPLICA_RULES = tuple(r for r in REPLICA_RULES if r != "shares")
 
 
 def _positive_int(name: str, value: Any, minimum: int, what: str) -> int:
@@ -97,6 +101,10 @@ class EnvConfig:
             ``InvalidAction``). Out-of-space actions raise in both modes.
         duplicates: ``"raise"`` or ``"ignore"``.
         flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector.
+        replica_rule: Default dispatch rule of redundant experts (placements with
+            ``replicas``): action index 0 of the replica-rule dimension.
+        replica_rules: Replica rules offered in the action (placements with ``replicas``),
+            subset of ``ENV_REPLICA_RULES``; the env orders them ``replica_rule`` first.
     """
 
     model: str | ModelSpec = "deepseek-v2-lite"
@@ -138,6 +146,8 @@ class EnvConfig:
     invalid_action: str = "coerce"
     duplicates: str = "raise"
     flatten_replicas: bool = False
+    replica_rule: str = "least_loaded"
+    replica_rules: Sequence[str] = ENV_REPLICA_RULES
 
     def __post_init__(self) -> None:  # noqa: C901 - one check per argument, in order
         set_ = object.__setattr__  # frozen: resolved values are set once, here
@@ -167,6 +177,16 @@ class EnvConfig:
         if not rules:
             raise ConfigError("dispatch_rules must name at least one rule")
         set_(self, "dispatch_rules", rules)
+        for rule in (self.replica_rule, *self.replica_rules):
+            if rule == "shares":
+                raise ConfigError("replica rule 'shares' needs per-copy fractions, which the env's "
+                                  "discrete action does not carry; use it through "
+                                  "DecisionEvaluator.evaluate(replica_fractions=...) or pick one "
+                                  f"of {list(ENV_REPLICA_RULES)}")
+            if rule not in ENV_REPLICA_RULES:
+                raise unknown_name("replica rule", rule, ENV_REPLICA_RULES)
+        ordered = tuple(dict.fromkeys((self.replica_rule, *self.replica_rules)))
+        set_(self, "replica_rules", ordered)
         levels = tuple(float(x) for x in self.gating_levels)
         if not levels or any(not (math.isfinite(x) and x >= 0) for x in levels):
             raise ConfigError(f"gating_levels must be finite multipliers >= 0, got {levels}")

@@ -9,6 +9,11 @@ holder bitmasks, TP detection, t_nm) and per-batch constants (message sizes, TP 
 are computed once; ``evaluate`` does no input validation (the public entry
 ``MoESimulator.layer_sampled`` validates, then calls the same code).
 
+Redundant experts (``Placement.replicas``): ``evaluate`` runs the replica dispatch of
+``scheduling.dispatch_replicas`` on the layer's shares (after any broadcast dispatch the caller
+passed in ``P_layer``/``extra_*``) and charges its work, streaming and extra holders like the
+broadcast replicas; without replicas nothing changes.
+
 The simulator module imports this one (style.md §2: evaluator sits just below the simulator);
 this module reads a simulator only through the ``SimulatorParts`` protocol.
 """
@@ -23,7 +28,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import collectives, linksim, nonmoe, perf
+from hdamoe_env import collectives, linksim, nonmoe, perf, scheduling
 from hdamoe_env.errors import ConfigError
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions
@@ -182,10 +187,10 @@ class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
-                 "pi", "support", "tile_work")
+                 "pi", "rep_holders", "rep_tile_work", "replicas", "support", "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
-                 is_tp: bool) -> None:
+                 is_tp: bool, replicas: NDArray[np.bool_] | None = None) -> None:
         self.P = np.ascontiguousarray(P)
         self.support = self.P > 0
         self.pi = np.ascontiguousarray(pi, dtype=np.int64)
@@ -196,6 +201,11 @@ class _LayerConst:
         self.tile_work: NDArray[np.float64] | None = None   # [2E, D] tile model (evaluator)
         self._holders: linksim.HolderTable | None = None
         self._bitmask: NDArray[np.uint64] | None | bool = False
+        self.replicas = replicas                          # bool [E, D] or None
+        # the replica-dispatched shares are the same every step: cache their tile matrix and
+        # holder table (keyed by the bytes of the zeroed shares)
+        self.rep_tile_work: tuple[bytes, NDArray[np.float64]] | None = None
+        self.rep_holders: tuple[bytes, linksim.HolderTable] | None = None
 
     @property
     def holders(self) -> linksim.HolderTable:
@@ -247,10 +257,16 @@ class LayerEvaluator:
         tp_share = 1.0 / placement.num_nodes
         wanted = range(placement.num_layers) if layers is None else layers
         self.layers: list[_LayerConst | None] = [None] * placement.num_layers
+        reps = placement.replicas
         for layer in wanted:
             self.layers[layer] = _LayerConst(
                 placement.P[layer], placement.pi[layer], sim.nonmoe(self.batch, layer),
-                bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)))
+                bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)),
+                None if reps is None or not reps[layer].any() else reps[layer])
+        self.w_flops = perf.expert_flops(model, conv)
+        self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+                         if conv.weight_streaming else 0.0)
+        self._hops: NDArray[np.int64] | None = None
 
     @property
     def tp_allreduce(self) -> collectives.AllReduce:
@@ -264,6 +280,51 @@ class LayerEvaluator:
         """TP all-reduce time of one layer at this batch (§5.6), seconds."""
         return self.tp_allreduce.time_s
 
+    def has_replicas(self, layer: int) -> bool:
+        """Return whether ``layer`` has redundant expert copies (``Placement.replicas``)."""
+        const = self.layers[layer]
+        return const is not None and const.replicas is not None
+
+    def _replica_tile_time(self, tokens: NDArray[np.float64], shares: NDArray[np.float64]
+                           ) -> NDArray[np.float64]:
+        """Tile-model seconds of shards holding ``shares`` of an expert with ``tokens`` each."""
+        return np.asarray(perf.gemm_tile_time(tokens, shares * self.model.expert_intermediate,
+                                              self.model, self.hw, self.conv), dtype=np.float64)
+
+    def dispatch_replicas(self, layer: int, token_sets: NDArray[np.int64], *,
+                          rule: str = "least_loaded", P_layer: NDArray[np.float64] | None = None,
+                          extra_compute_s: NDArray[np.float64] | None = None,
+                          fractions: NDArray[np.float64] | None = None
+                          ) -> scheduling.DispatchResult | None:
+        """Run the replica dispatch of one layer (``scheduling.dispatch_replicas``).
+
+        Args:
+            layer: MoE layer index.
+            token_sets: int64 [B, k] the executed sets.
+            rule: One of ``scheduling.REPLICA_RULES``.
+            P_layer: The layer's shares after a broadcast dispatch (broadcast rows zeroed;
+                those experts are not replica-dispatched), or None for the placement's.
+            extra_compute_s: The broadcast dispatch's work per node, seconds; it enters the
+                ``least_loaded`` / ``nearest`` loads as ``extra_compute_s · C`` FLOP.
+            fractions: float [E, 1 + D] per-copy fractions (``rule="shares"``).
+
+        Returns:
+            The dispatch, or None when the layer has no replicas.
+        """
+        const = self.layers[layer]
+        assert const is not None, f"layer {layer} constants were not built"
+        if const.replicas is None:
+            return None
+        if rule == "nearest" and self._hops is None:
+            self._hops = self.sim.topology.hop_counts()
+        return scheduling.dispatch_replicas(
+            token_sets, const.P if P_layer is None else P_layer, const.replicas, self.w_flops,
+            rule=rule, fractions=fractions, hops=self._hops, pi=const.pi,
+            initial_flops=(None if extra_compute_s is None
+                           else extra_compute_s * self.hw.compute_flops),
+            compute_flops=self.hw.compute_flops, stream_s=self.stream_s,
+            tile_time=self._replica_tile_time if self.tiled else None)
+
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *, rng: np.random.Generator,
                  fidelity: str = "des", gamma: float | None = None,
                  P_layer: NDArray[np.float64] | None = None,
@@ -271,8 +332,15 @@ class LayerEvaluator:
                  extra_holders: NDArray[np.int64] | None = None,
                  extra_compute_s: NDArray[np.float64] | None = None,
                  extra_stream_s: NDArray[np.float64] | None = None,
-                 extra_s: float = 0.0) -> LayerResult:
+                 extra_s: float = 0.0, replica_rule: str = "least_loaded",
+                 replica_fractions: NDArray[np.float64] | None = None,
+                 replica_dispatch: scheduling.DispatchResult | None = None) -> LayerResult:
         """Evaluate one layer of one decode step (arguments as ``MoESimulator.layer_sampled``).
+
+        With redundant experts in the layer, the replica dispatch (``dispatch_replicas`` with
+        ``replica_rule``, or the given ``replica_dispatch``) runs after the broadcast dispatch
+        described by ``P_layer`` / ``extra_*``, and its work, streaming and extra holders are
+        added to theirs.
 
         Args:
             layer: MoE layer index.
@@ -286,6 +354,11 @@ class LayerEvaluator:
             extra_compute_s: float [D] dispatched replica work per cluster, seconds.
             extra_stream_s: float [D] replica weight streaming per cluster, seconds.
             extra_s: Other time charged to the layer (broadcast excess), seconds.
+            replica_rule: Replica dispatch rule (``scheduling.REPLICA_RULES``), layers with
+                replicas only.
+            replica_fractions: float [E, 1 + D] per-copy fractions (``replica_rule="shares"``).
+            replica_dispatch: A replica dispatch already computed for these inputs (the
+                decision evaluator passes it to evaluate the twin on the same decisions).
 
         Returns:
             The layer's times.
@@ -296,10 +369,25 @@ class LayerEvaluator:
         const = self.layers[layer]
         assert const is not None, f"layer {layer} constants were not built"
         conv = self.conv
+        rep_key: bytes | None = None
+        if const.replicas is not None:
+            rep = replica_dispatch if replica_dispatch is not None else self.dispatch_replicas(
+                layer, token_sets, rule=replica_rule, P_layer=P_layer,
+                extra_compute_s=extra_compute_s, fractions=replica_fractions)
+            assert rep is not None
+            P_layer = rep.P_layer
+            rep_key = P_layer.tobytes()
+            extra_compute_s = rep.extra_compute_s if extra_compute_s is None \
+                else extra_compute_s + rep.extra_compute_s
+            extra_stream_s = rep.extra_stream_s if extra_stream_s is None \
+                else extra_stream_s + rep.extra_stream_s
+            if rep.extra_holders is not None:
+                extra_holders = rep.extra_holders if extra_holders is None \
+                    else np.concatenate([extra_holders, rep.extra_holders], axis=1)
         P = const.P if P_layer is None else P_layer
         counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
         if self.tiled:
-            compute = self._tiled_compute(const, P_layer, counts)
+            compute = self._tiled_compute(const, P_layer, counts, rep_key)
         else:
             compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
         if conv.weight_streaming:
@@ -322,9 +410,15 @@ class LayerEvaluator:
         if fidelity == "des":
             if P_layer is None:
                 support, holders = const.support, const.holders
+            elif rep_key is not None and const.rep_holders is not None \
+                    and const.rep_holders[0] == rep_key:
+                holders = const.rep_holders[1]
+                support = holders.support
             else:
                 support = P > 0
                 holders = linksim.HolderTable.from_shares(support)
+                if rep_key is not None:
+                    const.rep_holders = (rep_key, holders)
             t_d, t_c, t_moe, busy = simulate_moe_comm(
                 self.sim, layer, token_sets, self.msg, support, holders, const.pi, rng, agg,
                 extra_holders)
@@ -335,7 +429,10 @@ class LayerEvaluator:
             if gamma is None:
                 raise ConfigError("fidelity='analytic' needs gamma (fit it with "
                                   "hdamoe_env.calibrate.fit_gamma)")
-            peak = self._max_touch(token_sets, const, P_layer)
+            # replica copies are holders only through extra_holders: count them (layers with
+            # replicas only; the broadcast path keeps the paper's V_c of the zeroed shares)
+            peak = self._max_touch(token_sets, const, P_layer,
+                                   extra_holders if rep_key is not None else None)
             x = conv.kappa_a * (float(self.model.hidden_size) * peak) \
                 / self.sim.topology.bw_end_Bps
             t_moe = gamma * x * (2.0 if conv.gamma_combine_only else 1.0)
@@ -382,7 +479,8 @@ class LayerEvaluator:
         return nm + t_comp + self.t_tp
 
     def _tiled_compute(self, const: _LayerConst, P_layer: NDArray[np.float64] | None,
-                       counts: NDArray[np.float64]) -> NDArray[np.float64]:
+                       counts: NDArray[np.float64], rep_key: bytes | None = None
+                       ) -> NDArray[np.float64]:
         """Return the per-node expert compute [D] of one step under the tile model (PHYSICS.md).
 
         The same terms as ``perf.tiled_node_compute``: [padded rows, activity] @ [[padded
@@ -393,6 +491,10 @@ class LayerEvaluator:
             if const.tile_work is None:
                 const.tile_work = self._tile_matrix(const.P)
             mat = const.tile_work
+        elif rep_key is not None:
+            if const.rep_tile_work is None or const.rep_tile_work[0] != rep_key:
+                const.rep_tile_work = (rep_key, self._tile_matrix(P_layer))
+            mat = const.rep_tile_work[1]
         else:
             mat = self._tile_matrix(P_layer)
         E = self.num_experts
@@ -414,12 +516,20 @@ class LayerEvaluator:
 
     @staticmethod
     def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,
-                   P_layer: NDArray[np.float64] | None) -> float:
-        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| (the sampled V_c / h of Eq. 2)."""
+                   P_layer: NDArray[np.float64] | None,
+                   extra_holders: NDArray[np.int64] | None = None) -> float:
+        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| (the sampled V_c / h of Eq. 2).
+
+        With ``extra_holders`` [B, x] a token also touches its extra holder clusters.
+        """
         support = const.support if P_layer is None else P_layer > 0
         masks = const.bitmask if P_layer is None else _bitmask(support)
-        if masks is None:
-            return float(support[token_sets].any(axis=1).sum(axis=0).max(initial=0))
+        if masks is None or extra_holders is not None:
+            touch = support[token_sets].any(axis=1)                          # [B, D]
+            if extra_holders is not None:
+                r, j = np.nonzero(extra_holders >= 0)
+                touch[r, extra_holders[r, j]] = True
+            return float(touch.sum(axis=0).max(initial=0))
         touched = np.bitwise_or.reduce(masks[token_sets], axis=1)          # [B] uint64
         if sys.byteorder != "little":
             touched = touched.byteswap()

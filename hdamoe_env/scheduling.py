@@ -13,6 +13,9 @@ Implements paper-model.md §10 (paper §V-C):
   bookkeeping variants of §10.9 (``priority_broadcast``);
 * §10.6–10.7 — communication-efficient dispatch of (token, broadcast expert) pairs, replicas for
   one step, the all-k-broadcast case (``dispatch_broadcast``);
+* redundant experts of the placement (``Placement.replicas``, production practice, not in the
+  paper) — every token of a replicated expert is computed by exactly one copy, chosen by a
+  replica rule (``dispatch_replicas``, ``REPLICA_RULES``);
 * §10.8 — the pre-broadcast traffic as DES messages on the NoC links (``broadcast_messages``,
   ``simulate_broadcast``). The latency of a layer with dynamic scheduling is evaluated by the
   simulator's ``hdamoe_env.evaluator.LayerEvaluator``.
@@ -39,6 +42,7 @@ from hdamoe_env.topology import Topology
 
 __all__ = [
     "DISPATCH_RULES",
+    "REPLICA_RULES",
     "AliasSampler",
     "BroadcastPlan",
     "BroadcastResult",
@@ -48,12 +52,17 @@ __all__ = [
     "broadcast_slots",
     "broadcast_tree",
     "dispatch_broadcast",
+    "dispatch_replicas",
+    "merge_dispatch",
     "noisy_oracle_sets",
     "priority_broadcast",
+    "replica_expected_shares",
     "simulate_broadcast",
 ]
 
 DISPATCH_RULES = ("least_loaded", "first", "home")
+#: Rules choosing the copy of a replicated expert that computes a token (``dispatch_replicas``).
+REPLICA_RULES = ("least_loaded", "nearest", "round_robin", "shares")
 
 
 # ------------------------------------------------------------------------------ §10.3–10.4
@@ -201,6 +210,10 @@ class DispatchResult:
             (−1 = none), or None. With ``ref_bookkeeping`` only tokens whose experts are all
             broadcast get them (they have no other holder).
         orphans: bool [B] tokens all of whose k experts are broadcast.
+        copies: Replica dispatch only (``dispatch_replicas``): int64 [B, k] the copy of every
+            (token, slot) whose expert is replicated — 0 = the primary group, j ≥ 1 = the j-th
+            replica node in ascending node order — and −1 elsewhere; ``nodes`` then holds the
+            replica node, or the lowest node of the primary group. None for broadcast dispatch.
     """
 
     nodes: NDArray[np.int64]
@@ -210,6 +223,7 @@ class DispatchResult:
     P_layer: NDArray[np.float64]
     extra_holders: NDArray[np.int64] | None
     orphans: NDArray[np.bool_]
+    copies: NDArray[np.int64] | None = None
 
 
 _HOLDER_LISTS: dict[bytes, list[list[int]]] = {}
@@ -344,6 +358,259 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
         else np.asarray(tile_time(replica_tokens), dtype=np.float64).sum(axis=0)
     return DispatchResult(nodes, flops, extra_compute, extra_stream, P_layer,
                           extra_holders, orphans)
+
+
+# ------------------------------------------------------------------------------ redundant experts
+
+
+def replica_expected_shares(P: ArrayLike, replicas: ArrayLike | None) -> NDArray[np.float64]:
+    """Return the expected share of every expert's work per node when copies split it evenly.
+
+    An expert with n = 1 + Σ_c replicas[i, c] copies puts P_ic / n of its tokens' work on a
+    primary node c and 1 / n on each replica node (the expectation of ``round_robin``, and of
+    any rule that balances the copies). Rows still sum to 1; without replicas this is ``P``.
+
+    Args:
+        P: float [..., E, D] shares of the primary copies.
+        replicas: bool [..., E, D] replica mask, or None.
+
+    Returns:
+        float64 [..., E, D].
+    """
+    shares = np.asarray(P, dtype=np.float64)
+    if replicas is None:
+        return shares
+    reps = np.asarray(replicas, dtype=bool)
+    copies = 1.0 + reps.sum(axis=-1, keepdims=True)
+    out: NDArray[np.float64] = (shares + reps) / copies
+    return out
+
+
+def _largest_remainder(fracs: list[float], total: int) -> list[int]:
+    """Split ``total`` items by ``fracs`` (Σ = 1) by largest remainder.
+
+    Floors first, then one more item for each of the largest remainders (ties: the lower index).
+    """
+    quota = [f * total for f in fracs]
+    base = [math.floor(q + 1e-12) for q in quota]
+    left = total - sum(base)
+    order = sorted(range(len(fracs)), key=lambda j: (-(quota[j] - base[j]), j))
+    for j in order[:max(left, 0)]:
+        base[j] += 1
+    return base
+
+
+def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept together
+        token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, w: float, *,
+        rule: str = "least_loaded", fractions: ArrayLike | None = None,
+        hops: ArrayLike | None = None, pi: ArrayLike | None = None,
+        initial_flops: ArrayLike | None = None, compute_flops: float = 1.0,
+        stream_s: float = 0.0,
+        tile_time: Callable[[NDArray[np.float64], NDArray[np.float64]],
+                            NDArray[np.float64]] | None = None) -> DispatchResult:
+    """Choose, for every token of a replicated expert, the one copy that computes it.
+
+    A replicated expert e (``replicas[e].any()`` and a non-zero row ``P[e]``; a zero row is a
+    broadcast expert, handled by ``dispatch_broadcast``) has copies, in this order: copy 0 =
+    the primary group (every cluster with P_ec > 0: one node for a whole expert, several for a
+    sharded one) and copy j ≥ 1 = the j-th replica node (ascending). Experts are handled in
+    ascending id order, their tokens in batch order. Fluid loads start from the work of the
+    experts that are not replicated, L_c = Σ_{i not replicated} P_ic·n_i·w (+ ``initial_flops``,
+    e.g. the broadcast dispatch), and a chosen copy adds P_ec·w to every primary node c (the
+    primary group) or w to the replica node. Rules:
+
+    * ``"least_loaded"`` (greedy per token, as §10.6): the copy minimising its busiest node
+      after the token, max_{c ∈ copy} (L_c + share_c·w); ties: the lower copy index.
+    * ``"nearest"`` [decision]: anchors A_t = the clusters holding a share of the token's other
+      experts in the returned ``P_layer`` (neither replicated nor broadcast) plus the nodes of
+      the copies already chosen for the token's other replicated experts. A node x of a copy
+      costs 0 if x ∈ A_t (its message is pre-combined with one the token sends anyway), else the
+      mean hop count from x to the anchors (the expected distance to the aggregator, which is
+      drawn among the holders); a copy costs the sum over its nodes (one message per node). The
+      copy of least cost wins; ties (always when A_t is empty) are broken by ``least_loaded``,
+      then by the lower copy index. Hops: ``hops[pi[x], pi[a]]``.
+    * ``"round_robin"``: the j-th token of e (batch order) goes to copy j mod (number of
+      copies).
+    * ``"shares"``: ``fractions[e]`` gives the fraction of e's tokens per copy — column 0 the
+      primary group, column 1 + c the replica on node c (ignored where there is none;
+      renormalised over the copies; all zero means even). The n_e tokens are split by largest
+      remainder (floors, then the largest fractional parts, ties to the lower copy) and assigned
+      in batch order: the first q_0 tokens to copy 0, the next q_1 to copy 1, and so on. This is
+      the rule a learned policy sets.
+
+    Charged work: the primary group computes its n_p tokens share-wise (node c: P_ec·n_p·w, or
+    under the tile model ``tile_time(n_p, P_ec)`` — the shard's GEMMs, docs/PHYSICS.md §4), a
+    replica node computes the whole expert (``tile_time(n_r, 1)``, I columns). Weight streaming:
+    a copy that computes at least one token streams its weights once (P_ec·``stream_s`` on a
+    primary node, ``stream_s`` on a replica node). Communication: every node of a chosen copy
+    joins the token's holder set (``extra_holders``); a token all of whose experts are
+    replicated or broadcast aggregates on one of them (``linksim.choose_aggregators``).
+
+    Args:
+        token_sets: int [B, k] expert sets of the layer (batch order).
+        P: float [E, D] shares of the layer (broadcast rows already zeroed).
+        replicas: bool [E, D] replica mask of the layer.
+        w: Work per (token, expert), FLOP.
+        rule: One of ``REPLICA_RULES``.
+        fractions: float [E, 1 + D] per-copy fractions (``"shares"`` only).
+        hops: int [N, N] hop counts between endpoints (``"nearest"`` only,
+            ``Topology.hop_counts``).
+        pi: int [D] endpoint of every cluster (``"nearest"``; identity by default).
+        initial_flops: float [D] work already on every node (FLOP) before the replicated
+            experts, e.g. the broadcast dispatch.
+        compute_flops: C, FLOP/s (fluid charge).
+        stream_s: W_e / BW_mem, seconds (0 without weight streaming).
+        tile_time: Optional tile model: maps (tokens [R, D], shares [R, D]) to seconds [R, D]
+            of a shard holding ``share`` of an expert (1 = a whole replica) with that many
+            tokens; the charged ``extra_compute_s`` is then its sum over the copies.
+
+    Returns:
+        A ``DispatchResult``: ``P_layer`` with the replicated rows zeroed, the charged
+        ``extra_compute_s`` / ``extra_stream_s`` [D], ``extra_holders`` [B, x] and ``copies``.
+
+    Raises:
+        ConfigError: Unknown rule, bad shapes, or a rule's input missing.
+    """
+    if rule not in REPLICA_RULES:
+        raise unknown_name("replica rule", rule, REPLICA_RULES)
+    shares = np.ascontiguousarray(P, dtype=np.float64)
+    reps = np.asarray(replicas, dtype=bool)
+    sets = np.asarray(token_sets, dtype=np.int64)
+    if shares.ndim != 2 or reps.shape != shares.shape or sets.ndim != 2:
+        raise ConfigError(f"dispatch_replicas needs P [E, D], replicas of the same shape and "
+                          f"token_sets [B, k]; got {shares.shape}, {reps.shape}, {sets.shape}")
+    num_experts, num_nodes = shares.shape
+    num_tokens, top_k = sets.shape
+    frac = None
+    if rule == "shares":
+        if fractions is None:
+            raise ConfigError("replica rule 'shares' needs fractions [E, 1 + D] (column 0 the "
+                              "primary copy, 1 + c the replica on node c)")
+        frac = np.asarray(fractions, dtype=np.float64)
+        if frac.shape != (num_experts, 1 + num_nodes) or not np.isfinite(frac).all() \
+                or (frac < 0).any():
+            raise ConfigError(f"fractions must be finite, >= 0 and of shape [E, 1 + D] = "
+                              f"{(num_experts, 1 + num_nodes)}, got shape {frac.shape}")
+    hop = None
+    if rule == "nearest":
+        if hops is None:
+            raise ConfigError("replica rule 'nearest' needs hops [N, N] "
+                              "(Topology.hop_counts())")
+        mapping = np.arange(num_nodes) if pi is None else np.asarray(pi, dtype=np.int64)
+        hop = np.asarray(hops, dtype=np.float64)[np.ix_(mapping, mapping)].tolist()
+    held = shares.sum(axis=1) > 0
+    rep_experts = np.flatnonzero(reps.any(axis=1) & held)
+    P_layer = shares.copy()
+    P_layer[rep_experts] = 0.0
+    nodes = np.full((num_tokens, top_k), -1, dtype=np.int64)
+    copies_of = np.full((num_tokens, top_k), -1, dtype=np.int64)
+    R = rep_experts.size
+    primary_tokens = np.zeros(R)
+    replica_tokens = np.zeros((R, num_nodes))
+    flops = np.zeros(num_nodes)
+    chosen_nodes: list[list[int]] = [[] for _ in range(num_tokens)]
+    if R:
+        counts = np.bincount(sets.ravel(), minlength=num_experts).astype(np.float64)
+        counts[rep_experts] = 0.0
+        base = (counts @ P_layer) * w
+        if initial_flops is not None:
+            base = base + np.asarray(initial_flops, dtype=np.float64)
+        loads = base.tolist()
+        work = [0.0] * num_nodes
+        anchors_of: list[list[int]] | None = None
+        if rule == "nearest":
+            holders = _holder_lists(P_layer)
+            anchors_of = [sorted({c for j in row for c in holders[j]})
+                          for row in sets.tolist()]
+        set_rows = sets.tolist()
+        for r, e in enumerate(rep_experts.tolist()):
+            group = np.flatnonzero(shares[e] > 0).tolist()
+            group_share = [float(shares[e, c]) for c in group]
+            rep_nodes = np.flatnonzero(reps[e]).tolist()
+            cands: list[tuple[list[int], list[float]]] = [(group, group_share)]
+            cands += [([c], [1.0]) for c in rep_nodes]
+            rows = np.flatnonzero((sets == e).any(axis=1)).tolist()
+            plan: list[int] | None = None
+            if rule == "round_robin":
+                plan = [j % len(cands) for j in range(len(rows))]
+            elif rule == "shares":
+                assert frac is not None
+                f = [float(frac[e, 0])] + [float(frac[e, 1 + c]) for c in rep_nodes]
+                tot = sum(f)
+                f = [v / tot for v in f] if tot > 0 else [1.0 / len(cands)] * len(cands)
+                quota = _largest_remainder(f, len(rows))
+                plan = [j for j, q in enumerate(quota) for _ in range(q)]
+            for pos, t in enumerate(rows):
+                if plan is not None:
+                    pick = plan[pos]
+                else:
+                    peak = [max(loads[c] + s * w for c, s in zip(cn, sh, strict=True))
+                            for cn, sh in cands]
+                    if rule == "nearest":
+                        assert anchors_of is not None and hop is not None
+                        anchors = sorted(set(anchors_of[t]).union(chosen_nodes[t]))
+                        cost = []
+                        for cn, _ in cands:
+                            total = 0.0
+                            for x in cn:
+                                if anchors and x not in anchors:
+                                    hx = hop[x]
+                                    total += sum(hx[a] for a in anchors) / len(anchors)
+                            cost.append(total)
+                    else:
+                        cost = [0.0] * len(cands)
+                    pick = min(range(len(cands)), key=lambda j: (cost[j], peak[j], j))
+                cn, sh = cands[pick]
+                for c, s in zip(cn, sh, strict=True):
+                    loads[c] += s * w
+                    work[c] += s * w
+                chosen_nodes[t].extend(cn)
+                slot = set_rows[t].index(e)
+                copies_of[t, slot] = pick
+                nodes[t, slot] = cn[0]
+                if pick == 0:
+                    primary_tokens[r] += 1.0
+                else:
+                    replica_tokens[r, cn[0]] += 1.0
+        flops = np.asarray(work)
+    prim_shares = shares[rep_experts]                                  # [R, D]
+    prim_active = (primary_tokens > 0)[:, None] & (prim_shares > 0)
+    extra_stream = (np.where(prim_active, prim_shares, 0.0).sum(axis=0)
+                    + (replica_tokens > 0).sum(axis=0)) * float(stream_s)
+    if tile_time is None or not R:
+        extra_compute = flops / compute_flops
+    else:
+        prim_t = np.where(prim_shares > 0, primary_tokens[:, None], 0.0)
+        extra_compute = (np.asarray(tile_time(prim_t, prim_shares), dtype=np.float64).sum(axis=0)
+                         + np.asarray(tile_time(replica_tokens, np.ones_like(replica_tokens)),
+                                      dtype=np.float64).sum(axis=0))
+    extra_holders = None
+    width = max((len(x) for x in chosen_nodes), default=0)
+    if width:
+        extra_holders = np.full((num_tokens, width), -1, dtype=np.int64)
+        for t, xs in enumerate(chosen_nodes):
+            extra_holders[t, :len(xs)] = xs
+    orphans = ~(P_layer.sum(axis=1) > 0)[sets].any(axis=1)
+    return DispatchResult(nodes, flops, extra_compute, extra_stream, P_layer, extra_holders,
+                          orphans, copies_of)
+
+
+def merge_dispatch(first: DispatchResult, second: DispatchResult) -> DispatchResult:
+    """Merge a broadcast dispatch and the replica dispatch that followed it (same layer).
+
+    ``second`` was computed on ``first.P_layer``; the merged result has ``second.P_layer``
+    (both kinds of rows zeroed), the summed work and streaming, both sets of extra holders side
+    by side, ``first.nodes`` where it is set and ``second.nodes`` elsewhere, and
+    ``second.copies``.
+    """
+    holders = [h for h in (first.extra_holders, second.extra_holders) if h is not None]
+    extra = None if not holders else (holders[0] if len(holders) == 1 else
+                                      np.concatenate(holders, axis=1))
+    nodes = np.where(first.nodes >= 0, first.nodes, second.nodes)
+    return DispatchResult(nodes, first.node_flops + second.node_flops,
+                          first.extra_compute_s + second.extra_compute_s,
+                          first.extra_stream_s + second.extra_stream_s, second.P_layer, extra,
+                          second.orphans, second.copies)
 
 
 # ------------------------------------------------------------------------------ §10.2 prediction

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env import gating as gating_mod, nonmoe, prebroadcast
 from hdamoe_env import collectives, perf, scheduling
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.errors import ConfigError, unknown_name
 from hdamoe_env.evaluator import (
     FIDELITIES,
     LayerEvaluator,
@@ -197,8 +197,14 @@ class MoESimulator:
                       extra_holders: NDArray[np.int64] | None = None,
                       extra_compute_s: NDArray[np.float64] | None = None,
                       extra_stream_s: NDArray[np.float64] | None = None,
-                      extra_s: float = 0.0) -> LayerResult:
+                      extra_s: float = 0.0, replica_rule: str = "least_loaded",
+                      replica_fractions: NDArray[np.float64] | None = None) -> LayerResult:
         """Simulate one MoE layer of one concrete decode step (per-token task set, §5.7).
+
+        A placement with redundant experts (``Placement.replicas``) has the tokens of every
+        replicated expert dispatched to one copy each by ``replica_rule``
+        (``scheduling.dispatch_replicas``), after any broadcast described by ``P_layer`` and the
+        ``extra_*`` arguments.
 
         Args:
             placement: Placement (``P[layer]`` and ``pi[layer]`` are used).
@@ -213,11 +219,18 @@ class MoESimulator:
             extra_compute_s: float [D] extra expert FLOP time per cluster (dispatch of replicas).
             extra_stream_s: float [D] extra weight-streaming time per cluster.
             extra_s: Other time charged to the layer.
+            replica_rule: ``scheduling.REPLICA_RULES`` entry (layers with replicas).
+            replica_fractions: float [E, 1 + D] per-copy fractions (``replica_rule="shares"``).
 
         Returns:
             The layer's latency and per-node / per-link details.
+
+        Raises:
+            ConfigError: Bad sets, an unknown replica rule, or zeroed rows without their work.
         """
         token_sets = self._check_sets(token_sets, "token_sets", 2)
+        if replica_rule not in scheduling.REPLICA_RULES:
+            raise unknown_name("replica rule", replica_rule, scheduling.REPLICA_RULES)
         if extra_compute_s is None and P_layer is not None:
             # Rows zeroed by a caller without compensating work would silently drop FLOPs.
             counts = np.bincount(token_sets.ravel(), minlength=self.model.num_experts)
@@ -228,7 +241,9 @@ class MoESimulator:
         return evaluator.evaluate(layer, token_sets, rng=rng, fidelity=fidelity, gamma=gamma,
                                   P_layer=P_layer, agg=agg, extra_holders=extra_holders,
                                   extra_compute_s=extra_compute_s,
-                                  extra_stream_s=extra_stream_s, extra_s=extra_s)
+                                  extra_stream_s=extra_stream_s, extra_s=extra_s,
+                                  replica_rule=replica_rule,
+                                  replica_fractions=replica_fractions)
 
     def decision_evaluator(self, placement: Placement, batch: int, **kwargs: Any
                            ) -> DecisionEvaluator:
@@ -271,7 +286,12 @@ class MoESimulator:
             rng: Generator for aggregator draws.
             agg: Aggregator cluster per group (drawn when None).
             P_layer: Override of ``P[layer]``.
+
+        Raises:
+            ConfigError: The placement has redundant experts (``Placement.replicas``): the
+                static evaluator has no expected-value model of the replica dispatch.
         """
+        _refuse_static_replicas(placement)
         P = placement.P[layer] if P_layer is None else P_layer
         freqs = np.asarray(freqs, dtype=np.float64)
         tokens = freqs * batch
@@ -294,7 +314,8 @@ class MoESimulator:
     # --------------------------------------------------------------------------- steps
     def step(self, placement: Placement, step_sets: NDArray[np.int64], *,
              rng: np.random.Generator, fidelity: str = "des",
-             gammas: Sequence[float] | None = None) -> StepResult:
+             gammas: Sequence[float] | None = None,
+             replica_rule: str = "least_loaded") -> StepResult:
         """Simulate one decode step through every MoE layer (no online decisions).
 
         Args:
@@ -303,7 +324,16 @@ class MoESimulator:
             rng: Generator for aggregator draws.
             fidelity: ``"des"`` or ``"analytic"``.
             gammas: γ per layer for the analytic twin.
+            replica_rule: Dispatch rule of redundant experts (``scheduling.REPLICA_RULES``
+                without ``"shares"``, which needs per-step fractions); placements with
+                ``replicas`` only.
+
+        Raises:
+            ConfigError: Bad sets or an unknown replica rule.
         """
+        if replica_rule not in scheduling.REPLICA_RULES or replica_rule == "shares":
+            raise unknown_name("replica rule of a whole step", replica_rule,
+                               [r for r in scheduling.REPLICA_RULES if r != "shares"])
         step_sets = np.asarray(step_sets)
         if step_sets.shape[0] != self.model.num_moe_layers:
             raise ConfigError(f"step_sets has {step_sets.shape[0]} layers, model "
@@ -312,11 +342,14 @@ class MoESimulator:
         evaluator = LayerEvaluator(self, placement, step_sets.shape[1])
         layers = tuple(
             evaluator.evaluate(layer, step_sets[layer], rng=rng, fidelity=fidelity,
-                               gamma=None if gammas is None else float(gammas[layer]))
+                               gamma=None if gammas is None else float(gammas[layer]),
+                               replica_rule=replica_rule)
             for layer in range(self.model.num_moe_layers))
-        return StepResult(layers, self.dense_time(step_sets.shape[1]),
-                          {"evaluator": "sampled", "fidelity": fidelity,
-                           "placement": placement.method})
+        meta: dict[str, Any] = {"evaluator": "sampled", "fidelity": fidelity,
+                                "placement": placement.method}
+        if placement.has_replicas:
+            meta["replica_rule"] = replica_rule
+        return StepResult(layers, self.dense_time(step_sets.shape[1]), meta)
 
     def static(self, placement: Placement, layer_stats: Iterable[tuple[NDArray[np.float64],
                NDArray[np.int64], NDArray[np.float64]]], batch: int, *,
@@ -353,6 +386,8 @@ class DecidedLayer:
         link_busy_s: float64 [num_links] busy time of the MoE messages plus the broadcast
             traffic, or None (TP or analytic layer without broadcast).
         twin: The layer evaluated with the other fidelity (its own random stream), or None.
+        replica: Where the tokens of the redundant experts ran (``dispatch_replicas``), or
+            None for a layer without replicas.
     """
 
     result: LayerResult
@@ -362,6 +397,7 @@ class DecidedLayer:
     broadcast: scheduling.BroadcastResult | None
     link_busy_s: NDArray[np.float64] | None
     twin: LayerResult | None
+    replica: scheduling.DispatchResult | None = None
 
 
 class DecisionEvaluator:
@@ -395,6 +431,11 @@ class DecisionEvaluator:
         model, hw, conv = sim.model, sim.hw, sim.conv
         self.sim, self.placement, self.conv = sim, placement, conv
         self.batch = int(batch)
+        # [decision] where a policy needs expected shares (the broadcast budget's static expert
+        # phase, the gating penalties), redundant experts count as an even split over their
+        # copies (``scheduling.replica_expected_shares``); exactly P without replicas
+        self.expected_shares = scheduling.replica_expected_shares(placement.P,
+                                                                  placement.replicas)
         self.evaluator = sim.evaluator(placement, batch)
         self.w_flops = perf.expert_flops(model, conv)
         self.compute_flops = hw.compute_flops
@@ -412,7 +453,8 @@ class DecisionEvaluator:
         for layer in range(1, placement.num_layers):
             nm_prev = sim.nonmoe(self.batch, layer - 1)   # its all-reduce uses the links
             t_nm_prev = nm_prev.total_s - nm_prev.comm_s
-            t_comp_prev = float(perf.t_comp_static(placement.P[layer - 1], freqs[layer - 1],
+            t_comp_prev = float(perf.t_comp_static(self.expected_shares[layer - 1],
+                                                   freqs[layer - 1],
                                                    self.batch, model, hw, conv))
             self.plans.append(scheduling.broadcast_plan(
                 model, hw, conv, self.batch, sim.topology.diameter, float(t_nm_prev),
@@ -435,7 +477,7 @@ class DecisionEvaluator:
         """
         r_comp, r_comm = self.gating_coefficients
         return gating_mod.hardware_aware_gating(
-            candidates, self.sim.model.top_k, self.placement.P[layer], self.w_flops,
+            candidates, self.sim.model.top_k, self.expected_shares[layer], self.w_flops,
             self.compute_flops, level * r_comp, level * r_comm, **self.gating_options)
 
     def broadcast_traffic(self, layer: int, broadcast: Sequence[int]
@@ -464,8 +506,15 @@ class DecisionEvaluator:
                  dispatch_rule: str = "least_loaded", gating_level: float = 0.0,
                  candidates: tuple[NDArray[Any], NDArray[Any]] | None = None,
                  fidelity: str = "des", gamma: float | None = None,
-                 twin_rng: np.random.Generator | None = None) -> DecidedLayer:
+                 twin_rng: np.random.Generator | None = None,
+                 replica_rule: str = "least_loaded",
+                 replica_fractions: NDArray[np.float64] | None = None) -> DecidedLayer:
         """Evaluate one layer of one decode step with its online decisions.
+
+        Redundant experts of the placement: the broadcast experts are dispatched first
+        (everyone holds them); the tokens of the other replicated experts then go to one copy
+        each by ``replica_rule`` (``LayerEvaluator.dispatch_replicas``, loads including the
+        broadcast dispatch), and the two dispatches' work, streaming and holders add up.
 
         Args:
             layer: MoE layer index.
@@ -478,6 +527,8 @@ class DecisionEvaluator:
             fidelity: ``"des"`` or ``"analytic"``.
             gamma: γ of the layer (analytic fidelity, and the twin).
             twin_rng: When given, also evaluate the other fidelity with this generator.
+            replica_rule: ``scheduling.REPLICA_RULES`` entry (layers with replicas).
+            replica_fractions: float [E, 1 + D] per-copy fractions (``"shares"``).
 
         Returns:
             The layer result and the decisions' details.
@@ -501,9 +552,14 @@ class DecisionEvaluator:
             bres = self.broadcast_traffic(layer, broadcast)
             if self.conv.bc_charge_excess:          # §10.3: time beyond the budget is exposed
                 extra_s = max(0.0, bres.makespan_s - self.budgets_s[layer])
+        replica = self.evaluator.dispatch_replicas(
+            layer, sets, rule=replica_rule, P_layer=P_layer, extra_compute_s=extra_compute,
+            fractions=replica_fractions)
         kwargs: dict[str, Any] = dict(P_layer=P_layer, extra_holders=extra_holders,
                                       extra_compute_s=extra_compute,
                                       extra_stream_s=extra_stream, extra_s=extra_s)
+        if replica is not None:
+            kwargs["replica_dispatch"] = replica
         res = self.evaluator.evaluate(layer, sets, rng=rng, fidelity=fidelity,
                                       gamma=gamma if fidelity == "analytic" else None, **kwargs)
         busy = res.link_busy_s
@@ -514,7 +570,7 @@ class DecisionEvaluator:
             other = "analytic" if fidelity == "des" else "des"
             twin = self.evaluator.evaluate(layer, sets, rng=twin_rng, fidelity=other,
                                            gamma=gamma, **kwargs)
-        return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin)
+        return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin, replica)
 
 
 # ------------------------------------------------------------------------------- trace evaluation
@@ -576,6 +632,16 @@ def _replica_time(tokens: NDArray[np.float64], *, model: ModelSpec, hw: Hardware
                       dtype=np.float64)
 
 
+def _refuse_static_replicas(placement: Placement) -> None:
+    """Raise the ConfigError of the static evaluator for placements with redundant experts."""
+    if placement.has_replicas:
+        raise ConfigError(
+            f"placement {placement.method!r} has redundant expert copies (replicas); the "
+            "static (expected-value) evaluator does not model the replica dispatch — evaluate "
+            "it with the sampled evaluator (evaluate_sampled / MoESimulator.step, CLI "
+            "--evaluator sampled), which dispatches every token to one copy")
+
+
 def _tp_meta(sim: MoESimulator, batch: int) -> dict[str, Any]:
     """Return the TP all-reduce charged per layer at ``batch``: algorithm and times in µs."""
     tp = sim.tp_allreduce(batch)
@@ -612,6 +678,7 @@ def evaluate_static(sim: MoESimulator, placement: Placement, trace: RoutingTrace
     """
     check_trace(sim, trace)
     sim.check_placement(placement)
+    _refuse_static_replicas(placement)
     rows = trace.view(view)
     stats = [(trace.layer_frequencies(layer, rows), *trace.groups(layer, rows))
              for layer in range(sim.model.num_moe_layers)]
@@ -625,7 +692,7 @@ def evaluate_sampled(sim: MoESimulator, placement: Placement, trace: RoutingTrac
                      *, steps: int = 16, seed: int = 0, mode: str = "streams",
                      view: str = "content", fidelity: str = "des",
                      gammas: Sequence[float] | None = None,
-                     progress: Any = None) -> Evaluation:
+                     progress: Any = None, replica_rule: str = "least_loaded") -> Evaluation:
     """Evaluate a placement on concrete decode steps formed from a trace (traces.md §6).
 
     Args:
@@ -640,6 +707,7 @@ def evaluate_sampled(sim: MoESimulator, placement: Placement, trace: RoutingTrac
         fidelity: ``"des"`` or ``"analytic"``.
         gammas: γ per layer (analytic fidelity).
         progress: Optional callable wrapping the step iterator (e.g. ``tqdm``).
+        replica_rule: Dispatch rule of redundant experts (placements with ``replicas``).
     """
     check_trace(sim, trace)
     sim.check_placement(placement)
@@ -650,10 +718,12 @@ def evaluate_sampled(sim: MoESimulator, placement: Placement, trace: RoutingTrac
     ids = trace.topk_ids
     iterator = progress(step_rows) if progress is not None else step_rows
     results = [sim.step(placement, ids[:, rows, :], rng=agg_rng, fidelity=fidelity,
-                        gammas=gammas) for rows in iterator]
+                        gammas=gammas, replica_rule=replica_rule) for rows in iterator]
     meta = {"seed": seed, "view": view, "mode": mode, "trace_id": trace.trace_id,
             "batch": batch, "fidelity": fidelity, **sim.describe(),
             "tp_allreduce": _tp_meta(sim, batch)}
+    if placement.has_replicas:
+        meta["replica_rule"] = replica_rule
     return _summarise(placement.method, "sampled", results, sim.topology.num_links, meta)
 
 

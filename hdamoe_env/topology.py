@@ -198,6 +198,21 @@ class Topology:
         n = self.num_endpoints
         return np.diff(self.pair_route_ptr).reshape(n, n)
 
+    def hop_counts(self) -> NDArray[np.int64]:
+        """Return int64 [N, N] the number of links on the first candidate route of every pair.
+
+        The diagonal is 0 (a message to oneself crosses no link); on the fat-tree a hop through
+        a switch counts, as in ``diameter``.
+        """
+        n = self.num_endpoints
+        first = self.pair_route_ptr[:-1]
+        has = np.diff(self.pair_route_ptr) > 0
+        lengths = np.diff(self.route_ptr)
+        hops = np.where(has, lengths[np.minimum(first, lengths.size - 1)], 0).reshape(n, n)
+        np.fill_diagonal(hops, 0)
+        out: NDArray[np.int64] = hops.astype(np.int64)
+        return out
+
     def _check_endpoint(self, name: str, value: int) -> int:
         if not (0 <= int(value) < self.num_endpoints):
             raise ConfigError(f"{name}={value} is not an endpoint id; expected 0 <= {name} < "

@@ -128,7 +128,7 @@ def ranked_mask(full_mask: NDArray[np.bool_], layout: ActionLayout,
         if parts[slot][:layout.num_experts].any():
             m[:cands.size] = parts[slot][cands]
         slots.append(m)
-    return np.concatenate([*slots, parts[-2], parts[-1]])
+    return np.concatenate([*slots, *parts[layout.max_broadcast:]])
 
 
 def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: int,
@@ -151,12 +151,12 @@ def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: i
                else layout.split_mask(full_mask)[0][:layout.num_experts])
     cands = ranked_candidates(pred_load, allowed, num_candidates)
     action = np.asarray(action, dtype=np.int64).reshape(-1)
-    full = np.full(layout.max_broadcast + 2, layout.none, dtype=np.int64)
+    full = np.full(layout.size, layout.none, dtype=np.int64)
     for slot in range(layout.max_broadcast):
         c = int(action[slot])
         if c < cands.size:
             full[slot] = cands[c]
-    full[-2:] = action[-2:]
+    full[layout.max_broadcast:] = action[layout.max_broadcast:]
     return full
 
 

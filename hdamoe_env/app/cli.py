@@ -87,7 +87,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             evals[name] = evaluate_sampled(sim, placement, trace, args.batch, steps=args.steps,
                                            seed=args.seed, mode=args.batching, view=args.view,
-                                           progress=lambda it: wrap(it, args.steps, name))
+                                           progress=lambda it: wrap(it, args.steps, name),
+                                           replica_rule=args.replica_rule)
     t_sim = time.perf_counter() - t0
     tp_tbt = evals["tp"].tbt_s
     print(f"hdamoe simulate: {model.key} on {args.topology} {hw.mesh_shape[0]}x{hw.mesh_shape[1]}"
@@ -274,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"),
                      help="sampled: simulate decode steps; static: expected loads")
     sim.add_argument("--steps", type=positive_int, default=16, help="decode steps (sampled evaluator)")
+    sim.add_argument("--replica-rule", default="least_loaded",
+                     choices=("least_loaded", "nearest", "round_robin"),
+                     help="placements with redundant experts (sampled evaluator): the copy that "
+                     "computes each token")
     sim.add_argument("--batching", default="streams", choices=("streams", "random_rows"),
                      help="decode-step formation from the trace")
     sim.add_argument("--view", default="content", choices=("content", "unique", "raw"),

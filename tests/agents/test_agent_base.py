@@ -86,3 +86,24 @@ def test_batched_predict(make_tiny_env):
         agent = agents.make_agent(name, env=env)
         actions, _ = agent.predict(batch, action_masks=masks)
         assert actions.shape == (2, env.max_broadcast + 2)
+
+
+def test_every_agent_acts_on_a_replicated_placement(make_tiny_env):
+    """A placement with redundant experts adds the replica-rule dimension; every registered
+    heuristic agent built from the env answers it (index 0, the env's default rule)."""
+    from hdamoe_env.placement import Placement, expert_parallel
+
+    ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
+    reps = np.zeros(ep.P.shape, dtype=bool)
+    for layer in range(2):
+        reps[layer, 0, int(np.flatnonzero(ep.P[layer, 0] == 0)[0])] = True
+    env = make_tiny_env(placement=Placement(ep.P, ep.pi, "ep+rep", replicas=reps),
+                        replica_rule="nearest")
+    for name in agents.AGENTS:
+        agent = agents.make_agent(name, env=env, seed=0)
+        assert agent.layout.replica_rules == env.replica_rules
+        obs, _ = env.reset(seed=0)
+        action, _ = agent.predict(obs, action_masks=env.action_masks())
+        assert env.action_space.contains(action)
+        _, _, _, _, info = env.step(action)
+        assert info["replica_rule"] in env.replica_rules

@@ -533,3 +533,54 @@ def test_prebroadcast_with_zero_alpha_uses_finite_chunks():
     env.step(noop(env))
     _, _, _, _, info = env.step(np.array([0, 3, 0, 0]))
     assert info["bc_makespan_us"] > 0 and info["bc_chunks"] == 256
+
+
+# ------------------------------------------------------------------------------ redundant experts
+def _replicated_ep():
+    from hdamoe_env.placement import Placement
+
+    ep = expert_parallel(TINY.num_moe_layers, E, 4, np.random.default_rng(0))
+    reps = np.zeros(ep.P.shape, dtype=bool)
+    for layer in range(TINY.num_moe_layers):          # expert 0 gets a copy on a node without it
+        reps[layer, 0, int(np.flatnonzero(ep.P[layer, 0] == 0)[0])] = True
+    return Placement(ep.P, ep.pi, "ep+rep", replicas=reps)
+
+
+def test_no_replicas_keeps_the_action_space():
+    env = make()
+    assert env.replica_rules == () and env.action_space.nvec.tolist() == [E + 1, E + 1, 3, 4]
+    from hdamoe_env.actions import ActionLayout
+
+    assert ActionLayout.from_env(env).size == 4
+
+
+def test_replicated_env_steps_with_every_rule_and_every_sampled_action():
+    """With replicas the action gains one last dimension over the replica rules (default
+    least_loaded first); every rule steps, every sampled action is legal, and the observation
+    shows the replica as a held copy (1.0)."""
+    from hdamoe_env.actions import ActionLayout
+
+    pl = _replicated_ep()
+    env = make(placement=pl, replica_rule="round_robin")
+    assert env.replica_rules == ("round_robin", "least_loaded", "nearest")
+    assert env.action_space.nvec.tolist() == [E + 1, E + 1, 3, 4, 3]
+    lay = ActionLayout.from_env(env)
+    assert lay.replica_slot == 4 and lay.encode(replica_rule="nearest")[-1] == 2
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    np.testing.assert_array_equal(obs["replicas"], (pl.P[0] + pl.replicas[0]).astype(np.float32))
+    for rule in env.replica_rules:
+        a = lay.encode(replica_rule=rule)
+        _, _, term, _, info = env.step(a)
+        assert info["replica_rule"] == rule and np.isfinite(info["total_us"])
+    env.action_space.seed(1)
+    env.reset(seed=1)
+    for _ in range(30):
+        _, _, term, trunc, info = env.step(env.action_space.sample())
+        assert info["replica_rule"] in env.replica_rules
+        if term or trunc:
+            env.reset(seed=2)
+    with pytest.raises(InvalidAction, match="replica rule"):
+        env.step(np.array([E, E, 0, 0]))
+    with pytest.raises(ConfigError, match="shares"):
+        make(placement=pl, replica_rules=("shares",))

@@ -391,3 +391,33 @@ def test_layer_validation():
         simulate_layer_comm(topo, STATIC_SETS, 100.0, holders, np.arange(4), [0, 1])
     with pytest.raises(ConfigError, match="'ferr'"):
         simulate_layer_comm(*ok, tie_break="ferr")
+
+
+def test_replica_messages_go_to_the_chosen_copy_only():
+    """2x2 mesh, expert i wholly on node i, expert 0 replicated on node 2; tokens (0, 3).
+
+    ``nearest`` puts expert 0 of both tokens on the replica (node 2 is 1 hop from the anchor,
+    node 3; the primary, node 0, is 2 hops). The replicated row is zeroed, so the aggregator is
+    expert 3's holder, node 3, and the only combine message per token is 2 -> 3 (dispatch: 3 ->
+    2); the primary node 0 sends and receives nothing.
+    """
+    from hdamoe_env.scheduling import dispatch_replicas
+
+    topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
+    reps = np.zeros((4, 4), dtype=bool)
+    reps[0, 2] = True
+    sets = np.array([[0, 3], [0, 3]])
+    d = dispatch_replicas(sets, np.eye(4), reps, 1.0, rule="nearest", hops=topo.hop_counts())
+    agg = linksim.choose_aggregators(sets, d.P_layer > 0, "uniform", np.random.default_rng(0),
+                                     d.extra_holders)
+    assert agg.tolist() == [3, 3]
+    pi = np.arange(4)
+    src, dst, _, task = linksim.layer_messages(sets, 1.0, d.P_layer > 0, agg, pi,
+                                               d.extra_holders)
+    assert src.tolist() == [2, 2] and dst.tolist() == [3, 3] and task.tolist() == [0, 1]
+    src, dst, _, _ = linksim.layer_messages(sets, 1.0, d.P_layer > 0, agg, pi, d.extra_holders,
+                                            direction="dispatch")
+    assert src.tolist() == [3, 3] and dst.tolist() == [2, 2]
+    # without the replica the tokens' expert-0 messages come from the primary, node 0
+    src0, _, _, _ = linksim.layer_messages(sets, 1.0, np.eye(4) > 0, agg, pi)
+    assert src0.tolist() == [0, 0]
