@@ -88,7 +88,9 @@ __all__ = [
     "expert_weight_bytes",
     "move_messages",
     "plan_moves",
+    "rebalance",
     "replicate",
+    "result_of",
     "simulate_moves",
 ]
 
@@ -605,6 +607,71 @@ def _incremental_layer(old: NDArray[np.bool_], f: NDArray[np.float64], S: int, m
     return holds
 
 
+def rebalance(current: EplbResult, loads: ArrayLike, *, mode: str = "incremental",
+              min_gain: float = 0.02, max_swaps: int = 4,
+              num_expert_groups: int | None = None) -> EplbResult:
+    """Re-place the copies of ``current`` for new loads (one rebalance of :func:`eplb_dynamic`).
+
+    Args:
+        current: The copies in effect.
+        loads: float [L, E] loads of the last window.
+        mode: ``"incremental"`` or ``"full"`` (:func:`eplb_dynamic`).
+        min_gain: Incremental: smallest relative drop of a layer's max node load worth moving.
+        max_swaps: Incremental: greedy move/swap rounds per layer.
+        num_expert_groups: Full mode: as :func:`eplb`.
+
+    Returns:
+        The new copies (same S and node groups); :func:`plan_moves` gives the weight moves.
+
+    Raises:
+        ConfigError: Unknown mode, min_gain outside [0, 1) or loads of the wrong shape.
+    """
+    if mode not in REBALANCE_MODES:
+        raise ConfigError(f"unknown rebalance mode {mode!r}; expected one of "
+                          f"{list(REBALANCE_MODES)}")
+    if not 0.0 <= float(min_gain) < 1.0:
+        raise ConfigError(f"min_gain={min_gain!r} must lie in [0, 1) (a relative load drop)")
+    window = np.asarray(loads, dtype=np.float64)
+    window = window[None, :] if window.ndim == 1 else window
+    old = current.holds
+    if window.shape != old.shape[:2] or not np.all(np.isfinite(window)) or (window < 0).any():
+        raise ConfigError(f"rebalance loads must be finite, >= 0, of shape {old.shape[:2]}; "
+                          f"got shape {np.shape(loads)}")
+    S, G = int(current.slots_per_node), int(current.num_node_groups)
+    if mode == "incremental" and G == 1:
+        holds = np.stack([_incremental_layer(old[layer], window[layer], S, int(max_swaps),
+                                             float(min_gain)) for layer in range(old.shape[0])])
+        return EplbResult(holds.sum(axis=2).astype(np.int64), holds, window.copy(), S, G,
+                          current.node_group_of_expert)
+    res = eplb(window, old.shape[2], S, num_node_groups=G, num_expert_groups=num_expert_groups)
+    holds = np.stack([_relabel(old[layer], res.holds[layer], G) for layer in range(old.shape[0])])
+    return EplbResult(res.counts, holds, res.loads, S, G, res.node_group_of_expert,
+                      res.fallback_layers)
+
+
+def result_of(placement: Placement, loads: ArrayLike | None = None) -> EplbResult:
+    """Return the :class:`EplbResult` view of a placement of whole copies (e.g. ``"eplb"``).
+
+    Args:
+        placement: A placement whose experts are whole (one-hot P) plus ``replicas``.
+        loads: float [L, E] loads to record (None: zeros).
+
+    Raises:
+        ConfigError: A sharded expert (a P row that is not one-hot).
+    """
+    P = placement.P
+    if not np.all((P == 0) | (P == 1)):
+        raise ConfigError(f"placement {placement.method!r} has sharded experts; EPLB "
+                          "rebalancing needs whole copies (an 'eplb' placement)")
+    holds = P > 0 if placement.replicas is None else (P > 0) | placement.replicas
+    L, E, D = holds.shape
+    S = int(placement.meta.get("slots_per_node", int(holds.sum(axis=1).max())))
+    G = int(placement.meta.get("num_node_groups", 1))
+    f = np.zeros((L, E)) if loads is None else np.asarray(loads, dtype=np.float64)
+    return EplbResult(holds.sum(axis=2).astype(np.int64), holds, f, S, G,
+                      np.zeros((L, E), dtype=np.int64))
+
+
 def eplb_dynamic(step_counts: ArrayLike, period: int, num_nodes: int, slots_per_node: int, *,
                  initial_loads: ArrayLike | None = None, num_node_groups: int = 1,
                  num_expert_groups: int | None = None, topology: Topology | None = None,
@@ -666,24 +733,10 @@ def eplb_dynamic(step_counts: ArrayLike, period: int, num_nodes: int, slots_per_
     first = counts[:N].sum(axis=0) if initial_loads is None else initial_loads
     results = [eplb(first, num_nodes, slots_per_node, **kw)]
     starts, all_moves = [0], []
-    incremental = mode == "incremental" and int(num_node_groups) == 1
     for t in range(N, T, N):
-        window = counts[t - N:t].sum(axis=0)
-        old = results[-1].holds
-        if incremental:
-            holds = np.stack([_incremental_layer(old[layer], window[layer], int(slots_per_node),
-                                                 int(max_swaps), float(min_gain))
-                              for layer in range(old.shape[0])])
-            res = EplbResult(holds.sum(axis=2).astype(np.int64), holds, window.copy(),
-                             results[-1].slots_per_node, results[-1].num_node_groups,
-                             results[-1].node_group_of_expert)
-        else:
-            res = eplb(window, num_nodes, slots_per_node, **kw)
-            holds = np.stack([_relabel(old[layer], res.holds[layer], int(num_node_groups))
-                              for layer in range(old.shape[0])])
-            res = EplbResult(res.counts, holds, res.loads, res.slots_per_node,
-                             res.num_node_groups, res.node_group_of_expert, res.fallback_layers)
-        all_moves.append(tuple(plan_moves(old, holds, topology=topology)))
+        res = rebalance(results[-1], counts[t - N:t].sum(axis=0), mode=mode, min_gain=min_gain,
+                        max_swaps=max_swaps, num_expert_groups=num_expert_groups)
+        all_moves.append(tuple(plan_moves(results[-1].holds, res.holds, topology=topology)))
         results.append(res)
         starts.append(t)
     placements = tuple(eplb_placement(r, method="eplb-dynamic", start_step=s, period=N,

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -290,30 +291,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             logger.info("gating coefficients for %s: %s", self.model.key, self.gating_source)
 
         # --- the simulator side of the online decisions (gating, broadcast, dispatch, §10–11)
-        self.decisions = self.sim.decision_evaluator(
-            self.placement, self.batch, freqs=self._freqs, max_broadcast=self.max_broadcast,
-            bc_max_messages=config.bc_max_messages, gating_coefficients=coef,
-            gating_options=dict(                             # validated by EnvConfig
-                comp_penalty=config.gating_comp_penalty,
-                comm_penalty=config.gating_comm_penalty,
-                protect_top=int(config.gating_protect_top),
-                candidate_window=config.gating_candidate_window,
-                include_future=bool(config.gating_include_future),
-                renormalize=self.model.renormalize_topk, diagnostics=False))
-        self.evaluator = self.decisions.evaluator
+        self._bind_decisions()
         self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
             P, 1.0 / D) else self.sim.evaluator(tensor_parallel(L, E, D), self.batch))
-        self.w_flops = self.decisions.w_flops
-        self.compute_flops = self.decisions.compute_flops
         self._dense_s = self.sim.dense_time(self.batch)
-        self.plans = self.decisions.plans
-        kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
-        if config.k_b is not None:                           # validated by EnvConfig
-            manual = np.broadcast_to(np.asarray(config.k_b, dtype=np.int64), (L,)).copy()
-            kb = np.minimum(manual, min(self.max_broadcast, E))
-            kb[0] = 0                                        # §10.3: no broadcast at layer 0
-        self.k_b = kb
-        self._budget_s = np.array(self.decisions.budgets_s)
 
         # --- predictor
         acc = config.accuracies()
@@ -344,27 +325,11 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "layer": spaces.Box(0.0, 1.0, (1,), np.float32),
             "budget": spaces.Box(0.0, 1.0, (1,), np.float32),
         })
-        held = P if reps is None else P + reps                 # a redundant copy holds 1
-        self._replicas = [np.ascontiguousarray(held[layer], dtype=np.float32)
-                          for layer in range(L)]
-        if config.flatten_replicas:
-            self._replicas = [r.ravel() for r in self._replicas]
-        self._node_scale_all = np.ascontiguousarray(
-            self.decisions.expected_shares.transpose(0, 2, 1)
-            * (D / (self.top_k * self.batch)))                                 # [L, D, E]
-        broadcastable = (P > 0).sum(axis=2) < D                # [L, E]: not already everywhere
-        self._masks = [self._layer_mask(int(self.k_b[layer]), broadcastable[layer])
-                       for layer in range(L)]
-        self._slot_allowed = [m[:self.max_broadcast * (E + 1)].reshape(self.max_broadcast, E + 1)
-                              for m in self._masks]
-        self._layer_frac = [np.array([layer / (L - 1) if L > 1 else 0.0], dtype=np.float32)
-                            for layer in range(L)]
-        self._budget_frac = [np.array([min(1.0, self.k_b[layer] / self.max_broadcast)
-                                       if self.max_broadcast else 0.0], dtype=np.float32)
-                             for layer in range(L)]
+        self._bind_views()
         self._zeros_links = np.zeros(self.topology.num_links, dtype=np.float32)
 
         # --- episode state
+        self._pending_charge_s = 0.0
         self._rows: NDArray[np.int64] = np.zeros((0, self.batch), dtype=np.int64)
         self._sets: NDArray[np.int64] = np.zeros((L, self.batch, self.top_k), dtype=np.int64)
         self._decode_step = 0
@@ -380,6 +345,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._tbts_us: list[float] = []
         self._twin_rng = np.random.default_rng(0)
         self.last_layer: LayerResult | None = None
+        self.last_sets: NDArray[np.int64] | None = None
         self.last_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ description
@@ -403,6 +369,98 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "skip_zero_priority": self.conv.skip_zero_priority,
             **({"replica_rules": list(self.replica_rules)} if self.replica_rules else {}),
         }
+
+    def _bind_decisions(self) -> None:
+        """Build the placement-dependent physics: decision evaluator, broadcast plans, k_b."""
+        config, L, E = self.config, self.num_layers, self.num_experts
+        self.decisions = self.sim.decision_evaluator(
+            self.placement, self.batch, freqs=self._freqs, max_broadcast=self.max_broadcast,
+            bc_max_messages=config.bc_max_messages, gating_coefficients=self.gating_coefficients,
+            gating_options=dict(                             # validated by EnvConfig
+                comp_penalty=config.gating_comp_penalty,
+                comm_penalty=config.gating_comm_penalty,
+                protect_top=int(config.gating_protect_top),
+                candidate_window=config.gating_candidate_window,
+                include_future=bool(config.gating_include_future),
+                renormalize=self.model.renormalize_topk, diagnostics=False))
+        self.evaluator = self.decisions.evaluator
+        self.w_flops = self.decisions.w_flops
+        self.compute_flops = self.decisions.compute_flops
+        self.plans = self.decisions.plans
+        kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
+        if config.k_b is not None:                           # validated by EnvConfig
+            manual = np.broadcast_to(np.asarray(config.k_b, dtype=np.int64), (L,)).copy()
+            kb = np.minimum(manual, min(self.max_broadcast, E))
+            kb[0] = 0                                        # §10.3: no broadcast at layer 0
+        self.k_b = kb
+        self._budget_s = np.array(self.decisions.budgets_s)
+
+    def _bind_views(self) -> None:
+        """Build the placement-dependent observation parts and action masks."""
+        L, D = self.num_layers, self.num_nodes
+        P, reps = self.placement.P, self.placement.replicas
+        held = P if reps is None else P + reps                 # a redundant copy holds 1
+        self._replicas = [np.ascontiguousarray(held[layer], dtype=np.float32)
+                          for layer in range(L)]
+        if self.config.flatten_replicas:
+            self._replicas = [r.ravel() for r in self._replicas]
+        self._node_scale_all = np.ascontiguousarray(
+            self.decisions.expected_shares.transpose(0, 2, 1)
+            * (D / (self.top_k * self.batch)))                                 # [L, D, E]
+        broadcastable = (P > 0).sum(axis=2) < D                # [L, E]: not already everywhere
+        self._masks = [self._layer_mask(int(self.k_b[layer]), broadcastable[layer])
+                       for layer in range(L)]
+        self._slot_allowed = [m[:self.max_broadcast * (self.num_experts + 1)]
+                              .reshape(self.max_broadcast, self.num_experts + 1)
+                              for m in self._masks]
+        self._layer_frac = [np.array([layer / (L - 1) if L > 1 else 0.0], dtype=np.float32)
+                            for layer in range(L)]
+        self._budget_frac = [np.array([min(1.0, self.k_b[layer] / self.max_broadcast)
+                                       if self.max_broadcast else 0.0], dtype=np.float32)
+                             for layer in range(L)]
+
+    def replace_placement(self, placement: Placement, *, charge_s: float = 0.0
+                          ) -> dict[str, NDArray[np.float32]]:
+        """Swap the placement between decode steps (e.g. a periodic rebalance of the experts).
+
+        The new placement takes effect from the next ``step``; ``charge_s`` (e.g. the NoC
+        makespan of the weight moves, ``baselines.eplb.simulate_moves``) is added to that
+        step's latency (``t_extra_us``, reported as ``rebalance_us`` in its ``info``). The
+        action space does not change, so a placement with redundant experts can only replace
+        one with redundant experts (and one without, one without).
+
+        Args:
+            placement: The new placement (same model and mesh).
+            charge_s: Seconds charged to the next layer, >= 0.
+
+        Returns:
+            The observation of the current layer under the new placement.
+
+        Raises:
+            ConfigError: Called inside a decode step (after layer 0), a mismatched placement,
+                a change in whether the placement has redundant experts, or a negative charge.
+        """
+        if not self._episode_over and self._layer != 0:
+            raise ConfigError(f"replace_placement inside decode step {self._decode_step} (at "
+                              f"layer {self._layer}); call it between decode steps")
+        if not (math.isfinite(charge_s) and charge_s >= 0):
+            raise ConfigError(f"charge_s={charge_s!r} must be a finite number of seconds >= 0")
+        if not isinstance(placement, Placement):
+            raise ConfigError(f"replace_placement needs a Placement, got "
+                              f"{type(placement).__name__}")
+        self.sim.check_placement(placement)
+        if placement.has_replicas != bool(self.replica_rules):
+            raise ConfigError("the new placement " + ("has" if placement.has_replicas else
+                              "lacks") + " redundant experts but the env's action space was "
+                              "built " + ("without" if placement.has_replicas else "with") +
+                              " the replica-rule dimension; build a new env for it")
+        self.placement = placement
+        self._bind_decisions()
+        self._bind_views()
+        if self.config.gammas is None:
+            self._gammas = None                              # refitted lazily for the new one
+        self._pending_charge_s += float(charge_s)
+        return self._observation()
 
     def _layer_mask(self, kb: int, broadcastable: NDArray[np.bool_]) -> NDArray[np.bool_]:
         E = self.num_experts
@@ -524,13 +582,15 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         bc_makespan = 0.0 if bres is None else bres.makespan_s
         bc_chunks = 0 if bres is None else bres.chunks
         total = res.total_s
+        charge, self._pending_charge_s = self._pending_charge_s, 0.0
+        total += charge
         tp_total = float(self._tp_totals[layer])
         reward = -total / (tp_total if self.reward_scale is None else self.reward_scale)
         info: dict[str, Any] = {
             "decode_step": self._decode_step, "layer": layer, "mode": res.mode,
             "t_nm_us": res.t_nm_s * 1e6, "t_comp_us": res.t_comp_s * 1e6,
             "t_dispatch_us": res.t_dispatch_s * 1e6, "t_combine_us": res.t_combine_s * 1e6,
-            "t_comm_us": res.t_comm_moe_s * 1e6, "t_extra_us": res.t_extra_s * 1e6,
+            "t_comm_us": res.t_comm_moe_s * 1e6, "t_extra_us": (res.t_extra_s + charge) * 1e6,
             "total_us": total * 1e6, "tp_total_us": tp_total * 1e6,
             "compute_us": (res.t_nm_compute_s + res.t_comp_compute_s) * 1e6,
             "memory_us": res.memory_s * 1e6,           # exposed memory (no non-MoE comm)
@@ -551,9 +611,12 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         }
         if self.replica_rules:
             info["replica_rule"] = rep_rule
+        if charge:
+            info["rebalance_us"] = charge * 1e6
         if out.twin is not None:
             self._report_twin(info, res, out.twin)
         self.last_layer = res
+        self.last_sets = out.token_sets             # the executed (gated) expert sets [B, k]
         self._step_latency_s += total
         self._prev_busy = (self._zeros_links if busy is None or total <= 0 else
                            np.minimum(busy / total, 1.0).astype(np.float32))

@@ -584,3 +584,31 @@ def test_replicated_env_steps_with_every_rule_and_every_sampled_action():
         env.step(np.array([E, E, 0, 0]))
     with pytest.raises(ConfigError, match="shares"):
         make(placement=pl, replica_rules=("shares",))
+
+
+def test_replace_placement_between_decode_steps_charges_the_next_layer():
+    """A swap between decode steps takes effect at the next step and charges it exactly once:
+    the next layer's total grows by the charge (1 ms) relative to the same step without it."""
+    pl = _replicated_ep()
+    lay_env = make(placement=pl)
+    from hdamoe_env.actions import ActionLayout
+
+    a = ActionLayout.from_env(lay_env).encode()
+    ref = make(placement=pl)
+    ref.reset(seed=3)
+    lay_env.reset(seed=3)
+    obs = lay_env.replace_placement(pl, charge_s=1e-3)
+    assert lay_env.observation_space.contains(obs)
+    _, _, _, _, with_charge = lay_env.step(a)
+    _, _, _, _, plain = ref.step(a)
+    assert with_charge["rebalance_us"] == pytest.approx(1e3)
+    assert with_charge["total_us"] - plain["total_us"] == pytest.approx(1e3)
+    assert with_charge["t_extra_us"] - plain["t_extra_us"] == pytest.approx(1e3)
+    _, _, _, _, after = lay_env.step(a)                   # charged once only
+    assert "rebalance_us" not in after
+    with pytest.raises(ConfigError, match="between decode steps"):
+        lay_env.replace_placement(pl)                      # layer 2 of the decode step
+    with pytest.raises(ConfigError, match="redundant experts"):
+        make(placement="ep").replace_placement(pl)
+    with pytest.raises(ConfigError, match="charge_s"):
+        make(placement=pl).replace_placement(pl, charge_s=-1.0)
