@@ -26,7 +26,7 @@ from hdamoe_env.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.scheduling import DISPATCH_RULES
-from hdamoe_env.sources import check_trace_skew, load_trace
+from hdamoe_env.sources import check_skew_applies, check_trace_skew, load_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
 
@@ -162,11 +162,7 @@ class EnvConfig:
         if isinstance(self.trace_skew, bool | np.bool_):
             raise ConfigError(f"trace_skew must be a finite number > 0, got {self.trace_skew!r}")
         set_(self, "trace_skew", check_trace_skew(self.trace_skew))
-        if self.trace_skew != 1.0 and not (isinstance(self.trace, str)
-                                           and self.trace == "synthetic"):
-            raise ConfigError(f"trace_skew={self.trace_skew:g} applies to trace='synthetic' "
-                              f"only, got trace={self.trace!r}; use the synthetic trace or "
-                              "trace_skew=1")
+        check_skew_applies(self.trace, self.trace_skew)
         for name in ("trace_requests", "trace_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name), 1,

@@ -22,7 +22,7 @@ from hdamoe_env.errors import ConfigError, TraceFormatError
 from hdamoe_env.specs import ModelSpec
 from traces import RoutingTrace, load, read_reference_json, synthetic
 
-__all__ = ["GENERIC_GENERATOR", "check_trace_skew", "load_trace"]
+__all__ = ["GENERIC_GENERATOR", "check_skew_applies", "check_trace_skew", "load_trace"]
 
 #: Generic expert-level generator parameters for models without fitted ones [decision].
 GENERIC_GENERATOR: dict[str, float] = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0,
@@ -74,6 +74,30 @@ def check_trace_skew(value: Any) -> float:
                           "(flatter)") from None
 
 
+def check_skew_applies(spec: Any, skew: float) -> None:
+    """Check that a trace skew τ can describe the trace ``spec``.
+
+    τ = 1 fits every trace. τ != 1 fits ``"synthetic"`` (generated with it) and a loaded
+    ``RoutingTrace`` whose generator recorded that τ (``meta["generator"]["skew"]``, as the
+    bench passes the trace it loaded once to every env); files and other traces are rejected.
+
+    Raises:
+        ConfigError: τ != 1 for a trace it does not describe (the message names both).
+    """
+    if skew == 1.0 or (isinstance(spec, str) and spec == "synthetic"):
+        return
+    if isinstance(spec, RoutingTrace):
+        generator = spec.meta.get("generator") or {}
+        recorded = generator.get("skew", 1.0) if isinstance(generator, dict) else 1.0
+        if float(recorded) == skew:
+            return
+        what = f"the trace {spec.trace_id[:12]} (generated with skew {float(recorded):g})"
+    else:
+        what = f"the trace {str(spec)!r}"
+    raise ConfigError(f"trace_skew={skew:g} reshapes the synthetic generator's popularity and "
+                      f"cannot apply to {what}; use trace='synthetic' or trace_skew=1")
+
+
 def _from_file(path: Path, model: ModelSpec | None) -> RoutingTrace:
     """Read a reference ``.json`` (with the model's E, k, layer offset) or a canonical ``.npz``."""
     if not path.exists():
@@ -105,7 +129,8 @@ def load_trace(spec: str | os.PathLike[str] | RoutingTrace, model: ModelSpec | N
         predictor: Synthetic: ``"noisy_oracle"`` also records predicted sets (``pred_ids``,
             traces.md §7.6); None records none.
         skew: Synthetic: skew power τ of the expert popularity (``traces.synthetic``: p ← p^τ;
-            1 = the fitted generator). Files and ``RoutingTrace`` objects take only 1.
+            1 = the fitted generator). Files take only 1; a ``RoutingTrace`` only the skew it
+            was generated with (see :func:`check_skew_applies`).
 
     Returns:
         The trace. Synthetic traces are cached per process by (model shape, arguments, skew).
@@ -116,10 +141,7 @@ def load_trace(spec: str | os.PathLike[str] | RoutingTrace, model: ModelSpec | N
             finite and > 0, or ``skew`` != 1 for a trace that is not synthetic.
     """
     skew = check_trace_skew(skew)
-    if skew != 1.0 and not (isinstance(spec, str) and spec == "synthetic"):
-        raise ConfigError(f"trace_skew={skew:g} reshapes the synthetic generator's popularity and "
-                          f"cannot apply to the trace {spec!r}; use trace='synthetic' or "
-                          "trace_skew=1")
+    check_skew_applies(spec, skew)
     if isinstance(spec, RoutingTrace):
         return spec
     if isinstance(spec, str) and spec == "synthetic":

@@ -359,6 +359,9 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
     p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: the env's)")
+    p.add_argument("--trace-skew", type=positive_float, default=1.0, metavar="TAU",
+                   help="synthetic trace: skew power τ of the expert popularity (p ← p^τ; "
+                   ">1 sharper, <1 flatter); placements are optimised on the same trace")
     p.add_argument("--mesh", default="4x8", help="node grid XxY")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
@@ -536,6 +539,9 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: generator's)")
+    p.add_argument("--trace-skew", type=positive_float, default=1.0, metavar="TAU",
+                   help="synthetic trace: skew power τ of the expert popularity (p ← p^τ; "
+                   ">1 sharper, <1 flatter)")
     p.add_argument("--conventions", default="faithful", type=profile_name,
                    help=PROFILE_HELP)
     p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")

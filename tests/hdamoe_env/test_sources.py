@@ -54,5 +54,6 @@ def test_synthetic_skew_is_part_of_the_cache_key_and_checked(tiny_model):
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="trace_skew"):
             load_trace("synthetic", model, skew=bad)
-    with pytest.raises(ConfigError, match="trace='synthetic'"):
+    with pytest.raises(ConfigError, match="generated with skew 1"):
         load_trace(base, model, skew=1.5)
+    assert load_trace(sharp, model, skew=1.5) is sharp      # a loaded trace of that skew
