@@ -391,6 +391,18 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
         changed = sum(1 for r in sub if (ref := by_cell.get(_row_label(r))) is not None
                       and ref["winner"] != r["winner"])
         lines.append(f"* `{knob}`: {changed} of {len(sub)} knob cells change the winner.")
+    if knobs:
+        lines += ["", "## Every knob cell", "",
+                  render_table(["model", "setting", "B", "knob", "value", "winner", "runner-up",
+                                "margin", *METHODS],
+                               [[r["model"], r["setting"], str(r["batch"]), r["knob"],
+                                 f"{r['value']:g}" if isinstance(r["value"], float)
+                                 else str(r["value"]), r["winner"], str(r["runner_up"]),
+                                 f"{r['margin']:.3f}" if r["margin"] else "-",
+                                 *[f"{r['tbt_us'][m]:.1f}" if m in r["tbt_us"] else "-"
+                                   for m in METHODS]]
+                                for knob in knobs for r in rows if r["knob"] == knob],
+                               style="markdown")]
     if figures:
         lines += ["", "## Heat maps", ""] + [f"![{f}](figures/{f})" for f in figures]
     text = "\n".join(lines) + "\n"
