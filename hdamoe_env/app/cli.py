@@ -182,7 +182,8 @@ def cmd_traces_gen(args: argparse.Namespace) -> int:
     import traces
 
     model = get_model(args.model)
-    trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests)
+    trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests,
+                       skew=args.skew)
     path = traces.save(trace, args.out)
     print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows × "
           f"top-{trace.top_k}, trace id {trace.trace_id[:12]}")
@@ -312,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--requests", type=positive_int, default=None,
                      help="synthetic trace: number of requests (default: the generator's)")
     gen.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    gen.add_argument("--skew", type=positive_float, default=1.0, metavar="TAU",
+                     help="skew power τ of the expert popularity (p ← p^τ; >1 sharper, <1 "
+                     "flatter)")
     gen.add_argument("--out", required=True, help="output trace path (.hdtrace.npz)")
     gen.set_defaults(func=cmd_traces_gen)
     conv = tsub.add_parser("convert", help="reference JSON trace → canonical .npz")
