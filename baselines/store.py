@@ -15,10 +15,11 @@ Every command that needs a placement by name (``hdamoe bench``, ``reproduce``, `
 Artifact-backed placements are read from a ``hdamoe place`` output directory when one is given,
 otherwise from a quick run of the offline pipeline (:data:`QUICK_PLACEMENT`: heuristic Node
 Balance, a small local-search Link-Balance budget) cached under :func:`default_cache_dir` in a
-directory keyed by the pipeline's configuration hash — model, trace id, trace skew τ (when != 1),
-hardware, topology, profile, seed and budget. A complete cached artifact is loaded, never re-solved; an interrupted
-run resumes layer by layer. The online methods HD-MoE and HDA-MoE are ``node_link`` plus agents;
-the application layer composes them (this package never imports ``agents``).
+directory keyed by the pipeline's configuration hash — model, trace id, trace skew τ (when
+!= 1), hardware, topology, profile, seed and budget. A complete cached artifact is loaded, never
+re-solved; an interrupted run resumes layer by layer. The online methods HD-MoE and HDA-MoE are
+``node_link`` plus agents; the application layer composes them (this package never imports
+``agents``).
 """
 
 from __future__ import annotations

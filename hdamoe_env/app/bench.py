@@ -262,7 +262,8 @@ class BenchConfig:
         return StoreConfig(model=self.model, mesh=self.mesh, setting=self.setting,
                            topology=self.topology, conventions=self.conventions,
                            trace_label=self.trace_label, trace_requests=self.trace_requests,
-                           trace_skew=self.trace_skew, placement_dir=self.placement_dir, cache_dir=self.cache_dir,
+                           trace_skew=self.trace_skew, placement_dir=self.placement_dir,
+                           cache_dir=self.cache_dir,
                            placement_seed=self.placement_seed, place_batch=self.place_batch,
                            place_workers=self.place_workers, quick=self.quick)
 
