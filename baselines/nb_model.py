@@ -354,7 +354,11 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
     for the load cap (11), the largest share for the memory cap (10) — to the clusters with the
     most headroom (creating shards). Used to repair an EP start. On the tile grid
     (``coeffs.unit``) the input is snapped first, the excess is rounded up and the headroom down
-    to whole units, and the LP fallback's result is snapped and re-checked.
+    to whole units, and the LP fallback's result is snapped and re-checked; when that still
+    fails, an integer program in whole units finds the on-grid repair (:func:`_grid_repair`):
+    the greedy moves only into free headroom and snapping the LP point breaks exactly full
+    memory caps, so without it a tight cap (ρ_mem = 1: every node exactly full) or a coarse
+    unit whose only fixes are swaps was reported as unrepairable although it is not.
 
     Args:
         P: float [E, D] shares (rows sum to 1).
@@ -377,6 +381,8 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
         return lp
     # on the grid: snap the LP point and repair its rounding greedily
     fixed = _greedy_repair(snap_shares(lp, coeffs.unit), coeffs)
+    if fixed is None:  # swaps and exactly full caps: solve for whole units directly
+        fixed = _grid_repair(P0, coeffs)
     if fixed is None:
         raise InfeasibleError(f"cannot repair the start on the tile grid (unit 1/{coeffs.units}):"
                               f" no on-grid placement found that meets the load cap "
@@ -465,6 +471,46 @@ def _lp_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients) -> NDAr
     P = res.x.reshape(E, D)
     P[P < _SHARE_EPS] = 0.0
     return P / P.sum(axis=1, keepdims=True)
+
+
+def _grid_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients, *,
+                 time_limit_s: float = 10.0) -> NDArray[np.float64] | None:
+    """Return on-grid shares meeting the caps that move the fewest units off ``P0``'s support.
+
+    An integer program over n_ic ∈ {0, …, U} tile units (share P_ic = n_ic / U): Σ_c n_ic = U
+    per expert, Σ_i f_i n_ic ≤ U·cap (11) and Σ_i n_ic ≤ ⌊U·mem_cap_c⌋ (10) per cluster,
+    minimising the units placed where ``P0`` is zero. Solved by HiGHS through
+    ``scipy.optimize.milp`` with a time limit [decision: 10 s; a DeepSeek layer takes < 2 s].
+
+    Returns:
+        float [E, D] shares on the grid, or None when no feasible point was found.
+    """
+    try:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+    except ImportError as exc:
+        raise DependencyNotInstalled(f"scipy is missing (start repair); run `{_EXTRA}`") from exc
+    units = coeffs.units
+    assert units is not None
+    E, D = P0.shape
+    n = E * D
+    ii, cc = np.divmod(np.arange(n), D)
+    cols = np.arange(n)
+    constraints = [
+        LinearConstraint(coo_matrix((np.ones(n), (ii, cols)), shape=(E, n)).tocsr(), units, units),
+        LinearConstraint(coo_matrix((coeffs.freqs[ii], (cc, cols)), shape=(D, n)).tocsr(),
+                         -np.inf, coeffs.load_cap * units + _TOL)]
+    if coeffs.mem_cap is not None:
+        constraints.append(LinearConstraint(
+            coo_matrix((np.ones(n), (cc, cols)), shape=(D, n)).tocsr(), -np.inf,
+            np.floor(coeffs.mem_cap * units + 1e-9)))
+    cost = np.where(P0.reshape(-1) > 0, 0.0, 1.0)
+    res = milp(cost, integrality=np.ones(n), bounds=Bounds(0, units), constraints=constraints,
+               options={"time_limit": time_limit_s})
+    if res.x is None:
+        return None
+    P = np.rint(res.x).reshape(E, D) / units
+    return P if _feasible(P, coeffs) else None
 
 
 def _wrap_start(coeffs: NodeBalanceCoefficients, member: NDArray[np.bool_],

@@ -126,6 +126,9 @@ class PlaceConfig:
         trace: ``"synthetic"`` or a trace path (reference ``.json`` or canonical ``.npz``).
         trace_requests: Synthetic trace: number of requests (None = generator default).
         trace_seed: Synthetic trace seed (None = ``seed``).
+        trace_skew: Synthetic trace: skew power τ of the expert popularity (1 = the fitted
+            generator; ``traces.synthetic``). Left out of :meth:`to_dict` at 1, so the
+            configuration hashes of runs made before the knob existed are unchanged.
         view: Trace view the statistics are mined from (``content``).
         conventions: Convention profile name or ``Conventions`` object (a derived profile is
             kept as is; resolved once, here).
@@ -152,6 +155,7 @@ class PlaceConfig:
     trace: str = "synthetic"
     trace_requests: int | None = None
     trace_seed: int | None = None
+    trace_skew: float = 1.0
     view: str = "content"
     conventions: str | Conventions = "faithful"
     rho_mem: float | None = None
@@ -169,6 +173,7 @@ class PlaceConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh", tuple(int(v) for v in self.mesh))
+        object.__setattr__(self, "trace_skew", sources.check_trace_skew(self.trace_skew))
         if self.nb_mode not in NB_MODES:
             raise ConfigError(f"nb_mode={self.nb_mode!r}; expected one of {list(NB_MODES)}")
         if self.lb_method not in LB_METHODS:
@@ -208,6 +213,8 @@ class PlaceConfig:
         """Return a JSON-serialisable dict (model resolved to its preset id)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["mesh"] = list(self.mesh)
+        if self.trace_skew == 1.0:  # the default stays out: cache keys of older runs hold
+            del d["trace_skew"]
         spec = self.model_spec
         preset = MODEL_PRESETS.get(spec.key)
         d["model"] = spec.key if preset == spec else spec.to_dict()
@@ -276,7 +283,7 @@ def load_trace(config: PlaceConfig) -> Any:
     """
     seed = config.seed if config.trace_seed is None else config.trace_seed
     return sources.load_trace(config.trace, config.model_spec, seed=seed,
-                              requests=config.trace_requests)
+                              requests=config.trace_requests, skew=config.trace_skew)
 
 
 # --------------------------------------------------------------------------------------------

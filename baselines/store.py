@@ -21,10 +21,11 @@ read from a placement directory (only kept in memory, like ``tp`` and ``ep``).
 Artifact-backed placements are read from a ``hdamoe place`` output directory when one is given,
 otherwise from a quick run of the offline pipeline (:data:`QUICK_PLACEMENT`: heuristic Node
 Balance, a small local-search Link-Balance budget) cached under :func:`default_cache_dir` in a
-directory keyed by the pipeline's configuration hash — model, trace id, hardware, topology,
-profile, seed and budget. A complete cached artifact is loaded, never re-solved; an interrupted
-run resumes layer by layer. The online methods HD-MoE and HDA-MoE are ``node_link`` plus agents;
-the application layer composes them (this package never imports ``agents``).
+directory keyed by the pipeline's configuration hash — model, trace id, trace skew τ (when
+!= 1), hardware, topology, profile, seed and budget. A complete cached artifact is loaded, never
+re-solved; an interrupted run resumes layer by layer. The online methods HD-MoE and HDA-MoE are
+``node_link`` plus agents; the application layer composes them (this package never imports
+``agents``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class StoreConfig:
         conventions: Profile name or ``Conventions``.
         trace_label: The trace as the pipeline names it (``"synthetic"`` or a path).
         trace_requests: Requests of a synthetic trace (None: the generator's default).
+        trace_skew: Skew power τ of a synthetic trace (1 = the fitted generator); part of the
+            pipeline's configuration hash and of the cache directory name when != 1.
         placement_dir: ``hdamoe place`` output directory (None: quick pipeline, cached).
         cache_dir: Root of the placement cache (None: :func:`default_cache_dir`).
         placement_seed: Seed of EP and of the offline pipeline.
@@ -101,6 +104,7 @@ class StoreConfig:
     conventions: Any = "faithful"
     trace_label: str = "synthetic"
     trace_requests: int | None = None
+    trace_skew: float = 1.0
     placement_dir: str | None = None
     cache_dir: str | None = None
     placement_seed: int = 0
@@ -195,7 +199,8 @@ class PlacementStore:
         cfg = self.config
         return PlaceConfig(model=cfg.model, mesh=parse_mesh(cfg.mesh), setting=cfg.setting,
                            batch=cfg.place_batch, topology=cfg.topology, trace=cfg.trace_label,
-                           trace_requests=cfg.trace_requests, conventions=cfg.conventions,
+                           trace_requests=cfg.trace_requests, trace_skew=cfg.trace_skew,
+                           conventions=cfg.conventions,
                            seed=cfg.placement_seed, **cfg.quick)
 
     def cache_path(self) -> Path:
@@ -207,7 +212,9 @@ class PlacementStore:
         conv_name = conv if isinstance(conv, str) else conv.name
         name = (f"{self.model.key}__{self.config.topology}{X}x{Y}__"
                 f"{self.config.setting.replace('/', '-')}__{conv_name}__"
-                f"seed{self.config.placement_seed}__{digest}")
+                f"seed{self.config.placement_seed}__"
+                + (f"skew{self.config.trace_skew:g}__" if self.config.trace_skew != 1.0 else "")
+                + digest)
         root = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
         return root / name
 

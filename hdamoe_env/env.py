@@ -179,6 +179,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             hardware: Full ``HardwareSpec`` (overrides ``setting`` and ``mesh``).
             trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
             trace_seed: Seed of the synthetic trace and of score synthesis.
+            trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ;
+                1 = the fitted generator; finite and > 0; synthetic traces only).
             batch_mode: Decode-step formation (default: the profile's ``batch_mode``,
                 ``"streams"``, cycling).
             batch_options: Extra options of the batching mode (e.g. ``{"cycle": False}`` for

@@ -26,7 +26,7 @@ from hdamoe_env.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.placement import Placement
 from hdamoe_env.profiles import Conventions, get_profile
 from hdamoe_env.scheduling import DISPATCH_RULES, REPLICA_RULES
-from hdamoe_env.sources import load_trace
+from hdamoe_env.sources import check_skew_applies, check_trace_skew, load_trace
 from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec, get_model, hardware_from_setting
 from traces import RoutingTrace, batching, synthetic
 
@@ -80,6 +80,8 @@ class EnvConfig:
         hardware: Full ``HardwareSpec``.
         trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
         trace_seed: Seed of the synthetic trace and of score synthesis.
+        trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ,
+            ``traces.synthetic``); 1 (default) is the fitted generator; finite and > 0.
         batch_mode: Decode-step formation (default: the profile's ``batch_mode``).
         batch_options: Extra options of the batching mode.
         view: Trace view.
@@ -127,6 +129,7 @@ class EnvConfig:
     hardware: HardwareSpec | None = None
     trace_tokens: int | None = None
     trace_seed: int = 0
+    trace_skew: float = 1.0
     batch_mode: str | None = None
     batch_options: dict[str, Any] | None = field(default=None, hash=False)
     view: str = "content"
@@ -166,6 +169,10 @@ class EnvConfig:
         _positive_int("max_broadcast", self.max_broadcast, 0, "an integer >= 0")
         for name in ("trace_seed", "placement_seed", "gamma_seed"):
             _positive_int(name, getattr(self, name), 0, "an integer >= 0 (a seed)")
+        if isinstance(self.trace_skew, bool | np.bool_):
+            raise ConfigError(f"trace_skew must be a finite number > 0, got {self.trace_skew!r}")
+        set_(self, "trace_skew", check_trace_skew(self.trace_skew))
+        check_skew_applies(self.trace, self.trace_skew)
         for name in ("trace_requests", "trace_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name), 1,
@@ -273,13 +280,15 @@ class EnvConfig:
         """Load the env's routing trace (the one place the env's trace defaults live).
 
         A synthetic trace has ``trace_requests`` requests (default 32) and ``trace_tokens``
-        rows (default max(8192, 16·B)); it records predicted sets only for the ``trace``
-        predictor. Files and ``RoutingTrace`` objects are returned as read.
+        rows (default max(8192, 16·B)) and popularity skew ``trace_skew``; it records predicted
+        sets only for the ``trace`` predictor. Files and ``RoutingTrace`` objects are returned
+        as read.
         """
         return load_trace(self.trace, self.model_spec, seed=int(self.trace_seed),
                           requests=int(self.trace_requests or 32),
                           tokens=int(self.trace_tokens or max(8192, 16 * int(self.batch))),
-                          predictor="noisy_oracle" if self.predictor == "trace" else None)
+                          predictor="noisy_oracle" if self.predictor == "trace" else None,
+                          skew=self.trace_skew)
 
     def accuracies(self) -> NDArray[np.float64]:
         """Return the noisy-oracle accuracy per layer (entry 0 unused; traces.md §7.6).

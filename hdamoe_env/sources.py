@@ -22,7 +22,7 @@ from hdamoe_env.errors import ConfigError, TraceFormatError
 from hdamoe_env.specs import ModelSpec
 from traces import RoutingTrace, load, read_reference_json, synthetic
 
-__all__ = ["GENERIC_GENERATOR", "load_trace"]
+__all__ = ["GENERIC_GENERATOR", "check_skew_applies", "check_trace_skew", "load_trace"]
 
 #: Generic expert-level generator parameters for models without fitted ones [decision].
 GENERIC_GENERATOR: dict[str, float] = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0,
@@ -33,10 +33,10 @@ _CACHE_SIZE = 16
 
 
 def _synthetic(model: ModelSpec, seed: int, requests: int | None, tokens: int | None,
-               predictor: str | None) -> RoutingTrace:
+               predictor: str | None, skew: float) -> RoutingTrace:
     """Generate (and cache per process) the synthetic trace of a model (traces.md §7)."""
     key = (model.key, model.num_moe_layers, model.num_experts, model.top_k, requests, tokens,
-           seed, predictor)
+           seed, predictor, skew)
     hit = _TRACE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -44,17 +44,58 @@ def _synthetic(model: ModelSpec, seed: int, requests: int | None, tokens: int | 
     if preset is not None and (preset["L"], preset["E"], preset["k"]) == (
             model.num_moe_layers, model.num_experts, model.top_k):
         trace = synthetic.generate(model.key, n_requests=requests, n_tokens=tokens, seed=seed,
-                                   predictor=predictor)
+                                   predictor=predictor, skew=skew)
     else:
         params = dict(GENERIC_GENERATOR, E=model.num_experts, k=model.top_k,
                       L=model.num_moe_layers, clusters=max(2, min(16, model.num_experts)))
         trace = synthetic.generate("deepseek-v2-lite", n_requests=requests, n_tokens=tokens,
                                    seed=seed, predictor=predictor, params=params,
-                                   J=min(model.top_k, model.num_experts - model.top_k))
+                                   J=min(model.top_k, model.num_experts - model.top_k),
+                                   skew=skew)
     if len(_TRACE_CACHE) >= _CACHE_SIZE:
         _TRACE_CACHE.clear()
     _TRACE_CACHE[key] = trace
     return trace
+
+
+def check_trace_skew(value: Any) -> float:
+    """Return the trace skew τ as a float, or raise ``ConfigError`` if not finite and > 0.
+
+    Args:
+        value: The skew power τ (1 = the fitted synthetic popularity).
+
+    Raises:
+        ConfigError: Not a number, not finite, or <= 0 (the message names the value and a fix).
+    """
+    try:
+        return synthetic.check_skew(value)
+    except ValueError as exc:
+        raise ConfigError(f"trace_skew: {exc}; e.g. trace_skew=1.5 (sharper) or 0.5 "
+                          "(flatter)") from None
+
+
+def check_skew_applies(spec: Any, skew: float) -> None:
+    """Check that a trace skew τ can describe the trace ``spec``.
+
+    τ = 1 fits every trace. τ != 1 fits ``"synthetic"`` (generated with it) and a loaded
+    ``RoutingTrace`` whose generator recorded that τ (``meta["generator"]["skew"]``, as the
+    bench passes the trace it loaded once to every env); files and other traces are rejected.
+
+    Raises:
+        ConfigError: τ != 1 for a trace it does not describe (the message names both).
+    """
+    if skew == 1.0 or (isinstance(spec, str) and spec == "synthetic"):
+        return
+    if isinstance(spec, RoutingTrace):
+        generator = spec.meta.get("generator") or {}
+        recorded = generator.get("skew", 1.0) if isinstance(generator, dict) else 1.0
+        if float(recorded) == skew:
+            return
+        what = f"the trace {spec.trace_id[:12]} (generated with skew {float(recorded):g})"
+    else:
+        what = f"the trace {str(spec)!r}"
+    raise ConfigError(f"trace_skew={skew:g} reshapes the synthetic generator's popularity and "
+                      f"cannot apply to {what}; use trace='synthetic' or trace_skew=1")
 
 
 def _from_file(path: Path, model: ModelSpec | None) -> RoutingTrace:
@@ -72,7 +113,7 @@ def _from_file(path: Path, model: ModelSpec | None) -> RoutingTrace:
 
 def load_trace(spec: str | os.PathLike[str] | RoutingTrace, model: ModelSpec | None, *,
                seed: int = 0, requests: int | None = None, tokens: int | None = None,
-               predictor: str | None = None) -> RoutingTrace:
+               predictor: str | None = None, skew: float = 1.0) -> RoutingTrace:
     """Return the routing trace named by ``spec`` for ``model``.
 
     Args:
@@ -87,20 +128,26 @@ def load_trace(spec: str | os.PathLike[str] | RoutingTrace, model: ModelSpec | N
         tokens: Synthetic: total rows (None: the generator's default).
         predictor: Synthetic: ``"noisy_oracle"`` also records predicted sets (``pred_ids``,
             traces.md §7.6); None records none.
+        skew: Synthetic: skew power τ of the expert popularity (``traces.synthetic``: p ← p^τ;
+            1 = the fitted generator). Files take only 1; a ``RoutingTrace`` only the skew it
+            was generated with (see :func:`check_skew_applies`).
 
     Returns:
-        The trace. Synthetic traces are cached per process by (model shape, arguments).
+        The trace. Synthetic traces are cached per process by (model shape, arguments, skew).
 
     Raises:
         TraceFormatError: The file does not exist or is malformed (the message names it).
-        ConfigError: ``spec`` is of another type, or ``"synthetic"`` without a model.
+        ConfigError: ``spec`` is of another type, ``"synthetic"`` without a model, ``skew`` not
+            finite and > 0, or ``skew`` != 1 for a trace that is not synthetic.
     """
+    skew = check_trace_skew(skew)
+    check_skew_applies(spec, skew)
     if isinstance(spec, RoutingTrace):
         return spec
     if isinstance(spec, str) and spec == "synthetic":
         if model is None:
             raise ConfigError("trace 'synthetic' needs a model to generate routing for")
-        return _synthetic(model, int(seed), requests, tokens, predictor)
+        return _synthetic(model, int(seed), requests, tokens, predictor, skew)
     if isinstance(spec, str | os.PathLike):
         return _from_file(Path(spec), model)
     raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "

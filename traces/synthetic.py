@@ -23,6 +23,18 @@ expert-level synthetic *model* (rank permutations, cluster weights θ) comes fro
 same synthetic model — like the categories of one real model — and a placement fitted on one seed
 can be evaluated on another. Request lengths follow the empirical list of the parameters when
 present (Mixtral), else the log-normal of §7.1 (μ = 6.483, σ = 0.515 in ln rows) [decision].
+
+Skew power τ (``skew``, default 1) [decision]: one definition for both families — the long-term
+expert popularity p_l is raised to the power τ and renormalised, p_l ← p_l^τ / Σ_e p_l[e]^τ, so
+τ > 1 sharpens and τ < 1 flattens it (τ → 0 approaches uniform routing). Expert level: the Zipf
+law p_l ∝ rank^(−s_l) becomes rank^(−τ·s_l) (``zipf_s`` × τ) and the cluster weights follow
+(θ[z, l] ~ Dirichlet(κ_cluster·p_l^τ), so E[θ] is the new popularity). Set level: every set is
+reweighted by the product of its experts' old shares to the power τ − 1,
+θ[z, l, g] ← θ[z, l, g]·Π_{e∈g} p_l[e]^(τ−1) (renormalised per cluster and layer), which gives
+set g the weight Π_{e∈g} p_l[e]^τ when θ factorises over experts, and the shares used by the
+tilts, the score synthesis and the predictions become p_l^τ. The request and block tilts keep
+their mean 1, so τ changes popularity, not drift. At τ = 1 nothing is recomputed: the output is
+bit-identical to the generator without the knob. ``meta["generator"]["skew"]`` records τ.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ __all__ = [
     "DEFAULT_ORACLE_ACCURACY",
     "GENERATOR_PARAMS",
     "MODEL_KEYS",
+    "check_skew",
     "default_oracle_accuracy",
     "generate",
     "model_params",
@@ -115,25 +128,71 @@ def _decode_theta(spec: Mapping[str, Any]) -> NDArray[np.float64]:
     return theta / theta.sum(axis=-1, keepdims=True)
 
 
-def model_params(model_key: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def check_skew(skew: Any) -> float:
+    """Return the skew power τ as a float, or raise ``ValueError`` when it is not finite and > 0.
+
+    Args:
+        skew: The skew power τ of the popularity (module docstring; 1 = the fitted generator).
+
+    Returns:
+        ``float(skew)``.
+
+    Raises:
+        ValueError: ``skew`` is not a number, not finite, or <= 0 (the message names the value).
+    """
+    try:
+        value = float(skew)
+    except (TypeError, ValueError):
+        raise ValueError(f"skew must be a finite number > 0 (1 = the fitted popularity), got "
+                         f"{skew!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"skew must be a finite number > 0 (1 = the fitted popularity, > 1 "
+                         f"sharper, < 1 flatter), got {skew!r}")
+    return value
+
+
+def _apply_skew(out: dict[str, Any], skew: float) -> None:
+    """Raise the popularity of ``out`` to the power ``skew`` in place (module docstring)."""
+    if out["kind"] == "expert_mixture":
+        out["zipf_s"] = out["zipf_s"] * skew  # (rank^−s)^τ = rank^−τs
+        return
+    p = out["p"]  # [L, E]
+    log_p = np.log(np.maximum(p, _TINY))
+    # log Π_{e∈g} p_l[e] for every layer and set: [L, G]
+    log_set = log_p[:, out["sets"]].sum(axis=2)
+    log_theta = np.log(np.maximum(out["theta"], _TINY)) + (skew - 1.0) * log_set[None, :, :]
+    log_theta -= log_theta.max(axis=-1, keepdims=True)
+    theta = np.exp(log_theta)
+    out["theta"] = theta / theta.sum(axis=-1, keepdims=True)
+    sharpened = np.exp(skew * (log_p - log_p.max(axis=1, keepdims=True)))
+    out["p"] = sharpened / sharpened.sum(axis=1, keepdims=True)
+
+
+def model_params(model_key: str, overrides: Mapping[str, Any] | None = None, *,
+                 skew: float = 1.0) -> dict[str, Any]:
     """Return the normalised generator parameters of one model.
 
     Args:
         model_key: One of :data:`MODEL_KEYS`.
         overrides: Raw parameter values replacing those of the JSON file (same names, e.g.
             ``{"rho": 0.3, "zipf_s": 0.55}``) — for calibration studies.
+        skew: Skew power τ of the popularity (module docstring): p_l ← p_l^τ, renormalised.
+            1 (the default) leaves every parameter untouched.
 
     Returns:
         A dict with ``kind``, ``E``, ``k``, ``L``, ``C``, ``block``, ``rho`` and per-layer float64
         [L] arrays ``kappa``, ``kappa_block``, ``gamma``; set-level: ``sets`` int [G, k], ``pi``
         [C], ``theta`` [C, L, G], ``p`` [L, E], ``request_tokens``; expert-level: ``zipf_s`` [L],
-        ``kappa_cluster``. ``raw`` holds the merged JSON entry and ``sha256`` its hash.
+        ``kappa_cluster``. ``raw`` holds the merged JSON entry and ``sha256`` its hash (of the
+        JSON entry, before the skew); ``skew`` is τ.
 
     Raises:
         UnknownNameError: For an unknown model key (with a near-miss suggestion).
+        ValueError: ``skew`` is not finite and > 0.
     """
     if model_key not in MODEL_KEYS:
         raise unknown_name("synthetic model key", model_key, MODEL_KEYS)
+    skew = check_skew(skew)
     raw = copy.deepcopy(GENERATOR_PARAMS[model_key])
     raw.update(copy.deepcopy(dict(overrides or {})))
     num_layers = int(raw["L"])
@@ -177,6 +236,9 @@ def model_params(model_key: str, overrides: Mapping[str, Any] | None = None) -> 
         out["kappa_cluster"] = float(raw["kappa_cluster"])
     else:
         raise ValueError(f"model {model_key!r} has unknown generator kind {raw['kind']!r}")
+    if skew != 1.0:  # τ = 1 recomputes nothing: bit-identical to the generator without the knob
+        _apply_skew(out, skew)
+    out["skew"] = skew
     return out
 
 
@@ -361,6 +423,7 @@ def generate(
     model_seed: int = 0,
     score_temperature: float = 1.0,
     params: Mapping[str, Any] | None = None,
+    skew: float = 1.0,
 ) -> RoutingTrace:
     """Generate a synthetic routing trace (traces.md §7).
 
@@ -381,6 +444,8 @@ def generate(
             module docstring.
         score_temperature: T_s of the score softmax (default 1 [assumption]).
         params: Overrides of the JSON parameters (see :func:`model_params`).
+        skew: Skew power τ of the expert popularity (module docstring): > 1 sharpens, < 1
+            flattens; 1 (default) is the fitted generator, bit for bit.
 
     Returns:
         A trace with rank-ordered ``topk_ids`` (top-1 first; ``meta["ids_rank_ordered"]`` true),
@@ -389,9 +454,9 @@ def generate(
 
     Raises:
         UnknownNameError: For an unknown model key.
-        ValueError: For inconsistent sizes.
+        ValueError: For inconsistent sizes, or ``skew`` not finite and > 0.
     """
-    spec = model_params(model_key, params)
+    spec = model_params(model_key, params, skew=skew)
     num_layers, num_experts, top_k = spec["L"], spec["E"], spec["k"]
     extra = top_k if J is None else int(J)
     if extra < 0 or top_k + extra > num_experts:
@@ -522,6 +587,7 @@ def generate(
             "n_requests": int(num_requests),
             "n_tokens": num_tokens,
             "overrides": sorted(params) if params else [],
+            "skew": spec["skew"],
         },
     }
     trace = RoutingTrace(

@@ -39,8 +39,8 @@ that ``resume`` skips finished pairs of the same configuration): TBT mean and st
 steps (µs), breakdown per decode step (compute incl. dense layers, communication, exposed memory,
 other = broadcast excess), gating perturbation (mean over gated layers), decision time per env
 step (wall time of ``agent.predict``), env steps, profile name and knob hash, placement method
-and artifact, trace id, setting, batch, and the mean busy time of every directed link per decode
-step (for the congestion heat map).
+and artifact, trace id and trace skew τ, setting, batch, and the mean busy time of every directed
+link per decode step (for the congestion heat map).
 
 Env throughput (``hdamoe bench-env``) is measured by :mod:`hdamoe_env.app.envbench`.
 """
@@ -71,6 +71,7 @@ from hdamoe_env.app.progress import factory as progress_factory
 from hdamoe_env.app.records import (format_bench_table, read_records, write_csv,
                                      write_records)
 from hdamoe_env.profiles import get_profile
+from hdamoe_env.sources import check_trace_skew
 from hdamoe_env.specs import (
     MODEL_PRESETS,
     ModelSpec,
@@ -176,6 +177,9 @@ class BenchConfig:
         model: Model preset id or ``ModelSpec``.
         trace: ``"synthetic"``, a trace path, or a loaded ``RoutingTrace``.
         trace_requests: Requests of the synthetic trace (None: the env's default).
+        trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ; 1 = the
+            fitted generator). Placements of the quick pipeline are optimised on the same
+            skewed trace and cached under a key that includes τ.
         mesh: ``"XxY"``.
         topology: ``"mesh"``, ``"torus"`` or ``"fattree"``.
         setting: ``"TFLOPS/GBps"``.
@@ -198,6 +202,7 @@ class BenchConfig:
     model: str | ModelSpec = "deepseek-v2-lite"
     trace: Any = "synthetic"
     trace_requests: int | None = None
+    trace_skew: float = 1.0
     mesh: str = "4x8"
     topology: str = "mesh"
     setting: str = "5/50"
@@ -220,6 +225,7 @@ class BenchConfig:
         get_model(self.model)
         get_profile(self.conventions)
         parse_mesh(self.mesh)
+        object.__setattr__(self, "trace_skew", check_trace_skew(self.trace_skew))
         if self.steps < 1 or self.batch < 1:
             raise ConfigError(f"steps and batch must be >= 1, got {self.steps}, {self.batch}")
 
@@ -245,6 +251,8 @@ class BenchConfig:
             "placement_seed": self.placement_seed, **self.env_kwargs}
         if self.trace_requests is not None:
             kwargs["trace_requests"] = self.trace_requests
+        if self.trace_skew != 1.0:
+            kwargs["trace_skew"] = self.trace_skew
         if self.k_b is not None:
             kwargs["k_b"] = self.k_b
         return kwargs
@@ -254,7 +262,8 @@ class BenchConfig:
         return StoreConfig(model=self.model, mesh=self.mesh, setting=self.setting,
                            topology=self.topology, conventions=self.conventions,
                            trace_label=self.trace_label, trace_requests=self.trace_requests,
-                           placement_dir=self.placement_dir, cache_dir=self.cache_dir,
+                           trace_skew=self.trace_skew, placement_dir=self.placement_dir,
+                           cache_dir=self.cache_dir,
                            placement_seed=self.placement_seed, place_batch=self.place_batch,
                            place_workers=self.place_workers, quick=self.quick)
 
@@ -273,6 +282,8 @@ class BenchConfig:
             "placement_seed": self.placement_seed,
             "env_kwargs": {k: self.env_kwargs[k] for k in sorted(self.env_kwargs)},
         }
+        if self.trace_skew != 1.0:  # τ = 1 keeps the keys of runs made before the knob existed
+            payload["trace_skew"] = self.trace_skew
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -586,7 +597,8 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
                     "steps_per_episode": config.steps, "fidelity": config.fidelity,
                     "predictor": config.predictor, "max_broadcast": config.max_broadcast,
                     "profile": conv.name, "trace": config.trace_label,
-                    "trace_id": trace.trace_id, "placement_seed": config.placement_seed,
+                    "trace_id": trace.trace_id, "trace_skew": config.trace_skew,
+                    "placement_seed": config.placement_seed,
                     "version": __version__}))
             try:
                 measured = run_episode(env, agent, seed, writer=writer,
@@ -606,6 +618,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
                 "profile": conv.name, "knobs_sha256": conv.to_dict()["knobs_sha256"],
                 "gating_coefficients": list(getattr(env, "gating_coefficients", ())),
                 "trace": config.trace_label, "trace_id": trace.trace_id,
+                "trace_skew": config.trace_skew,
                 "score_kind": getattr(env, "score_kind", None),
                 "placement_seed": config.placement_seed, "run_key": run_key,
                 "version": __version__,
@@ -649,7 +662,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.gating_protect_top:
         env_kwargs["gating_protect_top"] = args.gating_protect_top
     config = BenchConfig(
-        model=args.model, trace=args.trace, trace_requests=args.requests, mesh=args.mesh,
+        model=args.model, trace=args.trace, trace_requests=args.requests,
+        trace_skew=args.trace_skew, mesh=args.mesh,
         topology=args.topology, setting=args.setting, batch=args.batch,
         conventions=args.conventions, steps=args.steps, fidelity=args.fidelity,
         predictor=args.predictor, max_broadcast=args.max_broadcast, k_b=args.k_b,
@@ -665,7 +679,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"{hw.compute_tflops:g} TFLOPS/node, {hw.link_bw_gbps:g} GB/s/link, B={config.batch}, "
           f"{config.steps} decode steps x seeds {seeds}")
     print(f"conventions: {rec0['profile']} · fidelity {config.fidelity} · predictor "
-          f"{config.predictor} · trace {config.trace_label} (id {rec0['trace_id'][:12]}) · "
+          f"{config.predictor} · trace {config.trace_label}"
+          + (f" skew τ={config.trace_skew:g}" if config.trace_skew != 1.0 else "")
+          + f" (id {rec0['trace_id'][:12]}) · "
           f"placements: {result.placement_dir or 'built'}"
           + (f" (quick pipeline {result.placement_wall_s:.0f} s)" if result.placement_wall_s
              else ""))

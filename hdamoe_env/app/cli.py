@@ -183,7 +183,8 @@ def cmd_traces_gen(args: argparse.Namespace) -> int:
     import traces
 
     model = get_model(args.model)
-    trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests)
+    trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests,
+                       skew=args.skew)
     path = traces.save(trace, args.out)
     print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows × "
           f"top-{trace.top_k}, trace id {trace.trace_id[:12]}")
@@ -317,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--requests", type=positive_int, default=None,
                      help="synthetic trace: number of requests (default: the generator's)")
     gen.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    gen.add_argument("--skew", type=positive_float, default=1.0, metavar="TAU",
+                     help="skew power τ of the expert popularity (p ← p^τ; >1 sharper, <1 "
+                     "flatter)")
     gen.add_argument("--out", required=True, help="output trace path (.hdtrace.npz)")
     gen.set_defaults(func=cmd_traces_gen)
     conv = tsub.add_parser("convert", help="reference JSON trace → canonical .npz")
@@ -364,6 +368,9 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
     p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: the env's)")
+    p.add_argument("--trace-skew", type=positive_float, default=1.0, metavar="TAU",
+                   help="synthetic trace: skew power τ of the expert popularity (p ← p^τ; "
+                   ">1 sharper, <1 flatter); placements are optimised on the same trace")
     p.add_argument("--mesh", default="4x8", help="node grid XxY")
     p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
     p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
@@ -541,6 +548,9 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
                    help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
     p.add_argument("--requests", type=positive_int, default=None,
                    help="synthetic trace: number of requests (default: generator's)")
+    p.add_argument("--trace-skew", type=positive_float, default=1.0, metavar="TAU",
+                   help="synthetic trace: skew power τ of the expert popularity (p ← p^τ; "
+                   ">1 sharper, <1 flatter)")
     p.add_argument("--conventions", default="faithful", type=profile_name,
                    help=PROFILE_HELP)
     p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")

@@ -14,6 +14,14 @@ it.
 hardware behaved like this", not "what would the optimiser do"; ``replace=True`` re-optimises
 the placements under every derived profile instead (one quick pipeline per knob value).
 
+The workload axis ``trace_skew`` (:data:`TRACE_KNOBS`) is swept the same way but changes the
+trace, not the profile: a cell runs the base profile on the synthetic trace generated with skew
+power τ (``traces.synthetic``: expert popularity p ← p^τ) and every record names it
+(``trace_skew``). [decision] Its placements are always optimised on the skewed trace (one
+placement cell per τ, keyed by it): a deployment profiles the routing it serves, so keeping the
+τ = 1 placements would measure a mismatch between profile and workload, not the effect of skew.
+Models whose base trace is a real one (Mixtral on its reasoning trace) have no skew cells.
+
 Outputs in ``OUT``: ``results.jsonl`` (every bench record), ``crossover.json`` (per cell: the
 winner, the runner-up and the margin, TBT of every method), ``figures/crossover_<knob>.png``
 (heat maps: rows = model · setting · B, columns = knob values, colour = winner, text = margin
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -48,7 +57,7 @@ from hdamoe_env.errors import ConfigError
 from hdamoe_env.fileio import atomic_write, write_json
 from hdamoe_env.profiles import Conventions, get_profile
 
-__all__ = ["DEFAULT_KNOBS", "METHODS", "analyse", "cmd_crossover", "crossover_cells",
+__all__ = ["DEFAULT_KNOBS", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover", "crossover_cells",
            "parse_knob", "write_crossover_report"]
 
 log = logging.getLogger(__name__)
@@ -66,7 +75,11 @@ DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
     "tile_cols": (1, 64),
     "tile_tokens": (1, 8),
     "gemm_overhead_s": (0.0, 1e-7, 1e-6),
+    "trace_skew": (0.5, 1.5, 2.0),
 }
+#: Knobs of the workload rather than of the profile, with their base value: ``trace_skew`` is
+#: the skew power τ of the synthetic trace's expert popularity (p ← p^τ; 1 = fitted generator).
+TRACE_KNOBS: dict[str, float] = {"trace_skew": 1.0}
 SUITES = {
     "tiny": {"models": ("deepseek-v2-lite",), "settings": ("5/50",), "batches": (8,),
              "steps": 1, "seeds": (0,), "requests": 16},
@@ -81,27 +94,57 @@ _FIGURE = "crossover"
 
 
 def parse_knob(text: str) -> tuple[str, tuple[Any, ...]]:
-    """Parse ``NAME=v1,v2,…`` (values typed like the knob's default).
+    """Parse ``NAME=v1,v2,…`` (values typed like the knob's default), or ``NAME`` alone.
+
+    ``NAME`` alone selects the knob's values of :data:`DEFAULT_KNOBS`. ``trace_skew`` values
+    are skew powers τ: finite numbers > 0.
 
     Raises:
         ConfigError: Unknown knob or a value of the wrong type (the message says which).
     """
     name, sep, values = text.partition("=")
     name = name.strip()
+    if not sep and name in DEFAULT_KNOBS:
+        return name, tuple(DEFAULT_KNOBS[name])
     if not sep or not values.strip():
-        raise ConfigError(f"--knob {text!r}: expected NAME=v1,v2 (e.g. b_psum=2,4)")
+        raise ConfigError(f"--knob {text!r}: expected NAME=v1,v2 (e.g. b_psum=2,4 or "
+                          f"trace_skew=0.5,2) or a knob name of the default grid "
+                          f"{sorted(DEFAULT_KNOBS)}")
+    raws = [v.strip() for v in values.split(",") if v.strip()]
+    if name in TRACE_KNOBS:
+        return name, tuple(_trace_knob_value(name, raw) for raw in raws)
     parsed = []
-    for raw in (v.strip() for v in values.split(",") if v.strip()):
+    for raw in raws:
         conv = get_profile(f"faithful+{name}={raw}")   # typed, validated, names unknown knobs
         parsed.append(getattr(conv, name))
     return name, tuple(parsed)
 
 
+def _trace_knob_value(name: str, raw: Any) -> float:
+    """Return a workload-knob value (a skew power τ) as a float, or raise ``ConfigError``."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--knob {name}: {raw!r} is not a finite number > 0; expected skew "
+                          f"powers like {name}=0.5,1.5,2")
+    return value
+
+
 def _knob_grid(base: Conventions, knobs: Mapping[str, Sequence[Any]]) -> list[tuple[str, Any]]:
-    """Return (knob, value) pairs that differ from the base profile, for knobs it defines."""
+    """Return (knob, value) pairs that differ from the base, for knobs this version defines.
+
+    Profile knobs are compared with the base profile, workload knobs (:data:`TRACE_KNOBS`)
+    with their base value.
+    """
     fields = {f.name for f in dataclasses.fields(base)}
     grid = []
     for knob, values in knobs.items():
+        if knob in TRACE_KNOBS:
+            grid += [(knob, _trace_knob_value(knob, v)) for v in values
+                     if _trace_knob_value(knob, v) != TRACE_KNOBS[knob]]
+            continue
         if knob not in fields:
             log.info("knob %s is not defined by this version's profiles; skipped", knob)
             continue
@@ -150,6 +193,10 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
         else:
             trace = "synthetic"
         extra = {} if requests is None else {"trace_requests": int(requests)}
+        model_grid = grid
+        if trace != "synthetic" and any(knob in TRACE_KNOBS for knob, _ in grid):
+            log.warning("%s runs on a real trace; its trace-skew cells are skipped", model)
+            model_grid = [(knob, value) for knob, value in grid if knob not in TRACE_KNOBS]
         for setting in settings:
             place_cfg = _cfg(model, trace, setting, 128, base_conv.name, **extra)
             if needs_placement:
@@ -157,14 +204,22 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
                                   {"config": _placement_key(place_cfg)}))
             for batch in batches:
                 variants = [(None, None, base_conv.name)] + [
-                    (knob, value, get_profile(base_conv, **{knob: value}).name)
-                    for knob, value in grid]
+                    (knob, value, base_conv.name if knob in TRACE_KNOBS
+                     else get_profile(base_conv, **{knob: value}).name)
+                    for knob, value in model_grid]
                 for knob, value, profile in variants:
+                    workload = {knob: value} if knob in TRACE_KNOBS else {}
                     cfg = _cfg(model, trace, setting, int(batch), profile, steps=int(steps),
-                               **extra)
+                               **extra, **workload)
                     params: dict[str, Any] = {"config": cfg, "methods": list(methods),
                                               "seeds": [int(s) for s in seeds]}
-                    if knob is not None and needs_placement:
+                    if workload and needs_placement:   # placements optimised on this trace
+                        skewed = _cfg(model, trace, setting, 128, base_conv.name, **extra,
+                                      **workload)
+                        cells.append(Cell("placements", "placement",
+                                          {"config": _placement_key(skewed)}))
+                        params["placement_from"] = _placement_key(skewed)
+                    elif knob is not None and needs_placement:
                         if replace:
                             cells.append(Cell("placements", "placement",
                                               {"config": _placement_key(cfg)}))
@@ -184,9 +239,9 @@ def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         records: Bench records of ``results.jsonl`` (others are ignored).
 
     Returns:
-        One row per cell, in record order: model, setting, batch, profile, knob, value, winner,
-        runner_up, margin (TBT(runner-up) ÷ TBT(winner)), tbt_us per method, top-1 retention
-        of the winner.
+        One row per cell, in record order: model, setting, batch, profile, trace_skew, knob,
+        value, winner, runner_up, margin (TBT(runner-up) ÷ TBT(winner)), tbt_us per method,
+        top-1 retention of the winner.
     """
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -201,7 +256,8 @@ def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         meta = recs[0]
         rows.append({
             "cell": cell, "model": meta["model"], "setting": meta["setting"],
-            "batch": meta["batch"], "profile": meta["profile"], "knob": meta.get("knob"),
+            "batch": meta["batch"], "profile": meta["profile"],
+            "trace_skew": float(meta.get("trace_skew", 1.0)), "knob": meta.get("knob"),
             "value": meta.get("value"), "winner": first["method"],
             "runner_up": None if second is None else second["method"],
             "margin": None if second is None else second["tbt_us"] / first["tbt_us"],
@@ -213,6 +269,13 @@ def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _row_label(row: Mapping[str, Any]) -> str:
     return f"{row['model']} {row['setting']} B={row['batch']}"
+
+
+def _base_value(knob: str, base_row: Mapping[str, Any]) -> Any:
+    """Return the value a knob has in a base cell (its profile's, or the trace's skew)."""
+    if knob in TRACE_KNOBS:
+        return float(base_row.get(knob, TRACE_KNOBS[knob]))
+    return getattr(get_profile(base_row["profile"]), knob, None)
 
 
 def _heatmaps(rows: Sequence[dict[str, Any]], out: Path) -> list[str]:
@@ -237,14 +300,14 @@ def _heatmaps(rows: Sequence[dict[str, Any]], out: Path) -> list[str]:
         labels = sorted(base) if base else sorted({_row_label(r) for r in sub})
         values = sorted({r["value"] for r in sub} | {base[lab]["value"] for lab in base
                                                      if base[lab]["value"] is not None})
-        default = get_profile(next(iter(base.values()))["profile"]) if base else None
-        if default is not None and getattr(default, knob, None) not in values:
-            values = sorted([*values, getattr(default, knob)])
+        default = _base_value(knob, next(iter(base.values()))) if base else None
+        if default is not None and default not in values:
+            values = sorted([*values, default])
         grid = [[None] * len(values) for _ in labels]
         for i, lab in enumerate(labels):
             for j, v in enumerate(values):
                 hit = next((r for r in sub if _row_label(r) == lab and r["value"] == v), None)
-                if hit is None and default is not None and getattr(default, knob) == v:
+                if hit is None and default is not None and default == v:
                     hit = base.get(lab)
                 grid[i][j] = hit
         fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(values), 0.9 + 0.42 * len(labels)))
@@ -295,6 +358,11 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
               "one knob of the base profile (derived profile names in the `profile` column of "
               "`crossover.json`); TBT in µs per decode step, mean over the episode seeds. "
               "Margin = TBT(runner-up) ÷ TBT(winner).", ""]
+    if any(r["knob"] in TRACE_KNOBS for r in rows):
+        lines += ["`trace_skew` is the workload knob: the base profile on the synthetic trace "
+                  "whose expert popularity is raised to the power τ (p ← p^τ, docs/PHYSICS.md "
+                  "§10; τ = 1 is the base cell), with placements optimised on that same trace.",
+                  ""]
     lines += ["## Winners under the base profile", "",
               render_table(["model", "setting", "B", "winner", "runner-up", "margin",
                             *METHODS],
@@ -323,6 +391,18 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
         changed = sum(1 for r in sub if (ref := by_cell.get(_row_label(r))) is not None
                       and ref["winner"] != r["winner"])
         lines.append(f"* `{knob}`: {changed} of {len(sub)} knob cells change the winner.")
+    if knobs:
+        lines += ["", "## Every knob cell", "",
+                  render_table(["model", "setting", "B", "knob", "value", "winner", "runner-up",
+                                "margin", *METHODS],
+                               [[r["model"], r["setting"], str(r["batch"]), r["knob"],
+                                 f"{r['value']:g}" if isinstance(r["value"], float)
+                                 else str(r["value"]), r["winner"], str(r["runner_up"]),
+                                 f"{r['margin']:.3f}" if r["margin"] else "-",
+                                 *[f"{r['tbt_us'][m]:.1f}" if m in r["tbt_us"] else "-"
+                                   for m in METHODS]]
+                                for knob in knobs for r in rows if r["knob"] == knob],
+                               style="markdown")]
     if figures:
         lines += ["", "## Heat maps", ""] + [f"![{f}](figures/{f})" for f in figures]
     text = "\n".join(lines) + "\n"
@@ -398,9 +478,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of TFLOPS/GBps settings (default: the suite's)")
     p.add_argument("--batches", type=csv(int), default=None,
                    help="comma list of batch sizes (default: the suite's)")
-    p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
-                   help="knob values swept one at a time (repeatable; default: the msg_alpha_s, "
-                   "hop_latency_s, b_psum, tile_cols, tile_tokens and gemm_overhead_s grid)")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME[=V1,V2]",
+                   help="knob values swept one at a time (repeatable; NAME alone: its default "
+                   "values; default: the msg_alpha_s, hop_latency_s, b_psum, tile_cols, "
+                   "tile_tokens, gemm_overhead_s and trace_skew grid; trace_skew=0.5,2 sweeps "
+                   "the synthetic trace's popularity skew power τ)")
     p.add_argument("--methods", type=csv(str), default=None, help="comma list of methods "
                    "(default: tp,ep,hybrid,node-balance,node-link,hd-moe,hda-moe)")
     p.add_argument("--steps", type=int, default=None, help="decode steps per episode")

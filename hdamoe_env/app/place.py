@@ -33,7 +33,8 @@ def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
     return PlaceConfig(
         model=args.model, mesh=parse_mesh(args.mesh), setting=args.setting, batch=args.batch,
         topology=args.topology, trace=args.trace, trace_requests=args.requests,
-        conventions=args.conventions, rho_mem=rho_mem, nb_mode=args.nb_mode,
+        trace_skew=args.trace_skew, conventions=args.conventions, rho_mem=rho_mem,
+        nb_mode=args.nb_mode,
         time_limit_s=args.time_limit, mip_gap=args.mip_gap, solver=args.solver,
         lb_method=_LB_CHOICES[args.lb_method], bo_calls=args.bo_calls,
         lb_objective=args.lb_objective, hop_latency_ns=args.hop_latency_ns,

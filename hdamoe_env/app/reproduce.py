@@ -112,6 +112,8 @@ class Cell:
             parts.append(str(cfg["mesh"]))
         if cfg.get("topology", "mesh") != "mesh":
             parts.append(str(cfg["topology"]))
+        if cfg.get("trace_skew", 1.0) != 1.0:
+            parts.append(f"skew={cfg['trace_skew']:g}")
         parts += [f"{k}={v}" for k, v in sorted(self.tags.items())]
         return " ".join(p for p in parts if p)
 
@@ -273,10 +275,11 @@ def _cfg(model: str, trace: str, setting: str, batch: int, conventions: str = "f
 
 def _placement_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a bench configuration the placements depend on."""
-    keys = ("model", "trace", "setting", "conventions", "mesh", "topology", "trace_requests")
+    keys = ("model", "trace", "setting", "conventions", "mesh", "topology", "trace_requests",
+            "trace_skew")  # trace_skew: only present (and keyed) when != 1
     key = {k: cfg[k] for k in keys if k in cfg}
     trace_kwargs = {k: v for k, v in cfg.get("env_kwargs", {}).items()
-                    if k in ("trace_seed", "trace_tokens", "view")}  # what changes the trace
+                    if k in ("trace_seed", "trace_tokens", "trace_skew", "view")}  # the trace
     if trace_kwargs:
         key["env_kwargs"] = trace_kwargs
     return key

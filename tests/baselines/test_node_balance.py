@@ -221,9 +221,12 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     """f = (0.55, 0.45, 0.45, 0.55), EP = identity. With C = 10 TFLOPS the cap (11) is 0.5390625:
     nodes 0 and 3 are over by 0.0109; one unit of U = 8 (0.55/8 = 0.069 of load) fixes each and
     fits on a 0.45 node (0.519 ≤ 0.539), so the repair moves exactly one unit off each. With
-    C = 1 TFLOPS the cap is 0.50390625: one unit of U = 4 (0.1375) fits nowhere, only a swap
-    could help; the greedy repair and the snapped LP fail and the error says to use a finer
-    tile."""
+    C = 1 TFLOPS the cap is 0.50390625: one unit of U = 4 (0.1375) fits nowhere, only swaps
+    help (two units of a 0.55 and two of a 0.45 expert per node: load 0.5); the greedy repair
+    and the snapped LP miss them, the integer repair finds them. Caps no on-grid point meets
+    raise an error that says to use a finer tile."""
+    import dataclasses
+
     from baselines.nb_model import _membership, _wrap_start
 
     f = np.array([0.55, 0.45, 0.45, 0.55])
@@ -234,8 +237,9 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     coeffs4 = nb.nb_coefficients(f, model=nb_model, hw=hw, conv=conv4, gamma=0.02,
                                  batch=128, bw_end_Bps=1e12)
     assert coeffs4.load_cap == pytest.approx(0.50390625)
-    with pytest.raises(InfeasibleError, match=r"tile grid \(unit 1/4\).*finer tile"):
-        nb.repair_placement(np.eye(4), coeffs4)
+    swapped = nb.repair_placement(np.eye(4), coeffs4)
+    assert _units(swapped, 4) < 1e-12 and (f @ swapped <= coeffs4.load_cap + 1e-9).all()
+    assert np.allclose(swapped.sum(axis=1), 1.0)
     hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=10.0, link_bw_gbps=1000.0)
     conv = base.derive(tile_cols=16)
     coeffs = nb.nb_coefficients(f, model=nb_model, hw=hw, conv=conv, gamma=0.02, batch=128,
@@ -245,6 +249,11 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     assert _units(fixed, 8) < 1e-12 and (f @ fixed <= coeffs.load_cap + 1e-9).all()
     assert np.array_equal(fixed.sum(axis=1), np.ones(4))
     assert np.rint(fixed[0, 0] * 8) == 7 and np.rint(fixed[3, 3] * 8) == 7   # one unit moved
+    # memory caps a continuous repair meets (Σ = 4.04 experts) but the grid does not:
+    # ⌊8·cap⌋ = 8, 8, 8, 5 units < 32
+    tight = dataclasses.replace(coeffs, mem_cap=np.array([1.1, 1.1, 1.1, 0.74]))
+    with pytest.raises(InfeasibleError, match=r"tile grid \(unit 1/8\).*finer tile"):
+        nb.repair_placement(np.eye(4), tight)
     wrap = _wrap_start(coeffs, _membership(GROUPS, 4), GFREQ)
     assert _units(wrap, 8) < 1e-12
 
@@ -282,3 +291,4 @@ def test_heuristic_polish_is_no_worse_than_the_snapped_lp(nb_model, hw22):
         obj = nb.exact_objective(P, coeffs, GROUPS, GFREQ)["objective_us"]
         assert obj <= nb.exact_objective(snapped, coeffs, GROUPS, GFREQ)["objective_us"] + 1e-9
         assert obj == pytest.approx(info["objective_us"])
+

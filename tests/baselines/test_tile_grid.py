@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("pulp")
 
+from baselines.nb_model import nb_coefficients, repair_placement
 from baselines.node_balance import node_balance
 from baselines.pipeline import PlaceConfig, _simulator, _tasks, load_trace
 from baselines.static import hybrid_layer
@@ -70,3 +71,22 @@ def test_deepseek_two_layers_on_the_grid(deepseek):
 @pytest.mark.slow
 def test_deepseek_all_26_layers_on_the_grid(deepseek):
     _check_layers(deepseek, list(range(26)), milp_time_s=10.0)
+
+
+def test_ep_start_is_repaired_on_the_grid_when_memory_is_exactly_full(deepseek):
+    """ρ_mem = 1 (the last point of ``hdamoe sweep-mem``): 64 experts on 32 nodes, every node
+    exactly full (2 experts = 44 units). EP is on the grid (whole experts) but over the load cap
+    (11) on some nodes; the greedy repair has no free headroom and snapping the LP point overfills
+    a node, so layer 2 (and most others) used to log "EP start cannot be repaired on the tile
+    grid 1/22: TP used". The integer repair swaps units between nodes instead."""
+    cfg, sim, trace = deepseek
+    model, hw, conv = sim.model, sim.hw, sim.conv
+    task = _tasks(cfg, trace, [2], "test")[0]
+    coeffs = nb_coefficients(task.freqs, model=model, hw=hw, conv=conv, gamma=GAMMA, batch=128,
+                             bw_end_Bps=sim.topology.bw_end_Bps, rho_mem=1.0)
+    assert coeffs.units == 22 and np.allclose(coeffs.mem_cap, 2.0)
+    assert (task.freqs @ task.ep_P > coeffs.load_cap).any()        # EP itself is over the cap
+    fixed = repair_placement(task.ep_P, coeffs)
+    assert not off_grid(fixed, 1 / 22).any()
+    assert (task.freqs @ fixed <= coeffs.load_cap + 1e-9).all()
+    assert (fixed.sum(axis=0) <= 2.0 + 1e-9).all() and np.allclose(fixed.sum(axis=1), 1.0)

@@ -219,3 +219,34 @@ def test_bench_env_reports_gating_random_masked_and_agent_rates():
     table = envbench.format_bench_env(res)
     assert "gating on (level 1)" in table and "random masked actions" in table
     assert "HDA-MoE agent" in table
+
+
+def test_trace_skew_reaches_records_keys_and_the_placement_cache(tmp_path):
+    base = _config(tmp_path)
+    sharp = _config(tmp_path, trace_skew=2.0)
+    res = run_bench(sharp, ["tp", "node-link"], [0], progress=False)
+    assert {r["trace_skew"] for r in res.records} == {2.0}
+    trace, _ = bench._load_trace(sharp)
+    assert trace.meta["generator"]["skew"] == 2.0
+    assert sharp.run_key(trace.trace_id) != base.run_key(trace.trace_id)
+    # the key of a τ = 1 configuration does not mention the knob (runs made before it exist)
+    assert "trace_skew" not in base.store_config().quick
+    store = bench.placement_store(sharp, trace, progress=False)
+    assert "__skew2__" in store.cache_path().name
+    assert store.place_config().to_dict()["trace_skew"] == 2.0
+    assert "trace_skew" not in bench.placement_store(base, trace, progress=False
+                                                     ).place_config().to_dict()
+    node_link = next(r for r in res.records if r["method"] == "node-link")
+    assert "__skew2__" in node_link["placement_artifact"]
+    with pytest.raises(ConfigError, match="trace_skew"):
+        _config(tmp_path, trace_skew=0.0)
+
+
+def test_bench_cli_rejects_a_bad_trace_skew(capsys):
+    from hdamoe_env.app.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--trace-skew", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--trace-skew" in err and "must be > 0" in err

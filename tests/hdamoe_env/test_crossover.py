@@ -68,3 +68,54 @@ def test_refuses_a_foreign_non_empty_out(tmp_path, capsys):
                  "--methods", "tp,ep"]) == 2
     assert "is not an `hdamoe crossover` output" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_trace_skew_cells_change_the_trace_and_optimise_placements_on_it(tmp_path):
+    mixtral_dir = tmp_path / "mixtral"
+    mixtral_dir.mkdir()
+    (mixtral_dir / "experts_reasoning_mixtral.json").write_text("{}")   # a "real" trace
+    cells = crossover.crossover_cells(
+        models=("deepseek-v2-lite", "mixtral-8x7b"), settings=("5/50",), batches=(128,),
+        knobs={"trace_skew": (0.5, 1.0, 2.0)}, methods=("tp", "node-link"),
+        mixtral_dir=str(mixtral_dir))
+    skew = [c for c in cells if c.tags.get("knob") == "trace_skew"]
+    # τ = 1 is the base cell; Mixtral runs on its real trace, so it has no skew cells
+    assert sorted(c.tags["value"] for c in skew) == [0.5, 2.0]
+    assert {c.params["config"]["model"] for c in skew} == {"deepseek-v2-lite"}
+    for cell in skew:
+        cfg = cell.params["config"]
+        assert cfg["trace_skew"] == cell.tags["value"] and cfg["conventions"] == "faithful"
+        assert cell.params["placement_from"]["trace_skew"] == cfg["trace_skew"]
+        assert f"skew={cfg['trace_skew']:g}" in cell.label
+    placements = [c.params["config"] for c in cells if c.kind == "placement"]
+    assert sorted(p.get("trace_skew", 1.0) for p in placements
+                  if p["model"] == "deepseek-v2-lite") == [0.5, 1.0, 2.0]
+    base = [c for c in cells if c.tags.get("knob") == "base"]
+    assert all("trace_skew" not in c.params["config"] for c in base)  # keys of older runs hold
+
+
+def test_trace_skew_knob_values_are_checked():
+    assert crossover.parse_knob("trace_skew=0.5,2") == ("trace_skew", (0.5, 2.0))
+    assert crossover.parse_knob("trace_skew") == ("trace_skew",
+                                                  crossover.DEFAULT_KNOBS["trace_skew"])
+    for bad in ("trace_skew=0", "trace_skew=-1", "trace_skew=nan", "trace_skew=sharp"):
+        with pytest.raises(ConfigError, match="finite number > 0"):
+            crossover.parse_knob(bad)
+
+
+def test_tiny_trace_skew_run_names_the_knob(tmp_path, capsys):
+    out = tmp_path / "xo"
+    assert main(["crossover", "--suite", "tiny", "--out", str(out), "--methods", "tp,ep",
+                 "--knob", "trace_skew=2", "--workers", "1"]) == 0
+    rows = json.loads((out / "crossover.json").read_text())["rows"]
+    assert sorted((r["knob"], r["trace_skew"]) for r in rows) == [("base", 1.0),
+                                                                    ("trace_skew", 2.0)]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["trace_skew"] for r in records} == {1.0, 2.0}
+    text = (out / "crossover.md").read_text()
+    assert "trace_skew" in text and "p ← p^τ" in text
+    capsys.readouterr()
+    assert main(["crossover", "--suite", "tiny", "--out", str(tmp_path / "bad"),
+                 "--knob", "trace_skew=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "finite number > 0" in err

@@ -39,3 +39,21 @@ def test_files_and_passthrough(tmp_path, tiny_model):
         load_trace(tmp_path / "missing.npz", tiny_model)
     with pytest.raises(ConfigError, match="RoutingTrace or a path"):
         load_trace(3, tiny_model)  # type: ignore[arg-type]
+
+
+def test_synthetic_skew_is_part_of_the_cache_key_and_checked(tiny_model):
+    model = get_model("deepseek-v2-lite")
+    base = load_trace("synthetic", model, seed=2, requests=2, tokens=200)
+    sharp = load_trace("synthetic", model, seed=2, requests=2, tokens=200, skew=1.5)
+    assert sharp is not base and sharp.trace_id != base.trace_id
+    assert load_trace("synthetic", model, seed=2, requests=2, tokens=200, skew=1.0) is base
+    ref = synthetic.generate("deepseek-v2-lite", n_requests=2, n_tokens=200, seed=2, skew=1.5)
+    assert sharp.trace_id == ref.trace_id and sharp.meta["generator"]["skew"] == 1.5
+    generic = load_trace("synthetic", tiny_model, seed=0, requests=2, tokens=64, skew=2.0)
+    assert generic.meta["generator"]["skew"] == 2.0
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="trace_skew"):
+            load_trace("synthetic", model, skew=bad)
+    with pytest.raises(ConfigError, match="generated with skew 1"):
+        load_trace(base, model, skew=1.5)
+    assert load_trace(sharp, model, skew=1.5) is sharp      # a loaded trace of that skew

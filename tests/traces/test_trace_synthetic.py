@@ -129,3 +129,53 @@ def test_mixtral_validation_statistics() -> None:
     assert stats["reuse_lag1"] == pytest.approx(0.357, rel=0.15)
     assert stats["tv_random_B64"] == pytest.approx(0.087, rel=0.15)
     assert stats["next_layer_table_acc"] == pytest.approx(0.428, rel=0.15)
+
+
+# --------------------------------------------------------------------------- skew power τ
+# trace ids of generate(model, n_requests=3, n_tokens=240, seed=7, predictor="noisy_oracle")
+# computed with the generator before the skew knob existed: τ = 1 must reproduce them bit for bit.
+_PINNED_IDS = {
+    "deepseek-v2-lite": "1d27bcc9371b0755d2d0eab8dbcbf60181d164091533b76eac82114e39af8768",
+    "mixtral-8x7b": "93f64061c174644a625610d8a48d772c8a7ca3a0ba54e114ed610e1cc342f601",
+}
+
+
+@pytest.mark.parametrize("model_key", sorted(_PINNED_IDS))
+def test_skew_one_is_bit_identical_to_the_generator_without_the_knob(model_key: str) -> None:
+    kwargs = {"n_requests": 3, "n_tokens": 240, "seed": 7, "predictor": "noisy_oracle"}
+    default = traces.generate(model_key, **kwargs)
+    explicit = traces.generate(model_key, **kwargs, skew=1.0)
+    assert default.trace_id == explicit.trace_id == _PINNED_IDS[model_key]
+    assert explicit.meta["generator"]["skew"] == 1.0
+
+
+def _top_share(trace: RoutingTrace) -> float:
+    """Busiest expert's share of all activations, mean over layers."""
+    shares = []
+    for layer in range(trace.num_layers):
+        counts = np.bincount(trace.topk_ids[layer].ravel().astype(np.int64),
+                             minlength=trace.num_experts)
+        shares.append(counts.max() / counts.sum())
+    return float(np.mean(shares))
+
+
+@pytest.mark.parametrize("model_key", ["deepseek-v2-lite", "mixtral-8x7b"])
+def test_skew_sharpens_popularity_monotonically(model_key: str) -> None:
+    shares = [_top_share(traces.generate(model_key, n_requests=8, n_tokens=2000, seed=1,
+                                         with_scores=False, skew=tau))
+              for tau in (0.5, 1.0, 2.0)]
+    assert shares[0] < shares[1] < shares[2], shares
+    # the parameters follow the one definition p ← p^τ (renormalised)
+    base, sharp = model_params(model_key), model_params(model_key, skew=2.0)
+    if base["kind"] == "expert_mixture":
+        np.testing.assert_allclose(sharp["zipf_s"], 2.0 * base["zipf_s"])
+    else:
+        expected = base["p"] ** 2 / (base["p"] ** 2).sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(sharp["p"], expected, rtol=1e-12)
+        np.testing.assert_allclose(sharp["theta"].sum(axis=-1), 1.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "x"])
+def test_skew_must_be_finite_and_positive(bad: object) -> None:
+    with pytest.raises(ValueError, match="skew must be a finite number > 0"):
+        traces.generate("deepseek-v2-lite", n_requests=1, n_tokens=10, skew=bad)  # type: ignore[arg-type]
