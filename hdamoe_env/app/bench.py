@@ -109,12 +109,15 @@ class MethodSpec:
         agent: A registered agent name (``agents.AGENTS``), a path to a saved learned agent, or
             None (``NoOpAgent``: the static placement).
         description: One line.
+        rebalance_period: Decode steps between EPLB rebalances
+            (``baselines.rebalance.EplbRebalanceWrapper``), or None (a static placement).
     """
 
     name: str
     placement: str
     agent: str | None = None
     description: str = ""
+    rebalance_period: int | None = None
 
 
 BUILTIN_METHODS: dict[str, MethodSpec] = {
@@ -131,6 +134,11 @@ BUILTIN_METHODS: dict[str, MethodSpec] = {
                          "Node + Link Balance + pre-broadcast + dispatch (§9.4, §10)"),
     "hda-moe": MethodSpec("hda-moe", "node_link", "hda-moe",
                           "HD-MoE + hardware-aware gating (§9.4, §11)"),
+    "eplb": MethodSpec("eplb", "eplb", None,
+                       "EPLB redundant experts + least-loaded replica dispatch (not in the paper)"),
+    "eplb-dynamic": MethodSpec("eplb-dynamic", "eplb", None,
+                               "EPLB re-placed every 8 decode steps from the executed loads, "
+                               "weight moves charged (DES)", rebalance_period=8),
 }
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "node-link-raw")
 
@@ -145,6 +153,13 @@ def parse_method(text: str) -> MethodSpec:
     key = name.replace("_", "-")
     if key in BUILTIN_METHODS:
         return BUILTIN_METHODS[key]
+    if key.startswith("eplb-dynamic@"):
+        period = key.split("@", 1)[1]
+        if not period.isdigit() or int(period) < 1:
+            raise ConfigError(f"method {text!r}: expected eplb-dynamic@N with N >= 1 decode "
+                              "steps between rebalances, e.g. eplb-dynamic@16")
+        return MethodSpec(key, "eplb", None, f"EPLB re-placed every {int(period)} decode steps",
+                          rebalance_period=int(period))
     if name.startswith("agent:"):
         body = name[len("agent:"):]
         placement = "node_link"
@@ -581,6 +596,11 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             env = envs.get(spec.name)
             if env is None:
                 env = envs[spec.name] = HdMoeEnv(**env_args, placement=placement)
+                if spec.rebalance_period is not None:
+                    from baselines.rebalance import EplbRebalanceWrapper
+
+                    env = envs[spec.name] = EplbRebalanceWrapper(env,
+                                                                 period=spec.rebalance_period)
             agent = resolve_agent(spec.agent, env, seed=seed)
             writer = None
             if tensorboard_dir is not None:
@@ -606,8 +626,15 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             finally:
                 if writer is not None:
                     writer.close()
+            history = getattr(env, "history", None)
+            rebalance = {} if history is None else {
+                "rebalance_period": spec.rebalance_period, "rebalances": len(history),
+                "moves_per_rebalance": (float(np.mean([h["moves"] for h in history]))
+                                        if history else 0.0),
+                "rebalance_us_per_step": (sum(h["makespan_us"] for h in history)
+                                          / max(measured["decode_steps"], 1))}
             record = {
-                "method": spec.name, "seed": seed, **measured,
+                "method": spec.name, "seed": seed, **measured, **rebalance,
                 "agent": spec.agent or "noop", "agent_class": type(agent).__name__,
                 "placement": spec.placement, "placement_method": placement.method,
                 "placement_artifact": artifact,

@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 #: Methods compared in every cell.
 METHODS: tuple[str, ...] = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe",
-                            "hda-moe")
+                            "hda-moe", "eplb", "eplb-dynamic")
 #: Knob values swept one at a time (only knobs the ``Conventions`` of this version define are
 #: used): start-up latency per message / collective step, partial-sum bytes, PE-array tile
 #: width and per-GEMM overhead (docs/PHYSICS.md gives each default and its source).

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["write_report"]
 
-E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe", "hda-moe")
+E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe", "hda-moe", "eplb",
+       "eplb-dynamic")
 
 
 # ------------------------------------------------------------------------------------- helpers

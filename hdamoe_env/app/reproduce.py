@@ -254,7 +254,7 @@ def shrink(cell: Cell) -> Cell:
 
 # -------------------------------------------------------------------------------------- suites
 METHODS_E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "node-link-raw", "hd-moe",
-               "hda-moe")
+               "hda-moe", "eplb", "eplb-dynamic")
 
 
 def _mixtral_trace(mixtral_dir: str | None, category: str = "reasoning") -> str | None:

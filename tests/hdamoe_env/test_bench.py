@@ -250,3 +250,19 @@ def test_bench_cli_rejects_a_bad_trace_skew(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--trace-skew" in err and "must be > 0" in err
+
+
+def test_eplb_methods_run_and_record_their_rebalances(tmp_path):
+    """eplb (static redundant experts) and eplb-dynamic@1 (a rebalance after every decode
+    step but the last) run on the tiny model; the dynamic records count the rebalances (steps
+    − 1 = 1 per episode) and the moves' charge per decode step."""
+    assert parse_method("eplb-dynamic").rebalance_period == 8
+    assert parse_method("eplb-dynamic@3").rebalance_period == 3
+    for bad in ("eplb-dynamic@0", "eplb-dynamic@x"):
+        with pytest.raises(ConfigError, match="eplb-dynamic@N"):
+            parse_method(bad)
+    res = run_bench(_config(tmp_path), ["eplb", "eplb-dynamic@1"], [0], progress=False)
+    static, dyn = res.records
+    assert static["placement_method"] == "eplb" and "rebalances" not in static
+    assert dyn["rebalances"] == 1 and dyn["rebalance_period"] == 1
+    assert dyn["rebalance_us_per_step"] >= 0.0 and np.isfinite(dyn["tbt_us"])
