@@ -405,7 +405,7 @@ def _sec_gating_batch(records: list[dict[str, Any]], figs: _Figures) -> list[str
     out = ["## Pre-broadcast and hardware-aware gating vs batch size (paper Fig. 22)", "",
            "DeepSeek-V2-Lite, profile `faithful`, 4×8, 2.5/75; speed-up over the static "
            "Node + Link Balance placement; k_b = mean pre-broadcast slots granted by the "
-           "budget rule (§10.3); changed = share of token slots whose expert gating replaced "
+           "budget rule (§10.3); changed = share of tokens whose expert set gating changed "
            "(the model-quality proxy; accuracy needs the real model, see issue 7)."]
     rows = []
     for meta, r in cells:
@@ -439,7 +439,8 @@ def _sec_quality(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
     out = ["## Speed-up at matched routing quality", "",
            "End-to-end cells (4×8). Every HDA-MoE speed-up over TP with its routing quality: "
            "top-1 kept = share of (token, layer) pairs whose highest-scored expert is still "
-           "selected, changed = share of token slots whose expert gating replaced, both means "
+           "selected, changed = share of (token, layer) pairs whose expert set gating changed, "
+           "both means "
            "over all decode steps and layers; scale = gating scale × the default (r_comp, "
            "r_comm) of the model and setting. `@q99` / `@q95`: the strongest scale ≤ 1 whose "
            "top-1 retention on training decode steps (episode seeds 10000, 10001) is ≥ 99 % / "
