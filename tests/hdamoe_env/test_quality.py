@@ -136,3 +136,12 @@ def test_top1_retention_is_monotone_on_the_real_mixtral_trace(reference_traces):
     top1 = [c["top1_retention"] for c in probe.curve(DEFAULT_SCALE_GRID)]
     assert top1[0] == 1.0 and top1[-1] < 0.9
     assert monotone_violations(top1, tolerance=2.0 / (2 * 128 * 32)) == 0, top1
+
+
+def test_cli_rejects_a_bad_quality_target_in_one_line(capsys):
+    from hdamoe_env.app.cli import main
+
+    assert main(["bench", "--methods", "tp,hda-moe@qx", "--steps", "1", "--seeds", "0",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'hda-moe@qx'" in err and "hda-moe@qNN" in err
