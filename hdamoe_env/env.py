@@ -873,6 +873,38 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         """float [E] predicted tokens per expert n̂_i of the current layer (0 at layer 0)."""
         return self._pred_counts_all[self._layer].copy()
 
+    @property
+    def episode_steps(self) -> int:
+        """Decode steps formed by the last ``reset`` (0 before the first one)."""
+        rows = getattr(self, "_rows", None)
+        return 0 if rows is None else int(rows.shape[0])
+
+    def episode_candidates(self, decode_step: int
+                           ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Return the router candidates of one decode step of the current episode.
+
+        Used to measure gating quality without simulating (``hdamoe_env.app.matched``); the
+        episode's state is not changed.
+
+        Args:
+            decode_step: Index in ``[0, episode_steps)``.
+
+        Returns:
+            (ids int64 [L, B, k + J], scores float64 [L, B, k + J]), synthesised scores when the
+            trace has none (``score_kind``).
+
+        Raises:
+            ConfigError: Before ``reset`` or a decode step out of range.
+        """
+        if not 0 <= decode_step < self.episode_steps:
+            raise ConfigError(f"decode_step={decode_step} is out of range; expected 0 <= "
+                              f"decode_step < {self.episode_steps} (call reset() first)")
+        rows = self._rows[decode_step]
+        trace = self._scored_trace()
+        assert trace.cand_ids is not None and trace.cand_scores is not None
+        return (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
+                np.ascontiguousarray(trace.cand_scores[:, rows], dtype=np.float64))
+
     def plan(self, layer: int | None = None) -> scheduling.BroadcastPlan | None:
         """Return the pre-broadcast plan (budget, k_b, chunk, T_bc*) of a layer (None: layer 0)."""
         return self.plans[self._layer if layer is None else layer]

@@ -16,7 +16,15 @@ Methods (paper-model.md §9, §13 Fig. 10):
 | ``node-link-raw`` | the same without the TP guard (ablations; not in the default set) | NoOp |
 | ``hd-moe`` | Node + Link Balance | ``HDMoEAgent``: pre-broadcast + dispatch (§10) |
 | ``hda-moe`` | Node + Link Balance | ``HDAMoEAgent``: + hardware-aware gating (§11) |
+| ``hda-moe@qNN`` | Node + Link Balance | ``HDAMoEAgent`` at the matched-quality gating scale |
+| ``hda-moe@sX`` | Node + Link Balance | ``HDAMoEAgent`` at gating scale X (Pareto curves) |
 | ``agent:NAME[@placement]`` | node-link unless ``@placement`` | a registered or learned agent |
+
+``hda-moe@q99`` gates at the strongest scale s <= 1 of the default coefficients (§11.7) whose
+top-1 routing retention on training decode steps is >= 99 % (``hdamoe_env.app.matched``: a grid
+over s refined by bisection); the bench then measures that scale on its own episodes. Its records
+carry ``quality_target`` and the search (``gating_search``); every record carries the applied
+``gating_scale`` (mean over env steps) and the routing quality in ``gating``.
 
 (A learned agent is a saved file, loaded by ``agents.learned.load_agent``.)
 
@@ -37,7 +45,9 @@ methods consume different numbers of draws. One episode = ``steps`` decode steps
 Record per (method, seed) (JSON list / CSV rows; ``run_key`` identifies the configuration so
 that ``resume`` skips finished pairs of the same configuration): TBT mean and std over decode
 steps (µs), breakdown per decode step (compute incl. dense layers, communication, exposed memory,
-other = broadcast excess), gating perturbation (mean over gated layers), decision time per env
+other = broadcast excess), routing quality (top-1 retention, score mass kept, changed fraction:
+means over all decode steps and layers; exactly 1, 1, 0 for methods without gating), the applied
+gating scale, the matched-quality target and search (``hda-moe@qNN``), decision time per env
 step (wall time of ``agent.predict``), env steps, profile name and knob hash, placement method
 and artifact, trace id and trace skew τ, setting, batch, and the mean busy time of every directed
 link per decode step (for the congestion heat map).
@@ -109,6 +119,9 @@ class MethodSpec:
         agent: A registered agent name (``agents.AGENTS``), a path to a saved learned agent, or
             None (``NoOpAgent``: the static placement).
         description: One line.
+        quality_target: Top-1 retention target of a matched-quality method (``hda-moe@q99``:
+            0.99), or None.
+        gating_scale: Fixed gating scale of ``hda-moe@sX``, or None (the agent's default).
         rebalance_period: Decode steps between EPLB rebalances
             (``baselines.rebalance.EplbRebalanceWrapper``), or None (a static placement).
     """
@@ -117,6 +130,8 @@ class MethodSpec:
     placement: str
     agent: str | None = None
     description: str = ""
+    quality_target: float | None = None
+    gating_scale: float | None = None
     rebalance_period: int | None = None
 
 
@@ -144,10 +159,15 @@ DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "nod
 
 
 def parse_method(text: str) -> MethodSpec:
-    """Parse a method name: a built-in one, or ``agent:NAME_OR_PATH[@placement]``.
+    """Parse a method name (built-in, matched-quality, fixed-scale or ``agent:...``).
+
+    Forms: a key of :data:`BUILTIN_METHODS`; ``hda-moe@qNN`` (matched quality: top-1 retention
+    >= NN %, 0 < NN <= 100); ``hda-moe@sX`` (gating scale X >= 0);
+    ``agent:NAME_OR_PATH[@placement]``.
 
     Raises:
-        ConfigError: Unknown built-in method or placement name.
+        ConfigError: Unknown built-in method or placement name, or a malformed ``@q`` / ``@s``
+            suffix.
     """
     name = text.strip()
     key = name.replace("_", "-")
@@ -160,6 +180,8 @@ def parse_method(text: str) -> MethodSpec:
                               "steps between rebalances, e.g. eplb-dynamic@16")
         return MethodSpec(key, "eplb", None, f"EPLB re-placed every {int(period)} decode steps",
                           rebalance_period=int(period))
+    if key.startswith("hda-moe@"):
+        return _parse_hda_variant(text.strip(), key[len("hda-moe@"):])
     if name.startswith("agent:"):
         body = name[len("agent:"):]
         placement = "node_link"
@@ -174,6 +196,26 @@ def parse_method(text: str) -> MethodSpec:
     raise ConfigError(f"unknown method {text!r}; expected one of {list(BUILTIN_METHODS)} or "
                       "agent:NAME[@placement] / agent:PATH.zip"
                       + _hint(key, BUILTIN_METHODS))
+
+
+def _parse_hda_variant(text: str, suffix: str) -> MethodSpec:
+    """Parse the ``qNN`` / ``sX`` suffix of ``hda-moe@...``."""
+    base = BUILTIN_METHODS["hda-moe"]
+    kind, number = suffix[:1], suffix[1:]
+    try:
+        value = float(number) if kind in ("q", "s") and number else float("nan")
+    except ValueError:
+        value = float("nan")
+    if kind == "q" and 0 < value <= 100:
+        return MethodSpec(f"hda-moe@q{number}", base.placement, base.agent,
+                          f"HDA-MoE at the strongest gating scale <= 1 keeping top-1 retention "
+                          f">= {value:g} %", quality_target=value / 100.0)
+    if kind == "s" and math.isfinite(value) and value >= 0:
+        return MethodSpec(f"hda-moe@s{number}", base.placement, base.agent,
+                          f"HDA-MoE at gating scale {value:g}", gating_scale=value)
+    raise ConfigError(f"method {text!r}: expected hda-moe@qNN with 0 < NN <= 100 (top-1 "
+                      "retention target in %, e.g. hda-moe@q99) or hda-moe@sX with X >= 0 "
+                      "(gating scale, e.g. hda-moe@s0.5)")
 
 
 def _hint(name: str, choices: Iterable[str]) -> str:
@@ -310,11 +352,12 @@ def placement_store(config: BenchConfig, trace: Any, *, progress: bool = True) -
 
 
 # ------------------------------------------------------------------------------------ agents
-def resolve_agent(spec: str | None, env: Any, *, seed: int = 0) -> Any:
+def resolve_agent(spec: str | None, env: Any, *, seed: int = 0, **kwargs: Any) -> Any:
     """Return the agent of a method: NoOp (None), a registered agent, or a learned one.
 
     Learned agents are loaded with ``agents.learned.load_agent(path)`` (the hook for trained
-    SB3 / sb3-contrib policies; ``env=`` is passed when the loader accepts it).
+    SB3 / sb3-contrib policies; ``env=`` is passed when the loader accepts it). ``kwargs`` go to
+    a registered agent's constructor (e.g. ``gating_level=``).
 
     Raises:
         ConfigError: Unknown agent name and no such file.
@@ -326,7 +369,7 @@ def resolve_agent(spec: str | None, env: Any, *, seed: int = 0) -> Any:
         return agents.NoOpAgent.from_env(env)
     key = spec.replace("_", "-")
     if key in agents.AGENTS:
-        return agents.make_agent(key, env=env, seed=seed)
+        return agents.make_agent(key, env=env, seed=seed, **kwargs)
     path = Path(spec)
     if path.suffix == ".zip" or path.exists():
         if not path.exists():
@@ -369,8 +412,10 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
         on_step: Called after every env step (progress bars).
 
     Returns:
-        TBT statistics, breakdown, gating statistics, decision time, link busy time, k_b and
-        broadcast counts.
+        TBT statistics, breakdown, routing quality (``gating``: top-1 retention, score mass kept
+        and changed fraction, means over every env step — an ungated layer counts as unchanged,
+        so a method without gating records exactly 1, 1, 0), the mean gating scale, decision
+        time, link busy time, k_b and broadcast counts.
     """
     base = getattr(env, "unwrapped", env)
     masks = _accepts_masks(agent) and hasattr(base, "action_masks")
@@ -383,6 +428,7 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
             "bc_makespan_us": 0.0}
     gating: dict[str, list[float]] = {"changed_fraction": [], "top1_retention": [],
                                       "score_mass_kept": []}
+    levels: list[float] = []
     decision_s: list[float] = []
     busy_sum: np.ndarray | None = None
     kb: list[int] = []
@@ -409,9 +455,11 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
             busy_sum = busy.copy() if busy_sum is None else busy_sum + busy
         kb.append(int(info.get("k_b", 0)))
         nbc.append(len(info.get("broadcast", ())))
-        if float(info.get("gating_level", 0.0)) > 0:
-            for key in gating:
-                gating[key].append(float(info.get(key, float("nan"))))
+        # every layer counts: an ungated layer keeps its routing (1, 1, 0 in the env's info)
+        levels.append(float(info.get("gating_level", 0.0)))
+        for key, unchanged in (("changed_fraction", 0.0), ("top1_retention", 1.0),
+                               ("score_mass_kept", 1.0)):
+            gating[key].append(float(info.get(key, unchanged)))
         bal = _balancedness(base, info)
         if bal is not None:
             balance.append(bal)
@@ -450,7 +498,8 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
         "decode_steps": len(tbts), "env_steps": step,
         "breakdown_us": breakdown,
         "gating": {key: _nanmean(vals) for key, vals in gating.items()},
-        "gated_layers": len(gating["changed_fraction"]),
+        "gated_layers": sum(1 for v in levels if v > 0),
+        "gating_scale": float(np.mean(levels)) if levels else 0.0,
         "decision_ms_per_step": 1e3 * float(np.mean(decision_s)) if decision_s else 0.0,
         "decision_ms_p95": 1e3 * float(np.percentile(decision_s, 95)) if decision_s else 0.0,
         "k_b_mean": float(np.mean(kb)) if kb else 0.0,
@@ -534,6 +583,38 @@ def _load_trace(config: BenchConfig) -> tuple[Any, Any]:
     return env_config.load_trace(), topology
 
 
+def _gating_scale_of(spec: MethodSpec, placement: Any, env_args: dict[str, Any],
+                     searches: dict[str, Any], targets: Sequence[float]) -> tuple[float, Any]:
+    """Return the gating scale of an ``hda-moe@q`` / ``@s`` method and its search (or None).
+
+    One probe (training decode steps of a search env) per placement, shared by every target.
+    """
+    if spec.gating_scale is not None:
+        return float(spec.gating_scale), None
+    from hdamoe_env.app.matched import GatingQualityProbe, search_matched_levels
+    from hdamoe_env.env import HdMoeEnv
+
+    entry = searches.get(spec.placement)
+    if entry is None:
+        t0 = time.perf_counter()
+        probe = GatingQualityProbe(HdMoeEnv(**env_args, placement=placement))
+        found = search_matched_levels(probe, targets)
+        entry = searches[spec.placement] = (probe, found, time.perf_counter() - t0)
+        log.info("matched-quality search on %d training decode steps: %s (%.1f s)",
+                 probe.decode_steps, ", ".join(f"top-1 >= {t:.0%}: scale {m.level:.4g}"
+                                               for t, m in found.items()), entry[2])
+    probe, found, wall = entry
+    match = found[float(spec.quality_target)]
+    search = {
+        "target": match.target, "level": match.level, "train_top1_retention": match.value,
+        "train_quality": probe.measure(match.level), "train_seeds": list(probe.seeds),
+        "train_decode_steps": probe.decode_steps, "capped": match.capped,
+        "monotone_violations": match.violations,
+        "grid": list(match.grid), "grid_top1_retention": list(match.grid_values),
+        "evaluations": len(match.evaluated), "search_wall_s": wall}
+    return match.level, search
+
+
 def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT_METHODS,
               seeds: Sequence[int] = (0, 1, 2), *, json_path: str | os.PathLike[str] | None = None,
               csv_path: str | os.PathLike[str] | None = None, resume: bool = False,
@@ -590,18 +671,31 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
     envs: dict[str, Any] = {}
     conv = get_profile(config.conventions)
     model = config.model_spec
+    targets = sorted({s.quality_target for s in specs if s.quality_target is not None})
+    searches: dict[str, Any] = {}
+    scales: dict[str, tuple[float, Any]] = {}
     try:
         for spec, seed in todo:
             placement, artifact = store.get(spec.placement)
+            agent_kwargs: dict[str, Any] = {}
+            search = None
+            if spec.quality_target is not None or spec.gating_scale is not None:
+                if spec.name not in scales:
+                    scales[spec.name] = _gating_scale_of(spec, placement, env_args, searches,
+                                                         targets)
+                scale, search = scales[spec.name]
+                agent_kwargs["gating_level"] = scale
             env = envs.get(spec.name)
             if env is None:
-                env = envs[spec.name] = HdMoeEnv(**env_args, placement=placement)
+                extra = ({"gating_levels": sorted({0.0, agent_kwargs["gating_level"]})}
+                         if agent_kwargs else {})
+                env = envs[spec.name] = HdMoeEnv(**{**env_args, **extra}, placement=placement)
                 if spec.rebalance_period is not None:
                     from baselines.rebalance import EplbRebalanceWrapper
 
                     env = envs[spec.name] = EplbRebalanceWrapper(env,
                                                                  period=spec.rebalance_period)
-            agent = resolve_agent(spec.agent, env, seed=seed)
+            agent = resolve_agent(spec.agent, env, seed=seed, **agent_kwargs)
             writer = None
             if tensorboard_dir is not None:
                 from hdamoe_env.app.tb import config_markdown, make_writer, run_dir_name
@@ -648,6 +742,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
                 "trace_skew": config.trace_skew,
                 "score_kind": getattr(env, "score_kind", None),
                 "placement_seed": config.placement_seed, "run_key": run_key,
+                "quality_target": spec.quality_target, "gating_search": search,
                 "version": __version__,
             }
             all_records.append(record)
@@ -715,7 +810,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print()
     print(format_bench_table(result.records))
     print("\nµs per decode step (compute incl. dense layers); ×m = speed-up over m; changed / "
-          "top1 kept: gating perturbation over gated layers; decide = agent.predict per env step")
+          "top1 kept: routing quality over all layers (quality from routing only; KL / PPL of "
+          "gating need a recorded model trace: `hdamoe traces fidelity`); scale = gating scale "
+          "(× default coefficients); decide = agent.predict per env step")
     if result.skipped:
         print(f"resumed {len(result.skipped)} record(s) from {args.json}")
     if args.plots:

@@ -13,7 +13,10 @@ canvas), so plotting is safe in worker processes and tests.
   X×Y endpoint grid (paper Figs. 18–19 style): each directed link is an arrow between its two
   endpoints, offset to its right-hand side so that both directions are visible; torus wrap links
   are drawn as stubs at the border; on a fat-tree (links to switches) the endpoint cells are
-  coloured by the busy time of their injection plus ejection links.
+  coloured by the busy time of their injection plus ejection links;
+* :func:`plot_pareto` — TBT against top-1 routing retention: every method a point, HDA-MoE at
+  its gating scales (HD-MoE = scale 0, ``hda-moe@qNN`` / ``@sX``, ``hda-moe`` = 1) a curve
+  (:func:`draw_pareto` draws it on a given axes, for the reproduce report).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from numpy.typing import ArrayLike
 
 from hdamoe_env.errors import DependencyNotInstalled
 
-__all__ = ["plot_breakdown", "plot_link_heatmap", "plot_normalised_tbt", "write_plots"]
+__all__ = ["draw_pareto", "gating_curve", "plot_breakdown", "plot_link_heatmap",
+           "plot_normalised_tbt", "plot_pareto", "write_plots"]
 
 log = logging.getLogger(__name__)
 
@@ -232,17 +236,86 @@ def _square(col: float, row: float, face: Any) -> Any:
                      lw=0.8, zorder=3)
 
 
+def gating_curve(rows: dict[str, dict[str, Any]]) -> list[tuple[float, str]]:
+    """Return (gating scale, method) of the HDA-MoE family in ``rows``, by ascending scale.
+
+    The family is HD-MoE (scale 0: same placement and pre-broadcast, no gating), ``hda-moe``
+    and every ``hda-moe@...`` variant; the scale is the row's measured ``gating_scale``.
+    """
+    family = []
+    for method, row in rows.items():
+        if method == "hd-moe" or method == "hda-moe" or method.startswith("hda-moe@"):
+            scale = row.get("gating_scale")
+            if scale is None or not np.isfinite(scale):
+                scale = 0.0 if method == "hd-moe" else 1.0 if method == "hda-moe" else np.nan
+            if np.isfinite(scale):
+                family.append((float(scale), method))
+    return sorted(family)
+
+
+def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") -> None:
+    """Draw TBT (µs) against top-1 routing retention (%) on ``ax``.
+
+    Args:
+        ax: A matplotlib axes.
+        rows: ``{method: summary row}`` (:func:`hdamoe_env.app.records.summarise` rows with
+            ``tbt_us``, ``top1_retention`` and ``gating_scale``).
+        title: Axes title.
+    """
+    curve = gating_curve(rows)
+    family = {m for _, m in curve}
+    for j, (method, row) in enumerate(rows.items()):
+        if method in family:
+            continue
+        x, y = 100.0 * (row.get("top1_retention") or np.nan), row.get("tbt_us", np.nan)
+        ax.plot([x], [y], "o", color=f"C{(j % 9) + 1}", label=method)
+    if curve:
+        xs = [100.0 * (rows[m].get("top1_retention") or np.nan) for _, m in curve]
+        ys = [rows[m].get("tbt_us", np.nan) for _, m in curve]
+        ax.plot(xs, ys, "s-", color="C0", label="HDA-MoE by gating scale")
+        for (scale, method), x, y in zip(curve, xs, ys, strict=True):
+            ax.annotate(f"{method.replace('hda-moe', 'A')} ({scale:.3g})", (x, y), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("top-1 routing retention (%)")
+    ax.set_ylabel("TBT (µs per decode step)")
+    ax.invert_xaxis()
+    ax.legend(fontsize=6)
+    if title:
+        ax.set_title(title, fontsize=8)
+
+
+def plot_pareto(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Draw the speed-vs-routing-quality plane of a benchmark run (see :func:`draw_pareto`).
+
+    Args:
+        records: Bench records of one configuration.
+        path: Output PNG.
+
+    Raises:
+        DependencyNotInstalled: matplotlib is missing.
+    """
+    from hdamoe_env.app.records import summarise
+
+    rows = {r["method"]: r for r in summarise(records)}
+    fig = _figure(5.5, 3.8)
+    draw_pareto(fig.subplots(), rows, title=_title(records))
+    return _save(fig, path)
+
+
 def write_plots(records: Sequence[dict[str, Any]], out_dir: str | Path, *,
                 topology: Any = None, heatmap_method: str | None = None,
                 baseline: str = "tp") -> list[Path]:
-    """Write the three figures of a benchmark run into ``out_dir``.
+    """Write the figures of a benchmark run into ``out_dir``.
+
+    Normalised TBT, breakdown, the link heat map (with a topology) and, when a gating method
+    ran, the TBT-vs-top-1-retention plane (``pareto.png``).
 
     Args:
         records: Bench records of one configuration.
         out_dir: Directory (created).
         topology: The run's topology (needed for the heat map; skipped when None).
         heatmap_method: Method whose mean ``link_busy_us`` is drawn (default: the last method
-            with link data, i.e. the most advanced one of the default list).
+            with link data, ``hda-moe`` when it ran).
         baseline: Normalising method of the TBT bars.
 
     Returns:
@@ -254,12 +327,15 @@ def write_plots(records: Sequence[dict[str, Any]], out_dir: str | Path, *,
         return []
     paths = [plot_normalised_tbt(records, out / "normalised_tbt.png", baseline=baseline),
              plot_breakdown(records, out / "breakdown.png")]
+    if any((r.get("gating_scale") or 0.0) > 0 for r in records):
+        paths.append(plot_pareto(records, out / "pareto.png"))
     if topology is not None:
         groups = _by_method(records)
         candidates = [m for m in _methods_in_order(records)
                       if any(r.get("link_busy_us") for r in groups[m])]
-        method = heatmap_method if heatmap_method in candidates else (
+        fallback = "hda-moe" if "hda-moe" in candidates else (
             candidates[-1] if candidates else None)
+        method = heatmap_method if heatmap_method in candidates else fallback
         if heatmap_method is not None and heatmap_method not in candidates:
             log.warning("method %r has no link data (TP's all-reduce is analytic); drawing %r",
                         heatmap_method, method)

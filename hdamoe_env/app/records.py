@@ -45,6 +45,7 @@ SPEEDUP_BASELINES: tuple[str, ...] = ("tp", "ep", "hybrid", "hd-moe")
 
 CSV_FIELDS = ("method", "seed", "tbt_us", "tbt_std_us", "compute_us", "communication_us",
               "memory_us", "extra_us", "changed_fraction", "top1_retention", "score_mass_kept",
+              "gating_scale", "quality_target",
               "decision_ms_per_step", "env_steps", "decode_steps", "k_b_mean", "broadcast_mean",
               "balancedness_mean", "model", "setting", "mesh", "topology", "batch", "fidelity",
               "predictor", "profile", "knobs_sha256", "placement", "placement_artifact",
@@ -197,6 +198,8 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row[key] = _stat([r["breakdown_us"].get(key, 0.0) for r in recs])[0]
         for key in ("changed_fraction", "top1_retention", "score_mass_kept"):
             row[key] = _stat([(r.get("gating") or {}).get(key) for r in recs])[0]
+        row["gating_scale"] = _stat([r.get("gating_scale") for r in recs])[0]
+        row["quality_target"] = recs[0].get("quality_target")
         row["decision_ms"], row["decision_ms_std"] = _stat(
             [r["decision_ms_per_step"] for r in recs])
         row["k_b_mean"] = _stat([r.get("k_b_mean", 0.0) for r in recs])[0]
@@ -211,7 +214,7 @@ def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
     present = {r["method"] for r in rows}
     bases = [b for b in SPEEDUP_BASELINES if b in present]
     head = ["method", "TBT µs", "±seeds", "TBT/TP"] + [f"×{b}" for b in bases] + [
-        "compute", "comm", "memory", "other", "k_b", "bcast", "changed", "top1 kept",
+        "compute", "comm", "memory", "other", "k_b", "bcast", "scale", "changed", "top1 kept",
         "decide ms"]
     cells = []
     for r in rows:
@@ -220,7 +223,7 @@ def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
         line += [fmt(r.get(f"speedup_over_{b}"), "{:.3f}") for b in bases]
         line += [fmt(r["compute_us"]), fmt(r["communication_us"]), fmt(r["memory_us"]),
                  fmt(r["extra_us"]), fmt(r["k_b_mean"], "{:.1f}"),
-                 fmt(r["broadcast_mean"], "{:.1f}"),
+                 fmt(r["broadcast_mean"], "{:.1f}"), fmt(r["gating_scale"], "{:.3g}"),
                  fmt(r["changed_fraction"], "{:.1%}"), fmt(r["top1_retention"], "{:.1%}"),
                  fmt(r["decision_ms"], "{:.3f}") + (
                      f"±{r['decision_ms_std']:.3f}" if r["decision_ms_std"] else "")]

@@ -255,6 +255,12 @@ def shrink(cell: Cell) -> Cell:
 # -------------------------------------------------------------------------------------- suites
 METHODS_E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "node-link-raw", "hd-moe",
                "hda-moe", "eplb", "eplb-dynamic")
+#: HDA-MoE at matched routing quality (top-1 retention >= 99 % and >= 95 %): every end-to-end
+#: cell, so that each HDA-MoE speed-up of the claims is also stated at matched quality.
+METHODS_MATCHED = ("hda-moe@q99", "hda-moe@q95")
+#: Extra gating scales of the speed-vs-quality (Pareto) curve, 5/50 B = 128 cells only; with
+#: hd-moe (scale 0), the matched-quality points and hda-moe (scale 1) they trace the curve.
+METHODS_PARETO = ("hda-moe@s0.0625", "hda-moe@s0.25")
 
 
 def _mixtral_trace(mixtral_dir: str | None, category: str = "reasoning") -> str | None:
@@ -342,9 +348,12 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
         for setting in settings:
             for conv in profiles:
                 for batch in (batches if conv == "faithful" or full else (128,)):
-                    keep = ("link_busy_us",) if (setting == "5/50" and batch == 128) else ()
+                    headline = setting == "5/50" and batch == 128
+                    keep = ("link_busy_us",) if headline else ()
+                    methods = METHODS_E2E + METHODS_MATCHED + (METHODS_PARETO if headline
+                                                               else ())
                     bench("fig10_end_to_end", _cfg(model, trace, setting, batch, conv,
-                                                   steps=steps), METHODS_E2E, keep=keep)
+                                                   steps=steps), methods, keep=keep)
     # Fig. 11: mesh size at 5/50; Fig. 12: topology at 32 endpoints (5 TFLOPS assumed, §13)
     scale_models = models if full else [ds]
     for model, trace in scale_models:

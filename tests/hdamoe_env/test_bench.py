@@ -266,3 +266,28 @@ def test_eplb_methods_run_and_record_their_rebalances(tmp_path):
     assert static["placement_method"] == "eplb" and "rebalances" not in static
     assert dyn["rebalances"] == 1 and dyn["rebalance_period"] == 1
     assert dyn["rebalance_us_per_step"] >= 0.0 and np.isfinite(dyn["tbt_us"])
+
+
+def test_records_carry_routing_quality_for_every_method(tmp_path):
+    """Methods without gating record exactly 1, 1, 0; gating methods measured means; matched
+    methods their target, the found scale and the search."""
+    cfg = _config(tmp_path, conventions="paper")
+    res = run_bench(cfg, ["tp", "ep", "hd-moe", "hda-moe", "hda-moe@q99", "hda-moe@s0"], [0],
+                    progress=False)
+    by = {r["method"]: r for r in res.records}
+    for method in ("tp", "ep", "hd-moe", "hda-moe@s0"):
+        assert by[method]["gating"] == {"changed_fraction": 0.0, "top1_retention": 1.0,
+                                        "score_mass_kept": 1.0}, method
+        assert by[method]["gating_scale"] == 0.0 and by[method]["quality_target"] is None
+    for method in ("hda-moe", "hda-moe@q99"):
+        g = by[method]["gating"]
+        assert all(isinstance(g[k], float) and 0.0 <= g[k] <= 1.0 for k in g), g
+    assert by["hda-moe"]["gating_scale"] == 1.0
+    q = by["hda-moe@q99"]
+    assert q["quality_target"] == 0.99
+    search = q["gating_search"]
+    assert search["target"] == 0.99 and 0.0 <= search["level"] <= 1.0
+    assert search["train_top1_retention"] >= 0.99
+    assert q["gating_scale"] == pytest.approx(search["level"])
+    table = records.format_bench_table(res.records)
+    assert "hda-moe@q99" in table and "scale" in table
