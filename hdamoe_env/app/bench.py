@@ -17,6 +17,7 @@ Methods (paper-model.md §9, §13 Fig. 10):
 | ``hd-moe`` | Node + Link Balance | ``HDMoEAgent``: pre-broadcast + dispatch (§10) |
 | ``hda-moe`` | Node + Link Balance | ``HDAMoEAgent``: + hardware-aware gating (§11) |
 | ``agent:NAME[@placement]`` | node-link unless ``@placement`` | a registered or learned agent |
+| ``tuned:PATH[@placement]`` | node-link unless ``@placement`` | the tuned heuristic of ``hdamoe tune`` (its ``tuned.json``: knobs of the agent and the env) |
 
 (A learned agent is a saved file, loaded by ``agents.learned.load_agent``.)
 
@@ -108,12 +109,15 @@ class MethodSpec:
         agent: A registered agent name (``agents.AGENTS``), a path to a saved learned agent, or
             None (``NoOpAgent``: the static placement).
         description: One line.
+        env_kwargs: ``HdMoeEnv`` keyword arguments of this method only, as (name, value)
+            pairs (the tuned heuristic's protect-top, k_b and gating levels).
     """
 
     name: str
     placement: str
     agent: str | None = None
     description: str = ""
+    env_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 BUILTIN_METHODS: dict[str, MethodSpec] = {
@@ -135,15 +139,30 @@ DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "nod
 
 
 def parse_method(text: str) -> MethodSpec:
-    """Parse a method name: a built-in one, or ``agent:NAME_OR_PATH[@placement]``.
+    """Parse a method name: a built-in one, ``agent:NAME_OR_PATH[@placement]`` or
+    ``tuned:PATH[@placement]`` (a ``tuned.json`` of ``hdamoe tune``, or its directory).
 
     Raises:
-        ConfigError: Unknown built-in method or placement name.
+        ConfigError: Unknown built-in method or placement name; an unreadable tuned file.
     """
     name = text.strip()
     key = name.replace("_", "-")
     if key in BUILTIN_METHODS:
         return BUILTIN_METHODS[key]
+    if name.startswith("tuned:"):
+        from agents.tuned import load_tuned
+
+        body, placement = name[len("tuned:"):], "node_link"
+        if "@" in body:
+            body, placement = body.rsplit("@", 1)
+            placement = placement.replace("-", "_")
+            if placement not in PLACEMENT_ARTIFACTS:
+                raise unknown_name("placement", placement, PLACEMENT_ARTIFACTS)
+        if not body:
+            raise ConfigError(f"method {text!r}: expected tuned:PATH/tuned.json")
+        knobs, _ = load_tuned(body)
+        return MethodSpec(name, placement, name, f"tuned heuristic {knobs.label()} on {placement}",
+                          tuple(sorted(knobs.env_kwargs().items())))
     if name.startswith("agent:"):
         body = name[len("agent:"):]
         placement = "node_link"
@@ -298,6 +317,11 @@ def resolve_agent(spec: str | None, env: Any, *, seed: int = 0) -> Any:
 
     if spec is None:
         return agents.NoOpAgent.from_env(env)
+    if spec.startswith("tuned:"):
+        from agents.tuned import load_tuned
+
+        knobs, _ = load_tuned(spec[len("tuned:"):].rsplit("@", 1)[0])
+        return knobs.make_agent(env)
     key = spec.replace("_", "-")
     if key in agents.AGENTS:
         return agents.make_agent(key, env=env, seed=seed)
@@ -569,7 +593,8 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             placement, artifact = store.get(spec.placement)
             env = envs.get(spec.name)
             if env is None:
-                env = envs[spec.name] = HdMoeEnv(**env_args, placement=placement)
+                env = envs[spec.name] = HdMoeEnv(**{**env_args, **dict(spec.env_kwargs)},
+                                                 placement=placement)
             agent = resolve_agent(spec.agent, env, seed=seed)
             writer = None
             if tensorboard_dir is not None:
@@ -610,6 +635,8 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
                 "placement_seed": config.placement_seed, "run_key": run_key,
                 "version": __version__,
             }
+            if spec.env_kwargs:
+                record["method_env_kwargs"] = dict(spec.env_kwargs)
             all_records.append(record)
             done[(run_key, spec.name, seed)] = record
             if json_path is not None:
