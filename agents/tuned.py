@@ -117,6 +117,7 @@ class TunedKnobs:
     replica_rule: str | None = None
 
     def __post_init__(self) -> None:
+        """Validate and normalise the values (floats, ints)."""
         level = float(self.gating_level)
         if not math.isfinite(level) or level < 0:
             raise ConfigError(f"gating_level must be a finite number >= 0, got "
@@ -220,6 +221,7 @@ class KnobGrid:
     replica_rules: tuple[str | None, ...] = (None,)
 
     def __post_init__(self) -> None:
+        """Validate the knob values (non-empty, distinct) and store them as tuples."""
         for f in dataclasses.fields(self):
             values = tuple(getattr(self, f.name))
             if not values:
@@ -685,6 +687,7 @@ class _LayerTap:
     """Stand-in for an env's ``decisions`` that reports every evaluated layer, then delegates."""
 
     def __init__(self, inner: Any, on_layer: Callable[..., None]) -> None:
+        """Wrap ``inner``; ``on_layer(layer, token_sets, kwargs)`` runs before each evaluation."""
         self._inner = inner
         self._on_layer = on_layer
 

@@ -603,7 +603,7 @@ def _add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
 _FILE_OPTIONS = ("json", "csv")
 #: (command path) -> kind of ``--out``: "dir" or "file".
 _OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "dir",
-             "crossover": "dir",
+             "crossover": "dir", "tune": "dir",
              "evaluate": "dir", "traces gen": "file", "traces convert": "file",
              "traces record": "file", "traces train-tiny": "dir"}
 

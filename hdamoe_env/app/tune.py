@@ -310,7 +310,8 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="minimum mean top-1 retention")
     p.add_argument("--penalty", type=float, default=DEFAULT_PENALTY,
                    help="objective penalty factor per unit of missing top-1 retention")
-    p.add_argument("--steps", type=positive_int, default=4, help="decode steps per training episode")
+    p.add_argument("--steps", type=positive_int, default=4,
+                   help="decode steps per training episode")
     p.add_argument("--train-seeds", type=int_list, default="0,1", help="training episode seeds")
     p.add_argument("--eval-steps", type=positive_int, default=16,
                    help="decode steps per held-out episode")

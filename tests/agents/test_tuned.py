@@ -138,8 +138,9 @@ def test_knob_validation_and_replica_hook():
     with pytest.raises(ConfigError, match="repeats"):
         KnobGrid(protect_top=(0, 0))
     knobs = TunedKnobs(replica_rule="nearest")
-    from hdamoe_env.env_config import EnvConfig
     import dataclasses
+
+    from hdamoe_env.env_config import EnvConfig
 
     if tuned.REPLICA_RULE_ENV_KWARG not in {f.name for f in dataclasses.fields(EnvConfig)}:
         with pytest.raises(ConfigError, match="no 'replica_rule' field"):

@@ -7,6 +7,7 @@ and that ``action_masks()`` is reachable through outer wrappers with the action-
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import gymnasium as gym
@@ -233,7 +234,7 @@ def test_quality_reward_lagrangian_rises_stays_nonnegative_and_falls():
         lams.append(env.lam)
         assert r == -0.9                                  # satisfied steps are not charged
     assert lams[0] == pytest.approx(19.5)
-    assert all(b <= a for a, b in zip(lams, lams[1:], strict=False))
+    assert all(b <= a for a, b in itertools.pairwise(lams))
     assert min(lams) == 0.0 and all(v >= 0.0 for v in lams)
     assert lams[39] == pytest.approx(0.0, abs=1e-9)
 
