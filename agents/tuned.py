@@ -285,11 +285,16 @@ class Measurement:
         top1_retention: Mean over every MoE layer of every decode step of the fraction of
             tokens whose top-1 expert survives gating (1 for an ungated layer).
         decode_steps: Decode steps measured.
+        score_mass_kept: Mean over every MoE layer of the router score mass of the original
+            top-k the gated sets keep (1 for an ungated layer); reported, not constrained —
+            a stricter view of quality than top-1 retention when ``protect_top`` ≥ 1 keeps
+            the top-1 choice by construction. NaN when not measured.
     """
 
     tbt_us: float
     top1_retention: float
     decode_steps: int = 0
+    score_mass_kept: float = float("nan")
 
 
 def penalised_objective(measurement: Measurement, target: float,
@@ -353,6 +358,7 @@ class EpisodeEvaluator:
         agent = knobs.make_agent(env)
         tbts: list[float] = []
         kept: list[float] = []
+        mass: list[float] = []
         for seed in self.seeds:
             obs, _ = env.reset(seed=seed)
             done = False
@@ -361,9 +367,11 @@ class EpisodeEvaluator:
                 obs, _r, terminated, truncated, info = env.step(action)
                 done = bool(terminated or truncated)
                 kept.append(float(info.get("top1_retention", 1.0)))
+                mass.append(float(info.get("score_mass_kept", 1.0)))
                 if "tbt_us" in info:
                     tbts.append(float(info["tbt_us"]))
-        result = Measurement(float(np.mean(tbts)), float(np.mean(kept)), len(tbts))
+        result = Measurement(float(np.mean(tbts)), float(np.mean(kept)), len(tbts),
+                             float(np.mean(mass)))
         self._cache[knobs.key()] = result
         return result
 

@@ -241,9 +241,11 @@ def format_tune(result: Any, summary: dict[str, Any]) -> str:
         rows.append([name, f"{d['training']['tbt_us']:.1f}",
                      f"{d['training']['top1_retention']:.4f}",
                      f"{d['held_out']['tbt_us']:.1f}",
-                     f"{d['held_out']['top1_retention']:.4f}"])
+                     f"{d['held_out']['top1_retention']:.4f}",
+                     f"{d['held_out']['score_mass_kept']:.4f}"])
     lines.append(render_table(["method", "train TBT µs", "train top-1", "held-out TBT µs",
-                               "held-out top-1"], rows, style="markdown"))
+                               "held-out top-1", "held-out score mass kept"], rows,
+                              style="markdown"))
     if "oracle" in summary:
         o = summary["oracle"]
         lines += ["", "## Per-layer hindsight oracle (held-out steps, identical draws)", ""]
