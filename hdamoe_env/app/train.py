@@ -524,6 +524,7 @@ def _quality(args: argparse.Namespace) -> dict[str, Any] | None:
 def cmd_train(args: argparse.Namespace) -> int:
     """Run ``hdamoe train``; print the evaluation; return the exit code."""
     t0 = time.perf_counter()
+    quality = _quality(args)                     # checked before any work
     env_kwargs = _env_kwargs_from_args(args)
     evaluate_fn = None if args.no_eval else held_out_evaluation(
         seeds=_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
@@ -560,7 +561,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                      hyperparams=_parse_hp(args.hp), placement=resolve_placement(env_kwargs),
                      evaluate_fn=evaluate_fn, progress=args.progress,
                      action_mode=args.action_mode, num_candidates=args.candidates,
-                     residual_keep_logit=args.keep_logit, quality=_quality(args),
+                     residual_keep_logit=args.keep_logit, quality=quality,
                      on_progress=None if args.progress else on_progress)
     finally:
         bar.close()
