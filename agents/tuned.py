@@ -12,6 +12,7 @@ than with the defaults:
 | ``protect_top`` | 0 … k | ``EnvConfig.gating_protect_top`` (never drop a token's m best experts) |
 | ``dispatch_rule`` | ``scheduling.DISPATCH_RULES`` | the agent's dispatch rule of broadcast experts |
 | ``k_b`` | None (the budget rule of §10.3) or a forced slot count | ``EnvConfig.k_b`` |
+| ``min_imbalance`` | None (always gate) or a threshold | the gating agent gates only layers whose predicted max/mean node load exceeds it |
 | ``replica_rule`` | None, or ``least_loaded`` / ``nearest`` / ``round_robin`` | hook: ``EnvConfig.replica_rule`` once the env has it |
 
 * :class:`TunedKnobs` is one point; :meth:`TunedKnobs.make_agent` builds its agent on an env
@@ -105,9 +106,11 @@ class TunedKnobs:
         dispatch_rule: Dispatch rule of the broadcast experts' tokens.
         k_b: Forced pre-broadcast slots per layer (layer 0 stays 0), or None for the budget rule.
         replica_rule: Replica-dispatch rule (hook, see :data:`REPLICA_RULES`), None = env default.
+        min_imbalance: Gate only layers whose predicted max/mean node load is at least this
+            (``agents.gating.HardwareAwareGatingAgent``); None = gate every layer.
 
     Raises:
-        ConfigError: A negative level or protect_top, an unknown rule, a negative k_b.
+        ConfigError: A negative level, protect_top or threshold, an unknown rule, a negative k_b.
     """
 
     gating_level: float = 1.0
@@ -115,6 +118,7 @@ class TunedKnobs:
     dispatch_rule: str = "least_loaded"
     k_b: int | None = None
     replica_rule: str | None = None
+    min_imbalance: float | None = None
 
     def __post_init__(self) -> None:
         """Validate and normalise the values (floats, ints)."""
@@ -133,6 +137,12 @@ class TunedKnobs:
             if int(self.k_b) < 0:
                 raise ConfigError(f"k_b must be None (budget rule) or >= 0, got {self.k_b}")
             object.__setattr__(self, "k_b", int(self.k_b))
+        if self.min_imbalance is not None:
+            imb = float(self.min_imbalance)
+            if not math.isfinite(imb) or imb < 0:
+                raise ConfigError(f"min_imbalance must be None or a finite number >= 0, got "
+                                  f"{self.min_imbalance!r}")
+            object.__setattr__(self, "min_imbalance", imb)
         if self.replica_rule is not None and self.replica_rule not in REPLICA_RULES:
             raise ConfigError(f"replica_rule {self.replica_rule!r} is unknown; expected None or "
                               f"one of {list(REPLICA_RULES)}")
@@ -168,7 +178,8 @@ class TunedKnobs:
         """Return the greedy agent of this point for an env built with :meth:`env_kwargs`."""
         return HDAMoEAgent.from_env(getattr(env, "unwrapped", env),
                                     gating_level=self.gating_level,
-                                    dispatch_rule=self.dispatch_rule)
+                                    dispatch_rule=self.dispatch_rule,
+                                    min_imbalance=self.min_imbalance)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the knobs as plain JSON values."""
@@ -196,6 +207,8 @@ class TunedKnobs:
         kb = "budget" if self.k_b is None else str(self.k_b)
         text = (f"level={self.gating_level:g} protect={self.protect_top} "
                 f"rule={self.dispatch_rule} k_b={kb}")
+        if self.min_imbalance is not None:
+            text += f" min_imbalance={self.min_imbalance:g}"
         return text + (f" replica={self.replica_rule}" if self.replica_rule else "")
 
 
@@ -209,6 +222,7 @@ class KnobGrid:
         dispatch_rules: Dispatch rules.
         k_b: Pre-broadcast slot options (None = the budget rule).
         replica_rules: Replica-dispatch rules (None = env default; the hook).
+        min_imbalance: Gating thresholds (None = gate every layer).
 
     Raises:
         ConfigError: An empty or repeating knob.
@@ -219,6 +233,7 @@ class KnobGrid:
     dispatch_rules: tuple[str, ...] = _DISPATCH_RULES
     k_b: tuple[int | None, ...] = (None,)
     replica_rules: tuple[str | None, ...] = (None,)
+    min_imbalance: tuple[float | None, ...] = (None,)
 
     def __post_init__(self) -> None:
         """Validate the knob values (non-empty, distinct) and store them as tuples."""
@@ -235,7 +250,7 @@ class KnobGrid:
         """(knob name, values) of every knob, in :class:`TunedKnobs` field order."""
         return (("gating_level", self.gating_levels), ("protect_top", self.protect_top),
                 ("dispatch_rule", self.dispatch_rules), ("k_b", self.k_b),
-                ("replica_rule", self.replica_rules))
+                ("replica_rule", self.replica_rules), ("min_imbalance", self.min_imbalance))
 
     @property
     def size(self) -> int:
@@ -251,12 +266,14 @@ class KnobGrid:
     def canonical(self, knobs: TunedKnobs) -> TunedKnobs:
         """Map knobs that cannot differ in effect onto one representative.
 
-        With gating off, ``protect_top`` has no effect (it becomes the grid's first value);
+        With gating off, ``protect_top`` and ``min_imbalance`` have no effect (they become the
+        grid's first values);
         with ``k_b = 0`` nothing is broadcast, so the dispatch and replica rules have no effect
         (they become the grid's first values).
         """
         if knobs.gating_level == 0:
-            knobs = dataclasses.replace(knobs, protect_top=self.protect_top[0])
+            knobs = dataclasses.replace(knobs, protect_top=self.protect_top[0],
+                                        min_imbalance=self.min_imbalance[0])
         if knobs.k_b == 0:
             knobs = dataclasses.replace(knobs, dispatch_rule=self.dispatch_rules[0],
                                         replica_rule=self.replica_rules[0])
@@ -271,8 +288,12 @@ class KnobGrid:
         return list(seen.values())
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the grid as plain JSON values."""
-        return {name: list(values) for name, values in self.dimensions}
+        """Return the grid as plain JSON values (``min_imbalance`` only when searched, so the
+        run keys of journals written before it existed are unchanged)."""
+        out = {name: list(values) for name, values in self.dimensions}
+        if self.min_imbalance == (None,):
+            del out["min_imbalance"]
+        return out
 
 
 # ------------------------------------------------------------------------------ measurements

@@ -83,7 +83,8 @@ def _kb_values(text: str) -> tuple[int | None, ...]:
     return tuple(out)
 
 
-def parse_grid(levels: str, protect_top: str, rules: str, k_b: str, replica_rules: str) -> Any:
+def parse_grid(levels: str, protect_top: str, rules: str, k_b: str, replica_rules: str,
+               min_imbalance: str = "none") -> Any:
     """Return the ``agents.tuned.KnobGrid`` of the CLI's comma lists.
 
     Raises:
@@ -97,9 +98,13 @@ def parse_grid(levels: str, protect_top: str, rules: str, k_b: str, replica_rule
         raise ConfigError(f"--protect-top {protect_top!r}: expected integers") from None
     replica = tuple(None if t.strip() in ("none", "default") else t.strip()
                     for t in replica_rules.split(",") if t.strip())
+    imb: list[float | None] = []
+    for t in (t.strip() for t in min_imbalance.split(",")):
+        if t:
+            imb.append(None if t in ("none", "off") else _floats(t, "min-imbalance")[0])
     return KnobGrid(gating_levels=_floats(levels, "levels"), protect_top=protect,
                     dispatch_rules=tuple(t.strip() for t in rules.split(",") if t.strip()),
-                    k_b=_kb_values(k_b), replica_rules=replica)
+                    k_b=_kb_values(k_b), replica_rules=replica, min_imbalance=tuple(imb))
 
 
 # ----------------------------------------------------------------------------- output dir
@@ -145,7 +150,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     _prepare_out(out, resume=args.resume, force=args.force)
     grid = parse_grid(args.levels, args.protect_top, args.dispatch_rules, args.k_b,
-                      args.replica_rules)
+                      args.replica_rules, args.min_imbalance)
     payload = _config_payload(args, grid)
     run_key = tuned.run_key_of(payload)
     env_kwargs: dict[str, Any] = {"trace_seed": args.trace_seed}
@@ -299,6 +304,9 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dispatch-rules", default="least_loaded,first,home", help="dispatch rules")
     p.add_argument("--k-b", default="budget",
                    help="pre-broadcast slot options: 'budget' (the budget rule) and integers")
+    p.add_argument("--min-imbalance", default="none",
+                   help="gating thresholds: gate only layers whose predicted max/mean node load "
+                   "reaches it ('none' = every layer)")
     p.add_argument("--replica-rules", default="none",
                    help="replica-dispatch rules (hook; 'none' = the env's default)")
     p.add_argument("--method", default="auto", choices=SEARCH_METHODS,

@@ -50,6 +50,19 @@ def test_grid_canonical_points_are_counted_by_hand():
     assert all(p.dispatch_rule == "least_loaded" for p in pts if p.k_b == 0)
 
 
+def test_min_imbalance_knob():
+    """Gating off ignores the threshold: levels (0, 1) × thresholds (None, 1.2) → 1 + 2 points."""
+    grid = KnobGrid(gating_levels=(0.0, 1.0), protect_top=(0,), dispatch_rules=("first",),
+                    min_imbalance=(None, 1.2))
+    pts = grid.points()
+    assert [(p.gating_level, p.min_imbalance) for p in pts] == [(0.0, None), (1.0, None),
+                                                                 (1.0, 1.2)]
+    assert "min_imbalance" in grid.to_dict() and "min_imbalance" not in GRID.to_dict()
+    assert "min_imbalance=1.2" in pts[2].label()
+    with pytest.raises(ConfigError, match="min_imbalance"):
+        TunedKnobs(min_imbalance=-1.0)
+
+
 def test_penalised_objective_hand_values():
     """1000 µs at 0.985 vs 0.99: 1000 · (1 + 100 · 0.005) = 1500; feasible points: their TBT."""
     assert tuned.penalised_objective(Measurement(1000.0, 0.985), 0.99) == pytest.approx(1500.0)
@@ -181,6 +194,10 @@ def test_episode_evaluator_is_deterministic(tiny_kwargs):
     a = ev(k)
     b = tuned.EpisodeEvaluator(tiny_kwargs, seeds=[0, 1])(k)
     assert a == b and a.decode_steps == 4 and 0.0 <= a.top1_retention <= 1.0
+    # an unreachable threshold turns gating off in every layer: the same as level 0
+    never = ev(TunedKnobs(gating_level=1.0, k_b=2, min_imbalance=1e9))
+    assert never.tbt_us == pytest.approx(ev(TunedKnobs(gating_level=0.0, k_b=2)).tbt_us)
+    assert never.top1_retention == 1.0
     off = ev(TunedKnobs(gating_level=0.0))
     assert off.top1_retention == 1.0
 

@@ -21,8 +21,9 @@ ARGS = ["-q", "tune", "--placement", "ep", "--batch", "8", "--requests", "4", "-
 
 
 def test_parse_grid():
-    grid = parse_grid("0,0.5,8", "0,1", "least_loaded,home", "budget,0,2", "none")
-    assert grid.gating_levels == (0.0, 0.5, 8.0)
+    grid = parse_grid("0,0.5,8", "0,1", "least_loaded,home", "budget,0,2", "none",
+                      "none,1.25")
+    assert grid.gating_levels == (0.0, 0.5, 8.0) and grid.min_imbalance == (None, 1.25)
     assert grid.k_b == (None, 0, 2) and grid.replica_rules == (None,)
     with pytest.raises(ConfigError, match="--levels"):
         parse_grid("a", "0", "first", "budget", "none")
