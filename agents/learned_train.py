@@ -68,7 +68,7 @@ from hdamoe_env.actions import ActionLayout
 from hdamoe_env.errors import ConfigError, unknown_name
 from hdamoe_env.fileio import atomic_write
 from hdamoe_env.placement import Placement
-from hdamoe_env.wrappers import RankedBroadcastWrapper
+from hdamoe_env.wrappers import QualityRewardWrapper, RankedBroadcastWrapper
 
 __all__ = [
     "ACTION_MODES",
@@ -202,6 +202,7 @@ class _EnvFactory:
     kwargs: dict[str, Any]
     action_mode: str = "full"
     num_candidates: int = 4
+    quality: dict[str, Any] | None = None
 
     def __call__(self) -> Any:
         from stable_baselines3.common.monitor import Monitor
@@ -209,6 +210,8 @@ class _EnvFactory:
         from hdamoe_env.env import HdMoeEnv
 
         env = HdMoeEnv(**self.kwargs)
+        if self.quality is not None:
+            env = QualityRewardWrapper(env, **self.quality)
         if self.action_mode == "ranked":
             env = RankedBroadcastWrapper(env, self.num_candidates)
         elif self.action_mode == "residual":
@@ -218,7 +221,7 @@ class _EnvFactory:
 
 def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
                  start_method: str | None = None, action_mode: str = "full",
-                 num_candidates: int = 4) -> Any:
+                 num_candidates: int = 4, quality: dict[str, Any] | None = None) -> Any:
     """Build ``n_envs`` monitored ``HdMoeEnv`` copies (DummyVecEnv for 1, SubprocVecEnv above).
 
     Args:
@@ -229,6 +232,8 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
         action_mode: ``"full"`` (the env's action), ``"ranked"`` (``RankedBroadcastWrapper``)
             or ``"residual"`` (``ResidualHDAWrapper``).
         num_candidates: K of the ranked action.
+        quality: Keyword arguments of ``hdamoe_env.wrappers.QualityRewardWrapper`` (target,
+            weight, lagrangian, dual_step, ...), or None for the latency reward only.
 
     Returns:
         A seeded SB3 ``VecEnv``.
@@ -239,7 +244,10 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
         raise ConfigError(f"n_envs must be >= 1, got {n_envs}")
     if action_mode not in ACTION_MODES:
         raise unknown_name("action mode", action_mode, ACTION_MODES)
-    fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates) for _ in range(n_envs)]
+    if quality is not None:                      # validate once, in this process
+        QualityRewardWrapper.validate(**quality)
+    fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates,
+                       None if quality is None else dict(quality)) for _ in range(n_envs)]
     venv = DummyVecEnv(fns) if n_envs == 1 else SubprocVecEnv(fns, start_method=start_method)
     venv.seed(seed)
     return venv
@@ -362,13 +370,16 @@ def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path, digest: str = "") 
 
 def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
                normalize_obs: bool, hp: Any, env_kwargs: dict[str, Any],
-               residual_keep_logit: float | None) -> str:
+               residual_keep_logit: float | None,
+               quality: dict[str, Any] | None = None) -> str:
     """Return the SHA-256 of everything a resumed run must share (env + hyperparameters)."""
-    payload = {"algo": algo, "action_mode": action_mode, "num_candidates": num_candidates,
+    payload: dict[str, Any] = {"algo": algo, "action_mode": action_mode, "num_candidates": num_candidates,
                "fidelity": fidelity, "normalize_obs": normalize_obs,
                "hyperparams": to_jsonable(dataclasses.asdict(hp)),
                "env_kwargs": to_jsonable(env_kwargs),
                "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
+    if quality is not None:                  # absent for latency-only runs (digests unchanged)
+        payload["quality"] = to_jsonable(quality)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -448,6 +459,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           threads: int = 1, start_method: str | None = None, progress: bool = False,
           action_mode: str = "ranked", num_candidates: int = 4,
           residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
+          quality: dict[str, Any] | None = None,
           on_progress: Callable[[int, float], None] | None = None) -> Path:
     """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
 
@@ -482,6 +494,10 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             policy starts biased towards "no deviation" by ``residual_keep_logit``).
         num_candidates: K of the ranked action.
         residual_keep_logit: Initial logit bonus of "keep the greedy's choice" (residual mode).
+        quality: Train on the quality-charged reward: keyword arguments of
+            ``hdamoe_env.wrappers.QualityRewardWrapper`` (``target``, ``weight``,
+            ``lagrangian``, ``dual_step``, ...); None = latency reward only. Recorded in
+            ``learned.json`` and in the resume digest.
         on_progress: Called with (env steps so far, training steps/s) after every rollout
             (the application layer shows it; ``agents`` prints nothing).
 
@@ -512,14 +528,15 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                 if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
     env_args = _env_arguments(resolved, key, fidelity)
     digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
-                        user_kwargs, residual_keep_logit)
+                        user_kwargs, residual_keep_logit, quality)
     details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
                "fidelity": fidelity, "normalize_obs": normalize_obs}
     ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
             if resume else None)
     _seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
-                        action_mode=action_mode, num_candidates=num_candidates)
+                        action_mode=action_mode, num_candidates=num_candidates,
+                        quality=quality)
     vecnorm = None
     if normalize_obs:
         stats = ckpt.with_name(ckpt.stem + "_" + VECNORM_FILE) if ckpt else None
@@ -578,6 +595,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         "num_candidates": num_candidates, "complete": True, "model_sha256": model_sha,
         "run_digest": digest,
         "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,
+        "quality_reward": to_jsonable(quality) if quality is not None else None,
         "layout": _layout_meta(venv),
         "norm_obs_keys": list(vecnorm.norm_obs_keys) if vecnorm is not None else [],
         "env_kwargs": to_jsonable(user_kwargs),

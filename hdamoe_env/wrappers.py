@@ -9,6 +9,8 @@ themselves; these wrappers change only how a policy sees or encodes them):
 * :class:`RankedBroadcastWrapper` — the action design that makes pre-broadcast learnable: a
   slot picks the c-th most-loaded predicted expert (§10.5's greedy priority order) instead of
   an expert id, so each slot has K + 1 values rather than E + 1.
+* :class:`QualityRewardWrapper` — the reward charged for lost model quality (top-1 retention
+  under gating), with a fixed weight or a Lagrange multiplier updated by dual ascent.
 
 Both are importable classes, so RL Zoo's ``env_wrapper`` option can name them, and both expose
 ``action_masks()`` (sb3-contrib's ``MaskablePPO``) mapped from the env's. The ranked mapping is
@@ -33,6 +35,7 @@ from hdamoe_env.errors import ConfigError
 
 __all__ = [
     "FlattenReplicasWrapper",
+    "QualityRewardWrapper",
     "RankedBroadcastWrapper",
     "ranked_candidates",
     "ranked_mask",
@@ -217,3 +220,94 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
         obs, reward, terminated, truncated, info = self.env.step(full)
         self._obs = obs
         return obs, reward, terminated, truncated, info
+
+
+# ------------------------------------------------------------------------- reward with quality
+class QualityRewardWrapper(gym.Wrapper[Any, Any, Any, Any]):
+    """Charge the reward for the model quality gating gives up (top-1 retention).
+
+    Every env step reports ``info["top1_retention"]``: the fraction of the layer's tokens
+    whose top-1 expert survived hardware-aware gating (1.0 when gating is off). With
+    ``q = info["top1_retention"]`` (1.0 if absent) and the target ``τ``, the reward becomes
+
+        r' = r − λ · max(0, τ − q)
+
+    * fixed weight (``lagrangian=False``): ``λ = weight`` throughout. Example: r = −0.9,
+      τ = 0.99, q = 0.95, weight = 100 → r' = −0.9 − 100 · 0.04 = −4.9. The env's reward is
+      ≈ −1 per layer (latency ÷ TP latency), so weight 100 makes one percentage point of lost
+      top-1 retention on a layer cost as much as one whole TP layer.
+    * Lagrangian (``lagrangian=True``): λ starts at ``lambda_init`` and, after each step, is
+      updated by projected dual ascent on the signed constraint value g = τ − q:
+
+          λ ← min(lambda_max, max(0, λ + dual_step · (τ − q)))
+
+      so λ rises while steps violate the target, never goes below 0, and falls back while they
+      satisfy it (q > τ). Over many steps λ settles where the *mean* retention meets τ — the
+      constraint of the tuned-heuristic search (``agents.tuned``). The penalty of a step uses
+      λ before its update. λ persists across episodes (it is the run's dual variable); every
+      copy of a vectorised env keeps its own λ. Default ``dual_step`` 50: a layer with
+      q = 0.8 raises λ by 9.5, an ungated layer (q = 1, τ = 0.99) lowers it by 0.5.
+
+    ``info`` gains ``quality_lambda`` (λ used for this step), ``quality_violation``
+    (max(0, τ − q)), ``quality_penalty`` (λ · violation) and ``latency_reward`` (the env's r).
+
+    Args:
+        env: An ``HdMoE-v0`` env or a wrapper of one.
+        target: τ in [0, 1] (default 0.99).
+        weight: λ of the fixed-weight form (>= 0).
+        lagrangian: Use the Lagrangian form instead.
+        dual_step: Step size of the dual ascent (> 0).
+        lambda_init: Initial λ of the Lagrangian form (>= 0).
+        lambda_max: Upper bound of λ (projection; > 0).
+
+    Raises:
+        ConfigError: A value outside its range.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], target: float = 0.99, weight: float = 100.0, *,
+                 lagrangian: bool = False, dual_step: float = 50.0, lambda_init: float = 0.0,
+                 lambda_max: float = 1e4) -> None:
+        super().__init__(env)
+        self.validate(target, weight, lagrangian=lagrangian, dual_step=dual_step,
+                      lambda_init=lambda_init, lambda_max=lambda_max)
+        self.target = float(target)
+        self.weight = float(weight)
+        self.lagrangian = bool(lagrangian)
+        self.dual_step = float(dual_step)
+        self.lambda_max = float(lambda_max)
+        self.lam = min(float(lambda_init), self.lambda_max) if lagrangian else self.weight
+
+    @staticmethod
+    def validate(target: float = 0.99, weight: float = 100.0, *, lagrangian: bool = False,
+                 dual_step: float = 50.0, lambda_init: float = 0.0,
+                 lambda_max: float = 1e4) -> None:
+        """Check the wrapper's arguments without an env (same rules as the constructor).
+
+        Raises:
+            ConfigError: A value outside its range.
+        """
+        if not 0.0 <= float(target) <= 1.0:
+            raise ConfigError(f"quality target must lie in [0, 1], got {target}; e.g. 0.99")
+        if float(weight) < 0 or float(lambda_init) < 0:
+            raise ConfigError(f"quality weight and lambda_init must be >= 0, got {weight}, "
+                              f"{lambda_init}")
+        if float(dual_step) <= 0 or float(lambda_max) <= 0:
+            raise ConfigError(f"dual_step and lambda_max must be > 0, got {dual_step}, "
+                              f"{lambda_max}")
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step the env and subtract the quality penalty (class docstring)."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        q = float(info.get("top1_retention", 1.0))
+        violation = max(0.0, self.target - q)
+        lam = self.lam
+        penalty = lam * violation
+        info = dict(info, quality_lambda=lam, quality_violation=violation,
+                    quality_penalty=penalty, latency_reward=float(reward))
+        if self.lagrangian:
+            self.lam = min(self.lambda_max, max(0.0, lam + self.dual_step * (self.target - q)))
+        return obs, float(reward) - penalty, terminated, truncated, info
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return the env's flat action mask (actions are unchanged)."""
+        return _inner_action_masks(self.env)

@@ -27,8 +27,8 @@ LAYER = {"traces": 0,
          "hdamoe_env.calibrate": 6, "hdamoe_env.simulator": 6,
          "hdamoe_env.env_config": 6, "hdamoe_env.actions": 6,
          "hdamoe_env.env": 7, "hdamoe_env.wrappers": 7,
-         "baselines": 8, "agents": 8,
-         "hdamoe_env.app": 9}
+         "baselines": 8, "agents": 8, "agents.tuned": 8,
+         "hdamoe_env.app": 9, "hdamoe_env.app.tune": 9}
 HEAVY = ("gymnasium", "torch", "stable_baselines3", "sb3_contrib", "pulp", "skopt", "highspy",
          "scipy", "tensorboard", "tensorboardX", "matplotlib", "transformers", "ray", "tqdm")
 

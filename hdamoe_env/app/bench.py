@@ -19,6 +19,7 @@ Methods (paper-model.md §9, §13 Fig. 10):
 | ``hda-moe@qNN`` | Node + Link Balance | ``HDAMoEAgent`` at the matched-quality gating scale |
 | ``hda-moe@sX`` | Node + Link Balance | ``HDAMoEAgent`` at gating scale X (Pareto curves) |
 | ``agent:NAME[@placement]`` | node-link unless ``@placement`` | a registered or learned agent |
+| ``tuned:PATH[@placement]`` | node-link unless ``@placement`` | the tuned heuristic of ``hdamoe tune`` (its ``tuned.json``: knobs of the agent and the env) |
 
 ``hda-moe@q99`` gates at the strongest scale s <= 1 of the default coefficients (§11.7) whose
 top-1 routing retention on training decode steps is >= 99 % (``hdamoe_env.app.matched``: a grid
@@ -124,6 +125,8 @@ class MethodSpec:
         gating_scale: Fixed gating scale of ``hda-moe@sX``, or None (the agent's default).
         rebalance_period: Decode steps between EPLB rebalances
             (``baselines.rebalance.EplbRebalanceWrapper``), or None (a static placement).
+        env_kwargs: ``HdMoeEnv`` keyword arguments of this method only, as (name, value)
+            pairs (the tuned heuristic's protect-top, k_b and gating levels).
     """
 
     name: str
@@ -133,6 +136,7 @@ class MethodSpec:
     quality_target: float | None = None
     gating_scale: float | None = None
     rebalance_period: int | None = None
+    env_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 BUILTIN_METHODS: dict[str, MethodSpec] = {
@@ -159,15 +163,16 @@ DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "nod
 
 
 def parse_method(text: str) -> MethodSpec:
-    """Parse a method name (built-in, matched-quality, fixed-scale or ``agent:...``).
+    """Parse a method name (built-in, matched-quality, fixed-scale, ``agent:...``, ``tuned:...``).
 
     Forms: a key of :data:`BUILTIN_METHODS`; ``hda-moe@qNN`` (matched quality: top-1 retention
-    >= NN %, 0 < NN <= 100); ``hda-moe@sX`` (gating scale X >= 0);
-    ``agent:NAME_OR_PATH[@placement]``.
+    >= NN %, 0 < NN <= 100); ``hda-moe@sX`` (gating scale X >= 0); ``eplb-dynamic@N``
+    (rebalance every N decode steps); ``agent:NAME_OR_PATH[@placement]``;
+    ``tuned:PATH[@placement]`` (a ``tuned.json`` of ``hdamoe tune``, or its directory).
 
     Raises:
-        ConfigError: Unknown built-in method or placement name, or a malformed ``@q`` / ``@s``
-            suffix.
+        ConfigError: Unknown built-in method or placement name, a malformed ``@q`` / ``@s`` /
+            ``@N`` suffix, or an unreadable tuned file.
     """
     name = text.strip()
     key = name.replace("_", "-")
@@ -182,6 +187,20 @@ def parse_method(text: str) -> MethodSpec:
                           rebalance_period=int(period))
     if key.startswith("hda-moe@"):
         return _parse_hda_variant(text.strip(), key[len("hda-moe@"):])
+    if name.startswith("tuned:"):
+        from agents.tuned import load_tuned
+
+        body, placement = name[len("tuned:"):], "node_link"
+        if "@" in body:
+            body, placement = body.rsplit("@", 1)
+            placement = placement.replace("-", "_")
+            if placement not in PLACEMENT_ARTIFACTS:
+                raise unknown_name("placement", placement, PLACEMENT_ARTIFACTS)
+        if not body:
+            raise ConfigError(f"method {text!r}: expected tuned:PATH/tuned.json")
+        knobs, _ = load_tuned(body)
+        return MethodSpec(name, placement, name, f"tuned heuristic {knobs.label()} on {placement}",
+                          env_kwargs=tuple(sorted(knobs.env_kwargs().items())))
     if name.startswith("agent:"):
         body = name[len("agent:"):]
         placement = "node_link"
@@ -367,6 +386,11 @@ def resolve_agent(spec: str | None, env: Any, *, seed: int = 0, **kwargs: Any) -
 
     if spec is None:
         return agents.NoOpAgent.from_env(env)
+    if spec.startswith("tuned:"):
+        from agents.tuned import load_tuned
+
+        knobs, _ = load_tuned(spec[len("tuned:"):].rsplit("@", 1)[0])
+        return knobs.make_agent(env)
     key = spec.replace("_", "-")
     if key in agents.AGENTS:
         return agents.make_agent(key, env=env, seed=seed, **kwargs)
@@ -689,7 +713,9 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             if env is None:
                 extra = ({"gating_levels": sorted({0.0, agent_kwargs["gating_level"]})}
                          if agent_kwargs else {})
-                env = envs[spec.name] = HdMoeEnv(**{**env_args, **extra}, placement=placement)
+                env = envs[spec.name] = HdMoeEnv(**{**env_args, **extra,
+                                                    **dict(spec.env_kwargs)},
+                                                 placement=placement)
                 if spec.rebalance_period is not None:
                     from baselines.rebalance import EplbRebalanceWrapper
 
@@ -745,6 +771,8 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
                 "quality_target": spec.quality_target, "gating_search": search,
                 "version": __version__,
             }
+            if spec.env_kwargs:
+                record["method_env_kwargs"] = dict(spec.env_kwargs)
             all_records.append(record)
             done[(run_key, spec.name, seed)] = record
             if json_path is not None:

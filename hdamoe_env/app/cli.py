@@ -350,6 +350,12 @@ def _add_optional_commands(sub: Any) -> None:
         "evaluate", help="compare learned and heuristic agents on identical episodes",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(
         func=train.cmd_evaluate)
+    from hdamoe_env.app import tune  # agents.tuned; skopt only inside a BO search
+
+    tune.add_tune_arguments(sub.add_parser(
+        "tune", help="tuned-heuristic baseline: search the greedy agents' knobs under a top-1 "
+        "retention target; held-out comparison; per-layer oracle bound (--oracle)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(func=tune.cmd_tune)
     _add_reproduce_parser(sub)
     crossover.add_arguments(sub.add_parser(
         "crossover", help="which method wins each cell, and which cost-model knob decides it",
@@ -379,7 +385,8 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=PROFILE_HELP)
     p.add_argument("--methods", default=",".join(bench.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
-                   "an agent")
+                   "an agent, tuned:PATH/tuned.json[@placement] the tuned heuristic of "
+                   "`hdamoe tune`")
     p.add_argument("--seeds", type=int_list, default="0,1,2", help="comma list of episode seeds")
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
     p.add_argument("--fidelity", default="des", choices=("des", "analytic"),
@@ -618,7 +625,7 @@ def _add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
 _FILE_OPTIONS = ("json", "csv")
 #: (command path) -> kind of ``--out``: "dir" or "file".
 _OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "dir",
-             "crossover": "dir",
+             "crossover": "dir", "tune": "dir",
              "evaluate": "dir", "traces gen": "file", "traces convert": "file",
              "traces record": "file", "traces train-tiny": "dir"}
 

@@ -465,6 +465,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
     p.add_argument("--hp", type=hp_item, action="append", default=[], metavar="NAME=VALUE",
                    help="hyperparameter override, e.g. --hp n_steps=128 (repeatable)")
+    p.add_argument("--quality-target", type=float, default=None,
+                   help="charge the reward for top-1 retention below this target "
+                   "(QualityRewardWrapper; default: latency reward only)")
+    p.add_argument("--quality-weight", type=float, default=100.0,
+                   help="fixed penalty weight per unit of missing top-1 retention")
+    p.add_argument("--lagrangian", action="store_true",
+                   help="update the weight by projected dual ascent instead (λ starts at 0)")
+    p.add_argument("--dual-step", type=float, default=50.0, help="dual ascent step size")
     p.add_argument("--eval-steps", type=positive_int, default=16, help="decode steps per eval episode")
     p.add_argument("--eval-seeds", type=int_list, default=None, help="comma list (default 10000,10001,10002)")
     p.add_argument("--eval-trace", default=None, help="held-out trace (real traces)")
@@ -499,9 +507,24 @@ def _seeds(text: str | None) -> list[int] | None:
         raise ConfigError(f"seeds {text!r}: expected integers like 0,1,2") from None
 
 
+def _quality(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Return the ``QualityRewardWrapper`` arguments of ``hdamoe train`` (None: not asked)."""
+    if getattr(args, "quality_target", None) is None:
+        if getattr(args, "lagrangian", False):
+            raise ConfigError("--lagrangian needs --quality-target (e.g. 0.99)")
+        return None
+    quality = {"target": args.quality_target, "weight": args.quality_weight,
+               "lagrangian": bool(args.lagrangian), "dual_step": args.dual_step}
+    from hdamoe_env.wrappers import QualityRewardWrapper
+
+    QualityRewardWrapper.validate(**quality)
+    return quality
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Run ``hdamoe train``; print the evaluation; return the exit code."""
     t0 = time.perf_counter()
+    quality = _quality(args)                     # checked before any work
     env_kwargs = _env_kwargs_from_args(args)
     evaluate_fn = None if args.no_eval else held_out_evaluation(
         seeds=_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
@@ -538,7 +561,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                      hyperparams=_parse_hp(args.hp), placement=resolve_placement(env_kwargs),
                      evaluate_fn=evaluate_fn, progress=args.progress,
                      action_mode=args.action_mode, num_candidates=args.candidates,
-                     residual_keep_logit=args.keep_logit,
+                     residual_keep_logit=args.keep_logit, quality=quality,
                      on_progress=None if args.progress else on_progress)
     finally:
         bar.close()

@@ -288,3 +288,33 @@ def test_residual_action_mode(env_kwargs, tmp_path, make_tiny_env):
     agent = resolve_agent(str(tmp_path / "t"), make_tiny_env())
     obs, _ = strict.reset(seed=6)
     strict.step(agent.predict(obs, action_masks=strict.action_masks())[0])
+
+
+def test_quality_reward_plumbing(env_kwargs):
+    """``quality=`` wraps every training env in ``QualityRewardWrapper`` and enters the digest."""
+    import argparse
+
+    from hdamoe_env.wrappers import QualityRewardWrapper
+
+    env = learned_train._EnvFactory(dict(env_kwargs), "ranked", 4,
+                                    {"target": 0.99, "lagrangian": True})()
+    inner, found = env, None
+    while hasattr(inner, "env"):
+        if isinstance(inner, QualityRewardWrapper):
+            found = inner
+        inner = inner.env
+    assert found is not None and found.lagrangian and found.lam == 0.0
+    hp = learned_train.HYPERPARAMS["maskable_ppo" if "maskable_ppo" in learned_train.HYPERPARAMS
+                                   else next(iter(learned_train.HYPERPARAMS))]()
+    base = learned_train.run_digest("a", "ranked", 4, "analytic", True, hp, env_kwargs, None)
+    assert base == learned_train.run_digest("a", "ranked", 4, "analytic", True, hp, env_kwargs,
+                                            None, None)
+    assert base != learned_train.run_digest("a", "ranked", 4, "analytic", True, hp, env_kwargs,
+                                            None, {"target": 0.99})
+    args = argparse.Namespace(quality_target=None, lagrangian=True)
+    with pytest.raises(train_app.ConfigError, match="--quality-target"):
+        train_app._quality(args)
+    args = argparse.Namespace(quality_target=0.99, quality_weight=5.0, lagrangian=False,
+                              dual_step=50.0)
+    assert train_app._quality(args) == {"target": 0.99, "weight": 5.0, "lagrangian": False,
+                                        "dual_step": 50.0}

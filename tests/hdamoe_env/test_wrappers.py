@@ -1,4 +1,4 @@
-"""Public wrappers of the core (hdamoe_env/wrappers.py): flatten-replicas and ranked actions.
+"""Public wrappers of the core (hdamoe_env/wrappers.py): flatten-replicas, ranked actions, quality.
 
 Pins that each wrapper is an importable ``gymnasium.Wrapper`` (RL Zoo's ``env_wrapper``), that it
 changes only the encoding of the paper-model.md §10–11 decisions (same episodes as the raw env),
@@ -7,6 +7,7 @@ and that ``action_masks()`` is reachable through outer wrappers with the action-
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import gymnasium as gym
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from hdamoe_env.env import HdMoeEnv
+from hdamoe_env.errors import ConfigError
 from hdamoe_env.specs import HardwareSpec, ModelSpec
 from hdamoe_env.wrappers import (FlattenReplicasWrapper, RankedBroadcastWrapper,
                                  ranked_candidates)
@@ -164,3 +166,99 @@ def test_ranked_rejects_bad_candidates_and_step_before_reset():
         RankedBroadcastWrapper(make(), num_candidates=0)
     with pytest.raises(ConfigError, match="reset"):
         RankedBroadcastWrapper(make()).action_masks()
+
+
+# ------------------------------------------------------------------------- QualityRewardWrapper
+class _ScriptedEnv(gym.Env):
+    """Reward −0.9 every step; ``info["top1_retention"]`` from a script (None: key absent)."""
+
+    def __init__(self, retentions):
+        self.observation_space = gym.spaces.Discrete(1)
+        self.action_space = gym.spaces.Discrete(1)
+        self.retentions = list(retentions)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action):
+        q = self.retentions[self.t]
+        self.t += 1
+        info = {} if q is None else {"top1_retention": q}
+        return 0, -0.9, self.t >= len(self.retentions), False, info
+
+    def action_masks(self):
+        return np.ones(1, dtype=bool)
+
+
+def test_quality_reward_fixed_weight_exact_value():
+    """r = −0.9, τ = 0.99, q = 0.95, w = 100: r' = −0.9 − 100 · 0.04 = −4.9; q ≥ τ: r' = r."""
+    from hdamoe_env.wrappers import QualityRewardWrapper
+
+    env = QualityRewardWrapper(_ScriptedEnv([0.95, 1.0, None]), target=0.99, weight=100.0)
+    env.reset(seed=0)
+    _, r, _, _, info = env.step(0)
+    assert r == pytest.approx(-4.9)
+    assert info["quality_violation"] == pytest.approx(0.04)
+    assert info["quality_penalty"] == pytest.approx(4.0)
+    assert info["latency_reward"] == -0.9 and info["quality_lambda"] == 100.0
+    _, r, _, _, _ = env.step(0)
+    assert r == -0.9
+    _, r, _, _, info = env.step(0)                 # no key: gating off, retention 1
+    assert r == -0.9 and info["quality_violation"] == 0.0
+    assert env.action_masks().all()
+
+
+def test_quality_reward_lagrangian_rises_stays_nonnegative_and_falls():
+    """τ = 0.99, η = 50, λ0 = 0.
+
+    q = 0.79: penalty uses λ = 0 (r' = r), then λ = 50 · 0.2 = 10; q = 0.79 again: r' = −0.9 −
+    10 · 0.2 = −2.9, λ = 20; then q = 1 (satisfied) 50 times: λ falls by 0.5 per step to 0 after
+    40 steps and stays there (projection).
+    """
+    from hdamoe_env.wrappers import QualityRewardWrapper
+
+    env = QualityRewardWrapper(_ScriptedEnv([0.79, 0.79] + [1.0] * 50), target=0.99,
+                               lagrangian=True, dual_step=50.0)
+    env.reset(seed=0)
+    _, r, _, _, info = env.step(0)
+    assert r == pytest.approx(-0.9) and info["quality_lambda"] == 0.0
+    assert env.lam == pytest.approx(10.0)
+    _, r, _, _, info = env.step(0)
+    assert r == pytest.approx(-2.9) and info["quality_lambda"] == pytest.approx(10.0)
+    assert env.lam == pytest.approx(20.0)
+    lams = []
+    for _ in range(50):
+        _, r, _, _, info = env.step(0)
+        lams.append(env.lam)
+        assert r == -0.9                                  # satisfied steps are not charged
+    assert lams[0] == pytest.approx(19.5)
+    assert all(b <= a for a, b in itertools.pairwise(lams))
+    assert min(lams) == 0.0 and all(v >= 0.0 for v in lams)
+    assert lams[39] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_quality_reward_on_the_env_reads_top1_retention():
+    from hdamoe_env.wrappers import QualityRewardWrapper
+
+    env = QualityRewardWrapper(make(gating_levels=(0.0, 64.0)), target=1.0, weight=10.0)
+    env.reset(seed=0)
+    action = env.unwrapped.action_space.sample()
+    action[:] = 0
+    action[:-2] = env.unwrapped.num_experts                     # no broadcast
+    action[-1] = len(env.unwrapped.gating_levels) - 1           # strongest gating
+    _, r, _, _, info = env.step(action)
+    assert r == pytest.approx(info["latency_reward"]
+                              - 10.0 * max(0.0, 1.0 - info["top1_retention"]))
+
+
+def test_quality_reward_rejects_bad_values():
+    from hdamoe_env.wrappers import QualityRewardWrapper
+
+    with pytest.raises(ConfigError, match="target"):
+        QualityRewardWrapper(_ScriptedEnv([1.0]), target=1.5)
+    with pytest.raises(ConfigError, match="dual_step"):
+        QualityRewardWrapper(_ScriptedEnv([1.0]), lagrangian=True, dual_step=0.0)
+    with pytest.raises(ConfigError, match="weight"):
+        QualityRewardWrapper(_ScriptedEnv([1.0]), weight=-1.0)
