@@ -156,8 +156,8 @@ BUILTIN_METHODS: dict[str, MethodSpec] = {
     "eplb": MethodSpec("eplb", "eplb", None,
                        "EPLB redundant experts + least-loaded replica dispatch (not in the paper)"),
     "eplb-dynamic": MethodSpec("eplb-dynamic", "eplb", None,
-                               "EPLB re-placed every 8 decode steps from the executed loads, "
-                               "weight moves charged (DES)", rebalance_period=8),
+                               "EPLB re-placed every 4 decode steps from the executed loads, "
+                               "weight moves charged (DES)", rebalance_period=4),
 }
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "node-link-raw")
 

@@ -256,7 +256,7 @@ def test_eplb_methods_run_and_record_their_rebalances(tmp_path):
     """eplb (static redundant experts) and eplb-dynamic@1 (a rebalance after every decode
     step but the last) run on the tiny model; the dynamic records count the rebalances (steps
     − 1 = 1 per episode) and the moves' charge per decode step."""
-    assert parse_method("eplb-dynamic").rebalance_period == 8
+    assert parse_method("eplb-dynamic").rebalance_period == 4
     assert parse_method("eplb-dynamic@3").rebalance_period == 3
     for bad in ("eplb-dynamic@0", "eplb-dynamic@x"):
         with pytest.raises(ConfigError, match="eplb-dynamic@N"):
