@@ -21,7 +21,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env import calibrate, gating, scheduling
 from hdamoe_env.env_config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
@@ -332,6 +332,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
         # --- episode state
         self._pending_charge_s = 0.0
+        self._pending_fractions: NDArray[np.float64] | None = None
         self._rows: NDArray[np.int64] = np.zeros((0, self.batch), dtype=np.int64)
         self._sets: NDArray[np.int64] = np.zeros((L, self.batch, self.top_k), dtype=np.int64)
         self._decode_step = 0
@@ -420,6 +421,36 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._budget_frac = [np.array([min(1.0, self.k_b[layer] / self.max_broadcast)
                                        if self.max_broadcast else 0.0], dtype=np.float32)
                              for layer in range(L)]
+
+    def set_replica_fractions(self, fractions: ArrayLike | None) -> None:
+        """Route the next step's redundant-expert tokens by per-copy fractions (rule ``shares``).
+
+        For the next ``step`` only, the replica dispatch uses ``scheduling.dispatch_replicas``
+        with ``rule="shares"`` and these fractions instead of the action's replica rule
+        (``info["replica_rule"]`` = ``"shares"``). Column 0 is the primary copy, column 1 + c
+        the replica on cluster c (ignored where there is none; renormalised over the expert's
+        copies; an all-zero row splits evenly). ``hdamoe_env.wrappers.ReplicaSharesWrapper``
+        sets it from a discrete action.
+
+        Args:
+            fractions: float [E, 1 + D] >= 0, or None to clear.
+
+        Raises:
+            ConfigError: The placement has no redundant experts, or a bad shape / value.
+        """
+        if fractions is None:
+            self._pending_fractions = None
+            return
+        if not self.replica_rules:
+            raise ConfigError("set_replica_fractions needs a placement with redundant experts "
+                              "(Placement.replicas), e.g. the 'eplb' placement")
+        fr = np.asarray(fractions, dtype=np.float64)
+        shape = (self.num_experts, 1 + self.num_nodes)
+        if fr.shape != shape or not np.all(np.isfinite(fr)) or (fr < 0).any():
+            raise ConfigError(f"replica fractions must be finite, >= 0, of shape {shape} "
+                              f"[experts, primary + one column per cluster]; got shape "
+                              f"{fr.shape}")
+        self._pending_fractions = fr
 
     def replace_placement(self, placement: Placement, *, charge_s: float = 0.0
                           ) -> dict[str, NDArray[np.float32]]:
@@ -569,6 +600,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         rule = self.dispatch_rules[rule_idx]
         level = self.gating_levels[level_idx]
         rep_rule = self.replica_rules[rep_idx] if self.replica_rules else "least_loaded"
+        fractions, self._pending_fractions = self._pending_fractions, None
+        if fractions is not None:
+            rep_rule = "shares"
         need_gamma = self.fidelity == "analytic" or self.measure_twin_error
         out = self.decisions.evaluate(
             layer, self._sets[layer], rng=self.np_random, broadcast=broadcast,
@@ -576,7 +610,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             candidates=self._candidates(layer) if level > 0 else None, fidelity=self.fidelity,
             gamma=self._gamma(layer) if need_gamma else None,
             twin_rng=self._twin_rng if self.measure_twin_error else None,
-            replica_rule=rep_rule)
+            replica_rule=rep_rule, replica_fractions=fractions)
         res, busy, bres, g = out.result, out.link_busy_s, out.broadcast, out.gating
         gstats = (0.0, 1.0, 1.0) if g is None else (g.changed_fraction, g.top1_retention,
                                                     g.score_mass_kept)

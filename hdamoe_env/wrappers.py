@@ -31,12 +31,13 @@ from gymnasium import spaces
 from numpy.typing import NDArray
 
 from hdamoe_env.actions import ActionLayout
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.errors import ConfigError, InvalidAction
 
 __all__ = [
     "FlattenReplicasWrapper",
     "QualityRewardWrapper",
     "RankedBroadcastWrapper",
+    "ReplicaSharesWrapper",
     "ranked_candidates",
     "ranked_mask",
     "ranked_to_full",
@@ -220,6 +221,81 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
         obs, reward, terminated, truncated, info = self.env.step(full)
         self._obs = obs
         return obs, reward, terminated, truncated, info
+
+
+# ------------------------------------------------------------------------- replica routing shares
+class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.int64]]):
+    """Per-expert replica routing shares as part of the action (redundant-expert placements).
+
+    Appends one dimension per routed expert to the env's ``MultiDiscrete`` action: value
+    v ∈ {0, …, K} sends the fraction v / K of the expert's tokens in this layer to its primary
+    copy and splits the rest evenly over its replica nodes (experts without a replica ignore
+    it). The wrapper turns it into per-copy fractions and calls
+    ``HdMoeEnv.set_replica_fractions`` before each step, so the replica dispatch runs the
+    ``shares`` rule (``scheduling.dispatch_replicas``; the action's own replica-rule dimension
+    is then ignored). Every value is legal (the added dimensions are never masked).
+
+    Action space: ``MultiDiscrete([*env.action_space.nvec, *[K + 1] * E])``.
+
+    Args:
+        env: An ``HdMoE-v0`` env with a redundant-expert placement (or a wrapper keeping its
+            action space).
+        levels: K, the number of share steps (>= 1).
+
+    Raises:
+        ConfigError: ``levels`` < 1 or a placement without redundant experts.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], levels: int = 4) -> None:
+        super().__init__(env)
+        if int(levels) < 1:
+            raise ConfigError(f"levels must be >= 1 share step, got {levels!r}")
+        base = env.unwrapped
+        if getattr(base, "placement", None) is None or not base.placement.has_replicas:
+            raise ConfigError("ReplicaSharesWrapper needs a placement with redundant experts "
+                              "(Placement.replicas), e.g. the 'eplb' placement")
+        self.levels = int(levels)
+        self._inner = np.asarray(env.action_space.nvec, dtype=np.int64)
+        E = base.num_experts
+        self.action_space = spaces.MultiDiscrete(
+            np.concatenate([self._inner, np.full(E, self.levels + 1, dtype=np.int64)]))
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return the env's mask followed by all-True masks of the share dimensions."""
+        inner = _inner_action_masks(self.env)
+        extra = np.ones(int((self.levels + 1) * self.env.unwrapped.num_experts), dtype=bool)
+        return np.concatenate([inner, extra])
+
+    def fractions(self, shares: NDArray[np.int64], layer: int) -> NDArray[np.float64]:
+        """Return the per-copy fractions [E, 1 + D] of share values ``shares`` [E] at ``layer``."""
+        base = self.env.unwrapped
+        reps = base.placement.replicas[layer].astype(np.float64)          # [E, D]
+        primary = np.asarray(shares, dtype=np.float64) / self.levels
+        n_rep = reps.sum(axis=1)
+        rest = np.where(n_rep > 0, (1.0 - primary) / np.maximum(n_rep, 1.0), 0.0)
+        out = np.empty((reps.shape[0], 1 + reps.shape[1]))
+        out[:, 0] = np.where(n_rep > 0, primary, 1.0)
+        out[:, 1:] = reps * rest[:, None]
+        return out
+
+    def step(self, action: NDArray[np.int64]
+             ) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Set the share fractions of the current layer, then step the env with the rest."""
+        a = np.asarray(action)
+        n = self._inner.size
+        if a.shape != self.action_space.shape:
+            raise InvalidAction(f"action must have shape {self.action_space.shape} (env action "
+                                f"+ one share per expert), got {a.shape}")
+        shares = a[n:].astype(np.int64)
+        if shares.min(initial=0) < 0 or shares.max(initial=0) > self.levels:
+            raise InvalidAction(f"replica share values must lie in [0, {self.levels}], got "
+                                f"{shares.tolist()}")
+        base = self.env.unwrapped
+        base.set_replica_fractions(self.fractions(shares, base.current_layer))
+        try:
+            return self.env.step(a[:n])
+        finally:
+            base.set_replica_fractions(None)     # never carried over to a later step
 
 
 # ------------------------------------------------------------------------- reward with quality

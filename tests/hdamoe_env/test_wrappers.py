@@ -262,3 +262,60 @@ def test_quality_reward_rejects_bad_values():
         QualityRewardWrapper(_ScriptedEnv([1.0]), lagrangian=True, dual_step=0.0)
     with pytest.raises(ConfigError, match="weight"):
         QualityRewardWrapper(_ScriptedEnv([1.0]), weight=-1.0)
+
+
+def _replicated(num_layers: int):
+    """EP on 4 nodes (expert i on node π_i) plus one whole copy of expert 0 on another node."""
+    from hdamoe_env.placement import Placement, expert_parallel
+
+    ep = expert_parallel(num_layers, 4, 4, np.random.default_rng(0))
+    reps = np.zeros(ep.P.shape, dtype=bool)
+    for layer in range(num_layers):
+        reps[layer, 0, int(np.flatnonzero(ep.P[layer, 0] == 0)[0])] = True
+    return ep, Placement(ep.P, ep.pi, "ep+rep", replicas=reps)
+
+
+def test_replica_shares_wrapper_fractions_space_and_physics():
+    """Share value v of K = 2 sends v/2 of an expert's tokens to its primary copy: v = 2 keeps
+    every token on the primary, so each layer's expert phase (compute, streaming) is exactly
+    that of the placement without the replica on the same seed (the DES differs only through
+    the aggregator draws over other holder sets); v = 0 moves them all to the replica; other
+    experts (no replica) ignore their value. Every sampled action is legal."""
+    from hdamoe_env.wrappers import ReplicaSharesWrapper
+
+    ep, rep = _replicated(make().num_layers)
+    env = ReplicaSharesWrapper(make(placement=rep), levels=2)
+    inner = make(placement=rep).action_space.nvec
+    assert env.action_space.nvec.tolist() == [*inner.tolist(), 3, 3, 3, 3]
+    fr = env.fractions(np.array([1, 2, 0, 2]), 0)
+    node = int(np.flatnonzero(rep.replicas[0, 0])[0])
+    assert fr[0, 0] == 0.5 and fr[0, 1 + node] == 0.5 and fr[0].sum() == 1.0
+    assert fr[1].tolist() == [1.0, 0, 0, 0, 0] and fr[2, 0] == 1.0     # no replica: primary
+    plain = make(placement=ep)
+    env.reset(seed=4)
+    plain.reset(seed=4)
+    noop_plain = np.array([plain.num_experts] * plain.max_broadcast + [0, 0])
+    all_primary = np.concatenate([noop_plain, [0], [2, 2, 2, 2]])
+    for _ in range(plain.num_layers):
+        _, _, _, _, a = env.step(all_primary)
+        _, _, _, _, b = plain.step(noop_plain)
+        assert a["replica_rule"] == "shares"
+        assert a["t_comp_us"] == pytest.approx(b["t_comp_us"], rel=1e-12)
+        assert a["t_nm_us"] == pytest.approx(b["t_nm_us"], rel=1e-12)
+    env.reset(seed=4)
+    _, _, _, _, moved = env.step(np.concatenate([noop_plain, [0], [0, 2, 2, 2]]))
+    assert np.isfinite(moved["total_us"])
+    env.action_space.seed(0)
+    env.reset(seed=5)
+    for _ in range(12):
+        _, _, term, trunc, info = env.step(env.action_space.sample())
+        assert info["replica_rule"] == "shares"
+        if term or trunc:
+            env.reset(seed=6)
+    assert env.action_masks().all() or env.action_masks().size == env.action_space.nvec.sum()
+    with pytest.raises(ConfigError, match="redundant experts"):
+        ReplicaSharesWrapper(make(placement=ep))
+    with pytest.raises(ConfigError, match="redundant experts"):
+        make(placement=ep).set_replica_fractions(np.zeros((4, 5)))
+    with pytest.raises(ConfigError, match="shape"):
+        make(placement=rep).set_replica_fractions(np.zeros((4, 4)))
