@@ -65,7 +65,7 @@ from agents.learned import (
 )
 from agents.wrappers import RESIDUAL_KEEP_LOGIT, ResidualHDAWrapper
 from hdamoe_env.actions import ActionLayout
-from hdamoe_env.errors import ConfigError, unknown_name
+from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
 from hdamoe_env.fileio import atomic_write
 from hdamoe_env.placement import Placement
 from hdamoe_env.wrappers import QualityRewardWrapper, RankedBroadcastWrapper
@@ -74,10 +74,13 @@ __all__ = [
     "ACTION_MODES",
     "ALGORITHMS",
     "HYPERPARAMS",
+    "HYPERPARAM_FILE_KEYS",
     "NORM_OBS_KEYS",
     "A2CHyperparams",
+    "HyperparamsFile",
     "MaskablePPOHyperparams",
     "PPOHyperparams",
+    "load_hyperparams",
     "make_vec_env",
     "to_jsonable",
     "train",
@@ -159,6 +162,177 @@ HYPERPARAMS: dict[str, type[Any]] = {"ppo": PPOHyperparams,
                                      "maskable-ppo": MaskablePPOHyperparams,
                                      "a2c": A2CHyperparams}
 assert tuple(HYPERPARAMS) == ALGORITHMS, "agents.learned.ALGORITHMS names the same algorithms"
+
+
+#: Keys of an RL Zoo style hyperparameter file that are not dataclass fields: the run settings
+#: they map onto (``n_envs``, ``n_timesteps``), the policy class (only ``MultiInputPolicy``),
+#: observation normalisation (a bool or the zoo's ``"{'norm_obs': True, ...}"`` string; reward
+#: normalisation is not supported) and ``policy_kwargs`` (only ``net_arch``).
+HYPERPARAM_FILE_KEYS: tuple[str, ...] = ("n_envs", "n_timesteps", "policy", "normalize",
+                                         "policy_kwargs")
+#: Section names accepted for an algorithm (ours and rl-zoo3's ``--algo`` names).
+_ALGO_SECTIONS: dict[str, tuple[str, ...]] = {"ppo": ("ppo",),
+                                              "maskable-ppo": ("maskable-ppo", "ppo_mask"),
+                                              "a2c": ("a2c",)}
+#: Section names accepted for the env (the registered id, with or without the package prefix).
+_ENV_SECTIONS: tuple[str, ...] = ("HdMoE-v0", "hdamoe_env/HdMoE-v0")
+
+
+@dataclass(frozen=True)
+class HyperparamsFile:
+    """The settings of one section of an RL Zoo style hyperparameter file.
+
+    Attributes:
+        path: The file read.
+        section: The top-level key the settings came from (an algorithm or env id).
+        hyperparams: Overrides of the algorithm's dataclass (``HYPERPARAMS[algo]``), validated.
+        n_envs: Env copies (``n_envs`` of the file), None if absent.
+        n_timesteps: Total env steps (``n_timesteps``), None if absent.
+        normalize_obs: Observation normalisation (``normalize``), None if absent.
+    """
+
+    path: str
+    section: str
+    hyperparams: dict[str, Any]
+    n_envs: int | None = None
+    n_timesteps: int | None = None
+    normalize_obs: bool | None = None
+
+
+def _literal(text: str, key: str, path: str) -> Any:
+    """Evaluate a zoo-style Python literal such as ``dict(net_arch=[64, 64])`` without ``eval``."""
+    import ast
+
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "dict" and not node.args:
+            return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+        return ast.literal_eval(node)
+    except (SyntaxError, ValueError) as exc:
+        raise ConfigError(f"{path}: {key}={text!r} is not a literal ({exc}); expected e.g. "
+                          f"{key}: \"dict(net_arch=[64, 64])\" or a YAML mapping") from None
+
+
+def _file_setting(name: str, value: Any, src: str, hp: dict[str, Any],
+                  run: dict[str, Any]) -> None:
+    """Map one :data:`HYPERPARAM_FILE_KEYS` entry onto ``hp`` (net_arch) or ``run``."""
+    if name in ("n_envs", "n_timesteps"):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)                           # the zoo writes !!float 2e5
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{src}: {name}={value!r}: expected a positive integer")
+        run[name] = value
+    elif name == "policy":
+        if value != "MultiInputPolicy":
+            raise ConfigError(f"{src}: policy={value!r}: expected 'MultiInputPolicy' (the "
+                              "observation is a Dict)")
+    elif name == "normalize":
+        norm = _literal(value, name, src) if isinstance(value, str) else value
+        if isinstance(norm, dict):
+            if norm.get("norm_reward", False):
+                raise ConfigError(f"{src}: normalize={value!r}: reward normalisation is not "
+                                  "supported; expected norm_reward False")
+            norm = bool(norm.get("norm_obs", True))
+        if not isinstance(norm, bool):
+            raise ConfigError(f"{src}: normalize={value!r}: expected true/false or "
+                              "\"{'norm_obs': True, 'norm_reward': False}\"")
+        run["normalize_obs"] = norm
+    else:                                                # policy_kwargs
+        kw = _literal(value, name, src) if isinstance(value, str) else value
+        if not isinstance(kw, dict) or set(kw) - {"net_arch"}:
+            raise ConfigError(f"{src}: policy_kwargs={value!r}: only net_arch is supported, "
+                              "e.g. \"dict(net_arch=[64, 64])\"")
+        if "net_arch" in kw:
+            arch = kw["net_arch"]
+            if not isinstance(arch, list | tuple) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in arch):
+                raise ConfigError(f"{src}: net_arch={arch!r}: expected a list of positive "
+                                  "layer widths, e.g. [64, 64]")
+            hp["net_arch"] = tuple(arch)
+
+
+def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
+                     section: str | None = None) -> HyperparamsFile:
+    """Read an RL Zoo style hyperparameter file (``hyperparams/<algo>.yml`` of rl-zoo3).
+
+    The file is a YAML mapping of sections; the section used is the first present of the
+    algorithm's name (``maskable-ppo`` or rl-zoo3's ``ppo_mask``, ``ppo``, ``a2c``), then the env
+    id (``HdMoE-v0`` or ``hdamoe_env/HdMoE-v0``). Its keys are fields of the algorithm's
+    hyperparameter dataclass (``n_steps``, ``batch_size``, ``learning_rate``, ``gamma``,
+    ``ent_coef``, ...) or one of :data:`HYPERPARAM_FILE_KEYS`; ``policy_kwargs`` (a mapping or
+    the zoo's ``"dict(net_arch=[64, 64])"`` string) may hold only ``net_arch``. PyYAML is
+    imported lazily (the ``rl`` extra).
+
+    Args:
+        path: The YAML file.
+        algo: Algorithm the settings are for (selects the section and the dataclass).
+        section: Use this top-level key instead of the default lookup (a file may hold several
+            variants, e.g. ``maskable-ppo-residual``).
+
+    Returns:
+        The section's settings, hyperparameters validated against the dataclass.
+
+    Raises:
+        ConfigError: Missing or unparsable file, no matching section, an unknown key (naming
+            the allowed ones), a value of the wrong type.
+        DependencyNotInstalled: PyYAML missing.
+    """
+    key = _algo_key(algo)
+    try:
+        import yaml
+    except ImportError as exc:
+        raise DependencyNotInstalled(f"reading {path} needs PyYAML: "
+                                     'pip install "hdamoe-env[rl]"') from exc
+    src = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"hyperparameter file {src!r} cannot be read ({exc.strerror}); "
+                          "expected an RL Zoo style YAML file, e.g. hyperparams/maskable-ppo.yml"
+                          ) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{src}: not valid YAML ({first})") from None
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError(f"{src}: expected a mapping of sections (algorithm or env id -> "
+                          f"settings), got {type(doc).__name__}")
+    names = (section,) if section is not None else (*_ALGO_SECTIONS[key], *_ENV_SECTIONS)
+    section = next((n for n in names if n in doc), None)
+    if section is None:
+        raise ConfigError(f"{src}: no section for {key}; expected one of {list(names)}, "
+                          f"found {[str(k) for k in doc]}")
+    body = doc[section] or {}
+    if not isinstance(body, dict):
+        raise ConfigError(f"{src}: section {section!r} must be a mapping of settings, got "
+                          f"{type(body).__name__}")
+    cls = HYPERPARAMS[key]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    allowed = sorted(set(fields) - {"net_arch"}) + list(HYPERPARAM_FILE_KEYS)
+    hp: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    for name, value in body.items():
+        name = str(name)
+        if name in fields and name != "net_arch":
+            hp[name] = value
+        elif name in HYPERPARAM_FILE_KEYS:
+            _file_setting(name, value, src, hp, run)
+        else:
+            raise ConfigError(f"{src}: unknown key {name!r} in section {section!r}; allowed: "
+                              f"{', '.join(allowed)}")
+    for name in ("learning_rate", "gamma", "gae_lambda", "clip_range", "ent_coef", "vf_coef",
+                 "max_grad_norm"):
+        if isinstance(hp.get(name), str):                # YAML 1.1 reads 3e-4 as a string
+            try:
+                hp[name] = float(hp[name])
+            except ValueError:
+                pass                                     # refused with its name just below
+    _check_hyperparam_types(cls(), hp)
+    return HyperparamsFile(src, str(section), hp, n_envs=run.get("n_envs"),
+                           n_timesteps=run.get("n_timesteps"),
+                           normalize_obs=run.get("normalize_obs"))
 
 
 def _model_kwargs(hp: Any) -> dict[str, Any]:
@@ -385,13 +559,21 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
 
 def _layout_meta(venv: Any) -> dict[str, Any]:
     """Return the env's action layout and node count (``learned.json``, for loading)."""
-    base = venv.envs[0].unwrapped if hasattr(venv, "envs") else None
-    if base is None:
-        return {}
-    lay = ActionLayout.from_env(base)
+    if hasattr(venv, "envs"):                    # DummyVecEnv: read the env itself
+        base = venv.envs[0].unwrapped
+        lay = ActionLayout.from_env(base)
+        num_nodes = int(base.num_nodes)
+    else:                                        # SubprocVecEnv: plain attributes of env 0
+        def attr(name: str) -> Any:
+            return venv.get_attr(name, indices=[0])[0]
+
+        lay = ActionLayout(int(attr("num_experts")), int(attr("max_broadcast")),
+                           tuple(attr("dispatch_rules")), tuple(attr("gating_levels")),
+                           tuple(attr("replica_rules")))
+        num_nodes = int(attr("num_nodes"))
     return {"num_experts": lay.num_experts, "max_broadcast": lay.max_broadcast,
             "dispatch_rules": list(lay.dispatch_rules), "gating_levels": list(lay.gating_levels),
-            "num_nodes": int(base.num_nodes)}
+            "num_nodes": num_nodes}
 
 
 def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int,

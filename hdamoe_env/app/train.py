@@ -22,8 +22,10 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from agents.learned import read_meta
-from agents.learned_train import ACTION_MODES, ALGORITHMS, to_jsonable, train
+from agents.learned_train import ACTION_MODES, ALGORITHMS, load_hyperparams, to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app import bench
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
@@ -53,10 +55,13 @@ __all__ = [
     "cmd_train",
     "evaluate",
     "format_evaluation",
+    "format_seed_summary",
     "held_out_evaluation",
     "plot_learning_curve",
     "read_scalars",
     "resolve_placement",
+    "seed_interval_summary",
+    "t_interval",
     "write_eval_scalars",
 ]
 
@@ -147,7 +152,13 @@ def _methods(agent_specs: Sequence[str], placement: str) -> list[bench.MethodSpe
 
     methods = []
     n_learned = sum(1 for s in agent_specs if Path(s).exists() or s.endswith(".zip"))
+    n_tuned = sum(1 for s in agent_specs if s.startswith("tuned:"))
     for spec in agent_specs:
+        if spec.startswith("tuned:"):               # the tuned heuristic of `hdamoe tune`
+            parsed = bench.parse_method(spec if "@" in spec else f"{spec}@{placement}")
+            methods.append(dataclasses.replace(parsed, name="tuned" if n_tuned == 1 else
+                                               f"tuned:{Path(spec[6:]).parent.name}"))
+            continue
         name = AGENT_ALIASES.get(spec, spec)
         label = "learned" if Path(spec).exists() or spec.endswith(".zip") else name
         if label == "learned" and n_learned > 1:
@@ -449,7 +460,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """
     p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS, help="RL algorithm")
     _env_cli_arguments(p, defaults=True)
-    p.add_argument("--timesteps", type=positive_int, default=10_000, help="total env steps")
+    p.add_argument("--timesteps", type=positive_int, default=None,
+                   help="total env steps (default: n_timesteps of --hyperparams, else 10000)")
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
                    "expert ids; residual: HDA-MoE's action + a learned deviation")
@@ -458,8 +470,18 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--candidates", type=positive_int, default=4, help="K of the ranked action")
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
-    p.add_argument("--n-envs", type=positive_int, default=1, help="env copies (SubprocVecEnv if > 1)")
+    p.add_argument("--n-envs", type=positive_int, default=None,
+                   help="env copies, SubprocVecEnv if > 1 (default: n_envs of --hyperparams, "
+                   "else 1)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    p.add_argument("--seeds", type=int_list, default=None, metavar="S,S,...",
+                   help="train one policy per seed into OUT/seed<S>/, then evaluate all of them "
+                   "together on the held-out streams (mean and 95 %% t-interval over seeds)")
+    p.add_argument("--hyperparams", default=None, metavar="FILE.yml",
+                   help="RL Zoo style hyperparameter file (e.g. hyperparams/maskable-ppo.yml); "
+                   "--hp, --timesteps and --n-envs override it")
+    p.add_argument("--hyperparams-section", default=None, metavar="NAME",
+                   help="section of --hyperparams (default: the algorithm's name, then HdMoE-v0)")
     p.add_argument("--checkpoint-every", type=nonneg_int, default=5_000, help="steps (0: never)")
     p.add_argument("--no-normalize", action="store_true", help="no VecNormalize")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
@@ -476,6 +498,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--eval-steps", type=positive_int, default=16, help="decode steps per eval episode")
     p.add_argument("--eval-seeds", type=int_list, default=None, help="comma list (default 10000,10001,10002)")
     p.add_argument("--eval-trace", default=None, help="held-out trace (real traces)")
+    p.add_argument("--eval-baselines", default=",".join(DEFAULT_BASELINES),
+                   help="heuristic agents of the held-out evaluation, comma list; "
+                   "tuned:PATH/tuned.json adds the tuned heuristic of `hdamoe tune`")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
@@ -521,17 +546,186 @@ def _quality(args: argparse.Namespace) -> dict[str, Any] | None:
     return quality
 
 
+#: Two-sided 95 % Student-t quantiles t(0.975, dof) for dof = 1 … 30 (beyond: 1.96 + 2.5/dof,
+#: within 0.3 % of the exact value for dof > 30).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float | None]:
+    """Return the mean and the half-width of its two-sided 95 % Student-t interval.
+
+    The interval is mean ± t(0.975, n − 1) · s / √n with the sample standard deviation s
+    (n − 1 in the denominator): the spread over independent training seeds, not over episodes.
+
+    Args:
+        values: One value per seed.
+
+    Returns:
+        ``(mean, half_width)``; half_width is None for a single value.
+
+    Raises:
+        ConfigError: No values.
+    """
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ConfigError("t_interval needs at least one value, got none; pass one per seed")
+    n = len(xs)
+    mean = sum(xs) / n
+    if n == 1:
+        return mean, None
+    dof = n - 1
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / dof)
+    t = _T975[dof - 1] if dof <= len(_T975) else 1.96 + 2.5 / dof
+    return mean, t * std / math.sqrt(n)
+
+
+def seed_interval_summary(result: dict[str, Any], labels: dict[str, int]) -> dict[str, Any]:
+    """Summarise an :func:`evaluate` result of several training seeds per fidelity.
+
+    Args:
+        result: The evaluation (its ``records``; learned methods named as in ``labels``).
+        labels: Method label of each seed's learned agent -> training seed.
+
+    Returns:
+        ``{fidelity: {"per_seed": [{seed, tbt_us, top1_retention}], "learned": {tbt_us,
+        tbt_ci95_us, top1_retention, top1_ci95}, "baselines": {method: {tbt_us,
+        top1_retention}}, "learned_vs": {method: mean learned TBT / method TBT − 1}}}``; TBT and
+        retention of a seed are means over the evaluation episodes.
+    """
+    out: dict[str, Any] = {}
+    by_fid: dict[str, list[dict[str, Any]]] = {}
+    for rec in result["records"]:
+        by_fid.setdefault(str(rec.get("fidelity", "des")), []).append(rec)
+    for fid, recs in by_fid.items():
+        rows = {r["method"]: r for r in summarise(recs)}
+        per_seed = [{"seed": seed, "tbt_us": rows[m]["tbt_us"],
+                     "top1_retention": rows[m].get("top1_retention")}
+                    for m, seed in labels.items() if m in rows]
+        if not per_seed:
+            continue
+        tbt, tbt_hw = t_interval([p["tbt_us"] for p in per_seed])
+        rets = [p["top1_retention"] for p in per_seed if p["top1_retention"] is not None]
+        ret, ret_hw = t_interval(rets) if rets else (None, None)
+        base = {m: {"tbt_us": r["tbt_us"], "top1_retention": r.get("top1_retention")}
+                for m, r in rows.items() if m not in labels}
+        out[fid] = {"per_seed": per_seed,
+                    "learned": {"tbt_us": tbt, "tbt_ci95_us": tbt_hw, "top1_retention": ret,
+                                "top1_ci95": ret_hw, "n_seeds": len(per_seed)},
+                    "baselines": base,
+                    "learned_vs": {m: tbt / b["tbt_us"] - 1 for m, b in base.items()
+                                   if b["tbt_us"] > 0}}
+    return out
+
+
+def format_seed_summary(summary: dict[str, Any]) -> str:
+    """Return :func:`seed_interval_summary` as Markdown tables (one per fidelity)."""
+    def pct(v: Any) -> str:
+        return "–" if v is None else f"{v:.4f}"
+
+    lines: list[str] = []
+    for fid, s in summary.items():
+        ln = s["learned"]
+        ci = "" if ln["tbt_ci95_us"] is None else f" ± {ln['tbt_ci95_us']:.1f}"
+        rci = "" if ln["top1_ci95"] is None else f" ± {ln['top1_ci95']:.4f}"
+        lines += [f"## fidelity {fid}", "",
+                  f"95 % interval: Student t, n − 1 = {ln['n_seeds'] - 1} degrees of freedom, "
+                  "over training seeds (each seed: mean over the evaluation episodes).", "",
+                  "| method | TBT µs | top-1 retention |", "|---|---|---|"]
+        for p in s["per_seed"]:
+            lines.append(f"| learned, seed {p['seed']} | {p['tbt_us']:.1f} | "
+                         f"{pct(p['top1_retention'])} |")
+        lines.append(f"| **learned, mean ± 95 % CI** | **{ln['tbt_us']:.1f}{ci}** | "
+                     f"{pct(ln['top1_retention'])}{rci} |")
+        for m, b in s["baselines"].items():
+            lines.append(f"| {m} | {b['tbt_us']:.1f} | {pct(b['top1_retention'])} |")
+        lines += ["", "learned mean vs: " + ", ".join(f"{m} {v:+.2%}" for m, v in
+                                                       s["learned_vs"].items()), ""]
+    return "\n".join(lines) + "\n"
+
+
+def _train_settings(args: argparse.Namespace) -> tuple[dict[str, Any], int, int, bool]:
+    """Merge ``--hyperparams FILE`` with the flags: (overrides, timesteps, n_envs, normalize)."""
+    hp: dict[str, Any] = {}
+    timesteps, n_envs, normalize = None, None, None
+    if args.hyperparams is not None:
+        loaded = load_hyperparams(args.hyperparams, args.algo, args.hyperparams_section)
+        hp.update(loaded.hyperparams)
+        timesteps, n_envs, normalize = loaded.n_timesteps, loaded.n_envs, loaded.normalize_obs
+    elif args.hyperparams_section is not None:
+        raise ConfigError(f"--hyperparams-section {args.hyperparams_section!r} needs "
+                          "--hyperparams FILE.yml")
+    hp.update(_parse_hp(args.hp))
+    timesteps = args.timesteps or timesteps or 10_000
+    n_envs = args.n_envs or n_envs or 1
+    normalize = False if args.no_normalize else (True if normalize is None else normalize)
+    return hp, timesteps, n_envs, normalize
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    """Run ``hdamoe train``; print the evaluation; return the exit code."""
+    """Run ``hdamoe train``; print the evaluation; return the exit code.
+
+    With ``--seeds``, one policy per seed is trained into ``OUT/seed<S>/`` (each resumable with
+    ``--resume``), then all of them are evaluated together with the baselines on the held-out
+    streams; ``OUT/seeds.json`` and ``OUT/seeds.md`` give the per-seed and mean TBT with a 95 %
+    Student-t interval over seeds.
+    """
     t0 = time.perf_counter()
     quality = _quality(args)                     # checked before any work
+    hyperparams, timesteps, n_envs, normalize = _train_settings(args)
     env_kwargs = _env_kwargs_from_args(args)
-    evaluate_fn = None if args.no_eval else held_out_evaluation(
+    baselines = [b.strip() for b in args.eval_baselines.split(",") if b.strip()]
+    for b in baselines:
+        if b.startswith("tuned:"):
+            bench.parse_method(b)                # a bad tuned file fails before training
+    seeds = list(dict.fromkeys(_seeds(args.seeds) or [])) or None
+    if seeds is not None and args.seed != 0:
+        raise ConfigError(f"--seed {args.seed} with --seeds {args.seeds}: expected only one of "
+                          "them; add the seed to --seeds")
+    per_seed_eval = None if args.no_eval or seeds else held_out_evaluation(
         seeds=_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
-        learning_curve=not args.no_tensorboard)
+        baselines=baselines, learning_curve=not args.no_tensorboard)
+    placement = resolve_placement(env_kwargs)
+    runs = [(args.seed, Path(args.out))] if seeds is None else \
+        [(s, Path(args.out) / f"seed{s}") for s in seeds]
+    for seed, out in runs:
+        path = _train_one(args, env_kwargs, seed, out, timesteps, n_envs, normalize, hyperparams,
+                          placement, quality, per_seed_eval)
+        meta = read_meta(out)
+        print(f"hdamoe train: {meta['algo']} seed {seed} {meta['num_timesteps']} steps on "
+              f"{args.fidelity} ({meta['steps_per_s'] or 0:.0f} steps/s, training wall "
+              f"{meta['wall_s']:.1f} s) -> {path}")
+        if per_seed_eval is not None:
+            print((out / "eval.md").read_text())
+    if seeds is not None and not args.no_eval:
+        line = stage("held-out evaluation of every seed")
+        try:
+            res = evaluate([str(out) for _, out in runs], seeds=_seeds(args.eval_seeds),
+                           steps=args.eval_steps, trace=args.eval_trace, baselines=baselines,
+                           out_dir=args.out)
+        finally:
+            line.close()
+        labels = {f"learned:{out.name}": seed for seed, out in runs}
+        summary = seed_interval_summary(res, labels)
+        text = json.dumps({"seeds": seeds, "summary": summary}, indent=1,
+                          default=to_jsonable) + "\n"
+        atomic_write(Path(args.out) / "seeds.json", lambda fh: fh.write(text.encode()), "wb")
+        md = format_seed_summary(summary)
+        atomic_write(Path(args.out) / "seeds.md", lambda fh: fh.write(md.encode()), "wb")
+        print(md)
+    print(f"wall {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, out: Path,
+               timesteps: int, n_envs: int, normalize: bool, hyperparams: dict[str, Any],
+               placement: Placement | None, quality: dict[str, Any] | None,
+               evaluate_fn: Callable[[Path], dict[str, Any]] | None) -> Path:
+    """Train one seed of ``hdamoe train`` with a progress bar; return the model path."""
     # one progress helper (a tqdm bar on a terminal, plain lines in logs); SB3's own bar with
     # --progress instead
-    bar = progress_bar(args.timesteps, "train env steps", unit="step",
+    bar = progress_bar(timesteps, f"train env steps (seed {seed})", unit="step",
                        enabled=not args.progress)
     done = {"n": 0}
 
@@ -539,13 +733,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"{fps:.0f} steps/s")
         bar.update(max(0, steps - done["n"]))
         done["n"] = steps
-        if steps >= args.timesteps:
+        if steps >= timesteps:
             bar.close()
 
+    wrapped = None
     if evaluate_fn is not None:
         inner = evaluate_fn
 
-        def evaluate_fn(out_dir: Path) -> dict[str, Any]:
+        def wrapped(out_dir: Path) -> dict[str, Any]:
             bar.close()
             line = stage("held-out evaluation")
             try:
@@ -554,25 +749,17 @@ def cmd_train(args: argparse.Namespace) -> int:
                 line.close()
 
     try:
-        path = train(args.algo, env_kwargs, args.timesteps, n_envs=args.n_envs,
-                     seed=args.seed, out_dir=args.out, checkpoint_every=args.checkpoint_every,
-                     fidelity=args.fidelity, normalize_obs=not args.no_normalize,
+        return train(args.algo, env_kwargs, timesteps, n_envs=n_envs,
+                     seed=seed, out_dir=out, checkpoint_every=args.checkpoint_every,
+                     fidelity=args.fidelity, normalize_obs=normalize,
                      tensorboard=not args.no_tensorboard, resume=args.resume,
-                     hyperparams=_parse_hp(args.hp), placement=resolve_placement(env_kwargs),
-                     evaluate_fn=evaluate_fn, progress=args.progress,
+                     hyperparams=hyperparams, placement=placement,
+                     evaluate_fn=wrapped, progress=args.progress,
                      action_mode=args.action_mode, num_candidates=args.candidates,
                      residual_keep_logit=args.keep_logit, quality=quality,
                      on_progress=None if args.progress else on_progress)
     finally:
         bar.close()
-    meta = read_meta(args.out)
-    print(f"hdamoe train: {meta['algo']} {meta['num_timesteps']} steps on {args.fidelity} "
-          f"({meta['steps_per_s'] or 0:.0f} steps/s, training wall {meta['wall_s']:.1f} s) "
-          f"-> {path}")
-    if not args.no_eval:
-        print((Path(args.out) / "eval.md").read_text())
-    print(f"wall {time.perf_counter() - t0:.1f} s")
-    return 0
 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
