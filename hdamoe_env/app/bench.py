@@ -162,6 +162,21 @@ BUILTIN_METHODS: dict[str, MethodSpec] = {
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in BUILTIN_METHODS if m != "node-link-raw")
 
 
+def _split_placement(body: str) -> tuple[str, str]:
+    """Split ``NAME_OR_PATH[@placement]`` of an ``agent:``/``tuned:`` method (default node_link).
+
+    Raises:
+        ConfigError: Unknown placement name.
+    """
+    if "@" not in body:
+        return body, "node_link"
+    body, placement = body.rsplit("@", 1)
+    placement = placement.replace("-", "_")
+    if placement not in PLACEMENT_ARTIFACTS:
+        raise unknown_name("placement", placement, PLACEMENT_ARTIFACTS)
+    return body, placement
+
+
 def parse_method(text: str) -> MethodSpec:
     """Parse a method name (built-in, matched-quality, fixed-scale, ``agent:...``, ``tuned:...``).
 
@@ -190,25 +205,14 @@ def parse_method(text: str) -> MethodSpec:
     if name.startswith("tuned:"):
         from agents.tuned import load_tuned
 
-        body, placement = name[len("tuned:"):], "node_link"
-        if "@" in body:
-            body, placement = body.rsplit("@", 1)
-            placement = placement.replace("-", "_")
-            if placement not in PLACEMENT_ARTIFACTS:
-                raise unknown_name("placement", placement, PLACEMENT_ARTIFACTS)
+        body, placement = _split_placement(name[len("tuned:"):])
         if not body:
             raise ConfigError(f"method {text!r}: expected tuned:PATH/tuned.json")
         knobs, _ = load_tuned(body)
         return MethodSpec(name, placement, name, f"tuned heuristic {knobs.label()} on {placement}",
                           env_kwargs=tuple(sorted(knobs.env_kwargs().items())))
     if name.startswith("agent:"):
-        body = name[len("agent:"):]
-        placement = "node_link"
-        if "@" in body:
-            body, placement = body.rsplit("@", 1)
-            placement = placement.replace("-", "_")
-            if placement not in PLACEMENT_ARTIFACTS:
-                raise unknown_name("placement", placement, PLACEMENT_ARTIFACTS)
+        body, placement = _split_placement(name[len("agent:"):])
         if not body:
             raise ConfigError(f"method {text!r}: expected agent:NAME or agent:PATH.zip")
         return MethodSpec(name, placement, body, f"agent {body} on {placement}")
@@ -389,7 +393,7 @@ def resolve_agent(spec: str | None, env: Any, *, seed: int = 0, **kwargs: Any) -
     if spec.startswith("tuned:"):
         from agents.tuned import load_tuned
 
-        knobs, _ = load_tuned(spec[len("tuned:"):].rsplit("@", 1)[0])
+        knobs, _ = load_tuned(_split_placement(spec[len("tuned:"):])[0])
         return knobs.make_agent(env)
     key = spec.replace("_", "-")
     if key in agents.AGENTS:
