@@ -80,6 +80,7 @@ __all__ = [
     "REBALANCE_MODES",
     "apply_moves",
     "balanced_packing",
+    "check_rebalance_options",
     "eplb",
     "eplb_dynamic",
     "eplb_placement",
@@ -528,6 +529,19 @@ class EplbSchedule:
 REBALANCE_MODES = ("incremental", "full")
 
 
+def check_rebalance_options(mode: str, min_gain: float) -> None:
+    """Validate a rebalance mode and gain threshold (:func:`rebalance`).
+
+    Raises:
+        ConfigError: Unknown mode, or min_gain outside [0, 1).
+    """
+    if mode not in REBALANCE_MODES:
+        raise ConfigError(f"unknown rebalance mode {mode!r}; expected one of "
+                          f"{list(REBALANCE_MODES)}")
+    if not 0.0 <= float(min_gain) < 1.0:
+        raise ConfigError(f"min_gain={min_gain!r} must lie in [0, 1) (a relative load drop)")
+
+
 def _node_loads(holds: NDArray[np.bool_], per_copy: NDArray[np.float64]) -> NDArray[np.float64]:
     out: NDArray[np.float64] = per_copy @ holds.astype(np.float64)
     return out
@@ -626,11 +640,7 @@ def rebalance(current: EplbResult, loads: ArrayLike, *, mode: str = "incremental
     Raises:
         ConfigError: Unknown mode, min_gain outside [0, 1) or loads of the wrong shape.
     """
-    if mode not in REBALANCE_MODES:
-        raise ConfigError(f"unknown rebalance mode {mode!r}; expected one of "
-                          f"{list(REBALANCE_MODES)}")
-    if not 0.0 <= float(min_gain) < 1.0:
-        raise ConfigError(f"min_gain={min_gain!r} must lie in [0, 1) (a relative load drop)")
+    check_rebalance_options(mode, min_gain)
     window = np.asarray(loads, dtype=np.float64)
     window = window[None, :] if window.ndim == 1 else window
     old = current.holds
@@ -723,11 +733,7 @@ def eplb_dynamic(step_counts: ArrayLike, period: int, num_nodes: int, slots_per_
         raise ConfigError(f"step_counts must be [T, L, E] or [T, E], got {np.shape(step_counts)}")
     if int(period) < 1:
         raise ConfigError(f"period must be >= 1 step, got {period!r}")
-    if mode not in REBALANCE_MODES:
-        raise ConfigError(f"unknown rebalance mode {mode!r}; expected one of "
-                          f"{list(REBALANCE_MODES)}")
-    if not 0.0 <= float(min_gain) < 1.0:
-        raise ConfigError(f"min_gain={min_gain!r} must lie in [0, 1) (a relative load drop)")
+    check_rebalance_options(mode, min_gain)
     N, T = int(period), counts.shape[0]
     kw = {"num_node_groups": num_node_groups, "num_expert_groups": num_expert_groups}
     first = counts[:N].sum(axis=0) if initial_loads is None else initial_loads

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from baselines.eplb import (
-    REBALANCE_MODES,
+    check_rebalance_options,
     eplb_placement,
     expert_weight_bytes,
     plan_moves,
@@ -64,9 +64,7 @@ class EplbRebalanceWrapper(gym.Wrapper):  # type: ignore[type-arg]
         super().__init__(env)
         if int(period) < 1:
             raise ConfigError(f"rebalance period={period!r} must be >= 1 decode step")
-        if mode not in REBALANCE_MODES:
-            raise ConfigError(f"unknown rebalance mode {mode!r}; expected one of "
-                              f"{list(REBALANCE_MODES)}")
+        check_rebalance_options(mode, min_gain)
         if int(chunks) < 1:
             raise ConfigError(f"chunks={chunks!r} must be >= 1 message per moved expert")
         base = env.unwrapped
