@@ -32,6 +32,15 @@ DEFAULT_DISPATCH_RULES: tuple[str, ...] = ("least_loaded", "first", "home")
 DEFAULT_GATING_LEVELS: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
 
 
+
+def _offered_index(what: str, name: str, offered: tuple[str, ...]) -> int:
+    """Return the index of ``name`` among the env's ``offered`` choices of kind ``what``."""
+    try:
+        return offered.index(name)
+    except ValueError:
+        raise ConfigError(f"{what} {name!r} is not offered by the env; expected one of "
+                          f"{list(offered)}") from None
+
 @dataclass(frozen=True)
 class ActionLayout:
     """The ``MultiDiscrete`` action of ``HdMoE-v0`` (module docstring).
@@ -100,11 +109,7 @@ class ActionLayout:
         Raises:
             ConfigError: The env does not offer the rule.
         """
-        try:
-            return self.dispatch_rules.index(rule)
-        except ValueError:
-            raise ConfigError(f"dispatch rule {rule!r} is not offered by the env; expected one "
-                              f"of {list(self.dispatch_rules)}") from None
+        return _offered_index("dispatch rule", rule, self.dispatch_rules)
 
     def level_index(self, level: float) -> int:
         """Return the action index of the gating level closest to ``level`` (0.0 = off)."""
@@ -157,11 +162,7 @@ class ActionLayout:
         Raises:
             ConfigError: The env does not offer the rule.
         """
-        try:
-            return self.replica_rules.index(rule)
-        except ValueError:
-            raise ConfigError(f"replica rule {rule!r} is not offered by the env; expected one "
-                              f"of {list(self.replica_rules)}") from None
+        return _offered_index("replica rule", rule, self.replica_rules)
 
     def split_mask(self, mask: Any) -> list[NDArray[np.bool_]]:
         """Split a flat ``action_masks()`` vector into one bool array per dimension.
