@@ -32,7 +32,6 @@ DEFAULT_DISPATCH_RULES: tuple[str, ...] = ("least_loaded", "first", "home")
 DEFAULT_GATING_LEVELS: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
 
 
-
 def _offered_index(what: str, name: str, offered: tuple[str, ...]) -> int:
     """Return the index of ``name`` among the env's ``offered`` choices of kind ``what``."""
     try:
@@ -40,6 +39,7 @@ def _offered_index(what: str, name: str, offered: tuple[str, ...]) -> int:
     except ValueError:
         raise ConfigError(f"{what} {name!r} is not offered by the env; expected one of "
                           f"{list(offered)}") from None
+
 
 @dataclass(frozen=True)
 class ActionLayout:
