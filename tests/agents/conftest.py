@@ -16,14 +16,17 @@ def tiny_agent_model() -> ModelSpec:
 
 
 @pytest.fixture
-def make_tiny_env(tiny_agent_model):
+def env_kwargs(tiny_agent_model):
+    """Keyword arguments of a tiny ``HdMoeEnv``: EP on a 2×2 mesh, 2 decode steps of B = 8."""
+    return dict(model=tiny_agent_model, mesh="2x2", setting="1/1", batch=8, steps_per_episode=2,
+                placement="ep", k_b=2, trace_requests=4, trace_tokens=256)
+
+
+@pytest.fixture
+def make_tiny_env(env_kwargs):
     from hdamoe_env.env import HdMoeEnv
 
     def make(**kwargs):
-        args = dict(model=tiny_agent_model, mesh="2x2", setting="1/1", batch=8,
-                    steps_per_episode=2, placement="ep", k_b=2, trace_requests=4,
-                    trace_tokens=256)
-        args.update(kwargs)
-        return HdMoeEnv(**args)
+        return HdMoeEnv(**{**env_kwargs, **kwargs})
 
     return make

@@ -24,12 +24,6 @@ from hdamoe_env.app import train as train_app  # noqa: E402
 SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
 
 
-@pytest.fixture
-def env_kwargs(tiny_agent_model):
-    return dict(model=tiny_agent_model, mesh="2x2", setting="1/1", batch=8, steps_per_episode=2,
-                placement="ep", k_b=2, trace_requests=4, trace_tokens=256)
-
-
 def _train(env_kwargs, out, algo="maskable-ppo", timesteps=256, **kw):
     kw.setdefault("hyperparams", SMALL_PPO if "ppo" in algo else None)
     kw.setdefault("tensorboard", False)

@@ -25,12 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "hyperparams" / "maskable-ppo.yml"
 
 
-@pytest.fixture
-def env_kwargs(tiny_agent_model):
-    return dict(model=tiny_agent_model, mesh="2x2", setting="1/1", batch=8, steps_per_episode=2,
-                placement="ep", k_b=2, trace_requests=4, trace_tokens=256)
-
-
 def test_committed_file_loads_into_the_dataclass():
     """The committed file: defaults section = the dataclass defaults; residual section's values."""
     cls = learned_train.HYPERPARAMS["maskable-ppo"]
