@@ -13,7 +13,7 @@ than with the defaults:
 | ``dispatch_rule`` | ``scheduling.DISPATCH_RULES`` | the agent's dispatch rule of broadcast experts |
 | ``k_b`` | None (the budget rule of §10.3) or a forced slot count | ``EnvConfig.k_b`` |
 | ``min_imbalance`` | None (always gate) or a threshold | the gating agent gates only layers whose predicted max/mean node load exceeds it |
-| ``replica_rule`` | None, or ``least_loaded`` / ``nearest`` / ``round_robin`` | hook: ``EnvConfig.replica_rule`` once the env has it |
+| ``replica_rule`` | None, or ``least_loaded`` / ``nearest`` / ``round_robin`` | ``EnvConfig.replica_rule`` (placements with redundant experts, e.g. ``eplb``) |
 
 * :class:`TunedKnobs` is one point; :meth:`TunedKnobs.make_agent` builds its agent on an env
   built with :meth:`TunedKnobs.env_kwargs`. :class:`KnobGrid` is the search space.
@@ -58,6 +58,7 @@ from hdamoe_env.fileio import atomic_write, json_default, write_json
 __all__ = [
     "DEFAULT_PENALTY",
     "DEFAULT_QUALITY_TARGET",
+    "LP_SHARES",
     "REPLICA_RULES",
     "REPLICA_RULE_ENV_KWARG",
     "SEARCH_METHODS",
@@ -69,6 +70,7 @@ __all__ = [
     "PointRecord",
     "TuneResult",
     "TunedKnobs",
+    "balanced_replica_fractions",
     "load_tuned",
     "penalised_objective",
     "per_layer_oracle",
@@ -83,11 +85,14 @@ DEFAULT_QUALITY_TARGET = 0.99
 DEFAULT_PENALTY = 100.0
 #: Search methods of :func:`tune`.
 SEARCH_METHODS: tuple[str, ...] = ("auto", "grid", "bo")
-#: Replica-dispatch rules the env is about to offer (the hook of :attr:`TunedKnobs.replica_rule`).
+#: Replica-dispatch rules of :attr:`TunedKnobs.replica_rule` (``scheduling.REPLICA_RULES``
+#: without ``shares``, which needs per-copy fractions: the oracle's LP shares, below).
 REPLICA_RULES: tuple[str, ...] = ("least_loaded", "nearest", "round_robin")
-#: ``EnvConfig`` field the replica rule will be passed as; update it here if the env names it
-#: differently. Until the env has the field, a non-None ``replica_rule`` raises ``ConfigError``.
+#: ``EnvConfig`` field the replica rule is passed as.
 REPLICA_RULE_ENV_KWARG = "replica_rule"
+#: Oracle-only replica "rule" of :func:`per_layer_oracle`: per layer and step, the per-copy
+#: fractions of :func:`balanced_replica_fractions` on the layer's executed sets (hindsight).
+LP_SHARES = "lp_shares"
 #: ``tuned.json`` format tag.
 TUNED_FORMAT = "hdamoe-tuned/1"
 
@@ -105,7 +110,8 @@ class TunedKnobs:
         protect_top: Never drop a token's ``protect_top`` best original experts (0 … k).
         dispatch_rule: Dispatch rule of the broadcast experts' tokens.
         k_b: Forced pre-broadcast slots per layer (layer 0 stays 0), or None for the budget rule.
-        replica_rule: Replica-dispatch rule (hook, see :data:`REPLICA_RULES`), None = env default.
+        replica_rule: Replica-dispatch rule of redundant experts (:data:`REPLICA_RULES`), None =
+            the env's default; only acts with a placement that has replicas.
         min_imbalance: Gate only layers whose predicted max/mean node load is at least this
             (``agents.gating.HardwareAwareGatingAgent``); None = gate every layer.
 
@@ -143,9 +149,10 @@ class TunedKnobs:
                 raise ConfigError(f"min_imbalance must be None or a finite number >= 0, got "
                                   f"{self.min_imbalance!r}")
             object.__setattr__(self, "min_imbalance", imb)
-        if self.replica_rule is not None and self.replica_rule not in REPLICA_RULES:
+        if self.replica_rule is not None and self.replica_rule not in (*REPLICA_RULES,
+                                                                       LP_SHARES):
             raise ConfigError(f"replica_rule {self.replica_rule!r} is unknown; expected None or "
-                              f"one of {list(REPLICA_RULES)}")
+                              f"one of {list(REPLICA_RULES)} ({LP_SHARES!r}: the oracle only)")
 
     def env_kwargs(self) -> dict[str, Any]:
         """Return the ``HdMoeEnv`` keyword arguments of this point.
@@ -153,8 +160,6 @@ class TunedKnobs:
         The env offers exactly the gating levels ``(0, gating_level)``, so the agent's level is
         applied as is (not rounded to the closest default level).
 
-        Raises:
-            ConfigError: ``replica_rule`` is set but the env has no such field yet.
         """
         kwargs: dict[str, Any] = {
             "gating_protect_top": self.protect_top,
@@ -163,15 +168,9 @@ class TunedKnobs:
         }
         if self.k_b is not None:
             kwargs["k_b"] = self.k_b
-        if self.replica_rule is not None:
-            from hdamoe_env.env_config import EnvConfig
-
-            names = {f.name for f in dataclasses.fields(EnvConfig)}
-            if REPLICA_RULE_ENV_KWARG not in names:
-                raise ConfigError(f"replica_rule={self.replica_rule!r}: this env has no "
-                                  f"{REPLICA_RULE_ENV_KWARG!r} field yet; leave replica_rule "
-                                  "None (or update agents.tuned.REPLICA_RULE_ENV_KWARG)")
-            kwargs[REPLICA_RULE_ENV_KWARG] = self.replica_rule
+        if self.replica_rule is not None:          # the oracle sets LP shares' fractions itself
+            kwargs[REPLICA_RULE_ENV_KWARG] = ("least_loaded" if self.replica_rule == LP_SHARES
+                                              else self.replica_rule)
         return kwargs
 
     def make_agent(self, env: Any) -> HDAMoEAgent:
@@ -221,7 +220,7 @@ class KnobGrid:
         protect_top: protect_top values.
         dispatch_rules: Dispatch rules.
         k_b: Pre-broadcast slot options (None = the budget rule).
-        replica_rules: Replica-dispatch rules (None = env default; the hook).
+        replica_rules: Replica-dispatch rules (None = env default).
         min_imbalance: Gating thresholds (None = gate every layer).
 
     Raises:
@@ -243,6 +242,10 @@ class KnobGrid:
                 raise ConfigError(f"KnobGrid.{f.name} is empty; give at least one value")
             if len(set(values)) != len(values):
                 raise ConfigError(f"KnobGrid.{f.name} repeats a value: {list(values)}")
+            if f.name == "replica_rules" and LP_SHARES in values:
+                raise ConfigError(f"KnobGrid.replica_rules: {LP_SHARES!r} is the oracle's "
+                                  f"hindsight split, not a rule to tune; expected None or "
+                                  f"{list(REPLICA_RULES)} (per_layer_oracle adds it itself)")
             object.__setattr__(self, f.name, values)
 
     @property
@@ -268,15 +271,14 @@ class KnobGrid:
 
         With gating off, ``protect_top`` and ``min_imbalance`` have no effect (they become the
         grid's first values);
-        with ``k_b = 0`` nothing is broadcast, so the dispatch and replica rules have no effect
-        (they become the grid's first values).
+        with ``k_b = 0`` nothing is broadcast, so the dispatch rule has no effect (it becomes
+        the grid's first value; the replica rule still acts on the redundant experts).
         """
         if knobs.gating_level == 0:
             knobs = dataclasses.replace(knobs, protect_top=self.protect_top[0],
                                         min_imbalance=self.min_imbalance[0])
         if knobs.k_b == 0:
-            knobs = dataclasses.replace(knobs, dispatch_rule=self.dispatch_rules[0],
-                                        replica_rule=self.replica_rules[0])
+            knobs = dataclasses.replace(knobs, dispatch_rule=self.dispatch_rules[0])
         return knobs
 
     def points(self) -> list[TunedKnobs]:
@@ -343,8 +345,8 @@ class EpisodeEvaluator:
     Every point runs ``env.reset(seed=s)`` for each seed on its own env built from ``env_kwargs``
     plus the point's :meth:`TunedKnobs.env_kwargs`, so the decode steps are identical across
     points (as in ``hdamoe bench``). Results are cached per effective point: when the budget
-    rule gives k_b = 0 in every layer, the dispatch and replica rules cannot matter and are
-    normalised before the cache lookup.
+    rule gives k_b = 0 in every layer, the dispatch rule cannot matter and is normalised before
+    the cache lookup (the replica rule still acts on redundant experts).
 
     Args:
         env_kwargs: ``HdMoeEnv`` keyword arguments (a loaded ``trace`` and a ``Placement`` avoid
@@ -370,9 +372,7 @@ class EpisodeEvaluator:
         """Return the point's mean TBT and mean top-1 retention over the seeds' episodes."""
         env = self.make_env(knobs)
         if not np.any(env.k_b):
-            knobs = dataclasses.replace(knobs, dispatch_rule=_DISPATCH_RULES[0],
-                                        replica_rule=None if knobs.replica_rule is None
-                                        else REPLICA_RULES[0])
+            knobs = dataclasses.replace(knobs, dispatch_rule=_DISPATCH_RULES[0])
         hit = self._cache.get(knobs.key())
         if hit is not None:
             return hit
@@ -712,6 +712,80 @@ class OracleResult:
         }
 
 
+def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: np.ndarray
+                               ) -> np.ndarray:
+    """Per-copy fractions of the replicated experts that minimise the busiest node's tokens.
+
+    The hindsight split of one layer's redundant experts (the ``shares`` replica rule of
+    ``scheduling.dispatch_replicas``), from the layer's executed expert sets: a linear program
+    over y_ej ≥ 0, the tokens of replicated expert e sent to copy j (copy 0 the primary group,
+    its tokens counted on node c with weight P_ec; copy j ≥ 1 a whole replica node), with
+    Σ_j y_ej = n_e, minimising T subject to, on every node c,
+    Σ_{e not replicated} P_ec·n_e + Σ_e (y_e0·P_ec + y_e,c) ≤ T. Fluid token counts: the work
+    per (token, expert) is the same for every expert of a layer, and the tile model's padding,
+    weight streaming and the NoC are not in the objective (the DES measures the result).
+    Experts without tokens, without replicas, or with an all-zero row of ``P`` (pre-broadcast)
+    keep fraction 1 on the primary.
+
+    Args:
+        token_sets: int [B, k] expert sets of the layer.
+        P: float [E, D] shares of the layer.
+        replicas: bool [E, D] replica mask of the layer.
+
+    Returns:
+        float [E, 1 + D]: column 0 the primary's fraction, column 1 + c the replica on node c.
+
+    Raises:
+        DependencyNotInstalled: scipy (the ``opt`` extra) is missing.
+        ConfigError: Bad shapes.
+    """
+    shares = np.asarray(P, dtype=np.float64)
+    reps = np.asarray(replicas, dtype=bool)
+    sets = np.asarray(token_sets, dtype=np.int64)
+    if shares.ndim != 2 or reps.shape != shares.shape or sets.ndim != 2:
+        raise ConfigError(f"balanced_replica_fractions needs P [E, D], replicas of the same shape "
+                          f"and token_sets [B, k]; got {shares.shape}, {reps.shape}, {sets.shape}")
+    E, D = shares.shape
+    counts = np.bincount(sets.ravel(), minlength=E)[:E].astype(np.float64)
+    out = np.zeros((E, 1 + D))
+    out[:, 0] = 1.0
+    movable = [e for e in range(E) if counts[e] > 0 and reps[e].any() and shares[e].sum() > 0]
+    if not movable:
+        return out
+    try:
+        from scipy.optimize import linprog
+    except ImportError as exc:                                  # pragma: no cover - extra
+        raise DependencyNotInstalled(f"the LP replica shares need scipy: {_EXTRA}") from exc
+    fixed = np.ones(E, dtype=bool)
+    fixed[movable] = False
+    base = (shares[fixed] * counts[fixed, None]).sum(axis=0)          # [D]
+    columns: list[tuple[int, int]] = []                                # (expert, copy column)
+    for e in movable:
+        columns.append((e, 0))
+        columns.extend((e, 1 + int(c)) for c in np.flatnonzero(reps[e]))
+    n_var = len(columns) + 1                                           # + T
+    a_ub = np.zeros((D, n_var))
+    a_eq = np.zeros((len(movable), n_var))
+    row = {e: i for i, e in enumerate(movable)}
+    for j, (e, col) in enumerate(columns):
+        if col == 0:
+            a_ub[:, j] = shares[e]
+        else:
+            a_ub[col - 1, j] = 1.0
+        a_eq[row[e], j] = 1.0
+    a_ub[:, -1] = -1.0
+    cost = np.zeros(n_var)
+    cost[-1] = 1.0
+    res = linprog(cost, A_ub=a_ub, b_ub=-base, A_eq=a_eq, b_eq=counts[movable],
+                  bounds=[(0, None)] * n_var, method="highs")
+    if res.status != 0:                                                # pragma: no cover
+        raise ConfigError(f"the replica-share LP failed ({res.message}); please report it")
+    y = np.maximum(res.x[:-1], 0.0)
+    for j, (e, col) in enumerate(columns):
+        out[e, col] = y[j] / counts[e]
+    return out
+
+
 class _LayerTap:
     """Stand-in for an env's ``decisions`` that reports every evaluated layer, then delegates."""
 
@@ -729,8 +803,8 @@ class _LayerTap:
 
 
 def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
-                     seeds: Sequence[int], *, target: float = DEFAULT_QUALITY_TARGET
-                     ) -> OracleResult:
+                     seeds: Sequence[int], *, target: float = DEFAULT_QUALITY_TARGET,
+                     lp_shares: bool = True) -> OracleResult:
     """Compute the per-layer hindsight oracle over ``points`` on the seeds' episodes.
 
     A driver env (``env_kwargs``, gating at the default level, no broadcast) forms the decode
@@ -739,12 +813,19 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
     ``DecisionEvaluator`` (its ``protect_top``) and k_b, on one generator per (seed, decode
     step, layer). See :class:`OracleResult` for what the result bounds.
 
+    With a placement that has redundant experts, each point runs its own replica rule, and
+    (``lp_shares``) every point also gets an :data:`LP_SHARES` twin: the same action with the
+    replicated experts' tokens split per layer by :func:`balanced_replica_fractions` of the
+    layer's executed sets, the hindsight optimum of the share action
+    (``hdamoe_env.wrappers.ReplicaSharesWrapper``) for the busiest node's token count.
+
     Args:
         env_kwargs: ``HdMoeEnv`` keyword arguments of the cell (loaded trace and placement
             recommended).
         points: Knob points (e.g. ``KnobGrid.points()``).
         seeds: Episode seeds (held-out ones for a held-out bound).
         target: Per-layer top-1 retention target of the constrained oracle.
+        lp_shares: Add the :data:`LP_SHARES` twin of every point (placements with replicas).
 
     Raises:
         ConfigError: No points or no seeds.
@@ -755,6 +836,12 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
     if not pts or not seeds:
         raise ConfigError("per_layer_oracle needs at least one point and one seed")
     base = dict(env_kwargs)
+    driver = HdMoeEnv(**{**base, "gating_levels": (0.0, 1.0)})
+    has_replicas = bool(driver.replica_rules)
+    if has_replicas and lp_shares:
+        twins = {q.key(): q for q in (dataclasses.replace(p, replica_rule=LP_SHARES)
+                                      for p in pts) if q.key() not in {p.key() for p in pts}}
+        pts = pts + tuple(twins.values())              # one twin per point up to its rule
     envs: dict[str, Any] = {}
     knob_envs, policies = [], []
     for p in pts:
@@ -764,7 +851,6 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
             envs[key] = HdMoeEnv(**{**base, **kw})
         knob_envs.append(envs[key])
         policies.append(p.make_agent(envs[key]))
-    driver = HdMoeEnv(**{**base, "gating_levels": (0.0, 1.0)})
     dense_s = float(driver.sim.dense_time(driver.batch))
     E, mb = driver.num_experts, driver.max_broadcast
     K = len(pts)
@@ -779,6 +865,8 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
         rng_key = (int(state["seed"]), int(state["step"]), int(layer))
         cache: dict[tuple[Any, ...], tuple[float, float]] = {}
         for i, (env_i, agent) in enumerate(zip(knob_envs, policies, strict=True)):
+            replica_rule = pts[i].replica_rule or (env_i.replica_rules[0] if has_replicas
+                                                   else "least_loaded")
             kb = int(env_i.k_b[layer])
             frac = min(1.0, kb / env_i.max_broadcast) if env_i.max_broadcast else 0.0
             o = dict(obs, budget=np.array([frac], dtype=np.float32))
@@ -788,16 +876,30 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
             for v in a[:mb]:
                 if v < E and v not in bc:
                     bc.append(int(v))
-            rule = agent.layout.dispatch_rules[a[-2]] if bc else "least_loaded"
-            level = float(agent.layout.gating_levels[a[-1]])
-            ckey = (id(env_i.decisions), tuple(bc), rule, level)
+            lay = agent.layout
+            rule = lay.dispatch_rules[a[lay.rule_slot]] if bc else "least_loaded"
+            level = float(lay.gating_levels[a[lay.level_slot]])
+            ckey = (id(env_i.decisions), tuple(bc), rule, level, replica_rule)
             hit = cache.get(ckey)
             if hit is None:
-                out = env_i.decisions.evaluate(
-                    layer, token_sets, rng=np.random.default_rng(rng_key), broadcast=bc,
-                    dispatch_rule=rule, gating_level=level,
+                common: dict[str, Any] = dict(
+                    broadcast=bc, dispatch_rule=rule, gating_level=level,
                     candidates=kw.get("candidates") if level > 0 else None,
                     fidelity=kw.get("fidelity", "des"), gamma=kw.get("gamma"))
+                if replica_rule == LP_SHARES:
+                    probe = env_i.decisions.evaluate(
+                        layer, token_sets, rng=np.random.default_rng(rng_key), **common)
+                    P_layer = np.array(env_i.placement.P[layer], dtype=np.float64)
+                    P_layer[bc] = 0.0                    # broadcast experts: not split by shares
+                    fr = balanced_replica_fractions(probe.token_sets, P_layer,
+                                                    env_i.placement.replicas[layer])
+                    out = env_i.decisions.evaluate(
+                        layer, token_sets, rng=np.random.default_rng(rng_key),
+                        replica_rule="shares", replica_fractions=fr, **common)
+                else:
+                    out = env_i.decisions.evaluate(
+                        layer, token_sets, rng=np.random.default_rng(rng_key),
+                        replica_rule=replica_rule, **common)
                 q = 1.0 if out.gating is None else float(out.gating.top1_retention)
                 hit = cache[ckey] = (float(out.result.total_s), q)
             cur_lat[i, layer], cur_top1[i, layer] = hit

@@ -1,7 +1,7 @@
 """``hdamoe tune``: the tuned-heuristic baseline and its per-layer hindsight bound.
 
 Searches every knob of the greedy agents (``agents.tuned``: gating level, protect-top, dispatch
-rule, k_b, and the replica-rule hook) on the TRAINING part of a trace, under a top-1 retention
+rule, k_b, and the replica rule of redundant experts) on the TRAINING part of a trace, under a top-1 retention
 constraint, then measures the best point, default HDA-MoE and HD-MoE on HELD-OUT streams and,
 with ``--oracle``, the per-layer hindsight oracle over the same grid on the held-out steps.
 
@@ -308,7 +308,8 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="gating thresholds: gate only layers whose predicted max/mean node load "
                    "reaches it ('none' = every layer)")
     p.add_argument("--replica-rules", default="none",
-                   help="replica-dispatch rules (hook; 'none' = the env's default)")
+                   help="replica-dispatch rules of redundant experts (placement 'eplb'; 'none' = the "
+                   "env's default)")
     p.add_argument("--method", default="auto", choices=SEARCH_METHODS,
                    help="grid (exhaustive), bo (gp_minimize, needs the opt extra) or auto")
     p.add_argument("--n-calls", type=positive_int, default=40, help="BO evaluations")

@@ -141,7 +141,7 @@ def test_auto_uses_the_grid_when_small():
     assert tuned.tune(constructed, GRID, method="auto", max_grid=100).method == "grid"
 
 
-def test_knob_validation_and_replica_hook():
+def test_knob_validation_and_replica_rule():
     with pytest.raises(ConfigError, match="gating_level"):
         TunedKnobs(gating_level=-1)
     with pytest.raises(ConfigError, match="dispatch_rule"):
@@ -150,17 +150,42 @@ def test_knob_validation_and_replica_hook():
         TunedKnobs(replica_rule="bogus")
     with pytest.raises(ConfigError, match="repeats"):
         KnobGrid(protect_top=(0, 0))
-    knobs = TunedKnobs(replica_rule="nearest")
-    import dataclasses
-
-    from hdamoe_env.env_config import EnvConfig
-
-    if tuned.REPLICA_RULE_ENV_KWARG not in {f.name for f in dataclasses.fields(EnvConfig)}:
-        with pytest.raises(ConfigError, match="no 'replica_rule' field"):
-            knobs.env_kwargs()
+    with pytest.raises(ConfigError, match="oracle"):
+        KnobGrid(replica_rules=(None, tuned.LP_SHARES))
+    assert TunedKnobs(replica_rule="nearest").env_kwargs()["replica_rule"] == "nearest"
+    assert TunedKnobs(replica_rule=tuned.LP_SHARES).env_kwargs()["replica_rule"] == "least_loaded"
     kw = TunedKnobs(gating_level=8.0, protect_top=1, k_b=2).env_kwargs()
     assert kw["gating_levels"] == (0.0, 8.0) and kw["gating_protect_top"] == 1
     assert kw["k_b"] == 2
+
+
+def test_replica_rules_survive_k_b_zero():
+    """k_b = 0 makes the dispatch rule irrelevant, not the replica rule (it acts on replicas)."""
+    grid = KnobGrid(gating_levels=(0.0,), protect_top=(0,), dispatch_rules=("least_loaded",
+                                                                            "first"),
+                    k_b=(0,), replica_rules=("least_loaded", "round_robin"))
+    assert [p.replica_rule for p in grid.points()] == ["least_loaded", "round_robin"]
+
+
+def test_balanced_replica_fractions_hand_case():
+    """2 nodes; expert 0 on node 0 with a replica on node 1 (6 tokens), expert 1 on node 0 (4
+    tokens), expert 2 on node 1 (2 tokens).
+
+    With y of expert 0's tokens on the primary, node 0 carries 4 + y and node 1 2 + 6 − y; the
+    busiest is smallest at y = 2: fraction 2/6 on the primary, 4/6 on the replica. Experts 1
+    and 2 have no replica and keep fraction 1.
+    """
+    pytest.importorskip("scipy")
+    P = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    reps = np.zeros((3, 2), dtype=bool)
+    reps[0, 1] = True
+    sets = np.array([[0, 1]] * 4 + [[0, 2]] * 2)
+    fr = tuned.balanced_replica_fractions(sets, P, reps)
+    assert fr.shape == (3, 3)
+    assert fr[0, 0] == pytest.approx(2 / 6) and fr[0, 2] == pytest.approx(4 / 6)
+    assert fr[0, 1] == 0.0 and fr[1, 0] == 1.0 and fr[2, 0] == 1.0
+    with pytest.raises(ConfigError, match="shape"):
+        tuned.balanced_replica_fractions(sets, P, reps[:, :1])
 
 
 def test_tuned_file_round_trip(tmp_path):
@@ -226,3 +251,41 @@ def test_oracle_fixed_point_matches_the_env_run(tiny_kwargs):
     o = tuned.per_layer_oracle(tiny_kwargs, [k], seeds=[0])
     m = tuned.EpisodeEvaluator(tiny_kwargs, seeds=[0])(k)
     assert o.fixed_tbt_us[0].mean() == pytest.approx(m.tbt_us, rel=0.05)
+
+
+def _replicated_kwargs(tiny_kwargs):
+    """The tiny env on EP plus one whole copy of expert 0 per layer on another node."""
+    from hdamoe_env.placement import Placement, expert_parallel
+
+    ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
+    reps = np.zeros(ep.P.shape, dtype=bool)
+    for layer in range(2):
+        reps[layer, 0, int(np.flatnonzero(ep.P[layer, 0] == 0)[0])] = True
+    return {**tiny_kwargs, "placement": Placement(ep.P, ep.pi, "ep+rep", replicas=reps)}
+
+
+def test_oracle_with_replicas_runs_each_rule_and_adds_lp_shares(tiny_kwargs):
+    """Each point runs its own replica rule (round-robin's fixed TBT is the env's, within the
+    aggregator draws) and every point gets an LP-shares twin, which the constrained oracle may
+    pick; the oracle stays below every fixed point."""
+    pytest.importorskip("scipy")
+    kw = _replicated_kwargs(tiny_kwargs)
+    pts = [TunedKnobs(gating_level=0.0, k_b=0, replica_rule=r)
+           for r in ("least_loaded", "round_robin")]
+    pts.append(TunedKnobs(gating_level=64.0, k_b=0, replica_rule="round_robin"))
+    o = tuned.per_layer_oracle(kw, pts, seeds=[0])
+    # one LP twin per point up to its replica rule: levels 0 and 64
+    assert [p.replica_rule for p in o.points] == ["least_loaded", "round_robin", "round_robin",
+                                                  tuned.LP_SHARES, tuned.LP_SHARES]
+    ev = tuned.EpisodeEvaluator(kw, seeds=[0])
+    for i in (1, 2):                        # the replica rule and the gating level both act
+        m = ev(pts[i])
+        assert o.fixed_tbt_us[i].mean() == pytest.approx(m.tbt_us, rel=0.05)
+        assert o.fixed_top1[i] == pytest.approx(m.top1_retention)
+    assert o.fixed_top1[2] < 1.0                 # level 64 gates (the oracle read the level)
+    assert np.all(o.unconstrained_tbt_us <= o.fixed_tbt_us.min(axis=0) + 1e-9)
+    ungated = [i for i, p in enumerate(o.points) if p.gating_level == 0]   # incl. an LP twin
+    assert np.all(o.constrained_tbt_us <= o.fixed_tbt_us[ungated].min(axis=0) + 1e-9)
+    assert len(tuned.per_layer_oracle(kw, pts, seeds=[0], lp_shares=False).points) == 3
+    # without replicas nothing is added
+    assert len(tuned.per_layer_oracle(tiny_kwargs, pts[:1], seeds=[0]).points) == 1

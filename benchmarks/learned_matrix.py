@@ -1,0 +1,140 @@
+"""Run the issue-17 evaluation matrix: tuned heuristic and learned policy per cell.
+
+Cells: 3 models (DeepSeek-V2-Lite, Qwen2-57B-A14B: synthetic traces; Mixtral-8x7B: the real
+trace, trained on the ``reasoning`` category, held-out on ``stem``) × 2 settings (2.5/75, 10/25)
+× B ∈ {32, 128}, 4×8 mesh, ``faithful`` profile, Node + Link placement, DES fidelity.
+
+Per cell, two phases, each a plain ``hdamoe`` command (printed before it runs):
+
+* ``tune``: ``hdamoe tune`` over grid G2 of docs/results/tuned/matrix.md (levels
+  0 … 32 × protect-top 0, 1, 2 × least-loaded × k_b budget / 1), out ``OUT/<cell>/tune``;
+* ``train``: ``hdamoe train --seeds 0,1,2`` (MaskablePPO, residual action, quality target 0.99,
+  ``hyperparams/maskable-ppo.yml`` section ``maskable-ppo-residual``, 2 envs, DES), evaluated
+  on the held-out episodes against NoOp, gating, HD-MoE, HDA-MoE and the cell's
+  ``tuned:OUT/<cell>/tune/tuned.json``, out ``OUT/<cell>/train``.
+
+A phase whose output is complete (``tuned.json`` / ``seeds.json``) is skipped, so the driver
+resumes after an interruption; each command resumes its own partial output (``--resume``).
+``--summary`` prints the Markdown table of every finished cell.
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/learned_matrix.py --out runs/learned_matrix
+[--phase tune|train|all] [--cells ds_2.5-75_B128,...] [--timesteps 20480] [--train-arg=--flag]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+MIXTRAL_DIR = "../shared/reference-traces/mixtral"
+MODELS = {
+    "ds": ("deepseek-v2-lite", []),
+    "qwen": ("qwen2-57b-a14b", []),
+    "mix": ("mixtral-8x7b", ["--trace", f"{MIXTRAL_DIR}/experts_reasoning_mixtral.json",
+                             "--eval-trace", f"{MIXTRAL_DIR}/experts_stem_mixtral.json"]),
+}
+SETTINGS = ("2.5/75", "10/25")
+BATCHES = (32, 128)
+G2 = ["--levels", "0,0.5,1,2,4,8,16,32", "--protect-top", "0,1,2",
+      "--dispatch-rules", "least_loaded", "--k-b", "budget,1", "--max-grid", "200",
+      "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8"]
+BASELINES = "noop,hardware-aware-gating,hd-moe,hda-moe"
+
+
+def cells() -> list[tuple[str, str, str, int]]:
+    """Return (cell name, model key, setting, B) for every cell of the matrix."""
+    return [(f"{m}_{s.replace('/', '-')}_B{b}", m, s, b)
+            for m in MODELS for s in SETTINGS for b in BATCHES]
+
+
+def _common(model_key: str, setting: str, batch: int) -> list[str]:
+    model, trace_args = MODELS[model_key]
+    return ["--model", model, "--mesh", "4x8", "--setting", setting, "--batch", str(batch),
+            "--conventions", "faithful", "--placement", "node_link", "--fidelity", "des",
+            *trace_args]
+
+
+def tune_cmd(out: Path, model_key: str, setting: str, batch: int) -> list[str]:
+    """Return the ``hdamoe tune`` command of one cell."""
+    return ["hdamoe", "tune", *_common(model_key, setting, batch), *G2, "--no-progress",
+            "--out", str(out), "--resume"]
+
+
+def train_cmd(out: Path, tuned: Path, model_key: str, setting: str, batch: int,
+              timesteps: int, extra: list[str]) -> list[str]:
+    """Return the ``hdamoe train`` command of one cell."""
+    return ["hdamoe", "train", "--algo", "maskable-ppo", *_common(model_key, setting, batch),
+            "--gating-levels", "0,0.5,1,2,4,8,16,32", "--action-mode", "residual",
+            "--quality-target", "0.99", "--hyperparams", "hyperparams/maskable-ppo.yml",
+            "--hyperparams-section", "maskable-ppo-residual", "--timesteps", str(timesteps),
+            "--n-envs", "2", "--seeds", "0,1,2", "--checkpoint-every", "10240",
+            "--eval-baselines", f"{BASELINES},tuned:{tuned}", *extra,
+            "--out", str(out), "--resume"]
+
+
+def _run(cmd: list[str]) -> int:
+    print("$", shlex.join(cmd), flush=True)
+    exe = Path(sys.executable).with_name("hdamoe")            # the console script of this venv
+    return subprocess.call([str(exe) if exe.exists() else "hdamoe", *cmd[1:]])
+
+
+def summary(out: Path) -> str:
+    """Return the Markdown table of every cell whose train phase finished."""
+    rows = ["| cell | learned mean ± 95 % CI µs | learned top-1 | tuned µs | HDA-MoE µs | "
+            "learned ÷ tuned |", "|---|---|---|---|---|---|"]
+    for name, *_ in cells():
+        path = out / name / "train" / "seeds.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        rows.append(f"| {name} | {json.dumps(data.get('summary', data))[:200]} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    """Run the requested phases over the requested cells."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/learned_matrix")
+    ap.add_argument("--phase", choices=("tune", "train", "all"), default="all")
+    ap.add_argument("--cells", default=None, help="comma list of cell names (default: all 12)")
+    ap.add_argument("--timesteps", type=int, default=20480)
+    ap.add_argument("--train-arg", action="append", default=[],
+                    help="extra argument for hdamoe train (repeat; --train-arg=--flag)")
+    ap.add_argument("--summary", action="store_true", help="print the table and exit")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.summary:
+        print(summary(out))
+        return 0
+    chosen = set(args.cells.split(",")) if args.cells else None
+    todo = [c for c in cells() if chosen is None or c[0] in chosen]
+    if chosen and len(todo) != len(chosen):
+        known = [c[0] for c in cells()]
+        print(f"unknown cell in {sorted(chosen)}; expected names from {known}", file=sys.stderr)
+        return 2
+    failed = []
+    for name, m, s, b in todo:
+        tune_dir, train_dir = out / name / "tune", out / name / "train"
+        if args.phase in ("tune", "all") and not (tune_dir / "tuned.json").exists():
+            if _run(tune_cmd(tune_dir, m, s, b)) != 0:
+                failed.append(f"{name}:tune")
+                continue
+        if args.phase in ("train", "all") and not (train_dir / "seeds.json").exists():
+            if not (tune_dir / "tuned.json").exists():
+                failed.append(f"{name}:train (no tuned.json)")
+                continue
+            if _run(train_cmd(train_dir, tune_dir / "tuned.json", m, s, b, args.timesteps,
+                              args.train_arg)) != 0:
+                failed.append(f"{name}:train")
+    if failed:
+        print("failed:", ", ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
