@@ -8,6 +8,10 @@ Per cell, two phases, each a plain ``hdamoe`` command (printed before it runs):
 
 * ``tune``: ``hdamoe tune`` over grid G2 of docs/results/tuned/matrix.md (levels
   0 … 32 × protect-top 0, 1, 2 × least-loaded × k_b budget / 1), out ``OUT/<cell>/tune``;
+* ``tune-eplb``: the same cell on the ``eplb`` placement (redundant experts): levels 0, 1, 4,
+  32 × protect-top 0, 1 × replica rules least-loaded / nearest / round-robin, with ``--oracle``
+  (per-layer hindsight over the grid, plus LP-balanced replica shares), out
+  ``OUT/<cell>/tune_eplb``;
 * ``train``: ``hdamoe train --seeds 0,1,2`` (MaskablePPO, residual action, quality target 0.99,
   ``hyperparams/maskable-ppo.yml`` section ``maskable-ppo-residual``, 2 envs, DES), evaluated
   on the held-out episodes against NoOp, gating, HD-MoE, HDA-MoE and the cell's
@@ -18,7 +22,7 @@ resumes after an interruption; each command resumes its own partial output (``--
 ``--summary`` prints the Markdown table of every finished cell.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/learned_matrix.py --out runs/learned_matrix
-[--phase tune|train|all] [--cells ds_2.5-75_B128,...] [--timesteps 20480] [--train-arg=--flag]``.
+[--phase tune|tune-eplb|train|all] [--cells ds_2.5-75_B128,...] [--timesteps 20480] [--train-arg=--flag]``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ BATCHES = (32, 128)
 G2 = ["--levels", "0,0.5,1,2,4,8,16,32", "--protect-top", "0,1,2",
       "--dispatch-rules", "least_loaded", "--k-b", "budget,1", "--max-grid", "200",
       "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8"]
+EPLB_GRID = ["--levels", "0,1,4,32", "--protect-top", "0,1", "--dispatch-rules", "least_loaded",
+             "--k-b", "budget", "--replica-rules", "least_loaded,nearest,round_robin",
+             "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8", "--oracle"]
 BASELINES = "noop,hardware-aware-gating,hd-moe,hda-moe"
 
 
@@ -58,9 +65,13 @@ def _common(model_key: str, setting: str, batch: int) -> list[str]:
             *trace_args]
 
 
-def tune_cmd(out: Path, model_key: str, setting: str, batch: int) -> list[str]:
-    """Return the ``hdamoe tune`` command of one cell."""
-    return ["hdamoe", "tune", *_common(model_key, setting, batch), *G2, "--no-progress",
+def tune_cmd(out: Path, model_key: str, setting: str, batch: int, eplb: bool = False
+             ) -> list[str]:
+    """Return the ``hdamoe tune`` command of one cell (``eplb``: the redundant-expert grid)."""
+    common = _common(model_key, setting, batch)
+    if eplb:
+        common[common.index("node_link")] = "eplb"
+    return ["hdamoe", "tune", *common, *(EPLB_GRID if eplb else G2), "--no-progress",
             "--out", str(out), "--resume"]
 
 
@@ -82,24 +93,78 @@ def _run(cmd: list[str]) -> int:
     return subprocess.call([str(exe) if exe.exists() else "hdamoe", *cmd[1:]])
 
 
-def summary(out: Path) -> str:
-    """Return the Markdown table of every cell whose train phase finished."""
-    rows = ["| cell | learned mean ± 95 % CI µs | learned top-1 | tuned µs | HDA-MoE µs | "
-            "learned ÷ tuned |", "|---|---|---|---|---|---|"]
-    for name, *_ in cells():
-        path = out / name / "train" / "seeds.json"
-        if not path.exists():
+NAMES = {"ds": "DeepSeek-V2-Lite", "qwen": "Qwen2-57B-A14B", "mix": "Mixtral-8x7B"}
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def learned_table(out: Path) -> str:
+    """Markdown table of the learned policies (DES, held-out) of every finished cell."""
+    rows = ["| model | setting | B | HDA-MoE µs | tuned µs | learned µs (mean ± 95 % CI, 3 seeds) "
+            "| learned top-1 | learned ÷ tuned − 1 | 95 % CI of the gap | beats tuned by ≥ 5 %? |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m, setting, b in cells():
+        data = _load(out / name / "train" / "seeds.json")
+        if data is None:
             continue
-        data = json.loads(path.read_text())
-        rows.append(f"| {name} | {json.dumps(data.get('summary', data))[:200]} |")
+        des = data["summary"]["des"]
+        lrn, base = des["learned"], des["baselines"]
+        tuned = base["tuned"]["tbt_us"]
+        gap = lrn["tbt_us"] / tuned - 1.0
+        half = (lrn["tbt_ci95_us"] or 0.0) / tuned
+        verdict = "yes" if gap + half < 0 and gap <= -0.05 else "no"
+        rows.append(f"| {NAMES[m]} | {setting} | {b} | {base['hda-moe']['tbt_us']:.1f} | "
+                    f"{tuned:.1f} | {lrn['tbt_us']:.1f} ± {lrn['tbt_ci95_us'] or 0:.1f} | "
+                    f"{lrn['top1_retention']:.4f} | {100 * gap:+.2f} % | "
+                    f"[{100 * (gap - half):+.2f}, {100 * (gap + half):+.2f}] % | {verdict} |")
     return "\n".join(rows)
+
+
+def replica_table(out: Path) -> str:
+    """Markdown table of the redundant-expert (eplb) tuning and oracle of every finished cell."""
+    rows = ["| model | setting | B | tuned Node + Link µs | tuned EPLB µs (knobs) | "
+            "EPLB oracle ÷ best tuned (constrained / unconstrained) | best LP-shares point ÷ "
+            "best rule point | oracle layers on LP shares |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, m, setting, b in cells():
+        nl = _load(out / name / "tune" / "tuned.json")
+        ep = _load(out / name / "tune_eplb" / "tuned.json")
+        orc = _load(out / name / "tune_eplb" / "oracle.json")
+        if nl is None or ep is None or orc is None:
+            continue
+        best = min(nl["held_out"]["tbt_us"], ep["held_out"]["tbt_us"])
+        fixed = orc["fixed"]
+        lp = [f for f in fixed if f["knobs"]["replica_rule"] == "lp_shares"]
+        rule = [f for f in fixed if f["knobs"]["replica_rule"] != "lp_shares"]
+        feas = [f for f in rule if f["top1_retention"] >= orc["target"]] or rule
+        lp_feas = [f for f in lp if f["top1_retention"] >= orc["target"]] or lp
+        lp_ratio = (min(f["tbt_us"] for f in lp_feas) / min(f["tbt_us"] for f in feas)
+                    if lp_feas else float("nan"))
+        layers = sum(f["oracle_choices"] for f in fixed)
+        lp_layers = sum(f["oracle_choices"] for f in lp)
+        k = ep["knobs"]
+        knobs = f"level {k['gating_level']:g}, protect {k['protect_top']}, {k['replica_rule']}"
+        rows.append(f"| {NAMES[m]} | {setting} | {b} | {nl['held_out']['tbt_us']:.1f} | "
+                    f"{ep['held_out']['tbt_us']:.1f} ({knobs}) | "
+                    f"{orc['constrained_tbt_us'] / best:.3f} / "
+                    f"{orc['unconstrained_tbt_us'] / best:.3f} | {lp_ratio:.3f} | "
+                    f"{lp_layers} / {layers} |")
+    return "\n".join(rows)
+
+
+def summary(out: Path) -> str:
+    """Return both Markdown tables (cells whose phases finished)."""
+    return ("## Learned policies\n\n" + learned_table(out) + "\n\n## Redundant experts (EPLB)"
+            "\n\n" + replica_table(out) + "\n")
 
 
 def main() -> int:
     """Run the requested phases over the requested cells."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learned_matrix")
-    ap.add_argument("--phase", choices=("tune", "train", "all"), default="all")
+    ap.add_argument("--phase", choices=("tune", "tune-eplb", "train", "all"), default="all")
     ap.add_argument("--cells", default=None, help="comma list of cell names (default: all 12)")
     ap.add_argument("--timesteps", type=int, default=20480)
     ap.add_argument("--train-arg", action="append", default=[],
@@ -119,6 +184,12 @@ def main() -> int:
     failed = []
     for name, m, s, b in todo:
         tune_dir, train_dir = out / name / "tune", out / name / "train"
+        if args.phase == "tune-eplb":
+            eplb_dir = out / name / "tune_eplb"
+            if not (eplb_dir / "oracle.json").exists() and \
+                    _run(tune_cmd(eplb_dir, m, s, b, eplb=True)) != 0:
+                failed.append(f"{name}:tune-eplb")
+            continue
         if args.phase in ("tune", "all") and not (tune_dir / "tuned.json").exists():
             if _run(tune_cmd(tune_dir, m, s, b)) != 0:
                 failed.append(f"{name}:tune")

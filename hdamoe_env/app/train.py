@@ -427,6 +427,10 @@ def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--gating-levels", default=None,
                    help="comma list of gating levels of the action, index 0 = off (default "
                    "0,0.5,1,2); every compared method runs on the same env")
+    p.add_argument("--gating-protect-top", type=nonneg_int, default=None,
+                   help="never let gating drop a token's m best experts (env setting "
+                   "gating_protect_top, 0..k; default 0); the baselines run on the same env, "
+                   "a tuned: method keeps its own")
 
 
 def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None
@@ -436,7 +440,8 @@ def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
                       ("batch", "batch"), ("conventions", "conventions"), ("trace", "trace"),
                       ("requests", "trace_requests"), ("trace_seed", "trace_seed"),
                       ("k_b", "k_b"), ("max_broadcast", "max_broadcast"),
-                      ("placement", "placement"), ("placement_dir", "placement_dir")):
+                      ("placement", "placement"), ("placement_dir", "placement_dir"),
+                      ("gating_protect_top", "gating_protect_top")):
         value = getattr(args, attr, None)
         if value is not None:
             kwargs[key] = value

@@ -223,6 +223,11 @@ def test_cli_parsers(env_kwargs, tmp_path, capsys):
                               "--batch", "8", "--hp", "n_steps=32", "--out", str(tmp_path)])
     assert args.func is train_app.cmd_train and train_app._parse_hp(args.hp) == {"n_steps": 32}
     assert train_app._env_kwargs_from_args(args)["k_b"] == 2
+    assert "gating_protect_top" not in train_app._env_kwargs_from_args(args)
+    args_p = parser.parse_args(["train", "--gating-protect-top", "1", "--out", str(tmp_path)])
+    assert train_app._env_kwargs_from_args(args_p)["gating_protect_top"] == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--gating-protect-top", "-1", "--out", str(tmp_path)])
     _train(env_kwargs, tmp_path, timesteps=64)
     args = parser.parse_args(["evaluate", "--agent", f"{tmp_path},greedy-hda", "--baselines",
                               "noop", "--seeds", "1", "--steps", "1", "--fidelity", "des"])

@@ -27,6 +27,7 @@ def _run(argv, capsys):
     ["place", "--model", "mixtral", "--out", "d", "--time-limit", "-1"],
     ["train", "--out", "d", "--timesteps", "0"],
     ["train", "--out", "d", "--hp", "n_steps"],
+    ["train", "--out", "d", "--gating-protect-top", "x"],
     ["bench", "--seeds", "0,x"],
     ["simulate", "--batch", "0"],
 ])
