@@ -35,6 +35,15 @@ Decisions:
   ``hdamoe_env.wrappers.RankedBroadcastWrapper``, or ``"residual"``,
   ``agents.wrappers.ResidualHDAWrapper``); :meth:`LearnedAgent.predict` applies the same
   mapping to the env's own action, so a learned agent runs on an unwrapped env.
+* [decision] A model trained with replica routing shares (``replica_shares`` K in
+  ``learned.json``, ``hdamoe_env.wrappers.ReplicaSharesWrapper``) acts in the inner action
+  followed by one share value per routed expert. :meth:`LearnedAgent.predict` splits the share
+  values off, returns the env's own action and, when the agent is bound to an env
+  (:meth:`LearnedAgent.bind`, done by :func:`load_agent` with ``env=``), applies the shares to
+  that env's next step with ``set_replica_fractions`` (the wrapper's mapping,
+  ``hdamoe_env.wrappers.replica_share_fractions``). Unbound, the returned action is still valid
+  but the shares are not applied (the env's replica rule of the action decides; a warning is
+  logged once); they are in :attr:`LearnedAgent.last_replica_shares`.
 * [decision] PPO and A2C sample the raw ``MultiDiscrete`` space and were trained with
   ``invalid_action="coerce"``; ``LearnedAgent.predict`` applies the same coercion (masked slots
   and duplicates become "none"), so a learned agent runs on a strict (``"raise"``) env such as
@@ -58,7 +67,7 @@ from agents.wrappers import ResidualChoice, ResidualHDA
 from hdamoe_env.actions import ActionLayout
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled, IntegrityError, unknown_name
 from hdamoe_env.fileio import atomic_write
-from hdamoe_env.wrappers import ranked_mask, ranked_to_full
+from hdamoe_env.wrappers import ranked_mask, ranked_to_full, replica_share_fractions
 
 __all__ = [
     "ALGORITHMS",
@@ -234,11 +243,27 @@ class LearnedAgent:
     forbids, and experts repeated in a later slot, become "none"; without a mask, slots beyond
     the observation's budget k_b become "none". So a learned agent runs on a strict env.
 
+    With replica routing shares (``meta["replica_shares"]`` = K) the model's action is the
+    inner action followed by E share values in [0, K]; ``predict`` passes all-True share masks
+    to the model, returns only the env's action and, bound to an env, sets that env's replica
+    fractions for its current layer (module docstring). Bound, it predicts one observation at
+    a time (the fractions belong to the one env).
+
     Args:
         model: The SB3 model.
         vecnorm: :class:`ObsNormalizer` (or an SB3 ``VecNormalize``) or None.
         meta: Content of ``learned.json``.
         path: Where it was loaded from.
+
+    Attributes:
+        layout: The env's action layout (without share dimensions).
+        replica_shares: K of the share dimensions, 0 without them.
+        last_replica_shares: int64 [E] (or [n, E]) share values of the last ``predict``, or
+            None.
+
+    Raises:
+        ConfigError: A residual-mode model without its saved layout, or share dimensions that
+            do not match ``replica_shares``.
     """
 
     name = "learned"
@@ -253,30 +278,66 @@ class LearnedAgent:
         space = model.observation_space
         self._shapes = {k: tuple(s.shape) for k, s in space.spaces.items()}
         nvec = np.asarray(model.action_space.nvec)
+        self.replica_shares = int(self.meta.get("replica_shares") or 0)
+        self._num_shares = int(self._shapes["pred_load"][0]) if self.replica_shares else 0
+        if self.replica_shares:
+            tail = nvec[nvec.size - self._num_shares:]
+            if nvec.size <= self._num_shares or not (tail == self.replica_shares + 1).all():
+                raise ConfigError(f"learned.json records replica_shares={self.replica_shares} "
+                                  f"but the model's action {nvec.tolist()} does not end in "
+                                  f"{self._num_shares} dimensions of {self.replica_shares + 1} "
+                                  "values; the files belong to different runs, retrain")
+            nvec = nvec[: nvec.size - self._num_shares]      # the inner (action-design) part
         self.action_mode = self.meta.get("action_mode", "full")
         self.num_candidates = int(self.meta.get("num_candidates", int(nvec[0]) - 1))
         saved = self.meta.get("layout") or {}
-        if self.action_mode == "residual":
-            if not saved:
-                raise ConfigError("a residual-mode learned agent needs the action layout of "
-                                  "its learned.json; retrain or pass the run directory")
+        if self.action_mode == "residual" and not saved:
+            raise ConfigError("a residual-mode learned agent needs the action layout of "
+                              "its learned.json; retrain or pass the run directory")
+        if saved:
+            #: Layout of the env's (full) action; the model may act in a reshaped space.
             self.layout = ActionLayout(int(saved["num_experts"]), int(saved["max_broadcast"]),
                                        tuple(saved["dispatch_rules"]),
-                                       tuple(saved["gating_levels"]))
-        else:
+                                       tuple(saved["gating_levels"]),
+                                       tuple(saved.get("replica_rules", ())))
+        else:                           # a bare model .zip: the layout read off its action
             num_experts = (self._shapes["pred_load"][0] if self.action_mode == "ranked"
                            else int(nvec[0]) - 1)
-            #: Layout of the env's (full) action; the model may act in the ranked space.
             self.layout = ActionLayout(int(num_experts), int(nvec.size) - 2,
                                        tuple(f"rule{i}" for i in range(int(nvec[-2]))),
                                        tuple(float(i) for i in range(int(nvec[-1]))))
+        expected = {"full": self.layout.size, "ranked": self.layout.size}.get(self.action_mode)
+        if expected is not None and nvec.size != expected:
+            raise ConfigError(f"the model acts in {nvec.size} dimensions {nvec.tolist()} but "
+                              f"the layout of its learned.json has {expected} "
+                              f"({self.layout.nvec.tolist()}); the files belong to different "
+                              "runs, retrain")
         self._masked = self.algo == "maskable-ppo"
         self._residual: ResidualHDA | None = None
+        self._env: Any = None
+        self._warned_unbound = False
+        self.last_replica_shares: NDArray[np.int64] | None = None
 
     def bind(self, env: Any) -> None:
-        """Use ``env``'s specs for the greedy reference of a residual-mode agent (else no-op)."""
+        """Act on ``env``: its specs give a residual-mode agent's greedy reference, and a model
+        with replica shares sets its replica fractions in :meth:`predict`.
+
+        Raises:
+            ConfigError: A model with replica shares and an env whose placement has no
+                redundant experts.
+        """
         if self.action_mode == "residual":
             self._residual = ResidualHDA.from_env(env)
+        if self.replica_shares:
+            base = getattr(env, "unwrapped", env)
+            placement = getattr(base, "placement", None)
+            if placement is None or not placement.has_replicas:
+                raise ConfigError(f"this learned agent sets replica routing shares "
+                                  f"(replica_shares={self.replica_shares}) but the env's "
+                                  f"placement {getattr(placement, 'method', None)!r} has no "
+                                  "redundant experts; evaluate it on the placement it was "
+                                  "trained on (e.g. --placement eplb)")
+            self._env = base
 
     def residual_design(self) -> ResidualHDA:
         """Return the :class:`ResidualHDA` of a residual-mode agent.
@@ -296,6 +357,8 @@ class LearnedAgent:
                               kw.get("conventions", "faithful"), batch=int(kw.get("batch", 128)),
                               max_broadcast=lay.max_broadcast, dispatch_rules=lay.dispatch_rules,
                               gating_levels=lay.gating_levels)
+            if lay.replica_rules:            # the env's trailing replica-rule dimension
+                ref.adopt_replica_rules(lay.replica_rules)
             self._residual = ResidualHDA(ref, int(self.meta["layout"]["num_nodes"]))
         return self._residual
 
@@ -322,10 +385,19 @@ class LearnedAgent:
             action_masks: The env's flat ``action_masks()`` (or one per row), optional.
 
         Returns:
-            int64 [max_broadcast + 2] (or [n, max_broadcast + 2]) and ``state``.
+            int64 [layout.size] (or [n, layout.size]), the env's own action, and ``state``.
+            With replica shares and a bound env, that env's replica fractions for its next
+            step are set as a side effect.
+
+        Raises:
+            ConfigError: More than one observation while bound with replica shares.
         """
         obs, batched = self._prepare(observation)
         n = obs["budget"].shape[0] if batched else 1
+        if self.replica_shares and self._env is not None and n > 1:
+            raise ConfigError(f"a learned agent with replica shares bound to one env predicts "
+                              f"one observation at a time, got {n}; use one agent per env (or "
+                              "an unbound agent, whose shares are not applied)")
         lay, K = self.layout, self.num_candidates
         pred = np.asarray(observation["pred_load"], dtype=np.float64).reshape(n, -1)
         budget = np.asarray(observation["budget"]).reshape(n, -1)[:, 0]
@@ -345,8 +417,18 @@ class LearnedAgent:
             model_masks = masks if self.action_mode == "full" else np.stack(
                 [ranked_mask(masks[i], lay, K, pred[i]) for i in range(n)])
             kwargs["action_masks"] = model_masks if batched else model_masks[0]
+        if self._num_shares and "action_masks" in kwargs:     # share values are never masked
+            share_mask = np.ones((n, self._num_shares * (self.replica_shares + 1)), dtype=bool)
+            inner_masks = np.asarray(kwargs["action_masks"], dtype=bool).reshape(n, -1)
+            model_masks = np.concatenate([inner_masks, share_mask], axis=1)
+            kwargs["action_masks"] = model_masks if batched else model_masks[0]
         action, _ = self.model.predict(obs, deterministic=deterministic, **kwargs)
         action = np.asarray(action, dtype=np.int64).reshape(n, -1)
+        if self._num_shares:
+            shares = action[:, action.shape[1] - self._num_shares:]
+            action = action[:, : action.shape[1] - self._num_shares]
+            self.last_replica_shares = shares.copy() if batched else shares[0].copy()
+            self._apply_shares(shares[0])
         rows = []
         for i in range(n):
             mask_i = None if masks is None else masks[i]
@@ -358,6 +440,19 @@ class LearnedAgent:
                 full = ranked_to_full(action[i], lay, K, pred[i], mask_i)
             rows.append(self._coerce(full, mask_i, float(budget[i])))
         return (np.stack(rows) if batched else rows[0]), state
+
+    def _apply_shares(self, shares: NDArray[np.int64]) -> None:
+        """Set the bound env's replica fractions of its current layer (module docstring)."""
+        if self._env is None:
+            if not self._warned_unbound:
+                log.warning("learned agent %s is not bound to an env: its replica shares are "
+                            "not applied (load it with load_agent(path, env) or call bind)",
+                            self.path)
+                self._warned_unbound = True
+            return
+        base = self._env
+        base.set_replica_fractions(replica_share_fractions(
+            shares, base.placement.replicas[base.current_layer], self.replica_shares))
 
     def _coerce(self, action: NDArray[np.int64], mask: Any, budget: float) -> NDArray[np.int64]:
         lay = self.layout
@@ -455,7 +550,10 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
     Args:
         path: Output directory of ``hdamoe train``, its ``model.zip``, or a checkpoint
             ``checkpoints/ckpt_<steps>.zip``.
-        env: Optional env; its action space must match the model's (checked).
+        env: Optional env the agent will act on: its action space must match the model's
+            (checked; without the share dimensions of a ``replica_shares`` model) and the
+            agent is bound to it (:meth:`LearnedAgent.bind`: residual reference, replica
+            shares applied to it).
         algo: Algorithm (default: from ``learned.json``, else inferred by trying the classes).
 
     Returns:

@@ -31,6 +31,10 @@ Decisions:
   Every lever acts on the layer it is chosen for, so ``gamma = 0`` (a per-layer bandit) is the
   recommended setting (docs/results/learned/README.md: with 0.99 nothing was learned in 20 k
   steps).
+* [decision] ``replica_shares=K`` (placements with redundant experts, e.g. ``eplb``) appends
+  one share dimension per routed expert (``hdamoe_env.wrappers.ReplicaSharesWrapper``, the
+  outermost wrapper) to whichever action design is inside; residual mode biases only its own
+  dimensions' "keep" logits, the share dimensions start uniform.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ from hdamoe_env.actions import ActionLayout
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled, unknown_name
 from hdamoe_env.fileio import atomic_write
 from hdamoe_env.placement import Placement
-from hdamoe_env.wrappers import QualityRewardWrapper, RankedBroadcastWrapper
+from hdamoe_env.wrappers import (QualityRewardWrapper, RankedBroadcastWrapper,
+                                 ReplicaSharesWrapper)
 
 __all__ = [
     "ACTION_MODES",
@@ -80,6 +85,7 @@ __all__ = [
     "HyperparamsFile",
     "MaskablePPOHyperparams",
     "PPOHyperparams",
+    "check_replica_shares",
     "load_hyperparams",
     "make_vec_env",
     "to_jsonable",
@@ -369,14 +375,53 @@ def _bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
             bias[int(s)] += float(logit)
 
 
+def check_replica_shares(replica_shares: int | None, placement: Any,
+                         name: str | None = None) -> int | None:
+    """Validate ``replica_shares`` against the training placement; return K or None (off).
+
+    Args:
+        replica_shares: K share steps per expert (>= 1), or None / 0 for off.
+        placement: What the env builds from: a ``Placement``, ``"tp"``, ``"ep"`` or a ``.npz``
+            path.
+        name: The placement's name for the message (default: ``placement`` if a string, else
+            its ``method``).
+
+    Raises:
+        ConfigError: K is not an integer >= 1, or the placement has no redundant experts.
+    """
+    if replica_shares is None or (replica_shares == 0 and not isinstance(replica_shares, bool)):
+        return None
+    if isinstance(replica_shares, bool) or not isinstance(replica_shares, int | np.integer) \
+            or replica_shares < 1:
+        raise ConfigError(f"replica_shares must be an integer >= 1 (share steps per expert), got "
+                          f"{replica_shares!r}; e.g. 4")
+    resolved = placement
+    if isinstance(placement, str) and placement.endswith(".npz"):
+        resolved = Placement.load(placement)
+    has = isinstance(resolved, Placement) and resolved.has_replicas
+    if not has:
+        label = name or (placement if isinstance(placement, str)
+                         else getattr(placement, "method", "?"))
+        raise ConfigError(f"replica shares need a placement with redundant experts "
+                          f"(Placement.replicas), but placement {label!r} has none; use the "
+                          "'eplb' placement (`--placement eplb`)")
+    return int(replica_shares)
+
+
 @dataclass
 class _EnvFactory:
-    """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker)."""
+    """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker).
+
+    Wrapper order: ``HdMoeEnv`` → ``QualityRewardWrapper`` → ranked / residual →
+    ``ReplicaSharesWrapper`` (it appends its share dimensions to whatever action is inside) →
+    ``Monitor``.
+    """
 
     kwargs: dict[str, Any]
     action_mode: str = "full"
     num_candidates: int = 4
     quality: dict[str, Any] | None = None
+    replica_shares: int | None = None
 
     def __call__(self) -> Any:
         from stable_baselines3.common.monitor import Monitor
@@ -390,12 +435,15 @@ class _EnvFactory:
             env = RankedBroadcastWrapper(env, self.num_candidates)
         elif self.action_mode == "residual":
             env = ResidualHDAWrapper(env)
+        if self.replica_shares:
+            env = ReplicaSharesWrapper(env, self.replica_shares)
         return Monitor(env)
 
 
 def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
                  start_method: str | None = None, action_mode: str = "full",
-                 num_candidates: int = 4, quality: dict[str, Any] | None = None) -> Any:
+                 num_candidates: int = 4, quality: dict[str, Any] | None = None,
+                 replica_shares: int | None = None) -> Any:
     """Build ``n_envs`` monitored ``HdMoeEnv`` copies (DummyVecEnv for 1, SubprocVecEnv above).
 
     Args:
@@ -408,9 +456,15 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
         num_candidates: K of the ranked action.
         quality: Keyword arguments of ``hdamoe_env.wrappers.QualityRewardWrapper`` (target,
             weight, lagrangian, dual_step, ...), or None for the latency reward only.
+        replica_shares: K of ``hdamoe_env.wrappers.ReplicaSharesWrapper`` (outermost action
+            wrapper; the placement needs redundant experts), or None for off.
 
     Returns:
         A seeded SB3 ``VecEnv``.
+
+    Raises:
+        ConfigError: Bad ``n_envs``, action mode, quality arguments or ``replica_shares`` (or a
+            placement without redundant experts).
     """
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
@@ -420,8 +474,10 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
         raise unknown_name("action mode", action_mode, ACTION_MODES)
     if quality is not None:                      # validate once, in this process
         QualityRewardWrapper.validate(**quality)
+    replica_shares = check_replica_shares(replica_shares, env_kwargs.get("placement", "ep"))
     fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates,
-                       None if quality is None else dict(quality)) for _ in range(n_envs)]
+                       None if quality is None else dict(quality), replica_shares)
+           for _ in range(n_envs)]
     venv = DummyVecEnv(fns) if n_envs == 1 else SubprocVecEnv(fns, start_method=start_method)
     venv.seed(seed)
     return venv
@@ -545,7 +601,8 @@ def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path, digest: str = "") 
 def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
                normalize_obs: bool, hp: Any, env_kwargs: dict[str, Any],
                residual_keep_logit: float | None,
-               quality: dict[str, Any] | None = None) -> str:
+               quality: dict[str, Any] | None = None,
+               replica_shares: int | None = None) -> str:
     """Return the SHA-256 of everything a resumed run must share (env + hyperparameters)."""
     payload: dict[str, Any] = {"algo": algo, "action_mode": action_mode, "num_candidates": num_candidates,
                "fidelity": fidelity, "normalize_obs": normalize_obs,
@@ -554,6 +611,8 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
                "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
     if quality is not None:                  # absent for latency-only runs (digests unchanged)
         payload["quality"] = to_jsonable(quality)
+    if replica_shares:                       # absent without shares (digests unchanged)
+        payload["replica_shares"] = int(replica_shares)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -573,7 +632,7 @@ def _layout_meta(venv: Any) -> dict[str, Any]:
         num_nodes = int(attr("num_nodes"))
     return {"num_experts": lay.num_experts, "max_broadcast": lay.max_broadcast,
             "dispatch_rules": list(lay.dispatch_rules), "gating_levels": list(lay.gating_levels),
-            "num_nodes": num_nodes}
+            "replica_rules": list(lay.replica_rules), "num_nodes": num_nodes}
 
 
 def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int,
@@ -618,7 +677,7 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
             old_hp, new_hp = earlier.get("hyperparams") or {}, details.get("hyperparams", {})
             diff += sorted(f"hp.{k}" for k in set(old_hp) | set(new_hp)
                            if old_hp and old_hp.get(k) != new_hp.get(k))
-            for k in ("fidelity", "normalize_obs"):
+            for k in ("fidelity", "normalize_obs", "replica_shares"):
                 if k in earlier and earlier[k] != details.get(k):
                     diff.append(k)
         raise ConfigError(f"--resume: {out} was trained with another env or hyperparameters "
@@ -641,7 +700,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           threads: int = 1, start_method: str | None = None, progress: bool = False,
           action_mode: str = "ranked", num_candidates: int = 4,
           residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
-          quality: dict[str, Any] | None = None,
+          quality: dict[str, Any] | None = None, replica_shares: int | None = None,
           on_progress: Callable[[int, float], None] | None = None) -> Path:
     """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
 
@@ -680,6 +739,10 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             ``hdamoe_env.wrappers.QualityRewardWrapper`` (``target``, ``weight``,
             ``lagrangian``, ``dual_step``, ...); None = latency reward only. Recorded in
             ``learned.json`` and in the resume digest.
+        replica_shares: Learn per-expert replica routing shares too: K share steps per routed
+            expert (``hdamoe_env.wrappers.ReplicaSharesWrapper`` around the action design),
+            None = off. Needs a placement with redundant experts (e.g. ``eplb``). Recorded as
+            ``replica_shares`` in ``learned.json`` and in the resume digest.
         on_progress: Called with (env steps so far, training steps/s) after every rollout
             (the application layer shows it; ``agents`` prints nothing).
 
@@ -687,8 +750,9 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         The path of the saved model (``out_dir/model.zip``).
 
     Raises:
-        ConfigError: Bad algorithm, hyperparameter or env argument, or a placement name
-            without ``placement=``.
+        ConfigError: Bad algorithm, hyperparameter or env argument, a placement name
+            without ``placement=``, or ``replica_shares`` on a placement without redundant
+            experts.
         DependencyNotInstalled: torch / stable-baselines3 / sb3-contrib missing.
     """
     key = _algo_key(algo)
@@ -709,16 +773,21 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     resolved = {k: v for k, v in _with_placement(user_kwargs, placement).items()
                 if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
     env_args = _env_arguments(resolved, key, fidelity)
+    user_name = user_kwargs.get("placement", "ep")
+    replica_shares = check_replica_shares(replica_shares, env_args.get("placement", "ep"),
+                                          user_name if isinstance(user_name, str) else None)
     digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
-                        user_kwargs, residual_keep_logit, quality)
+                        user_kwargs, residual_keep_logit, quality, replica_shares)
     details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
-               "fidelity": fidelity, "normalize_obs": normalize_obs}
+               "fidelity": fidelity, "normalize_obs": normalize_obs,
+               "replica_shares": replica_shares}
     ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
             if resume else None)
     _seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates,
-                        quality=quality)
+                        quality=quality, replica_shares=replica_shares)
+    layout_meta = _layout_meta(venv)
     vecnorm = None
     if normalize_obs:
         stats = ckpt.with_name(ckpt.stem + "_" + VECNORM_FILE) if ckpt else None
@@ -746,11 +815,14 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
                     verbose=0, device="cpu", **_model_kwargs(hp))
         if action_mode == "residual" and residual_keep_logit:
-            _bias_keep(model, venv.action_space.nvec, residual_keep_logit)
+            nvec = venv.action_space.nvec                  # residual dims, then any share dims
+            n_share = layout_meta["num_experts"] if replica_shares else 0
+            _bias_keep(model, nvec[:nvec.size - n_share], residual_keep_logit)
     start_steps = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - start_steps)
     if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode
         early = {"algo": key, "action_mode": action_mode, "num_candidates": num_candidates,
+                 "replica_shares": replica_shares, "layout": layout_meta,
                  "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
         _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
     if remaining > 0:
@@ -758,6 +830,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                         out, checkpoint_every, vecnorm, digest, on_progress,
                         hparams={"algo": key, "action_mode": action_mode,
                                  "num_candidates": num_candidates, "fidelity": fidelity,
+                                 "replica_shares": replica_shares or 0,
                                  "seed": seed, "n_envs": n_envs, "normalize_obs": normalize_obs,
                                  **{f"env/{k}": v for k, v in user_kwargs.items()},
                                  **{f"hp/{k}": v for k, v in dataclasses.asdict(hp).items()}}),
@@ -774,11 +847,12 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     meta = {
         "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
         "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
-        "num_candidates": num_candidates, "complete": True, "model_sha256": model_sha,
+        "num_candidates": num_candidates, "replica_shares": replica_shares,
+        "complete": True, "model_sha256": model_sha,
         "run_digest": digest,
         "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,
         "quality_reward": to_jsonable(quality) if quality is not None else None,
-        "layout": _layout_meta(venv),
+        "layout": layout_meta,
         "norm_obs_keys": list(vecnorm.norm_obs_keys) if vecnorm is not None else [],
         "env_kwargs": to_jsonable(user_kwargs),
         "train_env_kwargs": to_jsonable({k: (v if k != "placement" or isinstance(v, str) else

@@ -9,13 +9,16 @@ themselves; these wrappers change only how a policy sees or encodes them):
 * :class:`RankedBroadcastWrapper` — the action design that makes pre-broadcast learnable: a
   slot picks the c-th most-loaded predicted expert (§10.5's greedy priority order) instead of
   an expert id, so each slot has K + 1 values rather than E + 1.
+* :class:`ReplicaSharesWrapper` — per-expert replica routing shares appended to the action
+  (placements with redundant experts): the share of an expert's tokens its primary copy keeps.
 * :class:`QualityRewardWrapper` — the reward charged for lost model quality (top-1 retention
   under gating), with a fixed weight or a Lagrange multiplier updated by dual ascent.
 
-Both are importable classes, so RL Zoo's ``env_wrapper`` option can name them, and both expose
-``action_masks()`` (sb3-contrib's ``MaskablePPO``) mapped from the env's. The ranked mapping is
-also available as pure functions (:func:`ranked_candidates`, :func:`ranked_mask`,
-:func:`ranked_to_full`), which a trained agent applies at inference on an unwrapped env.
+All are importable classes, so RL Zoo's ``env_wrapper`` option can name them, and all expose
+``action_masks()`` (sb3-contrib's ``MaskablePPO``) mapped from the env's. The ranked and share
+mappings are also available as pure functions (:func:`ranked_candidates`, :func:`ranked_mask`,
+:func:`ranked_to_full`, :func:`replica_share_fractions`), which a trained agent applies at
+inference on an unwrapped env.
 
 A wrapper that needs an agent (the residual action over HDA-MoE) lives in ``agents.wrappers``:
 the core never imports agents (style.md §2).
@@ -41,6 +44,7 @@ __all__ = [
     "ranked_candidates",
     "ranked_mask",
     "ranked_to_full",
+    "replica_share_fractions",
 ]
 
 
@@ -121,7 +125,8 @@ def ranked_mask(full_mask: NDArray[np.bool_], layout: ActionLayout,
         pred_load: float [E] the observation's ``pred_load``.
 
     Returns:
-        bool [max_broadcast · (K + 1) + R + G]; "none" (value K) is always allowed.
+        bool [max_broadcast · (K + 1) + R + G (+ RR with a replica-rule dimension)]; "none"
+        (value K) is always allowed.
     """
     parts = layout.split_mask(full_mask)
     cands = ranked_candidates(pred_load, parts[0][:layout.num_experts], num_candidates)
@@ -141,15 +146,16 @@ def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: i
     """Translate a ranked action into an ``HdMoE-v0`` action (slot value c → c-th candidate).
 
     Args:
-        action: int [max_broadcast + 2] in the ranked space (slot values 0..K, K = none).
+        action: int [layout.size] in the ranked space (slot values 0..K, K = none; the
+            dispatch, gating and replica-rule dimensions as in the env).
         layout: The env's action layout.
         num_candidates: K.
         pred_load: float [E] the observation's ``pred_load``.
         full_mask: The env's flat mask (None: every expert allowed).
 
     Returns:
-        int64 [max_broadcast + 2] in the env's space; a slot whose candidate does not exist
-        becomes "none" (E).
+        int64 [layout.size] in the env's space; a slot whose candidate does not exist becomes
+        "none" (E).
     """
     allowed = (np.ones(layout.num_experts, dtype=bool) if full_mask is None
                else layout.split_mask(full_mask)[0][:layout.num_experts])
@@ -171,9 +177,11 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
     policy almost never samples "none" (1/65) and spends most of its steps learning that one
     value. Here a slot has K + 1 values: candidate c < K is the c-th broadcastable expert by
     predicted load ``pred_load`` (the greedy's own priority order, paper-model.md §10.5),
-    K = none. Dispatch and gating are unchanged. Observations are unchanged.
+    K = none. Dispatch, gating and (with redundant experts) the replica rule are unchanged.
+    Observations are unchanged.
 
-    Action space: ``MultiDiscrete([K + 1] * max_broadcast + [R, G])``.
+    Action space: ``MultiDiscrete([K + 1] * max_broadcast + [R, G])``, plus the env's
+    replica-rule dimension ``[RR]`` on a placement with redundant experts.
 
     Args:
         env: An ``HdMoE-v0`` env (or a wrapper of one that keeps its action space).
@@ -192,7 +200,7 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
         lay = self.layout
         self.action_space = spaces.MultiDiscrete(
             [self.num_candidates + 1] * lay.max_broadcast
-            + [len(lay.dispatch_rules), len(lay.gating_levels)])
+            + lay.nvec[lay.max_broadcast:].tolist())           # R, G (and RR with replicas)
         self._obs: Any = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -224,22 +232,61 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
 
 
 # ------------------------------------------------------------------------- replica routing shares
+def replica_share_fractions(shares: NDArray[Any], replicas: NDArray[np.bool_],
+                            levels: int) -> NDArray[np.float64]:
+    """Map share values to the per-copy fractions of ``HdMoeEnv.set_replica_fractions``.
+
+    Share value v ∈ {0, …, K} of expert e sends v / K of its tokens to its primary copy and
+    splits the rest evenly over its replica nodes; an expert without a replica keeps every token
+    on its primary copy (its value is ignored). The one mapping of :class:`ReplicaSharesWrapper`
+    and of a learned agent trained with it (``agents.learned.LearnedAgent``).
+
+    Args:
+        shares: int [E] share values in [0, K].
+        replicas: bool [E, D] the layer's replica nodes (``Placement.replicas[layer]``).
+        levels: K (>= 1).
+
+    Returns:
+        float64 [E, 1 + D]: column 0 the primary copy, column 1 + d the replica on node d; every
+        row sums to 1.
+
+    Raises:
+        ConfigError: ``levels`` < 1, or shapes that do not match.
+    """
+    if int(levels) < 1:
+        raise ConfigError(f"levels must be >= 1 share step, got {levels!r}")
+    reps = np.asarray(replicas, dtype=np.float64)                        # [E, D]
+    values = np.asarray(shares, dtype=np.float64).reshape(-1)
+    if reps.ndim != 2 or values.size != reps.shape[0]:
+        raise ConfigError(f"replica shares need one value per expert: got {values.size} values "
+                          f"for replicas of shape {reps.shape} [experts, nodes]")
+    primary = values / int(levels)
+    n_rep = reps.sum(axis=1)
+    rest = np.where(n_rep > 0, (1.0 - primary) / np.maximum(n_rep, 1.0), 0.0)
+    out = np.empty((reps.shape[0], 1 + reps.shape[1]))
+    out[:, 0] = np.where(n_rep > 0, primary, 1.0)
+    out[:, 1:] = reps * rest[:, None]
+    return out
+
+
 class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.int64]]):
     """Per-expert replica routing shares as part of the action (redundant-expert placements).
 
     Appends one dimension per routed expert to the env's ``MultiDiscrete`` action: value
     v ∈ {0, …, K} sends the fraction v / K of the expert's tokens in this layer to its primary
     copy and splits the rest evenly over its replica nodes (experts without a replica ignore
-    it). The wrapper turns it into per-copy fractions and calls
+    it). The wrapper turns it into per-copy fractions (:func:`replica_share_fractions`) and calls
     ``HdMoeEnv.set_replica_fractions`` before each step, so the replica dispatch runs the
     ``shares`` rule (``scheduling.dispatch_replicas``; the action's own replica-rule dimension
     is then ignored). Every value is legal (the added dimensions are never masked).
 
-    Action space: ``MultiDiscrete([*env.action_space.nvec, *[K + 1] * E])``.
+    Action space: ``MultiDiscrete([*env.action_space.nvec, *[K + 1] * E])``. ``env`` may be an
+    action wrapper (ranked, residual): the share dimensions follow its action space and
+    ``action_masks()`` is its mask followed by all-True share masks.
 
     Args:
-        env: An ``HdMoE-v0`` env with a redundant-expert placement (or a wrapper keeping its
-            action space).
+        env: An ``HdMoE-v0`` env with a redundant-expert placement, or a wrapper of one (e.g.
+            :class:`RankedBroadcastWrapper` or ``agents.wrappers.ResidualHDAWrapper``).
         levels: K, the number of share steps (>= 1).
 
     Raises:
@@ -267,16 +314,12 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
         return np.concatenate([inner, extra])
 
     def fractions(self, shares: NDArray[np.int64], layer: int) -> NDArray[np.float64]:
-        """Return the per-copy fractions [E, 1 + D] of share values ``shares`` [E] at ``layer``."""
-        base = self.env.unwrapped
-        reps = base.placement.replicas[layer].astype(np.float64)          # [E, D]
-        primary = np.asarray(shares, dtype=np.float64) / self.levels
-        n_rep = reps.sum(axis=1)
-        rest = np.where(n_rep > 0, (1.0 - primary) / np.maximum(n_rep, 1.0), 0.0)
-        out = np.empty((reps.shape[0], 1 + reps.shape[1]))
-        out[:, 0] = np.where(n_rep > 0, primary, 1.0)
-        out[:, 1:] = reps * rest[:, None]
-        return out
+        """Return the per-copy fractions [E, 1 + D] of share values ``shares`` [E] at ``layer``.
+
+        :func:`replica_share_fractions` with the placement's replicas of ``layer``.
+        """
+        return replica_share_fractions(shares, self.env.unwrapped.placement.replicas[layer],
+                                       self.levels)
 
     def step(self, action: NDArray[np.int64]
              ) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:

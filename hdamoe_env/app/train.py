@@ -35,7 +35,14 @@ from typing import Any
 import numpy as np
 
 from agents.learned import read_meta
-from agents.learned_train import ACTION_MODES, ALGORITHMS, load_hyperparams, to_jsonable, train
+from agents.learned_train import (
+    ACTION_MODES,
+    ALGORITHMS,
+    check_replica_shares,
+    load_hyperparams,
+    to_jsonable,
+    train,
+)
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app import bench
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
@@ -473,6 +480,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
                    help="residual mode: initial logit bonus of 'keep the greedy's choice'")
     p.add_argument("--candidates", type=positive_int, default=4, help="K of the ranked action")
+    p.add_argument("--replica-shares", type=positive_int, default=None, metavar="K",
+                   help="also learn per-expert replica routing shares: one extra action value "
+                   "0..K per routed expert (v/K of its tokens to the primary copy, the rest "
+                   "evenly to its replicas); needs a placement with redundant experts "
+                   "(--placement eplb); default off")
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
     p.add_argument("--n-envs", type=positive_int, default=None,
@@ -691,6 +703,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     per_seed_eval = None if args.no_eval or seeds else held_out_evaluation(
         seeds=_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
         baselines=baselines, learning_curve=not args.no_tensorboard)
+    _check_replica_placement(args.replica_shares, env_kwargs)      # before resolving it
     placement = resolve_placement(env_kwargs)
     runs = [(args.seed, Path(args.out))] if seeds is None else \
         [(s, Path(args.out) / f"seed{s}") for s in seeds]
@@ -721,6 +734,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(md)
     print(f"wall {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _check_replica_placement(replica_shares: int | None, env_kwargs: dict[str, Any]) -> None:
+    """Refuse ``--replica-shares`` on a placement without redundant experts, before any work.
+
+    ``tp``, ``ep`` and ``.npz`` files are checked directly; among the placement methods only
+    ``eplb`` adds redundant experts ([decision]: checked by name, so a costly method such as
+    ``node_link`` is refused before it is computed); ``train`` checks the resolved placement
+    again.
+
+    Raises:
+        ConfigError: Naming the placement and suggesting ``--placement eplb``.
+    """
+    name = env_kwargs.get("placement", "ep")
+    if replica_shares is None or not isinstance(name, str):
+        return
+    if name in ("tp", "ep") or name.endswith(".npz"):
+        check_replica_shares(replica_shares, name)
+    elif name.replace("-", "_") != "eplb":
+        check_replica_shares(replica_shares, None, name)
 
 
 def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, out: Path,
@@ -762,6 +795,7 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                      evaluate_fn=wrapped, progress=args.progress,
                      action_mode=args.action_mode, num_candidates=args.candidates,
                      residual_keep_logit=args.keep_logit, quality=quality,
+                     replica_shares=args.replica_shares,
                      on_progress=None if args.progress else on_progress)
     finally:
         bar.close()

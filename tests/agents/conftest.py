@@ -30,3 +30,18 @@ def make_tiny_env(env_kwargs):
         return HdMoeEnv(**{**env_kwargs, **kwargs})
 
     return make
+
+
+@pytest.fixture
+def replicated_placements(tiny_agent_model):
+    """(EP, EP plus one whole copy of expert 0 per layer on another node) on the 2×2 mesh."""
+    import numpy as np
+
+    from hdamoe_env.placement import Placement, expert_parallel
+
+    layers = tiny_agent_model.num_moe_layers
+    ep = expert_parallel(layers, tiny_agent_model.num_experts, 4, np.random.default_rng(0))
+    reps = np.zeros(ep.P.shape, dtype=bool)
+    for layer in range(layers):
+        reps[layer, 0, int(np.flatnonzero(ep.P[layer, 0] == 0)[0])] = True
+    return ep, Placement(ep.P, ep.pi, "ep+rep", replicas=reps)

@@ -20,6 +20,7 @@ pytest.importorskip("sb3_contrib")
 
 from agents import learned, learned_train  # noqa: E402
 from hdamoe_env.app import train as train_app  # noqa: E402
+from hdamoe_env.errors import ConfigError  # noqa: E402
 
 SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
 
@@ -317,3 +318,184 @@ def test_quality_reward_plumbing(env_kwargs):
                               dual_step=50.0)
     assert train_app._quality(args) == {"target": 0.99, "weight": 5.0, "lagrangian": False,
                                         "dual_step": 50.0}
+
+
+# ------------------------------------------------------------------- replica routing shares
+def _forced_shares(agent, value):
+    """Make the agent's model answer share value ``value`` for every expert (inner part kept)."""
+    real = agent.model.predict
+
+    def predict(obs, **kw):
+        action, state = real(obs, **kw)
+        action = np.array(action, copy=True)
+        action[..., action.shape[-1] - agent.layout.num_experts:] = value
+        return action, state
+
+    agent.model.predict = predict
+
+
+def _shares_run(env_kwargs, out, placement, mode, timesteps=192, **kw):
+    kwargs = dict(env_kwargs, placement="eplb")        # the name recorded; the env uses `placement`
+    return _train(kwargs, out, timesteps=timesteps, action_mode=mode, replica_shares=2,
+                  placement=placement, **kw)
+
+
+@pytest.mark.parametrize("mode", ["full", "residual", "ranked"])
+def test_replica_shares_train_save_load_apply(env_kwargs, tmp_path, make_tiny_env,
+                                              replicated_placements, mode):
+    """A model trained with replica shares acts in the env's action + E share dimensions,
+    records replica_shares and the replica rules of the layout, reloads on the replica
+    placement, returns the env's own action and, bound, sets the env's replica fractions."""
+    ep, rep = replicated_placements
+    _shares_run(env_kwargs, tmp_path, rep, mode)
+    meta = json.loads((tmp_path / "learned.json").read_text())
+    env = make_tiny_env(placement=rep)
+    nvec = env.action_space.nvec.tolist()
+    assert meta["replica_shares"] == 2 and meta["action_mode"] == mode
+    assert meta["layout"]["replica_rules"] == list(env.replica_rules) and env.replica_rules
+    agent = learned.load_agent(tmp_path, env=env)
+    model_nvec = agent.model.action_space.nvec.tolist()
+    assert model_nvec[-4:] == [3, 3, 3, 3] and len(model_nvec) > 4
+    if mode == "full":
+        assert model_nvec == [*nvec, 3, 3, 3, 3]
+    assert agent.layout.nvec.tolist() == nvec and agent.replica_shares == 2
+    unbound = learned.load_agent(tmp_path)
+    other = make_tiny_env(placement=rep)
+    obs, _ = env.reset(seed=3)
+    other.reset(seed=3)
+    done = False
+    while not done:
+        action, _ = agent.predict(obs, action_masks=env.action_masks())
+        assert action.dtype == np.int64 and action.shape == env.action_space.shape
+        assert agent.last_replica_shares.shape == (4,)
+        plain_action, _ = unbound.predict(obs, action_masks=env.action_masks())
+        assert plain_action.tolist() == action.tolist()            # the same inner action
+        obs, _, term, trunc, info = env.step(action)
+        assert info["replica_rule"] == "shares"                     # the bound agent's shares
+        _, _, _, _, info_other = other.step(plain_action)
+        assert info_other["replica_rule"] != "shares"               # unbound: not applied
+        done = term or trunc
+    with pytest.raises(ConfigError, match="redundant experts"):
+        learned.load_agent(tmp_path, env=make_tiny_env(placement=ep))
+
+
+def test_replica_shares_change_the_dispatch(env_kwargs, tmp_path, make_tiny_env,
+                                            replicated_placements):
+    """All-primary shares (v = K) give the expert phase of the placement without the replica,
+    step by step; all-replica shares (v = 0) move expert 0's tokens and change it (the physics
+    of ReplicaSharesWrapper, applied by the loaded agent on its bound env)."""
+    ep, rep = replicated_placements
+    _shares_run(env_kwargs, tmp_path, rep, "full", timesteps=128)
+
+    def episode(value):
+        env = make_tiny_env(placement=rep)
+        agent = learned.load_agent(tmp_path, env=env)
+        _forced_shares(agent, value)
+        plain = make_tiny_env(placement=ep)
+        obs, _ = env.reset(seed=5)
+        plain.reset(seed=5)
+        comp, comp_plain, done = [], [], False
+        while not done:
+            action, _ = agent.predict(obs, action_masks=env.action_masks())
+            assert agent.last_replica_shares.tolist() == [value] * 4
+            obs, _, term, trunc, info = env.step(action)
+            _, _, _, _, ref = plain.step(action[:-1])              # without the replica rule
+            comp.append(info["t_comp_us"])
+            comp_plain.append(ref["t_comp_us"])
+            done = term or trunc
+        return np.array(comp), np.array(comp_plain)
+
+    primary, plain = episode(2)
+    np.testing.assert_allclose(primary, plain, rtol=1e-12)
+    moved, plain = episode(0)
+    assert not np.allclose(moved, plain, rtol=1e-9)
+
+
+def test_replica_shares_batched_predict_and_bench(env_kwargs, tmp_path, make_tiny_env,
+                                                  replicated_placements):
+    """Bound to one env, a shares agent refuses a batch of observations (the fractions are per
+    env); unbound it answers a batch (shares in last_replica_shares, not applied). The bench
+    binds the agent to the env it acts on, so an episode there runs the shares rule."""
+    from hdamoe_env.app import bench
+
+    _, rep = replicated_placements
+    _shares_run(env_kwargs, tmp_path, rep, "full", timesteps=64)
+    env = make_tiny_env(placement=rep)
+    obs, _ = env.reset(seed=0)
+    batch = {k: np.stack([v, v]) for k, v in obs.items()}
+    masks = np.stack([env.action_masks()] * 2)
+    with pytest.raises(ConfigError, match="one observation at a time"):
+        learned.load_agent(tmp_path, env=env).predict(batch, action_masks=masks)
+    unbound = learned.load_agent(tmp_path)
+    actions, _ = unbound.predict(batch, action_masks=masks)
+    assert actions.shape == (2, *env.action_space.shape)
+    assert unbound.last_replica_shares.shape == (2, 4)
+    agent = bench.resolve_agent(str(tmp_path), env)
+    seen = []
+    real_step = env.step
+
+    def step(action):
+        out = real_step(action)
+        seen.append(out[4]["replica_rule"])
+        return out
+
+    env.step = step
+    measured = bench.run_episode(env, agent, seed=1)
+    assert measured["decode_steps"] == 2 and set(seen) == {"shares"}
+
+
+def test_replica_shares_refused_without_replicas(env_kwargs, tmp_path, capsys):
+    """--replica-shares on a placement without redundant experts: one ConfigError naming it
+    and pointing at eplb (API and CLI, exit 2, one line); 0 and negative K fail at parse time."""
+    from hdamoe_env.app.cli import main
+
+    with pytest.raises(ConfigError, match=r"placement 'ep' has none.*--placement eplb"):
+        learned_train.train("maskable-ppo", env_kwargs, 8, out_dir=tmp_path / "a",
+                            replica_shares=2, tensorboard=False)
+    with pytest.raises(ConfigError, match="integer >= 1"):
+        learned_train.check_replica_shares(-1, "eplb")
+    for placement in ("ep", "node_link"):
+        code = main(["train", "--placement", placement, "--replica-shares", "2", "--timesteps",
+                     "8", "--no-eval", "--out", str(tmp_path / placement)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1
+        assert f"placement {placement!r}" in err[0] and "--placement eplb" in err[0]
+        assert not (tmp_path / placement / "model.zip").exists()
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "--replica-shares", bad, "--out", str(tmp_path / "b")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1
+        assert "error: argument --replica-shares" in err[0]
+
+
+@pytest.mark.parametrize("shares", [None, 2])
+def test_residual_on_a_replica_placement(env_kwargs, tmp_path, make_tiny_env,
+                                         replicated_placements, shares):
+    """Residual mode on a placement with redundant experts (the env has a trailing replica-rule
+    dimension): the saved layout carries the replica rules, so the agent loads on that env, and
+    the untrained (keep-biased) policy is exactly HDA-MoE, bound or rebuilt from learned.json.
+    Only the residual dimensions get the keep bias; share dimensions start uniform."""
+    from agents import HDAMoEAgent
+
+    _, rep = replicated_placements
+    kwargs = dict(env_kwargs, placement="eplb")
+    _train(kwargs, tmp_path, timesteps=0, action_mode="residual", replica_shares=shares,
+           placement=rep)
+    env = make_tiny_env(placement=rep)
+    agent = learned.load_agent(tmp_path, env=env)
+    unbound = learned.load_agent(tmp_path)
+    assert unbound.layout.nvec.tolist() == env.action_space.nvec.tolist()
+    ref = HDAMoEAgent.from_env(env)
+    bias = agent.model.policy.action_net.bias.detach().numpy()
+    n_res = int(sum(agent.residual_design().nvec))
+    assert bias.size == n_res + (12 if shares else 0)
+    assert np.all(bias[n_res:] == bias[-1])                       # share logits unbiased
+    obs, _ = env.reset(seed=5)
+    done = False
+    while not done:
+        act = agent.predict(obs, action_masks=env.action_masks())[0]
+        assert act.tolist() == ref.predict(obs, action_masks=env.action_masks())[0].tolist()
+        assert unbound.predict(obs, action_masks=env.action_masks())[0].tolist() == act.tolist()
+        obs, _, term, trunc, _ = env.step(act)
+        done = term or trunc

@@ -319,3 +319,68 @@ def test_replica_shares_wrapper_fractions_space_and_physics():
         make(placement=ep).set_replica_fractions(np.zeros((4, 5)))
     with pytest.raises(ConfigError, match="shape"):
         make(placement=rep).set_replica_fractions(np.zeros((4, 4)))
+
+
+def test_replica_share_fractions_is_the_wrappers_mapping():
+    """One mapping (used by the wrapper and by learned agents): v/K on the primary, the rest
+    split evenly over the replica nodes, experts without a replica stay on their primary."""
+    from hdamoe_env.wrappers import ReplicaSharesWrapper, replica_share_fractions
+
+    reps = np.array([[False, True, True, False], [False] * 4, [True, False, False, False]])
+    fr = replica_share_fractions(np.array([1, 0, 3]), reps, 4)
+    assert fr[0].tolist() == [0.25, 0.0, 0.375, 0.375, 0.0]
+    assert fr[1].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]                   # no replica: ignored
+    assert fr[2].tolist() == [0.75, 0.25, 0.0, 0.0, 0.0]
+    _, rep = _replicated(make().num_layers)
+    env = ReplicaSharesWrapper(make(placement=rep), levels=3)
+    shares = np.array([2, 3, 0, 1])
+    for layer in range(rep.num_layers):
+        assert np.array_equal(env.fractions(shares, layer),
+                              replica_share_fractions(shares, rep.replicas[layer], 3))
+    with pytest.raises(ConfigError, match="levels"):
+        replica_share_fractions(shares, rep.replicas[0], 0)
+    with pytest.raises(ConfigError, match="one value per expert"):
+        replica_share_fractions(shares[:3], rep.replicas[0], 3)
+
+
+def test_ranked_wrapper_keeps_the_replica_rule_dimension():
+    """On a placement with redundant experts the ranked action keeps the env's trailing
+    replica-rule dimension, so its space matches its mask and every sampled action steps (it
+    raised a broadcast error before)."""
+    _, rep = _replicated(make().num_layers)
+    base = make(placement=rep)
+    env = RankedBroadcastWrapper(base, num_candidates=2)
+    assert env.action_space.nvec.tolist() == [3, 3, *base.action_space.nvec[2:].tolist()]
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    assert env.action_masks().size == int(env.action_space.nvec.sum())
+    action = env.action_space.sample()
+    action[-1] = 1                                                      # the second replica rule
+    _, _, _, _, info = env.step(action)
+    assert info["replica_rule"] == base.replica_rules[1]
+
+
+def test_replica_shares_over_the_ranked_wrapper():
+    """ReplicaSharesWrapper appends its E share dimensions to an inner wrapper's action space
+    and mask, and all-primary shares give the expert phase of the placement without the replica
+    (the same physics as on the bare env)."""
+    from hdamoe_env.wrappers import ReplicaSharesWrapper
+
+    ep, rep = _replicated(make().num_layers)
+    ranked = RankedBroadcastWrapper(make(placement=rep), num_candidates=2)
+    env = ReplicaSharesWrapper(ranked, levels=2)
+    inner = ranked.action_space.nvec.tolist()
+    assert env.action_space.nvec.tolist() == [*inner, 3, 3, 3, 3]
+    env.reset(seed=4)
+    mask = env.action_masks()
+    assert mask.size == int(env.action_space.nvec.sum())
+    assert np.array_equal(mask[:-12], ranked.action_masks()) and mask[-12:].all()
+    plain = make(placement=ep)
+    plain.reset(seed=4)
+    none_ranked = [2, 2, 0, 0, 0]                            # no broadcast, rule 0, gating off
+    noop_plain = np.array([plain.num_experts] * plain.max_broadcast + [0, 0])
+    for _ in range(plain.num_layers):
+        _, _, _, _, a = env.step(np.array([*none_ranked, 2, 2, 2, 2]))
+        _, _, _, _, b = plain.step(noop_plain)
+        assert a["replica_rule"] == "shares"
+        assert a["t_comp_us"] == pytest.approx(b["t_comp_us"], rel=1e-12)
