@@ -76,9 +76,11 @@ def tune_cmd(out: Path, model_key: str, setting: str, batch: int, eplb: bool = F
 
 
 def train_cmd(out: Path, tuned: Path, model_key: str, setting: str, batch: int,
-              timesteps: int, extra: list[str]) -> list[str]:
+              timesteps: int, extra: list[str], placement: str = "node_link") -> list[str]:
     """Return the ``hdamoe train`` command of one cell."""
-    return ["hdamoe", "train", "--algo", "maskable-ppo", *_common(model_key, setting, batch),
+    common = _common(model_key, setting, batch)
+    common[common.index("node_link")] = placement
+    return ["hdamoe", "train", "--algo", "maskable-ppo", *common,
             "--gating-levels", "0,0.5,1,2,4,8,16,32", "--action-mode", "residual",
             "--quality-target", "0.99", "--hyperparams", "hyperparams/maskable-ppo.yml",
             "--hyperparams-section", "maskable-ppo-residual", "--timesteps", str(timesteps),
@@ -169,6 +171,10 @@ def main() -> int:
     ap.add_argument("--timesteps", type=int, default=20480)
     ap.add_argument("--train-arg", action="append", default=[],
                     help="extra argument for hdamoe train (repeat; --train-arg=--flag)")
+    ap.add_argument("--placement", choices=("node_link", "eplb"), default="node_link",
+                    help="placement of the train phase (eplb: compared with tune_eplb's tuned "
+                    "heuristic; add --train-arg=--replica-shares --train-arg=K for the share "
+                    "action)")
     ap.add_argument("--summary", action="store_true", help="print the table and exit")
     args = ap.parse_args()
     out = Path(args.out)
@@ -195,11 +201,12 @@ def main() -> int:
                 failed.append(f"{name}:tune")
                 continue
         if args.phase in ("train", "all") and not (train_dir / "seeds.json").exists():
-            if not (tune_dir / "tuned.json").exists():
-                failed.append(f"{name}:train (no tuned.json)")
+            tuned_dir = tune_dir if args.placement == "node_link" else out / name / "tune_eplb"
+            if not (tuned_dir / "tuned.json").exists():
+                failed.append(f"{name}:train (no {tuned_dir / 'tuned.json'})")
                 continue
-            if _run(train_cmd(train_dir, tune_dir / "tuned.json", m, s, b, args.timesteps,
-                              args.train_arg)) != 0:
+            if _run(train_cmd(train_dir, tuned_dir / "tuned.json", m, s, b, args.timesteps,
+                              args.train_arg, args.placement)) != 0:
                 failed.append(f"{name}:train")
     if failed:
         print("failed:", ", ".join(failed), file=sys.stderr)

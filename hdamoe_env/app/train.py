@@ -65,6 +65,7 @@ __all__ = [
     "format_seed_summary",
     "held_out_evaluation",
     "plot_learning_curve",
+    "plot_seed_curves",
     "read_scalars",
     "resolve_placement",
     "seed_interval_summary",
@@ -414,6 +415,53 @@ def plot_learning_curve(out_dir: str | os.PathLike[str], path: str | os.PathLike
     return target
 
 
+def plot_seed_curves(out_dir: str | os.PathLike[str], seed_dirs: dict[int, Path],
+                     path: str | os.PathLike[str] | None = None) -> Path | None:
+    """Write ``learning_curves.png`` of a ``--seeds`` run: every seed's training curves.
+
+    Left: TensorBoard ``latency/tbt_us`` (mean TBT of the training episodes, training trace and
+    fidelity); right: ``rollout/ep_rew_mean`` (the reward the policy optimised, quality term
+    included). One line per seed.
+
+    Args:
+        out_dir: Output directory of ``hdamoe train --seeds``.
+        seed_dirs: Seed → its run directory (``OUT/seed<S>``).
+        path: PNG path (default ``out_dir/learning_curves.png``).
+
+    Returns:
+        The PNG path, or None when no seed has TensorBoard scalars.
+
+    Raises:
+        DependencyNotInstalled: matplotlib or tensorboard missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise DependencyNotInstalled("the learning-curve plot needs matplotlib") from exc
+    curves = {seed: read_scalars(d) for seed, d in sorted(seed_dirs.items())}
+    if not any(curves.values()):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, tag, label in ((axes[0], "latency/tbt_us", "training TBT (µs)"),
+                           (axes[1], "rollout/ep_rew_mean", "episode reward")):
+        for i, (seed, scalars) in enumerate(curves.items()):
+            data = scalars.get(tag, [])
+            if data:
+                ax.plot([s for s, _ in data], [v for _, v in data], color=f"C{i}",
+                        label=f"seed {seed}")
+        ax.set_xlabel("env steps")
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    target = Path(path) if path is not None else Path(out_dir) / "learning_curves.png"
+    fig.savefig(target, dpi=100)
+    plt.close(fig)
+    return target
+
+
 # ------------------------------------------------------------------------------------- CLI
 def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     d: Callable[[Any], Any] = (lambda v: v) if defaults else (lambda v: None)
@@ -732,6 +780,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         md = format_seed_summary(summary)
         atomic_write(Path(args.out) / "seeds.md", lambda fh: fh.write(md.encode()), "wb")
         print(md)
+    if seeds is not None and not args.no_tensorboard:
+        try:
+            png = plot_seed_curves(args.out, {seed: out for seed, out in runs})
+            if png is not None:
+                print(f"learning curves of every seed: {png}")
+        except DependencyNotInstalled as exc:
+            print(f"hdamoe train: no learning-curve plot ({exc})")
     print(f"wall {time.perf_counter() - t0:.1f} s")
     return 0
 

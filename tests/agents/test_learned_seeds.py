@@ -130,3 +130,18 @@ def test_seeds_train_and_evaluate_together(env_kwargs, tmp_path, monkeypatch, ca
         assert set(s["baselines"]) == {"noop", "hda-moe"}
     assert "mean ± 95 % CI" in (out / "seeds.md").read_text()
     assert "Student t" in capsys.readouterr().out
+
+
+def test_seed_curves_plot_every_seed(tmp_path, monkeypatch):
+    """One PNG with a curve per seed; None (no file) when no seed logged scalars."""
+    pytest.importorskip("matplotlib")
+    logged = {"seed0": {"latency/tbt_us": [(0, 10.0), (64, 9.0)]},
+              "seed1": {"latency/tbt_us": [(0, 11.0), (64, 8.5)],
+                        "rollout/ep_rew_mean": [(64, -3.0)]}}
+    monkeypatch.setattr(train_app, "read_scalars", lambda d: logged.get(Path(d).name, {}))
+    dirs = {0: tmp_path / "seed0", 1: tmp_path / "seed1"}
+    png = train_app.plot_seed_curves(tmp_path, dirs)
+    assert png == tmp_path / "learning_curves.png" and png.stat().st_size > 1000
+    assert train_app.plot_seed_curves(tmp_path, {2: tmp_path / "seed2"},
+                                      path=tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
