@@ -279,13 +279,16 @@ class LearnedAgent:
         self._shapes = {k: tuple(s.shape) for k, s in space.spaces.items()}
         nvec = np.asarray(model.action_space.nvec)
         self.replica_shares = int(self.meta.get("replica_shares") or 0)
+        #: Share value 0 = the least-loaded rule (``replica_share_fractions(rule_value=True)``).
+        self.share_rule_value = bool(self.meta.get("replica_share_rule_value", False))
         self._num_shares = int(self._shapes["pred_load"][0]) if self.replica_shares else 0
         if self.replica_shares:
+            values = self.replica_shares + (2 if self.share_rule_value else 1)
             tail = nvec[nvec.size - self._num_shares:]
-            if nvec.size <= self._num_shares or not (tail == self.replica_shares + 1).all():
+            if nvec.size <= self._num_shares or not (tail == values).all():
                 raise ConfigError(f"learned.json records replica_shares={self.replica_shares} "
                                   f"but the model's action {nvec.tolist()} does not end in "
-                                  f"{self._num_shares} dimensions of {self.replica_shares + 1} "
+                                  f"{self._num_shares} dimensions of {values} "
                                   "values; the files belong to different runs, retrain")
             nvec = nvec[: nvec.size - self._num_shares]      # the inner (action-design) part
         self.action_mode = self.meta.get("action_mode", "full")
@@ -418,7 +421,8 @@ class LearnedAgent:
                 [ranked_mask(masks[i], lay, K, pred[i]) for i in range(n)])
             kwargs["action_masks"] = model_masks if batched else model_masks[0]
         if self._num_shares and "action_masks" in kwargs:     # share values are never masked
-            share_mask = np.ones((n, self._num_shares * (self.replica_shares + 1)), dtype=bool)
+            values = self.replica_shares + (2 if self.share_rule_value else 1)
+            share_mask = np.ones((n, self._num_shares * values), dtype=bool)
             inner_masks = np.asarray(kwargs["action_masks"], dtype=bool).reshape(n, -1)
             model_masks = np.concatenate([inner_masks, share_mask], axis=1)
             kwargs["action_masks"] = model_masks if batched else model_masks[0]
@@ -452,7 +456,8 @@ class LearnedAgent:
             return
         base = self._env
         base.set_replica_fractions(replica_share_fractions(
-            shares, base.placement.replicas[base.current_layer], self.replica_shares))
+            shares, base.placement.replicas[base.current_layer], self.replica_shares,
+            rule_value=self.share_rule_value))
 
     def _coerce(self, action: NDArray[np.int64], mask: Any, budget: float) -> NDArray[np.int64]:
         lay = self.layout

@@ -33,8 +33,10 @@ Decisions:
   steps).
 * [decision] ``replica_shares=K`` (placements with redundant experts, e.g. ``eplb``) appends
   one share dimension per routed expert (``hdamoe_env.wrappers.ReplicaSharesWrapper``, the
-  outermost wrapper) to whichever action design is inside; residual mode biases only its own
-  dimensions' "keep" logits, the share dimensions start uniform.
+  outermost wrapper) to whichever action design is inside. In residual mode the share
+  dimensions get one more value, 0 = "the least-loaded rule" (``rule_value=True``), and its logit
+  is biased like the residual "keep" values, so the untrained policy is HDA-MoE with the env's
+  default replica dispatch; in full / ranked mode the values are the K + 1 shares, unbiased.
 """
 
 from __future__ import annotations
@@ -435,8 +437,9 @@ class _EnvFactory:
             env = RankedBroadcastWrapper(env, self.num_candidates)
         elif self.action_mode == "residual":
             env = ResidualHDAWrapper(env)
-        if self.replica_shares:
-            env = ReplicaSharesWrapper(env, self.replica_shares)
+        if self.replica_shares:                  # residual: share value 0 = the env's rule
+            env = ReplicaSharesWrapper(env, self.replica_shares,
+                                       rule_value=self.action_mode == "residual")
         return Monitor(env)
 
 
@@ -613,6 +616,7 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
         payload["quality"] = to_jsonable(quality)
     if replica_shares:                       # absent without shares (digests unchanged)
         payload["replica_shares"] = int(replica_shares)
+        payload["replica_share_rule_value"] = action_mode == "residual"
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -815,14 +819,16 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
                     verbose=0, device="cpu", **_model_kwargs(hp))
         if action_mode == "residual" and residual_keep_logit:
-            nvec = venv.action_space.nvec                  # residual dims, then any share dims
-            n_share = layout_meta["num_experts"] if replica_shares else 0
-            _bias_keep(model, nvec[:nvec.size - n_share], residual_keep_logit)
+            # residual dims, then any share dims, whose value 0 is the env's replica rule: the
+            # untrained policy is HDA-MoE with the default replica dispatch
+            _bias_keep(model, venv.action_space.nvec, residual_keep_logit)
     start_steps = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - start_steps)
     if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode
         early = {"algo": key, "action_mode": action_mode, "num_candidates": num_candidates,
-                 "replica_shares": replica_shares, "layout": layout_meta,
+                 "replica_shares": replica_shares,
+                 "replica_share_rule_value": bool(replica_shares) and action_mode == "residual",
+                 "layout": layout_meta,
                  "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
         _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
     if remaining > 0:
@@ -848,6 +854,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
         "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
         "num_candidates": num_candidates, "replica_shares": replica_shares,
+        "replica_share_rule_value": bool(replica_shares) and action_mode == "residual",
         "complete": True, "model_sha256": model_sha,
         "run_digest": digest,
         "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,

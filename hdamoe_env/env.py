@@ -429,11 +429,12 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         with ``rule="shares"`` and these fractions instead of the action's replica rule
         (``info["replica_rule"]`` = ``"shares"``). Column 0 is the primary copy, column 1 + c
         the replica on cluster c (ignored where there is none; renormalised over the expert's
-        copies; an all-zero row splits evenly). ``hdamoe_env.wrappers.ReplicaSharesWrapper``
-        sets it from a discrete action.
+        copies; an all-zero row splits evenly; an all-NaN row leaves that expert to the
+        least-loaded rule). ``hdamoe_env.wrappers.ReplicaSharesWrapper`` sets it from a discrete
+        action.
 
         Args:
-            fractions: float [E, 1 + D] >= 0, or None to clear.
+            fractions: float [E, 1 + D] >= 0 (rows may be all NaN), or None to clear.
 
         Raises:
             ConfigError: The placement has no redundant experts, or a bad shape / value.
@@ -446,7 +447,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               "(Placement.replicas), e.g. the 'eplb' placement")
         fr = np.asarray(fractions, dtype=np.float64)
         shape = (self.num_experts, 1 + self.num_nodes)
-        if fr.shape != shape or not np.all(np.isfinite(fr)) or (fr < 0).any():
+        nan_rows = np.isnan(fr).all(axis=1) if fr.shape == shape else None
+        rest = fr if nan_rows is None else fr[~nan_rows]
+        if fr.shape != shape or not np.all(np.isfinite(rest)) or (rest < 0).any():
             raise ConfigError(f"replica fractions must be finite, >= 0, of shape {shape} "
                               f"[experts, primary + one column per cluster]; got shape "
                               f"{fr.shape}")

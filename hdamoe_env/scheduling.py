@@ -400,6 +400,13 @@ def _largest_remainder(fracs: list[float], total: int) -> list[int]:
     return base
 
 
+def _valid_fractions(frac: NDArray[np.float64]) -> bool:
+    """Every row finite and >= 0, or entirely NaN (that expert follows ``least_loaded``)."""
+    nan_rows = np.isnan(frac).all(axis=1)
+    rest = frac[~nan_rows]
+    return bool(np.isfinite(rest).all() and (rest >= 0).all())
+
+
 def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept together
         token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, w: float, *,
         rule: str = "least_loaded", fractions: ArrayLike | None = None,
@@ -433,7 +440,8 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
       copies).
     * ``"shares"``: ``fractions[e]`` gives the fraction of e's tokens per copy — column 0 the
       primary group, column 1 + c the replica on node c (ignored where there is none;
-      renormalised over the copies; all zero means even). The n_e tokens are split by largest
+      renormalised over the copies; all zero means even; a row that is entirely NaN leaves
+      that expert's tokens to ``"least_loaded"``). The n_e tokens are split by largest
       remainder (floors, then the largest fractional parts, ties to the lower copy) and assigned
       in batch order: the first q_0 tokens to copy 0, the next q_1 to copy 1, and so on. This is
       the rule a learned policy sets.
@@ -487,9 +495,9 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
             raise ConfigError("replica rule 'shares' needs fractions [E, 1 + D] (column 0 the "
                               "primary copy, 1 + c the replica on node c)")
         frac = np.asarray(fractions, dtype=np.float64)
-        if frac.shape != (num_experts, 1 + num_nodes) or not np.isfinite(frac).all() \
-                or (frac < 0).any():
-            raise ConfigError(f"fractions must be finite, >= 0 and of shape [E, 1 + D] = "
+        if frac.shape != (num_experts, 1 + num_nodes) or not _valid_fractions(frac):
+            raise ConfigError(f"fractions must be finite, >= 0 (or a whole row NaN: that expert "
+                              f"follows least_loaded) and of shape [E, 1 + D] = "
                               f"{(num_experts, 1 + num_nodes)}, got shape {frac.shape}")
     hop = None
     if rule == "nearest":
@@ -533,7 +541,7 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
             plan: list[int] | None = None
             if rule == "round_robin":
                 plan = [j % len(cands) for j in range(len(rows))]
-            elif rule == "shares":
+            elif rule == "shares" and not np.isnan(frac[e, 0]):    # NaN row: least_loaded
                 assert frac is not None
                 f = [float(frac[e, 0])] + [float(frac[e, 1 + c]) for c in rep_nodes]
                 tot = sum(f)

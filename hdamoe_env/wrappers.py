@@ -233,22 +233,27 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
 
 # ------------------------------------------------------------------------- replica routing shares
 def replica_share_fractions(shares: NDArray[Any], replicas: NDArray[np.bool_],
-                            levels: int) -> NDArray[np.float64]:
+                            levels: int, *, rule_value: bool = False) -> NDArray[np.float64]:
     """Map share values to the per-copy fractions of ``HdMoeEnv.set_replica_fractions``.
 
     Share value v ∈ {0, …, K} of expert e sends v / K of its tokens to its primary copy and
     splits the rest evenly over its replica nodes; an expert without a replica keeps every token
-    on its primary copy (its value is ignored). The one mapping of :class:`ReplicaSharesWrapper`
-    and of a learned agent trained with it (``agents.learned.LearnedAgent``).
+    on its primary copy (its value is ignored). With ``rule_value``, the values are
+    {0, …, K + 1}: 0 leaves the expert to the least-loaded rule (an all-NaN row) and v ≥ 1
+    means (v − 1) / K on the primary, so that value 0 everywhere is exactly the env's default
+    replica dispatch (the residual start of a learned policy). The one mapping of
+    :class:`ReplicaSharesWrapper` and of a learned agent trained with it
+    (``agents.learned.LearnedAgent``).
 
     Args:
-        shares: int [E] share values in [0, K].
+        shares: int [E] share values in [0, K] ([0, K + 1] with ``rule_value``).
         replicas: bool [E, D] the layer's replica nodes (``Placement.replicas[layer]``).
         levels: K (>= 1).
+        rule_value: Value 0 means "the least-loaded rule" (see above).
 
     Returns:
         float64 [E, 1 + D]: column 0 the primary copy, column 1 + d the replica on node d; every
-        row sums to 1.
+        row sums to 1 (or is all NaN: the least-loaded rule).
 
     Raises:
         ConfigError: ``levels`` < 1, or shapes that do not match.
@@ -260,12 +265,14 @@ def replica_share_fractions(shares: NDArray[Any], replicas: NDArray[np.bool_],
     if reps.ndim != 2 or values.size != reps.shape[0]:
         raise ConfigError(f"replica shares need one value per expert: got {values.size} values "
                           f"for replicas of shape {reps.shape} [experts, nodes]")
-    primary = values / int(levels)
+    rule = values == 0 if rule_value else np.zeros(values.size, dtype=bool)
+    primary = (np.maximum(values - 1.0, 0.0) if rule_value else values) / int(levels)
     n_rep = reps.sum(axis=1)
     rest = np.where(n_rep > 0, (1.0 - primary) / np.maximum(n_rep, 1.0), 0.0)
     out = np.empty((reps.shape[0], 1 + reps.shape[1]))
     out[:, 0] = np.where(n_rep > 0, primary, 1.0)
     out[:, 1:] = reps * rest[:, None]
+    out[rule & (n_rep > 0)] = np.nan
     return out
 
 
@@ -280,20 +287,28 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
     ``shares`` rule (``scheduling.dispatch_replicas``; the action's own replica-rule dimension
     is then ignored). Every value is legal (the added dimensions are never masked).
 
-    Action space: ``MultiDiscrete([*env.action_space.nvec, *[K + 1] * E])``. ``env`` may be an
-    action wrapper (ranked, residual): the share dimensions follow its action space and
-    ``action_masks()`` is its mask followed by all-True share masks.
+    With ``rule_value=True`` each dimension has K + 2 values: 0 leaves the expert's tokens to
+    the least-loaded rule (the env's default replica dispatch) and v ≥ 1 means the fraction
+    (v − 1) / K on the primary. An all-zero share vector then reproduces the env's default
+    dispatch exactly, the start point of a residual policy (``hdamoe train --action-mode
+    residual --replica-shares K``).
+
+    Action space: ``MultiDiscrete([*env.action_space.nvec, *[K + 1] * E])`` (``K + 2`` with
+    ``rule_value``). ``env`` may be an action wrapper (ranked, residual): the share dimensions
+    follow its action space and ``action_masks()`` is its mask followed by all-True share masks.
 
     Args:
         env: An ``HdMoE-v0`` env with a redundant-expert placement, or a wrapper of one (e.g.
             :class:`RankedBroadcastWrapper` or ``agents.wrappers.ResidualHDAWrapper``).
         levels: K, the number of share steps (>= 1).
+        rule_value: Add value 0 = "the least-loaded rule" (see above).
 
     Raises:
         ConfigError: ``levels`` < 1 or a placement without redundant experts.
     """
 
-    def __init__(self, env: gym.Env[Any, Any], levels: int = 4) -> None:
+    def __init__(self, env: gym.Env[Any, Any], levels: int = 4, *,
+                 rule_value: bool = False) -> None:
         super().__init__(env)
         if int(levels) < 1:
             raise ConfigError(f"levels must be >= 1 share step, got {levels!r}")
@@ -302,15 +317,18 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
             raise ConfigError("ReplicaSharesWrapper needs a placement with redundant experts "
                               "(Placement.replicas), e.g. the 'eplb' placement")
         self.levels = int(levels)
+        self.rule_value = bool(rule_value)
+        #: Values per share dimension: K + 1, or K + 2 with the rule value.
+        self.values = self.levels + (2 if self.rule_value else 1)
         self._inner = np.asarray(env.action_space.nvec, dtype=np.int64)
         E = base.num_experts
         self.action_space = spaces.MultiDiscrete(
-            np.concatenate([self._inner, np.full(E, self.levels + 1, dtype=np.int64)]))
+            np.concatenate([self._inner, np.full(E, self.values, dtype=np.int64)]))
 
     def action_masks(self) -> NDArray[np.bool_]:
         """Return the env's mask followed by all-True masks of the share dimensions."""
         inner = _inner_action_masks(self.env)
-        extra = np.ones(int((self.levels + 1) * self.env.unwrapped.num_experts), dtype=bool)
+        extra = np.ones(int(self.values * self.env.unwrapped.num_experts), dtype=bool)
         return np.concatenate([inner, extra])
 
     def fractions(self, shares: NDArray[np.int64], layer: int) -> NDArray[np.float64]:
@@ -319,7 +337,7 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
         :func:`replica_share_fractions` with the placement's replicas of ``layer``.
         """
         return replica_share_fractions(shares, self.env.unwrapped.placement.replicas[layer],
-                                       self.levels)
+                                       self.levels, rule_value=self.rule_value)
 
     def step(self, action: NDArray[np.int64]
              ) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -330,8 +348,8 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
             raise InvalidAction(f"action must have shape {self.action_space.shape} (env action "
                                 f"+ one share per expert), got {a.shape}")
         shares = a[n:].astype(np.int64)
-        if shares.min(initial=0) < 0 or shares.max(initial=0) > self.levels:
-            raise InvalidAction(f"replica share values must lie in [0, {self.levels}], got "
+        if shares.min(initial=0) < 0 or shares.max(initial=0) > self.values - 1:
+            raise InvalidAction(f"replica share values must lie in [0, {self.values - 1}], got "
                                 f"{shares.tolist()}")
         base = self.env.unwrapped
         base.set_replica_fractions(self.fractions(shares, base.current_layer))

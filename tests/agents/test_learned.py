@@ -355,7 +355,9 @@ def test_replica_shares_train_save_load_apply(env_kwargs, tmp_path, make_tiny_en
     assert meta["layout"]["replica_rules"] == list(env.replica_rules) and env.replica_rules
     agent = learned.load_agent(tmp_path, env=env)
     model_nvec = agent.model.action_space.nvec.tolist()
-    assert model_nvec[-4:] == [3, 3, 3, 3] and len(model_nvec) > 4
+    values = 4 if mode == "residual" else 3            # residual: value 0 = the env's rule
+    assert model_nvec[-4:] == [values] * 4 and len(model_nvec) > 4
+    assert meta["replica_share_rule_value"] == (mode == "residual")
     if mode == "full":
         assert model_nvec == [*nvec, 3, 3, 3, 3]
     assert agent.layout.nvec.tolist() == nvec and agent.replica_shares == 2
@@ -475,7 +477,9 @@ def test_residual_on_a_replica_placement(env_kwargs, tmp_path, make_tiny_env,
     """Residual mode on a placement with redundant experts (the env has a trailing replica-rule
     dimension): the saved layout carries the replica rules, so the agent loads on that env, and
     the untrained (keep-biased) policy is exactly HDA-MoE, bound or rebuilt from learned.json.
-    Only the residual dimensions get the keep bias; share dimensions start uniform."""
+    With shares, value 0 of every share dimension (the least-loaded rule) is biased too, so the
+    bound untrained policy dispatches exactly as the env's default rule: the same latency, step
+    by step, as HDA-MoE on an env without shares."""
     from agents import HDAMoEAgent
 
     _, rep = replicated_placements
@@ -489,13 +493,22 @@ def test_residual_on_a_replica_placement(env_kwargs, tmp_path, make_tiny_env,
     ref = HDAMoEAgent.from_env(env)
     bias = agent.model.policy.action_net.bias.detach().numpy()
     n_res = int(sum(agent.residual_design().nvec))
-    assert bias.size == n_res + (12 if shares else 0)
-    assert np.all(bias[n_res:] == bias[-1])                       # share logits unbiased
+    assert bias.size == n_res + (16 if shares else 0)               # 4 experts × (K + 2)
+    if shares:
+        share_bias = bias[n_res:].reshape(4, 4)
+        assert np.all(share_bias[:, 0] > share_bias[:, 1:].max())    # value 0 (the rule) kept
+    plain = make_tiny_env(placement=rep)
     obs, _ = env.reset(seed=5)
+    plain.reset(seed=5)
     done = False
     while not done:
         act = agent.predict(obs, action_masks=env.action_masks())[0]
         assert act.tolist() == ref.predict(obs, action_masks=env.action_masks())[0].tolist()
         assert unbound.predict(obs, action_masks=env.action_masks())[0].tolist() == act.tolist()
-        obs, _, term, trunc, _ = env.step(act)
+        if shares:
+            assert agent.last_replica_shares.tolist() == [0, 0, 0, 0]
+        obs, _, term, trunc, info = env.step(act)
+        _, _, _, _, ref_info = plain.step(act)
+        assert info["total_us"] == ref_info["total_us"]              # the default dispatch
+        assert info["replica_rule"] == ("shares" if shares else ref_info["replica_rule"])
         done = term or trunc
