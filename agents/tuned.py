@@ -739,12 +739,9 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
         DependencyNotInstalled: scipy (the ``opt`` extra) is missing.
         ConfigError: Bad shapes.
     """
-    shares = np.asarray(P, dtype=np.float64)
-    reps = np.asarray(replicas, dtype=bool)
-    sets = np.asarray(token_sets, dtype=np.int64)
-    if shares.ndim != 2 or reps.shape != shares.shape or sets.ndim != 2:
-        raise ConfigError(f"balanced_replica_fractions needs P [E, D], replicas of the same shape "
-                          f"and token_sets [B, k]; got {shares.shape}, {reps.shape}, {sets.shape}")
+    from hdamoe_env.scheduling import replica_inputs
+
+    sets, shares, reps = replica_inputs(token_sets, P, replicas, "balanced_replica_fractions")
     E, D = shares.shape
     counts = np.bincount(sets.ravel(), minlength=E)[:E].astype(np.float64)
     out = np.zeros((E, 1 + D))

@@ -57,6 +57,7 @@ __all__ = [
     "noisy_oracle_sets",
     "priority_broadcast",
     "replica_expected_shares",
+    "replica_inputs",
     "simulate_broadcast",
 ]
 
@@ -400,6 +401,22 @@ def _largest_remainder(fracs: list[float], total: int) -> list[int]:
     return base
 
 
+def replica_inputs(token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, what: str
+                   ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.bool_]]:
+    """Return (sets int64 [B, k], shares float64 [E, D], replicas bool [E, D]) of one layer.
+
+    Raises:
+        ConfigError: Shapes that do not fit, naming ``what`` (the caller).
+    """
+    shares = np.ascontiguousarray(P, dtype=np.float64)
+    reps = np.asarray(replicas, dtype=bool)
+    sets = np.asarray(token_sets, dtype=np.int64)
+    if shares.ndim != 2 or reps.shape != shares.shape or sets.ndim != 2:
+        raise ConfigError(f"{what} needs P [E, D], replicas of the same shape and token_sets "
+                          f"[B, k]; got {shares.shape}, {reps.shape}, {sets.shape}")
+    return sets, shares, reps
+
+
 def _valid_fractions(frac: NDArray[np.float64]) -> bool:
     """Every row finite and >= 0, or entirely NaN (that expert follows ``least_loaded``)."""
     nan_rows = np.isnan(frac).all(axis=1)
@@ -481,12 +498,7 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
     """
     if rule not in REPLICA_RULES:
         raise unknown_name("replica rule", rule, REPLICA_RULES)
-    shares = np.ascontiguousarray(P, dtype=np.float64)
-    reps = np.asarray(replicas, dtype=bool)
-    sets = np.asarray(token_sets, dtype=np.int64)
-    if shares.ndim != 2 or reps.shape != shares.shape or sets.ndim != 2:
-        raise ConfigError(f"dispatch_replicas needs P [E, D], replicas of the same shape and "
-                          f"token_sets [B, k]; got {shares.shape}, {reps.shape}, {sets.shape}")
+    sets, shares, reps = replica_inputs(token_sets, P, replicas, "dispatch_replicas")
     num_experts, num_nodes = shares.shape
     num_tokens, top_k = sets.shape
     frac = None

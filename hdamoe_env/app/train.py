@@ -376,6 +376,18 @@ def read_scalars(out_dir: str | os.PathLike[str],
     return {tag: sorted(values.items()) for tag, values in out.items()}
 
 
+def _pyplot() -> Any:
+    """Return ``matplotlib.pyplot`` with the Agg backend (lazy; the plot extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise DependencyNotInstalled("the learning-curve plot needs matplotlib") from exc
+    return plt
+
+
 def plot_learning_curve(out_dir: str | os.PathLike[str], path: str | os.PathLike[str] | None = None,
                         reference: dict[str, float] | None = None) -> Path:
     """Write ``learning_curve.png``: mean training TBT and episode reward over env steps.
@@ -388,13 +400,7 @@ def plot_learning_curve(out_dir: str | os.PathLike[str], path: str | os.PathLike
     Raises:
         DependencyNotInstalled: matplotlib or tensorboard missing.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise DependencyNotInstalled("the learning-curve plot needs matplotlib") from exc
+    plt = _pyplot()
     scalars = read_scalars(out_dir)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for ax, tag, label in ((axes[0], "latency/tbt_us", "training TBT (µs, analytic twin)"),
@@ -434,13 +440,7 @@ def plot_seed_curves(out_dir: str | os.PathLike[str], seed_dirs: dict[int, Path]
     Raises:
         DependencyNotInstalled: matplotlib or tensorboard missing.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise DependencyNotInstalled("the learning-curve plot needs matplotlib") from exc
+    plt = _pyplot()
     curves = {seed: read_scalars(d) for seed, d in sorted(seed_dirs.items())}
     if not any(curves.values()):
         return None
