@@ -159,7 +159,6 @@ class TunedKnobs:
 
         The env offers exactly the gating levels ``(0, gating_level)``, so the agent's level is
         applied as is (not rounded to the closest default level).
-
         """
         kwargs: dict[str, Any] = {
             "gating_protect_top": self.protect_top,
@@ -836,9 +835,13 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
     driver = HdMoeEnv(**{**base, "gating_levels": (0.0, 1.0)})
     has_replicas = bool(driver.replica_rules)
     if has_replicas and lp_shares:
-        twins = {q.key(): q for q in (dataclasses.replace(p, replica_rule=LP_SHARES)
-                                      for p in pts) if q.key() not in {p.key() for p in pts}}
-        pts = pts + tuple(twins.values())              # one twin per point up to its rule
+        have = {p.key() for p in pts}
+        twins: dict[str, TunedKnobs] = {}
+        for p in pts:                                  # one twin per point up to its rule
+            q = dataclasses.replace(p, replica_rule=LP_SHARES)
+            if q.key() not in have:
+                twins.setdefault(q.key(), q)
+        pts = pts + tuple(twins.values())
     envs: dict[str, Any] = {}
     knob_envs, policies = [], []
     for p in pts:
@@ -879,24 +882,21 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
             ckey = (id(env_i.decisions), tuple(bc), rule, level, replica_rule)
             hit = cache.get(ckey)
             if hit is None:
-                common: dict[str, Any] = dict(
-                    broadcast=bc, dispatch_rule=rule, gating_level=level,
-                    candidates=kw.get("candidates") if level > 0 else None,
-                    fidelity=kw.get("fidelity", "des"), gamma=kw.get("gamma"))
-                if replica_rule == LP_SHARES:
-                    probe = env_i.decisions.evaluate(
-                        layer, token_sets, rng=np.random.default_rng(rng_key), **common)
+                candidates = kw.get("candidates") if level > 0 else None
+                run_rule, fr = replica_rule, None
+                if replica_rule == LP_SHARES:            # the LP on the sets the layer executes
+                    executed = (token_sets if candidates is None else
+                                env_i.decisions.gate(layer, candidates, level).sets)
                     P_layer = np.array(env_i.placement.P[layer], dtype=np.float64)
                     P_layer[bc] = 0.0                    # broadcast experts: not split by shares
-                    fr = balanced_replica_fractions(probe.token_sets, P_layer,
+                    fr = balanced_replica_fractions(executed, P_layer,
                                                     env_i.placement.replicas[layer])
-                    out = env_i.decisions.evaluate(
-                        layer, token_sets, rng=np.random.default_rng(rng_key),
-                        replica_rule="shares", replica_fractions=fr, **common)
-                else:
-                    out = env_i.decisions.evaluate(
-                        layer, token_sets, rng=np.random.default_rng(rng_key),
-                        replica_rule=replica_rule, **common)
+                    run_rule = "shares"
+                out = env_i.decisions.evaluate(
+                    layer, token_sets, rng=np.random.default_rng(rng_key), broadcast=bc,
+                    dispatch_rule=rule, gating_level=level, candidates=candidates,
+                    fidelity=kw.get("fidelity", "des"), gamma=kw.get("gamma"),
+                    replica_rule=run_rule, replica_fractions=fr)
                 q = 1.0 if out.gating is None else float(out.gating.top1_retention)
                 hit = cache[ckey] = (float(out.result.total_s), q)
             cur_lat[i, layer], cur_top1[i, layer] = hit
