@@ -67,7 +67,8 @@ from agents.wrappers import ResidualChoice, ResidualHDA
 from hdamoe_env.actions import ActionLayout
 from hdamoe_env.errors import ConfigError, DependencyNotInstalled, IntegrityError, unknown_name
 from hdamoe_env.fileio import atomic_write
-from hdamoe_env.wrappers import ranked_mask, ranked_to_full, replica_share_fractions
+from hdamoe_env.wrappers import (ranked_mask, ranked_to_full, replica_share_fractions,
+                                 replica_share_values)
 
 __all__ = [
     "ALGORITHMS",
@@ -282,13 +283,13 @@ class LearnedAgent:
         #: Share value 0 = the least-loaded rule (``replica_share_fractions(rule_value=True)``).
         self.share_rule_value = bool(self.meta.get("replica_share_rule_value", False))
         self._num_shares = int(self._shapes["pred_load"][0]) if self.replica_shares else 0
+        self._share_values = replica_share_values(self.replica_shares, self.share_rule_value)
         if self.replica_shares:
-            values = self.replica_shares + (2 if self.share_rule_value else 1)
             tail = nvec[nvec.size - self._num_shares:]
-            if nvec.size <= self._num_shares or not (tail == values).all():
+            if nvec.size <= self._num_shares or not (tail == self._share_values).all():
                 raise ConfigError(f"learned.json records replica_shares={self.replica_shares} "
                                   f"but the model's action {nvec.tolist()} does not end in "
-                                  f"{self._num_shares} dimensions of {values} "
+                                  f"{self._num_shares} dimensions of {self._share_values} "
                                   "values; the files belong to different runs, retrain")
             nvec = nvec[: nvec.size - self._num_shares]      # the inner (action-design) part
         self.action_mode = self.meta.get("action_mode", "full")
@@ -421,8 +422,7 @@ class LearnedAgent:
                 [ranked_mask(masks[i], lay, K, pred[i]) for i in range(n)])
             kwargs["action_masks"] = model_masks if batched else model_masks[0]
         if self._num_shares and "action_masks" in kwargs:     # share values are never masked
-            values = self.replica_shares + (2 if self.share_rule_value else 1)
-            share_mask = np.ones((n, self._num_shares * values), dtype=bool)
+            share_mask = np.ones((n, self._num_shares * self._share_values), dtype=bool)
             inner_masks = np.asarray(kwargs["action_masks"], dtype=bool).reshape(n, -1)
             model_masks = np.concatenate([inner_masks, share_mask], axis=1)
             kwargs["action_masks"] = model_masks if batched else model_masks[0]

@@ -410,6 +410,11 @@ def check_replica_shares(replica_shares: int | None, placement: Any,
     return int(replica_shares)
 
 
+def _share_rule_value(action_mode: str) -> bool:
+    """Whether replica shares get value 0 = "the least-loaded rule" (residual mode only)."""
+    return action_mode == "residual"
+
+
 @dataclass
 class _EnvFactory:
     """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker).
@@ -439,7 +444,7 @@ class _EnvFactory:
             env = ResidualHDAWrapper(env)
         if self.replica_shares:                  # residual: share value 0 = the env's rule
             env = ReplicaSharesWrapper(env, self.replica_shares,
-                                       rule_value=self.action_mode == "residual")
+                                       rule_value=_share_rule_value(self.action_mode))
         return Monitor(env)
 
 
@@ -616,7 +621,7 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
         payload["quality"] = to_jsonable(quality)
     if replica_shares:                       # absent without shares (digests unchanged)
         payload["replica_shares"] = int(replica_shares)
-        payload["replica_share_rule_value"] = action_mode == "residual"
+        payload["replica_share_rule_value"] = _share_rule_value(action_mode)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -780,6 +785,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     user_name = user_kwargs.get("placement", "ep")
     replica_shares = check_replica_shares(replica_shares, env_args.get("placement", "ep"),
                                           user_name if isinstance(user_name, str) else None)
+    rule_value = bool(replica_shares) and _share_rule_value(action_mode)
     digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
                         user_kwargs, residual_keep_logit, quality, replica_shares)
     details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
@@ -827,7 +833,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode
         early = {"algo": key, "action_mode": action_mode, "num_candidates": num_candidates,
                  "replica_shares": replica_shares,
-                 "replica_share_rule_value": bool(replica_shares) and action_mode == "residual",
+                 "replica_share_rule_value": rule_value,
                  "layout": layout_meta,
                  "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
         _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
@@ -854,7 +860,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
         "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
         "num_candidates": num_candidates, "replica_shares": replica_shares,
-        "replica_share_rule_value": bool(replica_shares) and action_mode == "residual",
+        "replica_share_rule_value": rule_value,
         "complete": True, "model_sha256": model_sha,
         "run_digest": digest,
         "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,

@@ -45,6 +45,7 @@ __all__ = [
     "ranked_mask",
     "ranked_to_full",
     "replica_share_fractions",
+    "replica_share_values",
 ]
 
 
@@ -232,6 +233,11 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
 
 
 # ------------------------------------------------------------------------- replica routing shares
+def replica_share_values(levels: int, rule_value: bool = False) -> int:
+    """Number of values of one share dimension: K + 1, or K + 2 with the rule value."""
+    return int(levels) + (2 if rule_value else 1)
+
+
 def replica_share_fractions(shares: NDArray[Any], replicas: NDArray[np.bool_],
                             levels: int, *, rule_value: bool = False) -> NDArray[np.float64]:
     """Map share values to the per-copy fractions of ``HdMoeEnv.set_replica_fractions``.
@@ -318,8 +324,8 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
                               "(Placement.replicas), e.g. the 'eplb' placement")
         self.levels = int(levels)
         self.rule_value = bool(rule_value)
-        #: Values per share dimension: K + 1, or K + 2 with the rule value.
-        self.values = self.levels + (2 if self.rule_value else 1)
+        #: Values per share dimension (:func:`replica_share_values`).
+        self.values = replica_share_values(self.levels, self.rule_value)
         self._inner = np.asarray(env.action_space.nvec, dtype=np.int64)
         E = base.num_experts
         self.action_space = spaces.MultiDiscrete(
