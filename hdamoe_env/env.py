@@ -447,12 +447,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               "(Placement.replicas), e.g. the 'eplb' placement")
         fr = np.asarray(fractions, dtype=np.float64)
         shape = (self.num_experts, 1 + self.num_nodes)
-        nan_rows = np.isnan(fr).all(axis=1) if fr.shape == shape else None
-        rest = fr if nan_rows is None else fr[~nan_rows]
-        if fr.shape != shape or not np.all(np.isfinite(rest)) or (rest < 0).any():
-            raise ConfigError(f"replica fractions must be finite, >= 0, of shape {shape} "
-                              f"[experts, primary + one column per cluster]; got shape "
-                              f"{fr.shape}")
+        if fr.shape != shape or not scheduling.valid_fractions(fr):
+            raise ConfigError(f"replica fractions must be finite, >= 0 (or a whole row NaN: "
+                              f"least-loaded), of shape {shape} [experts, primary + one column "
+                              f"per cluster]; got shape {fr.shape}")
         self._pending_fractions = fr
 
     def replace_placement(self, placement: Placement, *, charge_s: float = 0.0

@@ -59,6 +59,7 @@ __all__ = [
     "replica_expected_shares",
     "replica_inputs",
     "simulate_broadcast",
+    "valid_fractions",
 ]
 
 DISPATCH_RULES = ("least_loaded", "first", "home")
@@ -417,8 +418,9 @@ def replica_inputs(token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, wha
     return sets, shares, reps
 
 
-def _valid_fractions(frac: NDArray[np.float64]) -> bool:
-    """Every row finite and >= 0, or entirely NaN (that expert follows ``least_loaded``)."""
+def valid_fractions(frac: NDArray[np.float64]) -> bool:
+    """Whether every row of per-copy fractions is finite and >= 0, or entirely NaN (that
+    expert follows ``least_loaded``): the ``fractions`` accepted by :func:`dispatch_replicas`."""
     nan_rows = np.isnan(frac).all(axis=1)
     rest = frac[~nan_rows]
     return bool(np.isfinite(rest).all() and (rest >= 0).all())
@@ -507,7 +509,7 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
             raise ConfigError("replica rule 'shares' needs fractions [E, 1 + D] (column 0 the "
                               "primary copy, 1 + c the replica on node c)")
         frac = np.asarray(fractions, dtype=np.float64)
-        if frac.shape != (num_experts, 1 + num_nodes) or not _valid_fractions(frac):
+        if frac.shape != (num_experts, 1 + num_nodes) or not valid_fractions(frac):
             raise ConfigError(f"fractions must be finite, >= 0 (or a whole row NaN: that expert "
                               f"follows least_loaded) and of shape [E, 1 + D] = "
                               f"{(num_experts, 1 + num_nodes)}, got shape {frac.shape}")
