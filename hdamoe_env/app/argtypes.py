@@ -1,5 +1,8 @@
 """``argparse`` value types of the ``hdamoe`` options: every value is checked at parse time.
 
+Also :func:`add_decision_arguments`, the options of the online decisions that ``hdamoe bench``
+and ``hdamoe tune`` share.
+
 Each function takes the option text and returns the parsed value or raises
 ``argparse.ArgumentTypeError`` with the value received, what was expected and an example, which
 argparse prints as one ``hdamoe <cmd>: error: argument --x: ...`` line (exit code 2).
@@ -12,8 +15,8 @@ import json
 import math
 from collections.abc import Callable
 
-__all__ = ["bounded_int", "float_list", "hp_item", "int_list", "nonneg_float",
-           "nonneg_int", "positive_float", "positive_int"]
+__all__ = ["add_decision_arguments", "bounded_int", "float_list", "hp_item", "int_list",
+           "nonneg_float", "nonneg_int", "positive_float", "positive_int"]
 
 def _int(text: str) -> int:
     try:
@@ -117,3 +120,14 @@ def hp_item(text: str) -> str:
     if isinstance(parsed, float) and not math.isfinite(parsed):
         raise argparse.ArgumentTypeError(f"{text!r}: value must be finite")
     return str(text)
+
+
+def add_decision_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``--fidelity``, ``--predictor`` and ``--max-broadcast`` (``hdamoe bench`` / ``tune``)."""
+    from hdamoe_env.env_config import PREDICTORS
+
+    p.add_argument("--fidelity", default="des", choices=("des", "analytic"),
+                   help="latency model: des (discrete-event NoC) or analytic (calibrated twin)")
+    p.add_argument("--predictor", default="noisy_oracle", choices=PREDICTORS,
+                   help="next-layer expert-load predictor")
+    p.add_argument("--max-broadcast", type=nonneg_int, default=8, help="pre-broadcast slots")

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from hdamoe_env import __version__
 from hdamoe_env.app import bench, crossover, envbench, place, record, reproduce
 from hdamoe_env.app.argtypes import (
+    add_decision_arguments,
     float_list,
     int_list,
     nonneg_float,
@@ -389,12 +390,7 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "`hdamoe tune`")
     p.add_argument("--seeds", type=int_list, default="0,1,2", help="comma list of episode seeds")
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
-    p.add_argument("--fidelity", default="des", choices=("des", "analytic"),
-                   help="latency model: des (discrete-event NoC) or analytic (calibrated twin)")
-    p.add_argument("--predictor", default="noisy_oracle",
-                   choices=("noisy_oracle", "oracle", "trace", "frequency"),
-                   help="next-layer expert-load predictor")
-    p.add_argument("--max-broadcast", type=nonneg_int, default=8, help="pre-broadcast slots")
+    add_decision_arguments(p)
     p.add_argument("--k-b", type=nonneg_int, default=None,
                    help="manual pre-broadcast slots per layer (default: the budget rule)")
     p.add_argument("--gating-protect-top", type=nonneg_int, default=0,

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env.app import bench
-from hdamoe_env.app.argtypes import int_list, nonneg_int, positive_int
+from hdamoe_env.app.argtypes import (add_decision_arguments, int_list, nonneg_int,
+                                      positive_int)
 from hdamoe_env.app.records import render_table
 from hdamoe_env.errors import ConfigError, OutputPathError
 from hdamoe_env.fileio import atomic_write, write_json
@@ -294,11 +295,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--placement-dir", default=None, help="`hdamoe place` output directory")
     p.add_argument("--cache-dir", default=None, help="placement cache root")
     p.add_argument("--place-seed", type=nonneg_int, default=0, help="seed of the placement")
-    p.add_argument("--fidelity", default="des", choices=("des", "analytic"), help="latency model")
-    p.add_argument("--predictor", default="noisy_oracle",
-                   choices=("noisy_oracle", "oracle", "trace", "frequency"),
-                   help="next-layer expert-load predictor")
-    p.add_argument("--max-broadcast", type=nonneg_int, default=8, help="pre-broadcast slots")
+    add_decision_arguments(p)
     p.add_argument("--levels", default="0,0.5,1,2,4,8,16", help="gating levels (0 = off)")
     p.add_argument("--protect-top", default="0,1", help="protect-top values")
     p.add_argument("--dispatch-rules", default="least_loaded,first,home", help="dispatch rules")
