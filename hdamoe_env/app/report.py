@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,20 @@ def _bars(ax: Any, groups: Sequence[str], series: dict[str, Sequence[float]],
     ax.set_title(title, fontsize=9)
 
 
+def _by_profile(cells: list[tuple[dict[str, Any], dict[str, Any]]]
+                ) -> Iterator[tuple[str, list[tuple[dict[str, Any], dict[str, Any]]]]]:
+    """Yield (profile, its cells) for ``faithful`` then ``paper``, skipping a profile without."""
+    for profile in ("faithful", "paper"):
+        sub = [(m, r) for m, r in cells if m.get("profile") == profile]
+        if sub:
+            yield profile, sub
+
+
+def _cell_label(meta: dict[str, Any]) -> list[str]:
+    """The leading columns of a cell's table row: model, trace, setting, B."""
+    return [model_label(meta), _trace_note(meta), meta["setting"], str(meta["batch"])]
+
+
 # ------------------------------------------------------------------------------------ sections
 def _sec_end_to_end(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
     cells = cell_tables(records, "fig10_end_to_end")
@@ -110,15 +124,12 @@ def _sec_end_to_end(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
            "the last column is HDA-MoE's speed-up over the fastest of TP, EP, hybrid and HD-MoE "
            "(> 1: HDA-MoE is fastest). Placements optimised at B = 128 (quick pipeline: heuristic "
            "Node Balance, local-search Link Balance, TP guard)."]
-    for profile in ("faithful", "paper"):
-        sub = [(m, r) for m, r in cells if m.get("profile") == profile]
-        if not sub:
-            continue
+    for profile, sub in _by_profile(cells):
         methods = [m for m in E2E if any(m in r for _, r in sub)]
         rows = []
         for meta, r in sub:
             name, sp = best_other(r)
-            rows.append([model_label(meta), _trace_note(meta), meta["setting"], str(meta["batch"])]
+            rows.append(_cell_label(meta)
                         + [_f(r[m].get("tbt_over_tp")) if m in r else "–" for m in methods]
                         + [f"{_f(sp)}× ({name})" if name else "–"])
         out += ["", f"### Profile `{profile}`", "",
@@ -449,13 +460,10 @@ def _sec_quality(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
            "routing (100 %, 0 %). This is routing quality, not model quality: KL and "
            "perplexity ratios of gated routing need the model and exist only for the recorded "
            "tiny-model traces (`hdamoe traces fidelity`, docs/results/fidelity.md)."]
-    for profile in ("faithful", "paper"):
-        sub = [(m, r) for m, r in cells if m.get("profile") == profile]
-        if not sub:
-            continue
+    for profile, sub in _by_profile(cells):
         rows = []
         for meta, r in sub:
-            line = [model_label(meta), _trace_note(meta), meta["setting"], str(meta["batch"])]
+            line = _cell_label(meta)
             for q in QUALITY_METHODS:
                 x = r.get(q)
                 line.append("–" if x is None else (
