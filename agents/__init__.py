@@ -6,7 +6,10 @@ deterministic=True) -> (action, state)`` (style.md R11) for the ``HdMoE-v0`` act
 observation; ``Agent.from_env(env)`` reads those specs from an env.
 
 ``AGENTS`` maps registry names to classes; :func:`make_agent` builds one by name, from an env or
-from explicit specs. Learned agents (``agents.learned``, torch) are not imported here.
+from explicit specs. Learned agents (``agents.learned.policy``, torch) are not imported here.
+
+May import: hdamoe_env, hdamoe_env.config, hdamoe_env.noc, hdamoe_env.cost,
+hdamoe_env.decisions, hdamoe_env.sim, hdamoe_env.env, traces
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from agents.composite import CompositeAgent, HDAMoEAgent, HDMoEAgent
 from agents.dispatch import LeastLoadedDispatchAgent
 from agents.gating import HardwareAwareGatingAgent
 from agents.prebroadcast import GreedyPreBroadcastAgent, PriorityPreBroadcastAgent
-from hdamoe_env.errors import unknown_name
+from hdamoe_env.config.errors import unknown_name
 
 __all__ = [
     "AGENTS",

@@ -10,7 +10,7 @@ Action layout (``HdMoeEnv``): ``MultiDiscrete([E + 1] * max_broadcast + [R, G])`
 e < E pre-broadcasts expert e for the current layer, E means "none"; then the index of the
 dispatch rule in ``dispatch_rules`` (R rules) and of the gating level in ``gating_levels`` (G
 levels, index 0 = off). :class:`ActionLayout` encodes and decodes it and splits a flat mask;
-it describes the env, so it lives in the core (``hdamoe_env.actions``) and is re-exported here.
+it describes the env, so it lives in the core (``hdamoe_env.env.actions``) and is re-exported here.
 
 Heuristics take specs in ``__init__`` and read only the observation; ``from_env`` is a
 convenience that reads those specs from an env instance (it does not keep the env).
@@ -24,8 +24,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env.actions import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, ActionLayout
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.env.actions import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, ActionLayout
+from hdamoe_env.config.errors import ConfigError
 
 __all__ = [
     "DEFAULT_DISPATCH_RULES",
@@ -270,6 +270,6 @@ def _num_experts(num_experts: int | None, model: Any) -> int:
         return int(num_experts)
     if model is None:
         raise ConfigError("pass num_experts=E or model=<ModelSpec or preset id>")
-    from hdamoe_env.specs import get_model
+    from hdamoe_env.config.specs import get_model
 
     return get_model(model).num_experts

@@ -22,9 +22,9 @@ from agents.base import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent
 from agents.dispatch import LeastLoadedDispatchAgent
 from agents.gating import HardwareAwareGatingAgent
 from agents.prebroadcast import GreedyPreBroadcastAgent
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.profiles import Conventions
-from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.profiles import Conventions
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
 __all__ = ["CompositeAgent", "HDAMoEAgent", "HDMoEAgent"]
 

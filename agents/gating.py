@@ -1,6 +1,6 @@
 """Hardware-aware gating agent (paper-model.md §11, paper §V-D): the gating lever.
 
-The env applies the gating algorithm of ``hdamoe_env.gating`` (the sequential greedy of §11.2 with
+The env applies the gating algorithm of ``hdamoe_env.decisions.gating`` (the sequential greedy of §11.2 with
 the computation and communication penalties of §11.3–11.4) with coefficients
 ``level × (r_comp, r_comm)``, where (r_comp, r_comm) are the per-model/setting defaults of §11.7
 and ``level`` is one of the env's ``gating_levels`` (index 0 = off). This agent chooses the level:
@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.base import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent, _num_experts
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 __all__ = ["HardwareAwareGatingAgent", "predicted_imbalance"]
 

@@ -52,8 +52,8 @@ import numpy as np
 
 from agents.composite import HDAMoEAgent
 from agents.gating import HardwareAwareGatingAgent
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, OutputPathError
-from hdamoe_env.fileio import atomic_write, json_default, write_json
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, OutputPathError
+from hdamoe_env.config.fileio import atomic_write, json_default, write_json
 
 __all__ = [
     "DEFAULT_PENALTY",
@@ -363,7 +363,7 @@ class EpisodeEvaluator:
 
     def make_env(self, knobs: TunedKnobs) -> Any:
         """Return the env of a point."""
-        from hdamoe_env.env import HdMoeEnv
+        from hdamoe_env.env.environment import HdMoeEnv
 
         return HdMoeEnv(**{**self.env_kwargs, **knobs.env_kwargs()})
 
@@ -738,7 +738,7 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
         DependencyNotInstalled: scipy (the ``opt`` extra) is missing.
         ConfigError: Bad shapes.
     """
-    from hdamoe_env.scheduling import replica_inputs
+    from hdamoe_env.decisions.scheduling import replica_inputs
 
     sets, shares, reps = replica_inputs(token_sets, P, replicas, "balanced_replica_fractions")
     E, D = shares.shape
@@ -813,7 +813,7 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
     (``lp_shares``) every point also gets an :data:`LP_SHARES` twin: the same action with the
     replicated experts' tokens split per layer by :func:`balanced_replica_fractions` of the
     layer's executed sets, the hindsight optimum of the share action
-    (``hdamoe_env.wrappers.ReplicaSharesWrapper``) for the busiest node's token count.
+    (``hdamoe_env.env.wrappers.ReplicaSharesWrapper``) for the busiest node's token count.
 
     Args:
         env_kwargs: ``HdMoeEnv`` keyword arguments of the cell (loaded trace and placement
@@ -826,7 +826,7 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
     Raises:
         ConfigError: No points or no seeds.
     """
-    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.env.environment import HdMoeEnv
 
     pts = tuple(points)
     if not pts or not seeds:

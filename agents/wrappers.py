@@ -12,7 +12,7 @@ the greedy's choice", so an untrained policy whose "keep" logits are biased
   nameable by RL Zoo's ``env_wrapper``).
 
 It needs an agent (``agents.composite.HDAMoEAgent``), so it lives in ``agents``; the wrappers
-that need only the env are in ``hdamoe_env.wrappers``.
+that need only the env are in ``hdamoe_env.env.wrappers``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from gymnasium import spaces
 from numpy.typing import NDArray
 
 from agents.composite import HDAMoEAgent
-from hdamoe_env.actions import ActionLayout
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.env.actions import ActionLayout
+from hdamoe_env.config.errors import ConfigError
 
 __all__ = [
     "RESIDUAL_KEEP_LOGIT",
@@ -72,7 +72,7 @@ class ResidualHDA:
     * dimension 2, a gating-level offset: level index (greedy's + v) mod G.
 
     Value 0 of every dimension reproduces the reference agent's action exactly, and training
-    (``agents.learned_train.train``) biases those logits by :data:`RESIDUAL_KEEP_LOGIT`, so
+    (``agents.learned.train.train``) biases those logits by :data:`RESIDUAL_KEEP_LOGIT`, so
     learning starts at the greedy agent's performance and explores deviations from it. The env's
     mask is mapped onto the residual space (unavailable or redundant ops masked; "keep" always
     allowed).

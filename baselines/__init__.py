@@ -4,7 +4,7 @@ Modules:
 
 * :mod:`baselines.static` — TP and EP (re-exported data constructors of the core) and the
   compute-balanced hybrid TP-EP baseline (§9.3);
-* :mod:`baselines.node_balance` — the Node-Balance MILP in PuLP (one solver factory, group
+* :mod:`baselines.node_balance.milp` — the Node-Balance MILP in PuLP (one solver factory, group
   compression, warm starts, symmetry breaking) and its heuristic mode (§7);
 * :mod:`baselines.link_balance` — Link Balance: BO with scikit-optimize, swap local search,
   simulated annealing, random search and the MST proxy (§8);
@@ -22,6 +22,9 @@ Modules:
 The online methods HD-MoE and HDA-MoE are the Node+Link placement plus online agents; the
 application layer composes them (``hdamoe_env.app.bench``); this package never imports ``agents``.
 PuLP, highspy, scikit-optimize and scipy are imported lazily inside the functions that need them.
+
+May import: baselines.node_balance, hdamoe_env, hdamoe_env.config, hdamoe_env.noc,
+hdamoe_env.cost, hdamoe_env.decisions, hdamoe_env.sim, traces
 """
 
 from __future__ import annotations

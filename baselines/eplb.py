@@ -30,7 +30,7 @@ counts; only ratios matter):
    node group with its experts, its D / G nodes and the same S. Every copy of an expert then
    stays inside its node group. With only one node group this is EPLB's global policy.
 
-From the copies a :class:`~hdamoe_env.placement.Placement` (method ``"eplb"``) is built: P is
+From the copies a :class:`~hdamoe_env.sim.placement.Placement` (method ``"eplb"``) is built: P is
 one-hot at the expert's *primary* copy, [decision] the lowest-numbered node holding a copy, and
 ``replicas`` marks the other copies. [decision] The mapping is the identity (cluster c on
 endpoint c): node groups are contiguous blocks of D / G clusters, which under the identity are
@@ -52,7 +52,7 @@ group), so [decision] they are relabelled by a maximum-overlap assignment with t
 copy is one move (expert, source node holding it in the old placement — the one fewest hops away
 when a topology is given —, destination node), and copies the new placement drops are discarded
 for free. :func:`move_messages` / :func:`simulate_moves` turn the moves into DES messages of
-W_e bytes each (``hdamoe_env.des.simulate_messages``) so a benchmark can charge their makespan.
+W_e bytes each (``hdamoe_env.noc.des.simulate_messages``) so a benchmark can charge their makespan.
 """
 
 from __future__ import annotations
@@ -65,12 +65,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.des import DesResult, simulate_messages
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, InfeasibleError
-from hdamoe_env.placement import Placement, identity_mapping
-from hdamoe_env.profiles import Conventions
-from hdamoe_env.specs import HardwareSpec, ModelSpec
-from hdamoe_env.topology import Topology
+from hdamoe_env.noc.des import DesResult, simulate_messages
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, InfeasibleError
+from hdamoe_env.sim.placement import Placement, identity_mapping
+from hdamoe_env.config.profiles import Conventions
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
+from hdamoe_env.noc.topology import Topology
 
 __all__ = [
     "DEFAULT_REDUNDANCY",

@@ -48,12 +48,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import linksim
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.noc import linksim
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 if TYPE_CHECKING:
-    from hdamoe_env.simulator import MoESimulator
-    from hdamoe_env.topology import Topology
+    from hdamoe_env.sim.simulator import MoESimulator
+    from hdamoe_env.noc.topology import Topology
 
 __all__ = [
     "LB_METHODS",

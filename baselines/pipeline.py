@@ -67,16 +67,18 @@ import numpy as np
 from numpy.typing import NDArray
 
 from baselines.link_balance import LB_METHODS, LB_OBJECTIVES, MappingObjective, link_balance
-from baselines.node_balance import NB_MODES, node_balance
+from baselines.node_balance.milp import NB_MODES, node_balance
 from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
-from hdamoe_env import linksim, perf, sources
-from hdamoe_env.calibrate import fit_gamma
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, OutputPathError
-from hdamoe_env.fileio import atomic_write, check_output_dir, write_json
-from hdamoe_env.placement import Placement, expert_parallel, identity_mapping, share_unit
-from hdamoe_env.profiles import PROFILES, Conventions, get_profile
-from hdamoe_env.simulator import MoESimulator, is_tensor_parallel
-from hdamoe_env.specs import (
+from hdamoe_env.noc import linksim
+from hdamoe_env.cost import perf
+from hdamoe_env.sim import sources
+from hdamoe_env.sim.calibrate import fit_gamma
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, OutputPathError
+from hdamoe_env.config.fileio import atomic_write, check_output_dir, write_json
+from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, share_unit
+from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
+from hdamoe_env.sim.simulator import MoESimulator, is_tensor_parallel
+from hdamoe_env.config.specs import (
     MODEL_PRESETS,
     HardwareSpec,
     ModelSpec,

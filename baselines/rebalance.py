@@ -29,7 +29,7 @@ from baselines.eplb import (
     result_of,
     simulate_moves,
 )
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 __all__ = ["DEFAULT_MIN_GAIN", "EplbRebalanceWrapper"]
 

@@ -1,7 +1,7 @@
 """Static baselines: TP, EP and the compute-balanced hybrid TP-EP placement.
 
 Implements paper-model.md §9.1–9.3. TP and EP are data constructors of the core
-(``hdamoe_env.placement``) and are re-exported here so that every baseline is reachable from
+(``hdamoe_env.sim.placement``) and are re-exported here so that every baseline is reachable from
 ``baselines``.
 
 Compute-balanced hybrid (§9.3, paper §VI-A2). The mesh is split into R = rows_split × cols_split
@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import perf
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, SolverError
-from hdamoe_env.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
+from hdamoe_env.cost import perf
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, SolverError
+from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
 
 if TYPE_CHECKING:
-    from hdamoe_env.simulator import MoESimulator
+    from hdamoe_env.sim.simulator import MoESimulator
 
 __all__ = [
     "REGION_SPLITS",
@@ -145,7 +145,7 @@ def balance_regions(freqs: NDArray[np.float64], num_regions: int, *, time_limit_
                       note="LPT meets the lower bound" if method == "milp" else "")
         return _order_regions(lpt, f, R), record
     try:
-        from baselines.node_balance import _import_pulp, make_solver, solver_version
+        from baselines.node_balance.milp import _import_pulp, make_solver, solver_version
 
         pulp = _import_pulp()
     except DependencyNotInstalled:
@@ -237,7 +237,7 @@ def hybrid_layer(freqs: NDArray[np.float64], mesh_shape: tuple[int, int], num_re
         mip_gap: Balance-MILP gap (5 %).
         solver: MILP solver name or None.
         method: ``"milp"`` or ``"lpt"``.
-        unit: Share unit of the tile grid (``hdamoe_env.placement.share_unit``), or None for
+        unit: Share unit of the tile grid (``hdamoe_env.sim.placement.share_unit``), or None for
             exact 1/n parts (``tile_cols`` = 1).
     """
     regions = region_map(mesh_shape, num_regions)

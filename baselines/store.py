@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.errors import ConfigError, unknown_name
-from hdamoe_env.placement import Placement, placement_by_name
-from hdamoe_env.specs import ModelSpec, get_model, hardware_from_setting, parse_mesh
+from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.sim.placement import Placement, placement_by_name
+from hdamoe_env.config.specs import ModelSpec, get_model, hardware_from_setting, parse_mesh
 
 __all__ = ["PLACEMENT_ARTIFACTS", "QUICK_PLACEMENT", "PlacementStore", "StoreConfig",
            "default_cache_dir"]
@@ -180,7 +180,7 @@ class PlacementStore:
 
     def _eplb(self) -> Placement:
         from baselines.eplb import eplb, eplb_placement, eplb_slots
-        from hdamoe_env.profiles import get_profile
+        from hdamoe_env.config.profiles import get_profile
 
         model, D = self.model, self.hw.num_nodes
         rows = self.trace.view("content")

@@ -82,7 +82,7 @@ def _setup_files(tmp: Path) -> None:
 
 def _env(**kw: Any) -> Callable[[Path], Any]:
     def make(tmp: Path) -> Any:
-        from hdamoe_env.env import HdMoeEnv
+        from hdamoe_env.env.environment import HdMoeEnv
 
         return HdMoeEnv(model="mixtral-8x7b", mesh="2x2", steps_per_episode=1, **kw)
     return _api(make)
@@ -90,7 +90,7 @@ def _env(**kw: Any) -> Callable[[Path], Any]:
 
 def _hw(mesh: Any) -> Callable[[Path], Any]:
     def make(tmp: Path) -> Any:
-        from hdamoe_env.specs import hardware_from_setting
+        from hdamoe_env.config.specs import hardware_from_setting
 
         return hardware_from_setting("5/50", mesh)
     return _api(make)
@@ -99,7 +99,7 @@ def _hw(mesh: Any) -> Callable[[Path], Any]:
 def _load(kind: str, name: str) -> Callable[[Path], Any]:
     def load(tmp: Path) -> Any:
         if kind == "placement":
-            from hdamoe_env.placement import Placement
+            from hdamoe_env.sim.placement import Placement
 
             return Placement.load(tmp / name)
         if kind == "trace":
@@ -110,7 +110,7 @@ def _load(kind: str, name: str) -> Callable[[Path], Any]:
             import traces
 
             return traces.read_reference_json(tmp / name, E=8, k=2)
-        from agents.learned import load_agent
+        from agents.learned.policy import load_agent
 
         return load_agent(tmp / name)
     return _api(load)
@@ -189,7 +189,7 @@ CASES: dict[str, Callable[[Path], Any]] = {
 
 def _run_case(fn: Callable[[Path], Any], timeout: float) -> tuple[str, str]:
     import traces.errors
-    from hdamoe_env.errors import HdMoeError
+    from hdamoe_env.config.errors import HdMoeError
 
     # the package's typed errors (before issue 15 the trace errors had their own base)
     typed = (HdMoeError, traces.errors.TraceFormatError, traces.errors.UnknownNameError)

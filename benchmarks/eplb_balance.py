@@ -19,10 +19,10 @@ import argparse
 import numpy as np
 
 from baselines.eplb import eplb, eplb_placement, eplb_slots, expected_node_load
-from hdamoe_env.errors import InfeasibleError
-from hdamoe_env.placement import placement_by_name
-from hdamoe_env.sources import load_trace
-from hdamoe_env.specs import get_model, parse_mesh
+from hdamoe_env.config.errors import InfeasibleError
+from hdamoe_env.sim.placement import placement_by_name
+from hdamoe_env.sim.sources import load_trace
+from hdamoe_env.config.specs import get_model, parse_mesh
 
 
 def _ratio(load: np.ndarray) -> np.ndarray:

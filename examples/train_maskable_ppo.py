@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 
 import hdamoe_env  # noqa: F401 - registers the env ids
-from hdamoe_env.wrappers import FlattenReplicasWrapper, RankedBroadcastWrapper
+from hdamoe_env.env.wrappers import FlattenReplicasWrapper, RankedBroadcastWrapper
 
 
 def make_env(num_candidates: int, **env_kwargs: object) -> gym.Env:

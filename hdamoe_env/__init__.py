@@ -6,22 +6,25 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
   ``HARDWARE_PRESETS``;
 * conventions: ``Conventions``, ``PROFILES`` (``faithful`` default, ``paper``, ``paper-hd``);
 * placements: ``Placement``, ``tensor_parallel``, ``expert_parallel``;
-* simulation: ``MoESimulator``, ``hdamoe_env.des.simulate_messages`` (explicit
+* simulation: ``MoESimulator``, ``hdamoe_env.noc.des.simulate_messages`` (explicit
   message lists on any topology);
-* environment: ``gymnasium.make("hdamoe_env/HdMoE-v0", ...)`` (``hdamoe_env.env.HdMoeEnv``),
+* environment: ``gymnasium.make("hdamoe_env/HdMoE-v0", ...)`` (``hdamoe_env.env.environment.HdMoeEnv``),
   registered at import with a string entry point (the env module is imported only on ``make``);
   variants ``hdamoe_env/HdMoE-analytic-v0`` and ``hdamoe_env/HdMoE-Mixtral-v0``
   (``REGISTERED_ENVS``).
+
+May import: hdamoe_env.config, hdamoe_env.sim (re-exports only; the env module is named by
+its string entry point and imported on ``make``)
 """
 
 from __future__ import annotations
 
-from hdamoe_env.errors import (ConfigError, DependencyNotInstalled, HdMoeError, InfeasibleError,
-                               InvalidAction, SolverError, TraceFormatError)
-from hdamoe_env.placement import Placement, expert_parallel, tensor_parallel
-from hdamoe_env.profiles import PROFILES, Conventions, get_profile
-from hdamoe_env.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
-                              TopologySpec, get_model, hardware_from_setting)
+from hdamoe_env.config.errors import (ConfigError, DependencyNotInstalled, HdMoeError, InfeasibleError,
+                                      InvalidAction, SolverError, TraceFormatError)
+from hdamoe_env.sim.placement import Placement, expert_parallel, tensor_parallel
+from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
+from hdamoe_env.config.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
+                                     TopologySpec, get_model, hardware_from_setting)
 
 __version__ = "0.1.0"
 
@@ -41,7 +44,7 @@ REGISTERED_ENVS: dict[str, tuple[dict[str, object], int | None]] = {
 
 for _env_id, (_kwargs, _max_steps) in REGISTERED_ENVS.items():
     if _env_id not in _gymnasium.registry:  # a re-import must not warn
-        _gymnasium.register(id=_env_id, entry_point="hdamoe_env.env:HdMoeEnv",
+        _gymnasium.register(id=_env_id, entry_point="hdamoe_env.env.environment:HdMoeEnv",
                             kwargs=dict(_kwargs), max_episode_steps=_max_steps)
 
 __all__ = [

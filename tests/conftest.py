@@ -11,7 +11,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 import pytest
 
-from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_TRACES = ROOT.parent / "shared" / "reference-traces"

@@ -58,7 +58,7 @@ def test_reference_reader_500(tmp_path, doc, k):
 
 
 def _valid_npz(tmp_path) -> bytes:
-    from hdamoe_env.placement import expert_parallel
+    from hdamoe_env.sim.placement import expert_parallel
 
     path = tmp_path / "good.npz"
     expert_parallel(2, 4, 4, np.random.default_rng(0)).save(path)
@@ -67,7 +67,7 @@ def _valid_npz(tmp_path) -> bytes:
 
 def _check_damaged_files(tmp_path, data, cut, flips):
     import traces
-    from hdamoe_env.placement import Placement
+    from hdamoe_env.sim.placement import Placement
 
     buf = bytearray(data[:cut] if cut else data)
     for pos, val in flips:
@@ -117,7 +117,7 @@ def _check_cli_values(option, text):
         assert exc.code == 2
         return
     if option in ("mesh", "setting"):             # parsed by the specs at the boundary
-        from hdamoe_env.specs import hardware_from_setting
+        from hdamoe_env.config.specs import hardware_from_setting
 
         try:
             hardware_from_setting(args.setting, args.mesh)
@@ -147,7 +147,7 @@ def test_cli_value_parsers_500(option, text, capsys):
 
 @pytest.fixture(scope="module")
 def small_env():
-    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.env.environment import HdMoeEnv
 
     return HdMoeEnv(model="mixtral-8x7b", mesh="2x2", steps_per_episode=1, fidelity="analytic",
                     trace_requests=2, trace_tokens=256, batch=8, invalid_action="raise")

@@ -19,6 +19,8 @@ This module only re-exports. Submodules:
 * :mod:`traces.synthetic` — set-level and expert-level generators, score synthesis, noisy-oracle
   predictions (§7);
 * :mod:`traces.stats` — skew, co-activation, fluctuation, reuse and predictability statistics (§4).
+
+May import: nothing (NumPy and the standard library only)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ class HdMoeError(Exception):
     """Base class of every error raised by hdamoe-env (traces, core, agents, baselines, app).
 
     Defined in the bottom layer so that trace errors are ``HdMoeError``s too;
-    ``hdamoe_env.errors`` re-exports it.
+    ``hdamoe_env.config.errors`` re-exports it.
     """
 
 
@@ -46,7 +46,7 @@ def unknown_name(kind: str, name: object, choices: Iterable[str]) -> UnknownName
 def unknown_name_message(kind: str, name: object, choices: Iterable[str]) -> str:
     """Return "unknown KIND 'NAME'; expected one of [...] (did you mean 'X'?)" for any error class.
 
-    The one implementation of the near-miss hint; ``hdamoe_env.errors.unknown_name`` wraps it in a
+    The one implementation of the near-miss hint; ``hdamoe_env.config.errors.unknown_name`` wraps it in a
     ``ConfigError``.
     """
     options = sorted(choices)

@@ -124,7 +124,7 @@ def hp_item(text: str) -> str:
 
 def add_decision_arguments(p: argparse.ArgumentParser) -> None:
     """Add ``--fidelity``, ``--predictor`` and ``--max-broadcast`` (``hdamoe bench`` / ``tune``)."""
-    from hdamoe_env.env_config import PREDICTORS
+    from hdamoe_env.env.config import PREDICTORS
 
     p.add_argument("--fidelity", default="des", choices=("des", "analytic"),
                    help="latency model: des (discrete-event NoC) or analytic (calibrated twin)")

@@ -27,7 +27,7 @@ over s refined by bisection); the bench then measures that scale on its own epis
 carry ``quality_target`` and the search (``gating_search``); every record carries the applied
 ``gating_scale`` (mean over env steps) and the routing quality in ``gating``.
 
-(A learned agent is a saved file, loaded by ``agents.learned.load_agent``.)
+(A learned agent is a saved file, loaded by ``agents.learned.policy.load_agent``.)
 
 Placements of ``hybrid``, ``node-balance`` and ``node-link`` come from a ``hdamoe place`` output
 directory (``placement_dir``) or, without one, from a quick run of the offline pipeline
@@ -75,15 +75,16 @@ from typing import Any
 import numpy as np
 
 from hdamoe_env import __version__
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled, OutputPathError, unknown_name
+from hdamoe_env.config.errors import (ConfigError, DependencyNotInstalled, OutputPathError,
+                                      unknown_name)
 from baselines.store import (PLACEMENT_ARTIFACTS, QUICK_PLACEMENT, PlacementStore, StoreConfig)
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import factory as progress_factory
 from hdamoe_env.app.records import (format_bench_table, read_records, write_csv,
-                                     write_records)
-from hdamoe_env.profiles import get_profile
-from hdamoe_env.sources import check_trace_skew
-from hdamoe_env.specs import (
+                                    write_records)
+from hdamoe_env.config.profiles import get_profile
+from hdamoe_env.sim.sources import check_trace_skew
+from hdamoe_env.config.specs import (
     MODEL_PRESETS,
     ModelSpec,
     get_model,
@@ -378,13 +379,13 @@ def placement_store(config: BenchConfig, trace: Any, *, progress: bool = True) -
 def resolve_agent(spec: str | None, env: Any, *, seed: int = 0, **kwargs: Any) -> Any:
     """Return the agent of a method: NoOp (None), a registered agent, or a learned one.
 
-    Learned agents are loaded with ``agents.learned.load_agent(path)`` (the hook for trained
+    Learned agents are loaded with ``agents.learned.policy.load_agent(path)`` (the hook for trained
     SB3 / sb3-contrib policies; ``env=`` is passed when the loader accepts it). ``kwargs`` go to
     a registered agent's constructor (e.g. ``gating_level=``).
 
     Raises:
         ConfigError: Unknown agent name and no such file.
-        DependencyNotInstalled: A learned agent without ``agents.learned`` or its extras.
+        DependencyNotInstalled: A learned agent without ``agents.learned.policy`` or its extras.
     """
     import agents
 
@@ -403,10 +404,10 @@ def resolve_agent(spec: str | None, env: Any, *, seed: int = 0, **kwargs: Any) -
         if not path.exists():
             raise ConfigError(f"learned agent file {spec!r} does not exist")
         try:
-            from agents import learned  # type: ignore[attr-defined]
+            from agents.learned import policy as learned
         except ImportError as exc:
             raise DependencyNotInstalled(
-                f"loading the learned agent {spec!r} needs agents.learned and the rl extra "
+                f"loading the learned agent {spec!r} needs agents.learned.policy and the rl extra "
                 '(`pip install "hdamoe-env[rl]"`)') from exc
         loader = learned.load_agent
         if "env" in inspect.signature(loader).parameters:
@@ -603,8 +604,8 @@ class BenchResult:
 
 def _load_trace(config: BenchConfig) -> tuple[Any, Any]:
     """Load the trace exactly as every method's env will; return it and the run's topology."""
-    from hdamoe_env.env_config import EnvConfig
-    from hdamoe_env.topology import make_topology
+    from hdamoe_env.env.config import EnvConfig
+    from hdamoe_env.noc.topology import make_topology
 
     env_config = EnvConfig(**{**config.env_arguments(), "trace": config.trace, "placement": "tp"})
     topology = make_topology(env_config.topology_spec, env_config.hardware_spec)
@@ -620,7 +621,7 @@ def _gating_scale_of(spec: MethodSpec, placement: Any, env_args: dict[str, Any],
     if spec.gating_scale is not None:
         return float(spec.gating_scale), None
     from hdamoe_env.app.matched import GatingQualityProbe, search_matched_levels
-    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.env.environment import HdMoeEnv
 
     entry = searches.get(spec.placement)
     if entry is None:
@@ -667,7 +668,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
     Raises:
         ConfigError: Bad method names, seeds or configuration.
     """
-    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.env.environment import HdMoeEnv
 
     t_run = time.perf_counter()
     specs = [m if isinstance(m, MethodSpec) else parse_method(m) for m in methods]

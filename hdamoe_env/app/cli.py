@@ -33,12 +33,12 @@ from hdamoe_env.app.argtypes import (
 from hdamoe_env.app.logs import configure_logging
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
-from hdamoe_env.errors import HdMoeError
-from hdamoe_env.fileio import write_json
-from hdamoe_env.placement import placement_by_name
-from hdamoe_env.profiles import PROFILES, get_profile
-from hdamoe_env.sources import load_trace
-from hdamoe_env.specs import (
+from hdamoe_env.config.errors import HdMoeError
+from hdamoe_env.config.fileio import write_json
+from hdamoe_env.sim.placement import placement_by_name
+from hdamoe_env.config.profiles import PROFILES, get_profile
+from hdamoe_env.sim.sources import load_trace
+from hdamoe_env.config.specs import (
     MODEL_PRESETS,
     TOPOLOGY_KINDS,
     get_model,
@@ -66,7 +66,7 @@ def profile_name(text: str) -> str:
 # ------------------------------------------------------------------------------------ simulate
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run ``hdamoe simulate``."""
-    from hdamoe_env.simulator import MoESimulator, evaluate_sampled, evaluate_static
+    from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
 
     model = get_model(args.model)
     hw = hardware_from_setting(args.setting, args.mesh, hop_latency_ns=args.hop_latency_ns,
@@ -639,8 +639,8 @@ def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
             existing file that would be replaced, or a non-empty directory that is not this
             command's own run.
     """
-    from hdamoe_env.errors import OutputPathError
-    from hdamoe_env.fileio import check_output_dir, check_output_file
+    from hdamoe_env.config.errors import OutputPathError
+    from hdamoe_env.config.fileio import check_output_dir, check_output_file
 
     resume = bool(getattr(args, "resume", False)) or bool(getattr(args, "force", False))
     for opt in _FILE_OPTIONS:
@@ -684,7 +684,7 @@ def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
 def _preflight_memory(args: argparse.Namespace, command: str) -> None:
     """Refuse runs whose estimated peak memory exceeds what is available (issue 15 #11)."""
     from hdamoe_env.app import limits
-    from hdamoe_env.specs import parse_mesh
+    from hdamoe_env.config.specs import parse_mesh
 
     model_key = getattr(args, "model", None)
     if not isinstance(model_key, str):

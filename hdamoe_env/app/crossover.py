@@ -53,9 +53,9 @@ from hdamoe_env.app.reproduce import (
     dedupe_cells,
     run_suite,
 )
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.fileio import atomic_write, write_json
-from hdamoe_env.profiles import Conventions, get_profile
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.fileio import atomic_write, write_json
+from hdamoe_env.config.profiles import Conventions, get_profile
 
 __all__ = ["DEFAULT_KNOBS", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover", "crossover_cells",
            "parse_knob", "write_crossover_report"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.fileio import write_json
+from hdamoe_env.config.fileio import write_json
 
 __all__ = ["bench_env", "cmd_bench_env", "format_bench_env"]
 
@@ -88,8 +88,8 @@ def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: st
         Rates (steps/s), times (ms) and ratios.
     """
     import agents
-    from hdamoe_env.env import HdMoeEnv
-    from hdamoe_env.simulator import make_steps
+    from hdamoe_env.env.environment import HdMoeEnv
+    from hdamoe_env.sim.simulator import make_steps
 
     out: dict[str, Any] = {"model": model, "mesh": mesh, "setting": setting, "batch": batch,
                            "conventions": conventions, "seconds": seconds}

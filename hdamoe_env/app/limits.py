@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from hdamoe_env.errors import ResourceLimitError
+from hdamoe_env.config.errors import ResourceLimitError
 
 __all__ = ["available_bytes", "batch_bytes", "check_fits", "trace_bytes"]
 

@@ -7,7 +7,7 @@ global ``-v/--verbose`` (count) and ``-q/--quiet`` flags:
 |---|---|---|
 | (none) | WARNING | progress lines / bars on stderr |
 | ``-v`` | INFO | |
-| ``-vv`` | DEBUG | the MILP solver's log (on stderr, ``baselines.node_balance.make_solver``) |
+| ``-vv`` | DEBUG | the MILP solver's log (on stderr, ``baselines.node_balance.milp.make_solver``) |
 | ``-q`` | ERROR | no progress output (``hdamoe_env.app.progress.set_quiet``) |
 
 Only the loggers of this distribution's packages (``hdamoe_env``, ``agents``, ``baselines``,

@@ -1,9 +1,9 @@
 """Matched-quality gating: the strongest HDA-MoE gating scale that keeps a routing-quality target.
 
 Application layer: composes the env (its router candidates and its gating decision,
-``env.decisions.gate``) with the pure search of :mod:`hdamoe_env.quality`.
+``env.decisions.gate``) with the pure search of :mod:`hdamoe_env.decisions.quality`.
 
-Quality is measured as in the env's ``info`` (paper-model.md §12, ``hdamoe_env.gating``):
+Quality is measured as in the env's ``info`` (paper-model.md §12, ``hdamoe_env.decisions.gating``):
 top-1 retention (share of (token, layer) pairs whose original highest-scored expert is still
 selected), score mass kept and changed fraction, each a mean over every decode step and every MoE
 layer. Measuring a scale needs no latency simulation — gating depends only on the router
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.quality import DEFAULT_SCALE_GRID, MatchedLevel, find_matched_level
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.decisions.quality import DEFAULT_SCALE_GRID, MatchedLevel, find_matched_level
 
 __all__ = ["QUALITY_KEYS", "TRAIN_SEEDS", "GatingQualityProbe", "search_matched_levels"]
 
@@ -120,7 +120,7 @@ def search_matched_levels(probe: GatingQualityProbe, targets: Sequence[float], *
     Args:
         probe: Quality of gating on the training decode steps.
         targets: Top-1 retention targets in (0, 1], e.g. (0.99, 0.95).
-        grid: Ascending scales from 0 (:data:`hdamoe_env.quality.DEFAULT_SCALE_GRID`).
+        grid: Ascending scales from 0 (:data:`hdamoe_env.decisions.quality.DEFAULT_SCALE_GRID`).
         refine_steps: Bisection steps between grid neighbours.
 
     Returns:

@@ -1,8 +1,8 @@
 """Hardware-aware gating inside a real model's forward pass (issue 7; paper-model.md §11–12).
 
-``traces.record.RoutingRecorder`` patches a routing *policy* into the routers of a transformers MoE
+``traces.capture.record.RoutingRecorder`` patches a routing *policy* into the routers of a transformers MoE
 model; this module builds the hardware-aware one from the package's pure gating functions
-(``hdamoe_env.gating.hardware_aware_gating``: the sequential greedy of §11.2 with the
+(``hdamoe_env.decisions.gating.hardware_aware_gating``: the sequential greedy of §11.2 with the
 ``marginal_max`` computation and ``dispersion`` communication penalties of §11.3–11.4, selection
 over all experts, weights = the original probabilities post-processed by the model's rule, §11.5).
 It lives in ``agents`` because ``traces`` may not import the core (style.md §2).
@@ -14,7 +14,7 @@ replaced by L. Penalties use that preset's w = F_e and the setting's C; the coef
 ``level × (r_comp, r_comm)`` of the preset's §11.7 defaults; the placement is EP (seeded) or TP.
 Gating is applied to consecutive rows in chunks of ``batch`` (one decode step of B tokens; the
 running counts restart with every chunk), and :meth:`GatingSetup.simulate` runs exactly those
-chunks as decode steps through ``hdamoe_env.simulator.MoESimulator`` with the original and the
+chunks as decode steps through ``hdamoe_env.sim.simulator.MoESimulator`` with the original and the
 gated routing.
 """
 
@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env import gating, perf
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.placement import TRIVIAL_PLACEMENTS, Placement, placement_by_name
-from hdamoe_env.profiles import Conventions, get_profile
-from hdamoe_env.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
+from hdamoe_env.decisions import gating
+from hdamoe_env.cost import perf
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.sim.placement import TRIVIAL_PLACEMENTS, Placement, placement_by_name
+from hdamoe_env.config.profiles import Conventions, get_profile
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
 
 __all__ = ["GatingSetup", "RoutingPolicy", "hag_policy"]
 
@@ -153,7 +154,7 @@ class GatingSetup:
             Mean TBT (µs) of both, the speed-up TBT_orig / TBT_gated, the steps, and the mean
             expert-compute and MoE-communication times per step (µs).
         """
-        from hdamoe_env.simulator import MoESimulator
+        from hdamoe_env.sim.simulator import MoESimulator
 
         sim = MoESimulator(self.model, self.hw, "mesh", self.conv)
         orig = np.asarray(orig_ids, dtype=np.int64)

@@ -21,8 +21,8 @@ from baselines.pipeline import (METHOD_NAMES, PipelineResult, PlaceConfig, load_
                                 parse_layers, run_pipeline, sweep_rho_mem)
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.records import render_table
-from hdamoe_env.fileio import write_json
-from hdamoe_env.specs import parse_mesh
+from hdamoe_env.config.fileio import write_json
+from hdamoe_env.config.specs import parse_mesh
 
 __all__ = ["format_table", "run_place", "run_sweep"]
 
@@ -106,7 +106,7 @@ def _run_eplb(args: argparse.Namespace, config: PlaceConfig, trace: Any) -> int:
     import numpy as np
 
     from baselines.eplb import eplb, eplb_placement, eplb_slots, expected_node_load
-    from hdamoe_env.errors import OutputPathError
+    from hdamoe_env.config.errors import OutputPathError
 
     model, hw = config.model_spec, config.hardware
     out = Path(args.out) / "placement_eplb.npz"
@@ -139,7 +139,7 @@ def _run_eplb(args: argparse.Namespace, config: PlaceConfig, trace: Any) -> int:
 
 def _ep(config: PlaceConfig) -> Any:
     """Return the EP placement of the configuration (seeded by its seed), for comparison."""
-    from hdamoe_env.placement import placement_by_name
+    from hdamoe_env.sim.placement import placement_by_name
 
     return placement_by_name("ep", config.model_spec, config.hardware.num_nodes, config.seed)
 

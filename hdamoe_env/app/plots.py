@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from hdamoe_env.errors import DependencyNotInstalled
+from hdamoe_env.config.errors import DependencyNotInstalled
 
 __all__ = ["draw_pareto", "gating_curve", "plot_breakdown", "plot_link_heatmap",
            "plot_normalised_tbt", "plot_pareto", "write_plots"]
@@ -151,7 +151,7 @@ def plot_link_heatmap(topology: Any, link_busy_us: ArrayLike, path: str | Path, 
     """Draw the busy time of every directed link on the endpoint grid.
 
     Args:
-        topology: ``hdamoe_env.topology.Topology`` (``grid_shape``, ``endpoint_coords``,
+        topology: ``hdamoe_env.noc.topology.Topology`` (``grid_shape``, ``endpoint_coords``,
             ``link_src``, ``link_dst``, ``num_endpoints``).
         link_busy_us: float [num_links] busy time per directed link (µs per decode step).
         path: PNG file to write.

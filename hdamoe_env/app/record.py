@@ -1,12 +1,12 @@
 """``hdamoe traces train-tiny|record|fidelity``: real routing from transformers MoE models (issue 7).
 
-Application layer (style.md §2): imports ``traces.record``/``traces.tiny_model``/``traces.fidelity``
+Application layer (style.md §2): imports ``traces.capture.record``/``traces.capture.tiny_model``/``traces.capture.fidelity``
 and ``hdamoe_env.app.model_gating`` inside the command functions, so that ``hdamoe --help`` and the other
 subcommands never import torch or transformers.
 
-* ``train-tiny`` — train the tiny Mixtral model on stdlib sources (``traces.tiny_model``);
+* ``train-tiny`` — train the tiny Mixtral model on stdlib sources (``traces.capture.tiny_model``);
 * ``record`` — run ``model.generate()`` over prompts with router hooks and write a canonical trace
-  (``traces.record``), printing the next-layer prediction accuracy;
+  (``traces.capture.record``), printing the next-layer prediction accuracy;
 * ``fidelity`` — routing-fidelity metrics of paper-model.md §12 for hardware-aware gating at
   several strengths, the zero-coefficient control and the Cache-prior reference, plus the simulated
   latency of the original vs the gated routing.
@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["cmd_fidelity", "cmd_record", "cmd_train_tiny"]
 
 
 def _deps() -> None:
     """Raise ``DependencyNotInstalled`` when the ``record`` extra is missing."""
-    from traces.tiny_model import RecordDependencyError, import_torch_transformers
+    from traces.capture.tiny_model import RecordDependencyError, import_torch_transformers
 
     try:
         import_torch_transformers()
@@ -37,7 +37,7 @@ def _deps() -> None:
 
 def _load(model_dir: str | None) -> tuple[Any, Any]:
     """Load a model directory; turn the trace layer's errors into ``ConfigError``."""
-    from traces import record
+    from traces.capture import record
 
     try:
         return record.load_model(_model_dir(model_dir))
@@ -46,7 +46,7 @@ def _load(model_dir: str | None) -> tuple[Any, Any]:
 
 
 def _model_dir(value: str | None) -> Path:
-    from traces.tiny_model import DEFAULT_MODEL_DIR
+    from traces.capture.tiny_model import DEFAULT_MODEL_DIR
 
     return Path(value).expanduser() if value else DEFAULT_MODEL_DIR
 
@@ -54,7 +54,7 @@ def _model_dir(value: str | None) -> Path:
 def cmd_train_tiny(args: argparse.Namespace) -> int:
     """Run ``hdamoe traces train-tiny``."""
     _deps()
-    from traces.tiny_model import TinyModelSpec, train_tiny
+    from traces.capture.tiny_model import TinyModelSpec, train_tiny
 
     spec = TinyModelSpec(hidden_size=args.hidden, num_layers=args.layers,
                          intermediate_size=2 * args.hidden)
@@ -66,7 +66,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[str]:
-    from traces.record import stdlib_heldout_prompts
+    from traces.capture.record import stdlib_heldout_prompts
 
     if args.prompts:
         path = Path(args.prompts)
@@ -86,7 +86,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     """Run ``hdamoe traces record``."""
     _deps()
     import traces
-    from traces import record
+    from traces.capture import record
 
     model, tokenizer = _load(args.model_dir)
     prompts = _prompts(args, tokenizer)
@@ -109,7 +109,7 @@ def cmd_record(args: argparse.Namespace) -> int:
               f"exact set = {exact:.3f}")
     print(f"  mean over layers 1..{trace.num_layers - 1}: overlap {acc['mean_overlap']:.3f}")
     if args.json:
-        from hdamoe_env.fileio import write_json
+        from hdamoe_env.config.fileio import write_json
 
         write_json(args.json, {"trace": str(path), "trace_id": trace.trace_id,
                                "wall_s": wall, "prediction": acc})
@@ -130,7 +130,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     """Run ``hdamoe traces fidelity``."""
     _deps()
     from hdamoe_env.app import model_gating
-    from traces import fidelity, record
+    from traces.capture import fidelity
+    from traces.capture import record
 
     model, tokenizer = _load(args.model_dir)
     adapter = record.resolve_adapter(model)
@@ -171,7 +172,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
           "cols = selected i):")
     print(subs.format())
     if args.json:
-        from hdamoe_env.fileio import write_json
+        from hdamoe_env.config.fileio import write_json
 
         write_json(args.json, {"rows": rows, "substitutability": subs.to_dict(),
                                "wall_s": wall, "texts": len(seqs),

@@ -2,7 +2,7 @@
 
 One place for every file a command writes and every table it prints (style.md R16: only the
 application layer writes). JSON goes through the one atomic writer of the core
-(:func:`hdamoe_env.fileio.write_json`); tables through :func:`render_table`, as aligned plain text
+(:func:`hdamoe_env.config.fileio.write_json`); tables through :func:`render_table`, as aligned plain text
 for the terminal or as Markdown for reports.
 
 Bench records (``hdamoe bench``) are one dict per (method, seed); :func:`summarise` aggregates them
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.fileio import atomic_write, json_default, write_json
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.fileio import atomic_write, json_default, write_json
 
 __all__ = [
     "CSV_FIELDS",

@@ -35,8 +35,8 @@ from hdamoe_env.app.claims import (
     tcomp,
 )
 from hdamoe_env.app.records import fmt
-from hdamoe_env.errors import DependencyNotInstalled
-from hdamoe_env.fileio import atomic_write
+from hdamoe_env.config.errors import DependencyNotInstalled
+from hdamoe_env.config.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ def _guarded(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 rec.get("conventions") == meta.get("profile", meta.get("conventions")):
             if "layers_guarded" not in rec:
                 return "?"
-            from hdamoe_env.specs import get_model
+            from hdamoe_env.config.specs import get_model
 
             return f"{len(rec['layers_guarded'])}/{get_model(rec['model']).num_moe_layers}"
     return "?"
@@ -312,8 +312,8 @@ def _sec_link_balance(records: list[dict[str, Any]], figs: _Figures) -> list[str
                         "guarded"], rows)]
     if figs.enabled and heat:
         from hdamoe_env.app.plots import plot_link_heatmap
-        from hdamoe_env.specs import hardware_from_setting
-        from hdamoe_env.topology import make_topology
+        from hdamoe_env.config.specs import hardware_from_setting
+        from hdamoe_env.noc.topology import make_topology
 
         for meta, nb, nl in heat:
             lb = lb_method(next(r for m, r in cells if m is meta))

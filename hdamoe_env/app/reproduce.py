@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env import __version__
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.app.records import read_jsonl, write_jsonl
-from hdamoe_env.fileio import json_default, write_json
+from hdamoe_env.config.fileio import json_default, write_json
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _run_placement(params: Mapping[str, Any], cache_dir: str | None) -> list[dic
     meta: dict[str, Any] = {}
     run = Path(directory) / "placement.npz"
     if run.exists():
-        from hdamoe_env.placement import Placement
+        from hdamoe_env.sim.placement import Placement
 
         meta = {k: v for k, v in Placement.load(run).meta.items()
                 if k in ("trace_id", "config_hash", "layers_missing", "layers_guarded")}
@@ -171,7 +171,7 @@ def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[st
     env_kwargs = dict(cfg.get("env_kwargs", {}))
     published = env_kwargs.pop("gating_coefficients_published", None)
     if published is not None:  # §11.7 units (w = 2·h·I): r_comp ÷ m in the profile (§11.3)
-        from hdamoe_env.profiles import get_profile
+        from hdamoe_env.config.profiles import get_profile
 
         m = get_profile(cfg.get("conventions", "faithful")).expert_matrices
         env_kwargs["gating_coefficients"] = (float(published[0]) / m, float(published[1]))

@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.des import simulate_messages_oracle
-from hdamoe_env.linksim import (
+from hdamoe_env.noc.des import simulate_messages_oracle
+from hdamoe_env.noc.linksim import (
     choose_aggregators,
     layer_flow_keys,
     layer_messages,
     simulate_layer_comm,
 )
-from hdamoe_env.specs import HardwareSpec
-from hdamoe_env.topology import make_topology
+from hdamoe_env.config.specs import HardwareSpec
+from hdamoe_env.noc.topology import make_topology
 
 __all__ = ["bench_sim", "zipf_token_sets"]
 

@@ -4,7 +4,7 @@ Implements the application side of issue 5 (learned online policies for the deci
 paper-model.md §10–11): argument parsing, resolution of a placement given by method name, the
 held-out evaluation of learned against heuristic agents with the bench harness
 (``hdamoe_env.app.bench``), on the analytic twin and on the DES, and the learning-curve plot.
-Training itself is ``agents.learned_train.train`` and loading ``agents.learned.load_agent``;
+Training itself is ``agents.learned.train.train`` and loading ``agents.learned.policy.load_agent``;
 they import nothing from this layer (style.md §2), so this module passes them the resolved
 placement and the evaluation as a callback.
 
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from agents.learned import read_meta
-from agents.learned_train import (
+from agents.learned.policy import read_meta
+from agents.learned.train import (
     ACTION_MODES,
     ALGORITHMS,
     check_replica_shares,
@@ -49,9 +49,9 @@ from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import stage
 from hdamoe_env.app.records import format_bench_table, summarise
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled
-from hdamoe_env.fileio import atomic_write
-from hdamoe_env.placement import Placement
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.config.fileio import atomic_write
+from hdamoe_env.sim.placement import Placement
 
 __all__ = [
     "AGENT_ALIASES",
@@ -137,7 +137,7 @@ def _bench_config(env_kwargs: dict[str, Any], *, fidelity: str, steps: int,
         fields["trace"] = trace
     for name in ("model",):
         if isinstance(fields.get(name), dict):
-            from hdamoe_env.specs import ModelSpec
+            from hdamoe_env.config.specs import ModelSpec
 
             fields[name] = ModelSpec.from_dict(fields[name])
     return bench.BenchConfig(**fields, steps=steps, fidelity=fidelity, env_kwargs=extra)
@@ -269,7 +269,7 @@ def held_out_evaluation(*, seeds: Sequence[int] | None = None, steps: int = 16,
                         fidelities: Sequence[str] | None = None, trace: Any = None,
                         baselines: Sequence[str] | None = None, learning_curve: bool = True
                         ) -> Callable[[Path], dict[str, Any]]:
-    """Return the ``evaluate_fn`` of ``agents.learned_train.train``: evaluate, then plot.
+    """Return the ``evaluate_fn`` of ``agents.learned.train.train``: evaluate, then plot.
 
     The callable runs :func:`evaluate` on the freshly trained agent (its held-out split,
     writing ``eval.json`` and ``eval.md`` next to it) and, with ``learning_curve``, writes
@@ -605,7 +605,7 @@ def _quality(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     quality = {"target": args.quality_target, "weight": args.quality_weight,
                "lagrangian": bool(args.lagrangian), "dual_step": args.dual_step}
-    from hdamoe_env.wrappers import QualityRewardWrapper
+    from hdamoe_env.env.wrappers import QualityRewardWrapper
 
     QualityRewardWrapper.validate(**quality)
     return quality

@@ -38,10 +38,10 @@ from typing import Any
 
 from hdamoe_env.app import bench
 from hdamoe_env.app.argtypes import (add_decision_arguments, int_list, nonneg_int,
-                                      positive_int)
+                                     positive_int)
 from hdamoe_env.app.records import render_table
-from hdamoe_env.errors import ConfigError, OutputPathError
-from hdamoe_env.fileio import atomic_write, write_json
+from hdamoe_env.config.errors import ConfigError, OutputPathError
+from hdamoe_env.config.fileio import atomic_write, write_json
 
 __all__ = ["OWN_FILES", "add_tune_arguments", "cmd_tune", "parse_grid", "run_tune"]
 

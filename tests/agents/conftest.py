@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hdamoe_env.specs import ModelSpec
+from hdamoe_env.config.specs import ModelSpec
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def env_kwargs(tiny_agent_model):
 
 @pytest.fixture
 def make_tiny_env(env_kwargs):
-    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.env.environment import HdMoeEnv
 
     def make(**kwargs):
         return HdMoeEnv(**{**env_kwargs, **kwargs})
@@ -37,7 +37,7 @@ def replicated_placements(tiny_agent_model):
     """(EP, EP plus one whole copy of expert 0 per layer on another node) on the 2×2 mesh."""
     import numpy as np
 
-    from hdamoe_env.placement import Placement, expert_parallel
+    from hdamoe_env.sim.placement import Placement, expert_parallel
 
     layers = tiny_agent_model.num_moe_layers
     ep = expert_parallel(layers, tiny_agent_model.num_experts, 4, np.random.default_rng(0))

@@ -7,7 +7,7 @@ import pytest
 
 import agents
 from agents.base import ActionLayout, NoOpAgent, RandomAgent
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 
 def test_layout_matches_env(make_tiny_env):
@@ -91,7 +91,7 @@ def test_batched_predict(make_tiny_env):
 def test_every_agent_acts_on_a_replicated_placement(make_tiny_env):
     """A placement with redundant experts adds the replica-rule dimension; every registered
     heuristic agent built from the env answers it (index 0, the env's default rule)."""
-    from hdamoe_env.placement import Placement, expert_parallel
+    from hdamoe_env.sim.placement import Placement, expert_parallel
 
     ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
     reps = np.zeros(ep.P.shape, dtype=bool)

@@ -7,7 +7,7 @@ import pytest
 
 import agents
 from agents import CompositeAgent, HDAMoEAgent, HDMoEAgent, NoOpAgent
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 
 @pytest.mark.parametrize("name", sorted(agents.AGENTS))

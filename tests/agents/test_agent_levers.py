@@ -7,7 +7,7 @@ import pytest
 
 from agents import HardwareAwareGatingAgent, LeastLoadedDispatchAgent
 from agents.gating import predicted_imbalance
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 
 def test_dispatch_agent_only_chooses_the_rule(make_tiny_env):

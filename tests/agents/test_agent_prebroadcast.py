@@ -7,7 +7,7 @@ import pytest
 
 from agents import GreedyPreBroadcastAgent, make_agent
 from agents import prebroadcast as prebroadcast_module
-from hdamoe_env.specs import HardwareSpec
+from hdamoe_env.config.specs import HardwareSpec
 
 
 def _obs(P, counts, batch, k_b, max_broadcast=8):

@@ -65,7 +65,7 @@ def test_residual_action_masks_and_deviation(make_tiny_env):
 
 def test_residual_step_before_reset_is_an_error(make_tiny_env):
     from agents.wrappers import ResidualHDAWrapper
-    from hdamoe_env.errors import ConfigError
+    from hdamoe_env.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reset"):
         ResidualHDAWrapper(make_tiny_env()).step(np.zeros(3, dtype=np.int64))

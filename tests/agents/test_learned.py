@@ -1,4 +1,4 @@
-"""Learned agents: train (agents/learned_train.py), save, load (agents/learned.py), evaluate
+"""Learned agents: train (agents/learned/train.py), save, load (agents/learned/policy.py), evaluate
 (hdamoe_env/app/train.py), resume, determinism, threads.
 
 Tiny configuration: the L = 2, E = 4 model of ``conftest.py`` on a 2×2 mesh with k_b = 2 forced,
@@ -18,9 +18,10 @@ import pytest
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-from agents import learned, learned_train  # noqa: E402
+from agents.learned import policy as learned
+from agents.learned import train as learned_train
 from hdamoe_env.app import train as train_app  # noqa: E402
-from hdamoe_env.errors import ConfigError  # noqa: E402
+from hdamoe_env.config.errors import ConfigError  # noqa: E402
 
 SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
 
@@ -112,7 +113,7 @@ def test_resume_continues_step_count(env_kwargs, tmp_path):
     meta = json.loads((tmp_path / "learned.json").read_text())
     assert meta["resumed_at"] == 128 and meta["num_timesteps"] == 256
     assert learned.latest_checkpoint(tmp_path).name == "ckpt_256.zip"
-    from hdamoe_env.errors import ConfigError
+    from hdamoe_env.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="resume"):
         _train(env_kwargs, tmp_path, timesteps=512, resume=True, action_mode="full")
@@ -133,7 +134,7 @@ def test_other_algorithms_and_action_modes(env_kwargs, tmp_path, algo, mode, mak
 
 def test_ranked_action_translation():
     from agents.base import ActionLayout
-    from hdamoe_env.wrappers import ranked_candidates, ranked_mask, ranked_to_full
+    from hdamoe_env.env.wrappers import ranked_candidates, ranked_mask, ranked_to_full
 
     lay = ActionLayout(4, 2)
     pred = np.array([0.1, 0.5, 0.0, 0.3])
@@ -185,7 +186,7 @@ def test_threads_honoured_in_fresh_process(tmp_path):
         "import torch\n"
         "torch.set_num_threads(2)\n"
         "from agents import learned_train\n"
-        "from hdamoe_env.specs import ModelSpec\n"
+        "from hdamoe_env.config.specs import ModelSpec\n"
         "m = ModelSpec(key='tiny', name='tiny', num_moe_layers=2, num_experts=4, top_k=2, "
         "hidden_size=64, expert_intermediate=128, attn_weight_elements=4*64*64, "
         "kv_elements_per_token=2*64, core_flops_per_ctx_token=4*64)\n"
@@ -202,7 +203,7 @@ def test_threads_honoured_in_fresh_process(tmp_path):
 
 
 def test_bad_arguments(env_kwargs, tmp_path):
-    from hdamoe_env.errors import ConfigError
+    from hdamoe_env.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algorithm"):
         learned_train.train("dqn", env_kwargs, 8, out_dir=tmp_path)
@@ -294,7 +295,7 @@ def test_quality_reward_plumbing(env_kwargs):
     """``quality=`` wraps every training env in ``QualityRewardWrapper`` and enters the digest."""
     import argparse
 
-    from hdamoe_env.wrappers import QualityRewardWrapper
+    from hdamoe_env.env.wrappers import QualityRewardWrapper
 
     env = learned_train._EnvFactory(dict(env_kwargs), "ranked", 4,
                                     {"target": 0.99, "lagrangian": True})()

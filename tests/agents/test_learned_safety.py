@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-from agents import learned, learned_train  # noqa: E402
-from hdamoe_env.errors import ConfigError, HdMoeError, IntegrityError  # noqa: E402
+from agents.learned import policy as learned
+from agents.learned import train as learned_train
+from hdamoe_env.config.errors import ConfigError, HdMoeError, IntegrityError  # noqa: E402
 
 SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
 

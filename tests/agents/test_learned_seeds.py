@@ -1,5 +1,5 @@
 """RL Zoo style hyperparameter files and several training seeds with a 95 % interval
-(``agents.learned_train.load_hyperparams``, ``hdamoe train --hyperparams / --seeds``).
+(``agents.learned.train.load_hyperparams``, ``hdamoe train --hyperparams / --seeds``).
 
 Tiny configuration of ``test_learned.py`` (L = 2, E = 4, 2×2 mesh, k_b = 2 forced).
 """
@@ -16,10 +16,11 @@ pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 pytest.importorskip("yaml")
 
-from agents import learned, learned_train
+from agents.learned import policy as learned
+from agents.learned import train as learned_train
 from hdamoe_env.app import cli
 from hdamoe_env.app import train as train_app
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "hyperparams" / "maskable-ppo.yml"

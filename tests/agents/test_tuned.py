@@ -13,7 +13,7 @@ import pytest
 
 from agents import tuned
 from agents.tuned import KnobGrid, Measurement, TunedKnobs
-from hdamoe_env.errors import ConfigError, OutputPathError
+from hdamoe_env.config.errors import ConfigError, OutputPathError
 
 RULE_COST = {"least_loaded": 0.0, "first": 1.0, "home": 2.0}
 
@@ -255,7 +255,7 @@ def test_oracle_fixed_point_matches_the_env_run(tiny_kwargs):
 
 def _replicated_kwargs(tiny_kwargs):
     """The tiny env on EP plus one whole copy of expert 0 per layer on another node."""
-    from hdamoe_env.placement import Placement, expert_parallel
+    from hdamoe_env.sim.placement import Placement, expert_parallel
 
     ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
     reps = np.zeros(ep.P.shape, dtype=bool)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
 
 @pytest.fixture

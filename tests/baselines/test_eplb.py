@@ -19,10 +19,10 @@ from baselines.eplb import (
     simulate_moves,
 )
 from baselines.store import PlacementStore, StoreConfig
-from hdamoe_env.errors import ConfigError, InfeasibleError
-from hdamoe_env.placement import Placement, check_memory, expert_parallel
-from hdamoe_env.profiles import get_profile
-from hdamoe_env.topology import make_topology
+from hdamoe_env.config.errors import ConfigError, InfeasibleError
+from hdamoe_env.sim.placement import Placement, check_memory, expert_parallel
+from hdamoe_env.config.profiles import get_profile
+from hdamoe_env.noc.topology import make_topology
 
 SKEWED = [8.0, 4.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
 

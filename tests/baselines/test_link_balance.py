@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from baselines import link_balance as lb
-from hdamoe_env.placement import expert_parallel
-from hdamoe_env.simulator import MoESimulator
-from hdamoe_env.specs import HardwareSpec
+from hdamoe_env.sim.placement import expert_parallel
+from hdamoe_env.sim.simulator import MoESimulator
+from hdamoe_env.config.specs import HardwareSpec
 
 pytest.importorskip("scipy")
 

@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("pulp")
 
-from baselines import node_balance as nb
-from hdamoe_env.errors import ConfigError, InfeasibleError
-from hdamoe_env.profiles import get_profile
-from hdamoe_env.specs import HardwareSpec
+from baselines.node_balance import milp as nb
+from hdamoe_env.config.errors import ConfigError, InfeasibleError
+from hdamoe_env.config.profiles import get_profile
+from hdamoe_env.config.specs import HardwareSpec
 
 # 4 experts, k = 2: all six pairs with distinct frequencies
 GROUPS = np.array([[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]])
@@ -227,7 +227,7 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     raise an error that says to use a finer tile."""
     import dataclasses
 
-    from baselines.nb_model import _membership, _wrap_start
+    from baselines.node_balance.model import _membership, _wrap_start
 
     f = np.array([0.55, 0.45, 0.45, 0.55])
     hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=1.0, link_bw_gbps=1000.0)
@@ -279,7 +279,7 @@ def test_outputs_are_on_the_grid_and_no_better_than_continuous(nb_model, hw22, m
 def test_heuristic_polish_is_no_worse_than_the_snapped_lp(nb_model, hw22):
     """§7.6 item 6 on the grid: the re-balancing LP's result, snapped and repaired on the grid
     and re-scored, never beats the heuristic's answer on the same support."""
-    from baselines.nb_model import grid_feasible
+    from baselines.node_balance.model import grid_feasible
 
     for tile in (32, 64):                                           # U = 4 and U = 2
         coeffs, _ = _grid_coeffs(nb_model, hw22, tile, gamma=0.01)

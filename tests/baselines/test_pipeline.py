@@ -12,8 +12,8 @@ pytest.importorskip("pulp")
 
 from baselines.store import PLACEMENT_ARTIFACTS, PlacementStore, StoreConfig
 from baselines.pipeline import PlaceConfig, parse_layers, run_pipeline, sweep_rho_mem
-from hdamoe_env.errors import ConfigError, DependencyNotInstalled
-from hdamoe_env.placement import Placement
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.sim.placement import Placement
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_two_workers_match_one(cfg, trace, tmp_path):
 
 def test_place_config_accepts_profile_objects():  # paper-model.md §4 (derived profiles)
     from baselines.pipeline import PlaceConfig
-    from hdamoe_env.profiles import PROFILES, get_profile
+    from hdamoe_env.config.profiles import PROFILES, get_profile
 
     by_name = PlaceConfig(model="mixtral-8x7b", conventions="paper")
     by_object = PlaceConfig(model="mixtral-8x7b", conventions=PROFILES["paper"])

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("pulp")
 
 from baselines.pipeline import PlaceConfig, run_pipeline
-from hdamoe_env.errors import HdMoeError, OutputPathError
-from hdamoe_env.placement import Placement
+from hdamoe_env.config.errors import HdMoeError, OutputPathError
+from hdamoe_env.sim.placement import Placement
 
 
 @pytest.fixture

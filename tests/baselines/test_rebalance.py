@@ -7,10 +7,10 @@ import pytest
 
 from baselines.eplb import eplb, eplb_placement
 from baselines.rebalance import EplbRebalanceWrapper
-from hdamoe_env.actions import ActionLayout
-from hdamoe_env.env import HdMoeEnv
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.env.actions import ActionLayout
+from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
 TINY = ModelSpec(key="tiny3", name="tiny3", num_moe_layers=3, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,

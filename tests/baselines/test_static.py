@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from baselines import static
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.simulator import MoESimulator
-from hdamoe_env.specs import HardwareSpec
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.sim.simulator import MoESimulator
+from hdamoe_env.config.specs import HardwareSpec
 
 
 def _rectangles(mesh, R):

@@ -2,7 +2,7 @@
 
 Synthetic trace, 4×8 mesh, 5 TFLOPS / 50 GB/s, B = 128, ``faithful`` (tile_cols = 64, so
 u = 64/1408 = 1/22): no output share may be off the grid (uniform TP rows are the documented
-exception of ``hdamoe_env.placement.check_tile_grid``). The 2-layer version runs by default; the
+exception of ``hdamoe_env.sim.placement.check_tile_grid``). The 2-layer version runs by default; the
 26-layer version is marked ``slow``.
 """
 
@@ -13,11 +13,11 @@ import pytest
 
 pytest.importorskip("pulp")
 
-from baselines.nb_model import nb_coefficients, repair_placement
-from baselines.node_balance import node_balance
+from baselines.node_balance.model import nb_coefficients, repair_placement
+from baselines.node_balance.milp import node_balance
 from baselines.pipeline import PlaceConfig, _simulator, _tasks, load_trace
 from baselines.static import hybrid_layer
-from hdamoe_env.placement import Placement, check_tile_grid, off_grid, share_unit
+from hdamoe_env.sim.placement import Placement, check_tile_grid, off_grid, share_unit
 
 GAMMA = 1.0   # a representative γ: communication and compute both matter in the objective
 

@@ -11,9 +11,9 @@ import pytest
 from hdamoe_env.app import bench, envbench, plots, records
 from hdamoe_env.app.cli import build_parser
 from hdamoe_env.app.bench import BenchConfig, parse_method, run_bench
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec
-from hdamoe_env.topology import make_topology
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
+from hdamoe_env.noc.topology import make_topology
 
 TINY = ModelSpec(key="tiny", name="tiny", num_moe_layers=2, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
@@ -88,7 +88,7 @@ def test_summary_speedups():
 
 
 def test_placement_dir_is_used(tmp_path):
-    from hdamoe_env.placement import tensor_parallel
+    from hdamoe_env.sim.placement import tensor_parallel
 
     d = tmp_path / "place"
     tensor_parallel(2, 4, 4).with_layers(method="node_link").save(d / "placement.npz")

@@ -1,4 +1,4 @@
-"""Tests of hdamoe_env.collectives: TP all-reduce algorithms on the DES (paper-model.md §5.6).
+"""Tests of hdamoe_env.noc.collectives: TP all-reduce algorithms on the DES (paper-model.md §5.6).
 
 Hand-worked values (docs/PHYSICS.md α–β model), 4×8 mesh, 50 GB/s per directed link, B = 128,
 hop latency 2 ns. The all-reduced size is S = B·h·b_psum: DeepSeek-V2-Lite (h = 2048)
@@ -28,18 +28,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env import perf
-from hdamoe_env.collectives import (
+from hdamoe_env.cost import perf
+from hdamoe_env.noc.collectives import (
     ALGORITHMS,
     _folded,
     allreduce_time,
     best_allreduce,
     ring_allreduce_des,
 )
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.profiles import PROFILES
-from hdamoe_env.specs import MODEL_PRESETS, hardware_from_setting
-from hdamoe_env.topology import make_topology
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.profiles import PROFILES
+from hdamoe_env.config.specs import MODEL_PRESETS, hardware_from_setting
+from hdamoe_env.noc.topology import make_topology
 
 HW = hardware_from_setting("5/50", "4x8")
 MESH = make_topology("mesh", HW)

@@ -8,7 +8,7 @@ import pytest
 
 from hdamoe_env.app import crossover
 from hdamoe_env.app.cli import main
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 
 
 def test_cells_sweep_one_knob_at_a_time_with_derived_profiles():

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import hdamoe_env
-from hdamoe_env.env import HdMoeEnv
-from hdamoe_env.errors import ConfigError, InvalidAction
-from hdamoe_env.placement import expert_parallel
-from hdamoe_env.specs import HardwareSpec, ModelSpec
+from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.sim.placement import expert_parallel
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 from traces import RoutingTrace
 from traces import save as save_trace
 
@@ -483,9 +483,9 @@ def test_deepseek_smoke():
 def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-model.md §4
     import dataclasses
 
-    from hdamoe_env.env import EnvConfig, HdMoeEnv
-    from hdamoe_env.profiles import Conventions, get_profile
-    from hdamoe_env.specs import HardwareSpec, ModelSpec, TopologySpec
+    from hdamoe_env.env.environment import EnvConfig, HdMoeEnv
+    from hdamoe_env.config.profiles import Conventions, get_profile
+    from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
 
     kwargs = dict(batch=8, steps_per_episode=1, conventions="paper", k_b=1)
     a = HdMoeEnv(**kwargs)
@@ -508,7 +508,7 @@ def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-mo
 def test_registered_variants(env_id):
     kwargs, max_steps = hdamoe_env.REGISTERED_ENVS[env_id]
     spec = gym.spec(env_id)
-    assert spec.entry_point == "hdamoe_env.env:HdMoeEnv"
+    assert spec.entry_point == "hdamoe_env.env.environment:HdMoeEnv"
     assert spec.max_episode_steps == max_steps
     env = gym.make(env_id, batch=8, trace_tokens=512, trace_requests=8)
     base = env.unwrapped
@@ -537,7 +537,7 @@ def test_prebroadcast_with_zero_alpha_uses_finite_chunks():
 
 # ------------------------------------------------------------------------------ redundant experts
 def _replicated_ep():
-    from hdamoe_env.placement import Placement
+    from hdamoe_env.sim.placement import Placement
 
     ep = expert_parallel(TINY.num_moe_layers, E, 4, np.random.default_rng(0))
     reps = np.zeros(ep.P.shape, dtype=bool)
@@ -549,7 +549,7 @@ def _replicated_ep():
 def test_no_replicas_keeps_the_action_space():
     env = make()
     assert env.replica_rules == () and env.action_space.nvec.tolist() == [E + 1, E + 1, 3, 4]
-    from hdamoe_env.actions import ActionLayout
+    from hdamoe_env.env.actions import ActionLayout
 
     assert ActionLayout.from_env(env).size == 4
 
@@ -558,7 +558,7 @@ def test_replicated_env_steps_with_every_rule_and_every_sampled_action():
     """With replicas the action gains one last dimension over the replica rules (default
     least_loaded first); every rule steps, every sampled action is legal, and the observation
     shows the replica as a held copy (1.0)."""
-    from hdamoe_env.actions import ActionLayout
+    from hdamoe_env.env.actions import ActionLayout
 
     pl = _replicated_ep()
     env = make(placement=pl, replica_rule="round_robin")
@@ -591,7 +591,7 @@ def test_replace_placement_between_decode_steps_charges_the_next_layer():
     the next layer's total grows by the charge (1 ms) relative to the same step without it."""
     pl = _replicated_ep()
     lay_env = make(placement=pl)
-    from hdamoe_env.actions import ActionLayout
+    from hdamoe_env.env.actions import ActionLayout
 
     a = ActionLayout.from_env(lay_env).encode()
     ref = make(placement=pl)

@@ -1,4 +1,4 @@
-"""EnvConfig (hdamoe_env.env_config): the trace-skew argument (traces.synthetic skew power τ)."""
+"""EnvConfig (hdamoe_env.env.config): the trace-skew argument (traces.synthetic skew power τ)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from hdamoe_env.env_config import EnvConfig
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.env.config import EnvConfig
+from hdamoe_env.config.errors import ConfigError
 
 
 def test_trace_skew_defaults_to_one_and_reaches_the_trace():

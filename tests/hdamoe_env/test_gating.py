@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.gating import (COMP_PENALTIES, default_coefficients, gating_diagnostics,
-                               hardware_aware_gating, penalties)
-from hdamoe_env.placement import expert_parallel
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.decisions.gating import (COMP_PENALTIES, default_coefficients, gating_diagnostics,
+                                         hardware_aware_gating, penalties)
+from hdamoe_env.sim.placement import expert_parallel
 
 # §14.8 item 5
 P5 = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 1.0]])
@@ -212,7 +212,7 @@ def test_decision_time_deepseek_batch():
 # ------------------------------------------------------------------ compiled kernel vs oracle
 def _random_case(rng: np.random.Generator):
     """A random gating problem: placement, scores (full rows or candidates) and options."""
-    from hdamoe_env import gating
+    from hdamoe_env.decisions import gating
 
     E = int(rng.choice([4, 8, 16, 64]))
     D = int(rng.choice([2, 4, 8]))
@@ -248,7 +248,7 @@ def _random_case(rng: np.random.Generator):
 
 
 def test_compiled_greedy_equals_python_oracle_on_random_cases():
-    from hdamoe_env import gating
+    from hdamoe_env.decisions import gating
 
     rng = np.random.default_rng(2024)
     for case in range(400):
@@ -265,7 +265,7 @@ def test_compiled_greedy_equals_python_oracle_on_random_cases():
 
 def test_compiled_greedy_exercises_the_prefix_fallback():
     """Rows whose scan runs off the sorted prefix take the whole row (``full_row``)."""
-    from hdamoe_env import gating
+    from hdamoe_env.decisions import gating
 
     E, D, k = 64, 8, 2
     P = np.zeros((E, D))
@@ -285,7 +285,7 @@ def test_compiled_greedy_exercises_the_prefix_fallback():
 
 @pytest.mark.parametrize("E,k,width", [(16, 4, 12), (64, 16, 64), (8, 2, 8)])
 def test_compiled_candidate_sort_equals_numpy_stable_sort(E, k, width):
-    from hdamoe_env import gating
+    from hdamoe_env.decisions import gating
 
     rng = np.random.default_rng(E + k)
     vals = np.round(rng.random((50, width)), 1)          # many exact ties, some -0.0 / 0.0
@@ -304,7 +304,7 @@ def test_compiled_candidate_sort_equals_numpy_stable_sort(E, k, width):
 
 def test_fused_path_equals_general_path_field_by_field(monkeypatch):
     """The env's one-call path (``_fused_gating``) returns exactly the general path's result."""
-    from hdamoe_env import gating
+    from hdamoe_env.decisions import gating
 
     rng = np.random.default_rng(77)
     used = 0
@@ -345,7 +345,7 @@ def test_fused_path_equals_general_path_field_by_field(monkeypatch):
 
 
 def test_fused_path_rejects_invalid_input_like_the_general_path():
-    from hdamoe_env import gating
+    from hdamoe_env.decisions import gating
 
     P = np.eye(4)
     ids = np.array([[0, 5]], dtype=np.int64)

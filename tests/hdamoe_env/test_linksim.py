@@ -1,4 +1,4 @@
-"""Tests of hdamoe_env.linksim, hdamoe_env.des and hdamoe_env.collectives (paper-model.md §6.2–6.3,
+"""Tests of hdamoe_env.noc.linksim, hdamoe_env.noc.des and hdamoe_env.noc.collectives (paper-model.md §6.2–6.3,
 §5.6, §14.8)."""
 
 from __future__ import annotations
@@ -6,18 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env import linksim
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.collectives import default_ring, ring_allreduce_des
-from hdamoe_env.des import link_load_bound, simulate_messages, simulate_messages_oracle
-from hdamoe_env.linksim import (
+from hdamoe_env.noc import linksim
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.noc.collectives import default_ring, ring_allreduce_des
+from hdamoe_env.noc.des import link_load_bound, simulate_messages, simulate_messages_oracle
+from hdamoe_env.noc.linksim import (
     choose_aggregators,
     layer_flow_keys,
     layer_messages,
     simulate_layer_comm,
 )
-from hdamoe_env.specs import HardwareSpec, TopologySpec
-from hdamoe_env.topology import make_topology, stable_hash
+from hdamoe_env.config.specs import HardwareSpec, TopologySpec
+from hdamoe_env.noc.topology import make_topology, stable_hash
 
 HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
 HW22 = HardwareSpec(mesh_shape=(2, 2), link_bw_gbps=1.0)  # 1 byte per ns
@@ -401,7 +401,7 @@ def test_replica_messages_go_to_the_chosen_copy_only():
     expert 3's holder, node 3, and the only combine message per token is 2 -> 3 (dispatch: 3 ->
     2); the primary node 0 sends and receives nothing.
     """
-    from hdamoe_env.scheduling import dispatch_replicas
+    from hdamoe_env.decisions.scheduling import dispatch_replicas
 
     topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
     reps = np.zeros((4, 4), dtype=bool)

@@ -1,4 +1,4 @@
-"""Tests of hdamoe_env.perf: the check values of paper-model.md §14.1–14.8 and properties.
+"""Tests of hdamoe_env.cost.perf: the check values of paper-model.md §14.1–14.8 and properties.
 
 Check values are stated in µs rounded to 0.01 (R_cc to 0.001, caps to 0.0001, budgets to 0.1,
 chunk sizes to 0.1 KB); ``close`` accepts |x − value| ≤ half a unit of the last digit.
@@ -11,10 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from hdamoe_env import nonmoe, perf, prebroadcast
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.profiles import PROFILES
-from hdamoe_env.specs import MODEL_PRESETS, ModelSpec, hardware_from_setting
+from hdamoe_env.cost import nonmoe
+from hdamoe_env.cost import perf
+from hdamoe_env.cost import broadcast as prebroadcast
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.profiles import PROFILES
+from hdamoe_env.config.specs import MODEL_PRESETS, ModelSpec, hardware_from_setting
 
 US = 1e6
 MODELS = {
@@ -711,7 +713,7 @@ def test_faithful_nonmoe_allreduce_uses_the_best_collective() -> None:
     fastest DES algorithm, the bidirectional ring 62·(100 + 2 + 655.36) ns = 46.95632 µs;
     without one the closed-form 1-D ring 62·(102 + 1310.72) ns = 87.58864 µs. paper*: none.
     """
-    from hdamoe_env.topology import make_topology
+    from hdamoe_env.noc.topology import make_topology
 
     model = MODELS["mixtral"]
     hw = hardware_from_setting("5/50", "4x8")

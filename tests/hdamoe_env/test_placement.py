@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from hdamoe_env.errors import ConfigError, InfeasibleError
-from hdamoe_env.placement import (Placement, check_memory, expert_parallel,
-                                  import_reference_layers, node_weight_bytes, tensor_parallel)
-from hdamoe_env.profiles import PROFILES
-from hdamoe_env.specs import HardwareSpec, get_model
+from hdamoe_env.config.errors import ConfigError, InfeasibleError
+from hdamoe_env.sim.placement import (Placement, check_memory, expert_parallel,
+                                      import_reference_layers, node_weight_bytes, tensor_parallel)
+from hdamoe_env.config.profiles import PROFILES
+from hdamoe_env.config.specs import HardwareSpec, get_model
 
 
 def test_tp_rows_and_shape():
@@ -95,7 +95,7 @@ def test_reference_importer():
 
 
 def test_placement_by_name(tmp_path, tiny_model):  # §9.1–9.2, §7.7
-    from hdamoe_env.placement import placement_by_name
+    from hdamoe_env.sim.placement import placement_by_name
 
     tp = placement_by_name("tp", tiny_model, 4, 0)
     assert tp.method == "tp" and np.allclose(tp.P, 0.25)
@@ -114,7 +114,7 @@ def test_placement_by_name(tmp_path, tiny_model):  # §9.1–9.2, §7.7
 # ------------------------------------------------------------------------------ tile grid
 def test_share_unit_of_the_presets_and_profiles():
     """u = tile_cols / I: 64/1408 = 1/22, 64/14336 = 1/224, 64/2560 = 1/40, 64/512 = 1/8."""
-    from hdamoe_env.placement import share_unit
+    from hdamoe_env.sim.placement import share_unit
 
     faithful = PROFILES["faithful"]
     assert faithful.tile_cols == 64
@@ -136,7 +136,7 @@ def test_snap_shares_largest_remainder_hand_cases():
     largest remainder 0.8 → (2, 1, 1). Row (1/3, 1/3, 1/3) → 4/3 each: floors (1, 1, 1), the left
     unit breaks the three-way tie on the lowest node → (2, 1, 1). Row (0.1, 0.9, 0) → (0.4, 3.6,
     0): floors (0, 3), remainders 0.4 and 0.6 → (0, 4, 0). On-grid rows are kept exactly."""
-    from hdamoe_env.placement import snap_shares
+    from hdamoe_env.sim.placement import snap_shares
 
     P = np.array([[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3], [0.1, 0.9, 0.0], [0.25, 0.75, 0.0]])
     got = snap_shares(P, 0.25)
@@ -162,7 +162,7 @@ def _deepseek_layer_placement(row):
 
 def test_placement_refuses_a_sliver_share():
     """53 of 1408 columns (0.0376) is not a whole tile of 64 columns (issue 13)."""
-    from hdamoe_env.placement import check_tile_grid
+    from hdamoe_env.sim.placement import check_tile_grid
 
     row = np.zeros(32)
     row[5], row[6] = 53 / 1408, 1355 / 1408
@@ -180,7 +180,7 @@ def test_placement_refuses_a_sliver_share():
 
 
 def test_tile_grid_accepts_tp_ep_and_on_grid_shards():
-    from hdamoe_env.placement import check_tile_grid, snap_shares
+    from hdamoe_env.sim.placement import check_tile_grid, snap_shares
 
     model, conv = get_model("deepseek"), PROFILES["faithful"]
     check_tile_grid(tensor_parallel(model.num_moe_layers, 64, 32), model, conv)  # 1/32: exempt
@@ -198,7 +198,7 @@ def test_tile_grid_accepts_tp_ep_and_on_grid_shards():
 
 
 def test_simulator_check_placement_enforces_the_grid():
-    from hdamoe_env.simulator import MoESimulator
+    from hdamoe_env.sim.simulator import MoESimulator
 
     row = np.zeros(32)
     row[5], row[6] = 53 / 1408, 1355 / 1408

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.profiles import PROFILES, get_profile
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.profiles import PROFILES, get_profile
 
 
 def test_derived_name_round_trips_to_the_same_profile():

@@ -1,4 +1,4 @@
-"""Matched-quality search over the gating scale (hdamoe_env.quality, hdamoe_env.app.matched)."""
+"""Matched-quality search over the gating scale (hdamoe_env.decisions.quality, hdamoe_env.app.matched)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from hdamoe_env.app.bench import parse_method
 from hdamoe_env.app.matched import GatingQualityProbe, search_matched_levels
-from hdamoe_env.env import HdMoeEnv
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.quality import DEFAULT_SCALE_GRID, find_matched_level, monotone_violations
+from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.decisions.quality import DEFAULT_SCALE_GRID, find_matched_level, monotone_violations
 
 
 def _step(scale: float) -> float:

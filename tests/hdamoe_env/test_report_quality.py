@@ -8,7 +8,7 @@ from hdamoe_env.app.bench import BenchConfig, run_bench
 from hdamoe_env.app.claims import claims_section
 from hdamoe_env.app.records import write_jsonl
 from hdamoe_env.app.report import write_report
-from hdamoe_env.specs import ModelSpec
+from hdamoe_env.config.specs import ModelSpec
 
 TINY = ModelSpec(key="tiny", name="tiny", num_moe_layers=2, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,

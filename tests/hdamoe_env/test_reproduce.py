@@ -9,7 +9,7 @@ import pytest
 
 from hdamoe_env.app import reproduce
 from hdamoe_env.app.cli import main
-from hdamoe_env.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.app.reproduce import Cell, run_cell, run_suite, shrink, suite_cells
 
 FIGURES = {"placements", "fig10_end_to_end", "fig11_mesh", "fig12_topology", "fig20_memory_cap",

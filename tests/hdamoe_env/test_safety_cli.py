@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hdamoe_env.app.cli import main
-from hdamoe_env.errors import HdMoeError
+from hdamoe_env.config.errors import HdMoeError
 
 
 def _run(argv, capsys):
@@ -73,7 +73,7 @@ def test_json_is_never_truncated(tmp_path, capsys):
     assert code == 2 and "--resume" in err[0]
     assert len(json.loads(path.read_text())) == 16
     from hdamoe_env.app.bench import BenchConfig, run_bench
-    from hdamoe_env.errors import OutputPathError
+    from hdamoe_env.config.errors import OutputPathError
 
     with pytest.raises(OutputPathError):
         run_bench(BenchConfig(), ["tp"], [0], json_path=path)
@@ -107,10 +107,10 @@ def test_unexpected_exceptions_become_one_line(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("call", [
-    lambda: __import__("hdamoe_env.specs", fromlist=["x"]).hardware_from_setting("5/50", 32),
-    lambda: __import__("hdamoe_env.specs", fromlist=["x"]).hardware_from_setting("5/50",
+    lambda: __import__("hdamoe_env.config.specs", fromlist=["x"]).hardware_from_setting("5/50", 32),
+    lambda: __import__("hdamoe_env.config.specs", fromlist=["x"]).hardware_from_setting("5/50",
                                                                                (4, 8, 2)),
-    lambda: __import__("hdamoe_env.specs", fromlist=["x"]).hardware_from_setting("5/50",
+    lambda: __import__("hdamoe_env.config.specs", fromlist=["x"]).hardware_from_setting("5/50",
                                                                                (4.5, 8)),
 ])
 def test_hardware_from_setting_is_typed(call):
@@ -125,7 +125,7 @@ def test_hardware_from_setting_is_typed(call):
 ])
 def test_env_arguments_are_typed(kwargs):
     """Reproducers 12 and 14: raw errors or silent clipping/fallbacks before."""
-    from hdamoe_env.env import HdMoeEnv
+    from hdamoe_env.env.environment import HdMoeEnv
 
     with pytest.raises(HdMoeError):
         HdMoeEnv(model="mixtral-8x7b", mesh="2x2", steps_per_episode=1, **kwargs)

@@ -6,18 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env import perf, prebroadcast
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.placement import expert_parallel, tensor_parallel
-from hdamoe_env.profiles import get_profile
-from hdamoe_env.linksim import HolderTable, choose_aggregators
-from hdamoe_env.evaluator import LayerEvaluator
-from hdamoe_env.scheduling import (AliasSampler, broadcast_plan, broadcast_slots, broadcast_tree,
-                                   dispatch_broadcast, dispatch_replicas, merge_dispatch,
-                                   noisy_oracle_sets, priority_broadcast, simulate_broadcast)
-from hdamoe_env.simulator import MoESimulator
-from hdamoe_env.specs import HardwareSpec, TopologySpec, get_model, hardware_from_setting
-from hdamoe_env.topology import make_topology
+from hdamoe_env.cost import perf
+from hdamoe_env.cost import broadcast as prebroadcast
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.sim.placement import expert_parallel, tensor_parallel
+from hdamoe_env.config.profiles import get_profile
+from hdamoe_env.noc.linksim import HolderTable, choose_aggregators
+from hdamoe_env.sim.evaluator import LayerEvaluator
+from hdamoe_env.decisions.scheduling import (AliasSampler, broadcast_plan, broadcast_slots, broadcast_tree,
+                                             dispatch_broadcast, dispatch_replicas, merge_dispatch,
+                                             noisy_oracle_sets, priority_broadcast, simulate_broadcast)
+from hdamoe_env.sim.simulator import MoESimulator
+from hdamoe_env.config.specs import HardwareSpec, TopologySpec, get_model, hardware_from_setting
+from hdamoe_env.noc.topology import make_topology
 
 DEEPSEEK = get_model("deepseek-v2-lite")
 PAPER = get_profile("paper")

@@ -4,12 +4,12 @@
 import numpy as np
 import pytest
 
-from hdamoe_env.calibrate import fit_gamma, fit_gammas
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
-from hdamoe_env.profiles import get_profile
-from hdamoe_env.simulator import MoESimulator, evaluate_sampled, evaluate_static
-from hdamoe_env.specs import ModelSpec, hardware_from_setting
+from hdamoe_env.sim.calibrate import fit_gamma, fit_gammas
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
+from hdamoe_env.config.profiles import get_profile
+from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
+from hdamoe_env.config.specs import ModelSpec, hardware_from_setting
 from traces import synthetic
 
 US = 1e6
@@ -171,7 +171,7 @@ def test_paper_gamma_fit_uses_ols_and_paper_batches(ds_trace):
 
 
 def test_dram_capacity_is_checked(ds_trace):  # §3 node DRAM capacity, §7.3 (10)
-    from hdamoe_env.errors import InfeasibleError
+    from hdamoe_env.config.errors import InfeasibleError
 
     ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
     ok = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50", node_dram_gib=2.0))
@@ -183,7 +183,7 @@ def test_dram_capacity_is_checked(ds_trace):  # §3 node DRAM capacity, §7.3 (1
 
 def test_decision_evaluator_composes_dispatch_broadcast_and_excess(tiny_model, tiny_hw):
     # §10.3 (excess charge), §10.6 (dispatch), §10.8 (broadcast traffic)
-    from hdamoe_env import scheduling
+    from hdamoe_env.decisions import scheduling
 
     sim = MoESimulator(tiny_model, tiny_hw, "mesh", get_profile("faithful"))
     ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
@@ -297,7 +297,7 @@ def test_decision_evaluator_composes_broadcast_and_replicas(tiny_model, tiny_hw)
     """Broadcast expert 2 and replicated experts 0 (node of no share) and 2: expert 2 goes
     through the broadcast dispatch only; the replica dispatch of expert 0 runs on the zeroed
     shares with the broadcast work as initial loads, and the merge equals the evaluation."""
-    from hdamoe_env import scheduling
+    from hdamoe_env.decisions import scheduling
 
     sim = MoESimulator(tiny_model, tiny_hw, "mesh", get_profile("faithful"))
     ep = expert_parallel(2, 4, 4, np.random.default_rng(0))

@@ -1,13 +1,13 @@
-"""The one trace loader of the core (hdamoe_env.sources; traces.md §3, §5, §7)."""
+"""The one trace loader of the core (hdamoe_env.sim.sources; traces.md §3, §5, §7)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hdamoe_env.errors import ConfigError, TraceFormatError
-from hdamoe_env.sources import load_trace
-from hdamoe_env.specs import get_model
+from hdamoe_env.config.errors import ConfigError, TraceFormatError
+from hdamoe_env.sim.sources import load_trace
+from hdamoe_env.config.specs import get_model
 from traces import save, synthetic
 
 

@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.profiles import PROFILES, Conventions, get_profile
-from hdamoe_env.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
-                              TopologySpec, get_model, hardware_from_setting, parse_mesh,
-                              parse_setting)
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
+from hdamoe_env.config.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
+                                     TopologySpec, get_model, hardware_from_setting, parse_mesh,
+                                     parse_setting)
 
 
 def test_model_presets_match_spec_table():  # §2.1

@@ -1,13 +1,13 @@
-"""Tests of hdamoe_env.topology (paper-model.md §6.1, §3)."""
+"""Tests of hdamoe_env.noc.topology (paper-model.md §6.1, §3)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.specs import HardwareSpec, TopologySpec
-from hdamoe_env.topology import (
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.specs import HardwareSpec, TopologySpec
+from hdamoe_env.noc.topology import (
     TOPOLOGIES,
     make_topology,
     stable_hash,

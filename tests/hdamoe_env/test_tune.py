@@ -12,7 +12,7 @@ import pytest
 
 from hdamoe_env.app import bench, cli
 from hdamoe_env.app.tune import _prepare_out, parse_grid
-from hdamoe_env.errors import ConfigError, OutputPathError
+from hdamoe_env.config.errors import ConfigError, OutputPathError
 
 ARGS = ["-q", "tune", "--placement", "ep", "--batch", "8", "--requests", "4", "--steps", "1",
         "--eval-steps", "1", "--levels", "0,1", "--protect-top", "0",

@@ -1,4 +1,4 @@
-"""Public wrappers of the core (hdamoe_env/wrappers.py): flatten-replicas, ranked actions, quality.
+"""Public wrappers of the core (hdamoe_env/env/wrappers.py): flatten-replicas, ranked actions, quality.
 
 Pins that each wrapper is an importable ``gymnasium.Wrapper`` (RL Zoo's ``env_wrapper``), that it
 changes only the encoding of the paper-model.md §10–11 decisions (same episodes as the raw env),
@@ -14,11 +14,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from hdamoe_env.env import HdMoeEnv
-from hdamoe_env.errors import ConfigError
-from hdamoe_env.specs import HardwareSpec, ModelSpec
-from hdamoe_env.wrappers import (FlattenReplicasWrapper, RankedBroadcastWrapper,
-                                 ranked_candidates)
+from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
+from hdamoe_env.env.wrappers import (FlattenReplicasWrapper, RankedBroadcastWrapper,
+                                     ranked_candidates)
 
 TINY = ModelSpec(key="tiny3", name="tiny3", num_moe_layers=3, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
@@ -49,13 +49,13 @@ def sample(mask: np.ndarray, nvec: np.ndarray, rng: np.random.Generator) -> np.n
 
 
 def test_public_wrappers_are_importable_gymnasium_wrappers():
-    import hdamoe_env.wrappers as module
+    import hdamoe_env.env.wrappers as module
 
     for name in ("FlattenReplicasWrapper", "RankedBroadcastWrapper"):
         cls = getattr(module, name)
         assert isinstance(cls, type) and issubclass(cls, gym.Wrapper) and name in module.__all__
     from agents.base import ActionLayout as from_agents
-    from hdamoe_env.actions import ActionLayout
+    from hdamoe_env.env.actions import ActionLayout
 
     assert from_agents is ActionLayout                      # one class, re-exported by agents
 
@@ -160,7 +160,7 @@ def test_wrappers_pass_gymnasium_checker():
 
 
 def test_ranked_rejects_bad_candidates_and_step_before_reset():
-    from hdamoe_env.errors import ConfigError
+    from hdamoe_env.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="num_candidates"):
         RankedBroadcastWrapper(make(), num_candidates=0)
@@ -194,7 +194,7 @@ class _ScriptedEnv(gym.Env):
 
 def test_quality_reward_fixed_weight_exact_value():
     """r = −0.9, τ = 0.99, q = 0.95, w = 100: r' = −0.9 − 100 · 0.04 = −4.9; q ≥ τ: r' = r."""
-    from hdamoe_env.wrappers import QualityRewardWrapper
+    from hdamoe_env.env.wrappers import QualityRewardWrapper
 
     env = QualityRewardWrapper(_ScriptedEnv([0.95, 1.0, None]), target=0.99, weight=100.0)
     env.reset(seed=0)
@@ -217,7 +217,7 @@ def test_quality_reward_lagrangian_rises_stays_nonnegative_and_falls():
     10 · 0.2 = −2.9, λ = 20; then q = 1 (satisfied) 50 times: λ falls by 0.5 per step to 0 after
     40 steps and stays there (projection).
     """
-    from hdamoe_env.wrappers import QualityRewardWrapper
+    from hdamoe_env.env.wrappers import QualityRewardWrapper
 
     env = QualityRewardWrapper(_ScriptedEnv([0.79, 0.79] + [1.0] * 50), target=0.99,
                                lagrangian=True, dual_step=50.0)
@@ -240,7 +240,7 @@ def test_quality_reward_lagrangian_rises_stays_nonnegative_and_falls():
 
 
 def test_quality_reward_on_the_env_reads_top1_retention():
-    from hdamoe_env.wrappers import QualityRewardWrapper
+    from hdamoe_env.env.wrappers import QualityRewardWrapper
 
     env = QualityRewardWrapper(make(gating_levels=(0.0, 64.0)), target=1.0, weight=10.0)
     env.reset(seed=0)
@@ -254,7 +254,7 @@ def test_quality_reward_on_the_env_reads_top1_retention():
 
 
 def test_quality_reward_rejects_bad_values():
-    from hdamoe_env.wrappers import QualityRewardWrapper
+    from hdamoe_env.env.wrappers import QualityRewardWrapper
 
     with pytest.raises(ConfigError, match="target"):
         QualityRewardWrapper(_ScriptedEnv([1.0]), target=1.5)
@@ -266,7 +266,7 @@ def test_quality_reward_rejects_bad_values():
 
 def _replicated(num_layers: int):
     """EP on 4 nodes (expert i on node π_i) plus one whole copy of expert 0 on another node."""
-    from hdamoe_env.placement import Placement, expert_parallel
+    from hdamoe_env.sim.placement import Placement, expert_parallel
 
     ep = expert_parallel(num_layers, 4, 4, np.random.default_rng(0))
     reps = np.zeros(ep.P.shape, dtype=bool)
@@ -281,7 +281,7 @@ def test_replica_shares_wrapper_fractions_space_and_physics():
     that of the placement without the replica on the same seed (the DES differs only through
     the aggregator draws over other holder sets); v = 0 moves them all to the replica; other
     experts (no replica) ignore their value. Every sampled action is legal."""
-    from hdamoe_env.wrappers import ReplicaSharesWrapper
+    from hdamoe_env.env.wrappers import ReplicaSharesWrapper
 
     ep, rep = _replicated(make().num_layers)
     env = ReplicaSharesWrapper(make(placement=rep), levels=2)
@@ -324,7 +324,7 @@ def test_replica_shares_wrapper_fractions_space_and_physics():
 def test_replica_share_fractions_is_the_wrappers_mapping():
     """One mapping (used by the wrapper and by learned agents): v/K on the primary, the rest
     split evenly over the replica nodes, experts without a replica stay on their primary."""
-    from hdamoe_env.wrappers import ReplicaSharesWrapper, replica_share_fractions
+    from hdamoe_env.env.wrappers import ReplicaSharesWrapper, replica_share_fractions
 
     reps = np.array([[False, True, True, False], [False] * 4, [True, False, False, False]])
     fr = replica_share_fractions(np.array([1, 0, 3]), reps, 4)
@@ -364,7 +364,7 @@ def test_replica_shares_over_the_ranked_wrapper():
     """ReplicaSharesWrapper appends its E share dimensions to an inner wrapper's action space
     and mask, and all-primary shares give the expert phase of the placement without the replica
     (the same physics as on the bare env)."""
-    from hdamoe_env.wrappers import ReplicaSharesWrapper
+    from hdamoe_env.env.wrappers import ReplicaSharesWrapper
 
     ep, rep = _replicated(make().num_layers)
     ranked = RankedBroadcastWrapper(make(placement=rep), num_candidates=2)
@@ -389,8 +389,8 @@ def test_replica_shares_over_the_ranked_wrapper():
 def test_share_fractions_rule_value_and_nan_rows_follow_least_loaded():
     """rule_value: value 0 = an all-NaN row (the least-loaded rule), v >= 1 = (v - 1)/K on the
     primary; the dispatch of an all-NaN fractions matrix equals the least-loaded rule's."""
-    from hdamoe_env import scheduling
-    from hdamoe_env.wrappers import replica_share_fractions
+    from hdamoe_env.decisions import scheduling
+    from hdamoe_env.env.wrappers import replica_share_fractions
 
     reps = np.array([[False, True, False], [False, False, False]])
     fr = replica_share_fractions(np.array([0, 3]), reps, 2, rule_value=True)

@@ -13,8 +13,9 @@ transformers = pytest.importorskip(
     "transformers", reason="the [record] extra (transformers) is not installed")
 
 import traces  # noqa: E402
-from traces import fidelity, record  # noqa: E402
-from traces.tiny_model import ByteTokenizer, TinyModelSpec, tiny_config  # noqa: E402
+from traces.capture import fidelity
+from traces.capture import record
+from traces.capture.tiny_model import ByteTokenizer, TinyModelSpec, tiny_config  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -243,7 +244,7 @@ def test_cli_record_on_saved_model(tmp_path, model, capsys):
 
 
 def test_train_tiny_smoke_and_heldout_split(tmp_path):
-    from traces.tiny_model import is_heldout, stdlib_corpus, train_tiny
+    from traces.capture.tiny_model import is_heldout, stdlib_corpus, train_tiny
 
     corpus = stdlib_corpus(max_train_bytes=200_000)
     assert corpus.heldout_files and all(is_heldout(f) for f in corpus.heldout_files)
@@ -262,8 +263,8 @@ def test_recorded_trace_drives_env_trace_predictor(trace):
     """A recorded trace (ids + next-layer predictions) runs in HdMoE-v0 with predictor='trace'."""
     import dataclasses
 
-    from hdamoe_env.env import HdMoeEnv
-    from hdamoe_env.specs import get_model
+    from hdamoe_env.env.environment import HdMoeEnv
+    from hdamoe_env.config.specs import get_model
 
     base = get_model("mixtral-8x7b")
     spec = dataclasses.replace(base, key="mixtral-8x7b@L3", num_moe_layers=trace.num_layers)

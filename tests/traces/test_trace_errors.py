@@ -15,7 +15,7 @@ from traces.errors import HdMoeError, TraceFormatError, UnknownNameError
 
 
 def test_one_base_class():
-    import hdamoe_env.errors as core
+    import hdamoe_env.config.errors as core
 
     assert core.HdMoeError is HdMoeError
     assert issubclass(TraceFormatError, HdMoeError) and issubclass(UnknownNameError, HdMoeError)

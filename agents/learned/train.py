@@ -1,0 +1,954 @@
+"""Training learned online policies with Stable-Baselines3 / sb3-contrib.
+
+Implements issue 5 on top of paper-model.md §10–11 (the online decisions of ``HdMoE-v0``: the
+pre-broadcast slots, the dispatch rule and the gating level of every MoE layer). A policy is
+trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on vectorised copies of the
+env, usually on the γ-calibrated analytic twin (``fidelity="analytic"``, fast), and saved in the
+layout ``agents.learned.policy`` loads (see its module docstring). The held-out evaluation against the
+paper's greedy agents and the ``hdamoe train`` command are the application layer's
+(``hdamoe_env.app.train``): :func:`train` takes the placement already resolved and an optional
+``evaluate_fn`` callback, and imports nothing above ``agents``.
+
+torch, stable-baselines3 and sb3-contrib are imported lazily (style.md R12); torch is seeded in
+``agents.learned.policy`` (style.md R7).
+
+Decisions:
+
+* [decision] Observations normalised: ``pred_load``, ``node_load`` and ``link_busy`` (small,
+  skewed, layer-dependent magnitudes) by running mean/std (``VecNormalize``, clip 10); the
+  already-bounded static features ``replicas``, ``layer`` and ``budget`` are left raw (a
+  near-constant feature would be blown up by its tiny variance). Rewards are not normalised
+  (they are already ≈ −latency ÷ TP latency ≈ −1).
+* [decision] PPO and A2C sample the raw ``MultiDiscrete`` space, so their training envs use
+  ``invalid_action="coerce"`` (masked slots and duplicates become "none"); MaskablePPO respects
+  the per-dimension masks and uses ``duplicates="ignore"``. ``LearnedAgent.predict`` applies the
+  same coercion, so a learned agent runs on a strict (``"raise"``) env such as the bench's.
+* [decision] ``action_mode="ranked"`` (``hdamoe_env.env.wrappers.RankedBroadcastWrapper``, the
+  default): a slot picks the c-th most-loaded predicted expert, K + 1 values instead of E + 1.
+* [decision] ``action_mode="residual"`` (``agents.wrappers.ResidualHDAWrapper``) acts as a
+  deviation from the greedy HDA-MoE action of the layer; value 0 of every dimension is "keep"
+  and its logit starts biased (``RESIDUAL_KEEP_LOGIT``), so an untrained policy equals HDA-MoE.
+  Every lever acts on the layer it is chosen for, so ``gamma = 0`` (a per-layer bandit) is the
+  recommended setting (docs/results/learned/README.md: with 0.99 nothing was learned in 20 k
+  steps).
+* [decision] ``replica_shares=K`` (placements with redundant experts, e.g. ``eplb``) appends
+  one share dimension per routed expert (``hdamoe_env.env.wrappers.ReplicaSharesWrapper``, the
+  outermost wrapper) to whichever action design is inside. In residual mode the share
+  dimensions get one more value, 0 = "the least-loaded rule" (``rule_value=True``), and its logit
+  is biased like the residual "keep" values, so the untrained policy is HDA-MoE with the env's
+  default replica dispatch; in full / ranked mode the values are the K + 1 shares, unbiased.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.learned.policy import (
+    ALGORITHMS,
+    META_FILE,
+    MODEL_FILE,
+    VECNORM_FILE,
+    ObsNormalizer,
+    _algo_class,
+    _algo_key,
+    _seed_everything,
+    _set_threads,
+    checkpoint_path,
+    file_sha256,
+    latest_checkpoint,
+)
+from agents.wrappers import RESIDUAL_KEEP_LOGIT, ResidualHDAWrapper
+from hdamoe_env.env.actions import ActionLayout
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, unknown_name
+from hdamoe_env.config.fileio import atomic_write
+from hdamoe_env.sim.placement import Placement
+from hdamoe_env.env.wrappers import (QualityRewardWrapper, RankedBroadcastWrapper,
+                                     ReplicaSharesWrapper)
+
+__all__ = [
+    "ACTION_MODES",
+    "ALGORITHMS",
+    "HYPERPARAMS",
+    "HYPERPARAM_FILE_KEYS",
+    "NORM_OBS_KEYS",
+    "A2CHyperparams",
+    "HyperparamsFile",
+    "MaskablePPOHyperparams",
+    "PPOHyperparams",
+    "check_replica_shares",
+    "load_hyperparams",
+    "make_vec_env",
+    "to_jsonable",
+    "train",
+]
+
+log = logging.getLogger(__name__)
+
+#: Observation keys normalised by ``VecNormalize`` (module docstring).
+NORM_OBS_KEYS: tuple[str, ...] = ("pred_load", "node_load", "link_busy")
+
+
+# ------------------------------------------------------------------------- hyperparameters
+@dataclass(frozen=True)
+class PPOHyperparams:
+    """PPO hyperparameters (RL-Zoo style; sized for ~10⁴–10⁵ steps on the analytic twin).
+
+    Attributes:
+        n_steps: Rollout steps per env before an update (n_steps · n_envs per update; about
+            2.5 episodes of DeepSeek-V2-Lite at 4 decode steps × 26 layers).
+        batch_size: Minibatch size of the SGD epochs.
+        n_epochs: SGD passes over each rollout.
+        learning_rate: Adam step size.
+        gamma: Discount per env step (one MoE layer); 0.99 ≈ a 100-layer horizon, about one
+            decode step of a 26-layer model × 4.
+        gae_lambda: GAE λ.
+        clip_range: PPO ratio clip.
+        ent_coef: Entropy bonus (keeps the many slot heads exploring).
+        vf_coef: Value-loss weight.
+        max_grad_norm: Gradient clip.
+        net_arch: Hidden layers of the policy and value MLPs (shared extractor flattens the Dict).
+    """
+
+    n_steps: int = 256
+    batch_size: int = 64
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = (64, 64)
+
+
+@dataclass(frozen=True)
+class MaskablePPOHyperparams(PPOHyperparams):
+    """MaskablePPO hyperparameters: PPO's, with a smaller entropy bonus (masks already prune)."""
+
+    ent_coef: float = 0.005
+
+
+@dataclass(frozen=True)
+class A2CHyperparams:
+    """A2C hyperparameters (RL-Zoo defaults for small discrete tasks).
+
+    Attributes:
+        n_steps: Rollout steps per env before an update.
+        learning_rate: RMSprop step size.
+        gamma: Discount per env step.
+        gae_lambda: GAE λ (1.0 = plain n-step returns).
+        ent_coef: Entropy bonus.
+        vf_coef: Value-loss weight.
+        max_grad_norm: Gradient clip.
+        net_arch: Hidden layers of the policy and value MLPs.
+    """
+
+    n_steps: int = 8
+    learning_rate: float = 7e-4
+    gamma: float = 0.99
+    gae_lambda: float = 1.0
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = (64, 64)
+
+
+HYPERPARAMS: dict[str, type[Any]] = {"ppo": PPOHyperparams,
+                                     "maskable-ppo": MaskablePPOHyperparams,
+                                     "a2c": A2CHyperparams}
+assert tuple(HYPERPARAMS) == ALGORITHMS, "agents.learned.policy.ALGORITHMS names the same algorithms"
+
+
+#: Keys of an RL Zoo style hyperparameter file that are not dataclass fields: the run settings
+#: they map onto (``n_envs``, ``n_timesteps``), the policy class (only ``MultiInputPolicy``),
+#: observation normalisation (a bool or the zoo's ``"{'norm_obs': True, ...}"`` string; reward
+#: normalisation is not supported) and ``policy_kwargs`` (only ``net_arch``).
+HYPERPARAM_FILE_KEYS: tuple[str, ...] = ("n_envs", "n_timesteps", "policy", "normalize",
+                                         "policy_kwargs")
+#: Section names accepted for an algorithm (ours and rl-zoo3's ``--algo`` names).
+_ALGO_SECTIONS: dict[str, tuple[str, ...]] = {"ppo": ("ppo",),
+                                              "maskable-ppo": ("maskable-ppo", "ppo_mask"),
+                                              "a2c": ("a2c",)}
+#: Section names accepted for the env (the registered id, with or without the package prefix).
+_ENV_SECTIONS: tuple[str, ...] = ("HdMoE-v0", "hdamoe_env/HdMoE-v0")
+
+
+@dataclass(frozen=True)
+class HyperparamsFile:
+    """The settings of one section of an RL Zoo style hyperparameter file.
+
+    Attributes:
+        path: The file read.
+        section: The top-level key the settings came from (an algorithm or env id).
+        hyperparams: Overrides of the algorithm's dataclass (``HYPERPARAMS[algo]``), validated.
+        n_envs: Env copies (``n_envs`` of the file), None if absent.
+        n_timesteps: Total env steps (``n_timesteps``), None if absent.
+        normalize_obs: Observation normalisation (``normalize``), None if absent.
+    """
+
+    path: str
+    section: str
+    hyperparams: dict[str, Any]
+    n_envs: int | None = None
+    n_timesteps: int | None = None
+    normalize_obs: bool | None = None
+
+
+def _literal(text: str, key: str, path: str) -> Any:
+    """Evaluate a zoo-style Python literal such as ``dict(net_arch=[64, 64])`` without ``eval``."""
+    import ast
+
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "dict" and not node.args:
+            return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+        return ast.literal_eval(node)
+    except (SyntaxError, ValueError) as exc:
+        raise ConfigError(f"{path}: {key}={text!r} is not a literal ({exc}); expected e.g. "
+                          f"{key}: \"dict(net_arch=[64, 64])\" or a YAML mapping") from None
+
+
+def _file_setting(name: str, value: Any, src: str, hp: dict[str, Any],
+                  run: dict[str, Any]) -> None:
+    """Map one :data:`HYPERPARAM_FILE_KEYS` entry onto ``hp`` (net_arch) or ``run``."""
+    if name in ("n_envs", "n_timesteps"):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)                           # the zoo writes !!float 2e5
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{src}: {name}={value!r}: expected a positive integer")
+        run[name] = value
+    elif name == "policy":
+        if value != "MultiInputPolicy":
+            raise ConfigError(f"{src}: policy={value!r}: expected 'MultiInputPolicy' (the "
+                              "observation is a Dict)")
+    elif name == "normalize":
+        norm = _literal(value, name, src) if isinstance(value, str) else value
+        if isinstance(norm, dict):
+            if norm.get("norm_reward", False):
+                raise ConfigError(f"{src}: normalize={value!r}: reward normalisation is not "
+                                  "supported; expected norm_reward False")
+            norm = bool(norm.get("norm_obs", True))
+        if not isinstance(norm, bool):
+            raise ConfigError(f"{src}: normalize={value!r}: expected true/false or "
+                              "\"{'norm_obs': True, 'norm_reward': False}\"")
+        run["normalize_obs"] = norm
+    else:                                                # policy_kwargs
+        kw = _literal(value, name, src) if isinstance(value, str) else value
+        if not isinstance(kw, dict) or set(kw) - {"net_arch"}:
+            raise ConfigError(f"{src}: policy_kwargs={value!r}: only net_arch is supported, "
+                              "e.g. \"dict(net_arch=[64, 64])\"")
+        if "net_arch" in kw:
+            arch = kw["net_arch"]
+            if not isinstance(arch, list | tuple) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in arch):
+                raise ConfigError(f"{src}: net_arch={arch!r}: expected a list of positive "
+                                  "layer widths, e.g. [64, 64]")
+            hp["net_arch"] = tuple(arch)
+
+
+def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
+                     section: str | None = None) -> HyperparamsFile:
+    """Read an RL Zoo style hyperparameter file (``hyperparams/<algo>.yml`` of rl-zoo3).
+
+    The file is a YAML mapping of sections; the section used is the first present of the
+    algorithm's name (``maskable-ppo`` or rl-zoo3's ``ppo_mask``, ``ppo``, ``a2c``), then the env
+    id (``HdMoE-v0`` or ``hdamoe_env/HdMoE-v0``). Its keys are fields of the algorithm's
+    hyperparameter dataclass (``n_steps``, ``batch_size``, ``learning_rate``, ``gamma``,
+    ``ent_coef``, ...) or one of :data:`HYPERPARAM_FILE_KEYS`; ``policy_kwargs`` (a mapping or
+    the zoo's ``"dict(net_arch=[64, 64])"`` string) may hold only ``net_arch``. PyYAML is
+    imported lazily (the ``rl`` extra).
+
+    Args:
+        path: The YAML file.
+        algo: Algorithm the settings are for (selects the section and the dataclass).
+        section: Use this top-level key instead of the default lookup (a file may hold several
+            variants, e.g. ``maskable-ppo-residual``).
+
+    Returns:
+        The section's settings, hyperparameters validated against the dataclass.
+
+    Raises:
+        ConfigError: Missing or unparsable file, no matching section, an unknown key (naming
+            the allowed ones), a value of the wrong type.
+        DependencyNotInstalled: PyYAML missing.
+    """
+    key = _algo_key(algo)
+    try:
+        import yaml
+    except ImportError as exc:
+        raise DependencyNotInstalled(f"reading {path} needs PyYAML: "
+                                     'pip install "hdamoe-env[rl]"') from exc
+    src = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"hyperparameter file {src!r} cannot be read ({exc.strerror}); "
+                          "expected an RL Zoo style YAML file, e.g. hyperparams/maskable-ppo.yml"
+                          ) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{src}: not valid YAML ({first})") from None
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError(f"{src}: expected a mapping of sections (algorithm or env id -> "
+                          f"settings), got {type(doc).__name__}")
+    names = (section,) if section is not None else (*_ALGO_SECTIONS[key], *_ENV_SECTIONS)
+    section = next((n for n in names if n in doc), None)
+    if section is None:
+        raise ConfigError(f"{src}: no section for {key}; expected one of {list(names)}, "
+                          f"found {[str(k) for k in doc]}")
+    body = doc[section] or {}
+    if not isinstance(body, dict):
+        raise ConfigError(f"{src}: section {section!r} must be a mapping of settings, got "
+                          f"{type(body).__name__}")
+    cls = HYPERPARAMS[key]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    allowed = sorted(set(fields) - {"net_arch"}) + list(HYPERPARAM_FILE_KEYS)
+    hp: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    for name, value in body.items():
+        name = str(name)
+        if name in fields and name != "net_arch":
+            hp[name] = value
+        elif name in HYPERPARAM_FILE_KEYS:
+            _file_setting(name, value, src, hp, run)
+        else:
+            raise ConfigError(f"{src}: unknown key {name!r} in section {section!r}; allowed: "
+                              f"{', '.join(allowed)}")
+    for name in ("learning_rate", "gamma", "gae_lambda", "clip_range", "ent_coef", "vf_coef",
+                 "max_grad_norm"):
+        if isinstance(hp.get(name), str):                # YAML 1.1 reads 3e-4 as a string
+            try:
+                hp[name] = float(hp[name])
+            except ValueError:
+                pass                                     # refused with its name just below
+    _check_hyperparam_types(cls(), hp)
+    return HyperparamsFile(src, str(section), hp, n_envs=run.get("n_envs"),
+                           n_timesteps=run.get("n_timesteps"),
+                           normalize_obs=run.get("normalize_obs"))
+
+
+def _model_kwargs(hp: Any) -> dict[str, Any]:
+    kwargs = dataclasses.asdict(hp)
+    net_arch = list(kwargs.pop("net_arch"))
+    kwargs["policy_kwargs"] = {"net_arch": {"pi": net_arch, "vf": list(net_arch)}}
+    return kwargs
+
+
+# ------------------------------------------------------------------------------------- envs
+def _env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict[str, Any]:
+    """Return the ``HdMoeEnv`` kwargs of a training env (module docstring decisions)."""
+    kwargs = {"fidelity": fidelity, "flatten_replicas": True, **env_kwargs}
+    if algo == "maskable-ppo":
+        kwargs.setdefault("duplicates", "ignore")
+    else:
+        kwargs.setdefault("invalid_action", "coerce")
+    return kwargs
+
+
+#: Action designs of the training env: ``"ranked"`` (``RankedBroadcastWrapper``), ``"full"``
+#: (the env's own action) and ``"residual"`` (``ResidualHDAWrapper``).
+ACTION_MODES: tuple[str, ...] = ("ranked", "full", "residual")
+
+
+def _bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
+    """Add ``logit`` to the action-net bias of value 0 of every dimension (residual start)."""
+    import torch
+
+    starts = np.concatenate([[0], np.cumsum(np.asarray(nvec))[:-1]]).astype(int)
+    with torch.no_grad():
+        bias = model.policy.action_net.bias
+        for s in starts:
+            bias[int(s)] += float(logit)
+
+
+def check_replica_shares(replica_shares: int | None, placement: Any,
+                         name: str | None = None) -> int | None:
+    """Validate ``replica_shares`` against the training placement; return K or None (off).
+
+    Args:
+        replica_shares: K share steps per expert (>= 1), or None / 0 for off.
+        placement: What the env builds from: a ``Placement``, ``"tp"``, ``"ep"`` or a ``.npz``
+            path.
+        name: The placement's name for the message (default: ``placement`` if a string, else
+            its ``method``).
+
+    Raises:
+        ConfigError: K is not an integer >= 1, or the placement has no redundant experts.
+    """
+    if replica_shares is None or (replica_shares == 0 and not isinstance(replica_shares, bool)):
+        return None
+    if isinstance(replica_shares, bool) or not isinstance(replica_shares, int | np.integer) \
+            or replica_shares < 1:
+        raise ConfigError(f"replica_shares must be an integer >= 1 (share steps per expert), got "
+                          f"{replica_shares!r}; e.g. 4")
+    resolved = placement
+    if isinstance(placement, str) and placement.endswith(".npz"):
+        resolved = Placement.load(placement)
+    has = isinstance(resolved, Placement) and resolved.has_replicas
+    if not has:
+        label = name or (placement if isinstance(placement, str)
+                         else getattr(placement, "method", "?"))
+        raise ConfigError(f"replica shares need a placement with redundant experts "
+                          f"(Placement.replicas), but placement {label!r} has none; use the "
+                          "'eplb' placement (`--placement eplb`)")
+    return int(replica_shares)
+
+
+def _share_rule_value(action_mode: str) -> bool:
+    """Whether replica shares get value 0 = "the least-loaded rule" (residual mode only)."""
+    return action_mode == "residual"
+
+
+@dataclass
+class _EnvFactory:
+    """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker).
+
+    Wrapper order: ``HdMoeEnv`` → ``QualityRewardWrapper`` → ranked / residual →
+    ``ReplicaSharesWrapper`` (it appends its share dimensions to whatever action is inside) →
+    ``Monitor``.
+    """
+
+    kwargs: dict[str, Any]
+    action_mode: str = "full"
+    num_candidates: int = 4
+    quality: dict[str, Any] | None = None
+    replica_shares: int | None = None
+
+    def __call__(self) -> Any:
+        from stable_baselines3.common.monitor import Monitor
+
+        from hdamoe_env.env.environment import HdMoeEnv
+
+        env = HdMoeEnv(**self.kwargs)
+        if self.quality is not None:
+            env = QualityRewardWrapper(env, **self.quality)
+        if self.action_mode == "ranked":
+            env = RankedBroadcastWrapper(env, self.num_candidates)
+        elif self.action_mode == "residual":
+            env = ResidualHDAWrapper(env)
+        if self.replica_shares:                  # residual: share value 0 = the env's rule
+            env = ReplicaSharesWrapper(env, self.replica_shares,
+                                       rule_value=_share_rule_value(self.action_mode))
+        return Monitor(env)
+
+
+def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
+                 start_method: str | None = None, action_mode: str = "full",
+                 num_candidates: int = 4, quality: dict[str, Any] | None = None,
+                 replica_shares: int | None = None) -> Any:
+    """Build ``n_envs`` monitored ``HdMoeEnv`` copies (DummyVecEnv for 1, SubprocVecEnv above).
+
+    Args:
+        env_kwargs: Complete ``HdMoeEnv`` keyword arguments.
+        n_envs: Number of env copies.
+        seed: Seed of the vector env (copy i gets seed + i on its first reset).
+        start_method: ``multiprocessing`` start method of ``SubprocVecEnv`` (None: SB3's).
+        action_mode: ``"full"`` (the env's action), ``"ranked"`` (``RankedBroadcastWrapper``)
+            or ``"residual"`` (``ResidualHDAWrapper``).
+        num_candidates: K of the ranked action.
+        quality: Keyword arguments of ``hdamoe_env.env.wrappers.QualityRewardWrapper`` (target,
+            weight, lagrangian, dual_step, ...), or None for the latency reward only.
+        replica_shares: K of ``hdamoe_env.env.wrappers.ReplicaSharesWrapper`` (outermost action
+            wrapper; the placement needs redundant experts), or None for off.
+
+    Returns:
+        A seeded SB3 ``VecEnv``.
+
+    Raises:
+        ConfigError: Bad ``n_envs``, action mode, quality arguments or ``replica_shares`` (or a
+            placement without redundant experts).
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    if n_envs < 1:
+        raise ConfigError(f"n_envs must be >= 1, got {n_envs}")
+    if action_mode not in ACTION_MODES:
+        raise unknown_name("action mode", action_mode, ACTION_MODES)
+    if quality is not None:                      # validate once, in this process
+        QualityRewardWrapper.validate(**quality)
+    replica_shares = check_replica_shares(replica_shares, env_kwargs.get("placement", "ep"))
+    fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates,
+                       None if quality is None else dict(quality), replica_shares)
+           for _ in range(n_envs)]
+    venv = DummyVecEnv(fns) if n_envs == 1 else SubprocVecEnv(fns, start_method=start_method)
+    venv.seed(seed)
+    return venv
+
+
+# ------------------------------------------------------------------------------- callbacks
+def _progress_callback(on_progress: Callable[[int, float], None]) -> Any:
+    """Return an SB3 callback calling ``on_progress(num_timesteps, steps_per_s)`` per rollout."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class ProgressCallback(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+            self.n0 = self.model.num_timesteps
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            elapsed = time.perf_counter() - self.t0
+            n = self.model.num_timesteps
+            on_progress(n, (n - self.n0) / elapsed if elapsed > 0 else 0.0)
+
+    return ProgressCallback()
+
+
+def _hparam_callback(hparams: dict[str, Any]) -> Any:
+    """Return an SB3 callback recording ``hparams`` in TensorBoard's HPARAMS tab at the start."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import HParam
+
+    clean = {k: (v if isinstance(v, bool | int | float | str) else json.dumps(to_jsonable(v)))
+             for k, v in hparams.items()}
+
+    class HParamCallback(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.logger.record("hparams", HParam(clean, {"rollout/ep_rew_mean": 0.0,
+                                                         "latency/total_over_tp": 0.0}),
+                               exclude=("stdout", "log", "json", "csv"))
+
+        def _on_step(self) -> bool:
+            return True
+
+    return HParamCallback()
+
+
+def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str = "",
+               on_progress: Callable[[int, float], None] | None = None,
+               hparams: dict[str, Any] | None = None) -> Any:
+    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams."""
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+
+    class LatencyCallback(BaseCallback):
+        """Log the env's ``info["total_us"]`` and ``info["tbt_us"]`` under ``latency/``."""
+
+        def _on_step(self) -> bool:
+            for info in self.locals.get("infos", ()):
+                if "total_us" in info:
+                    self.logger.record_mean("latency/total_us", float(info["total_us"]))
+                if "tbt_us" in info:
+                    self.logger.record_mean("latency/tbt_us", float(info["tbt_us"]))
+                if "tp_total_us" in info and info["tp_total_us"] > 0:
+                    self.logger.record_mean("latency/total_over_tp",
+                                            float(info["total_us"]) / float(info["tp_total_us"]))
+            return True
+
+    class AtomicCheckpoint(BaseCallback):
+        """Save model (+ VecNormalize) every ``every`` steps to ``checkpoints/`` atomically."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_at = 0
+
+        def _on_training_start(self) -> None:
+            n = self.model.num_timesteps
+            self.next_at = (n // checkpoint_every + 1) * checkpoint_every
+
+        def _on_step(self) -> bool:
+            if self.model.num_timesteps >= self.next_at:
+                _save_checkpoint(self.model, vecnorm, out_dir, digest)
+                self.next_at = (self.model.num_timesteps // checkpoint_every + 1) \
+                    * checkpoint_every
+            return True
+
+    callbacks: list[Any] = [LatencyCallback()]
+    if hparams:
+        callbacks.append(_hparam_callback(hparams))
+    if checkpoint_every > 0:
+        callbacks.append(AtomicCheckpoint())
+    if on_progress is not None:
+        callbacks.append(_progress_callback(on_progress))
+    return CallbackList(callbacks)
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data), "wb")
+
+
+def _save_model(model: Any, vecnorm: Any, model_path: Path, vecnorm_path: Path) -> str:
+    """Write the model (and its observation statistics as ``.npz``); return its SHA-256."""
+    buf = io.BytesIO()
+    model.save(buf)
+    if vecnorm is not None:                    # statistics first: a model never lacks them
+        ObsNormalizer.from_vecnormalize(vecnorm).save(vecnorm_path)      # arrays, no pickle
+    data = buf.getvalue()
+    _atomic_bytes(model_path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path, digest: str = "") -> Path:
+    steps = int(model.num_timesteps)
+    ckpt = checkpoint_path(out_dir, steps)
+    sha = _save_model(model, vecnorm, ckpt, ckpt.with_name(f"ckpt_{steps}_{VECNORM_FILE}"))
+    # the sidecar marks the checkpoint as this run's: its SHA-256 and the run digest (resume)
+    _atomic_bytes(ckpt.with_suffix(".json"), (json.dumps(
+        {"sha256": sha, "run_digest": digest, "steps": steps}, indent=1) + "\n").encode())
+    log.info("checkpoint %s", ckpt)
+    return ckpt
+
+
+def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
+               normalize_obs: bool, hp: Any, env_kwargs: dict[str, Any],
+               residual_keep_logit: float | None,
+               quality: dict[str, Any] | None = None,
+               replica_shares: int | None = None) -> str:
+    """Return the SHA-256 of everything a resumed run must share (env + hyperparameters)."""
+    payload: dict[str, Any] = {"algo": algo, "action_mode": action_mode, "num_candidates": num_candidates,
+               "fidelity": fidelity, "normalize_obs": normalize_obs,
+               "hyperparams": to_jsonable(dataclasses.asdict(hp)),
+               "env_kwargs": to_jsonable(env_kwargs),
+               "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
+    if quality is not None:                  # absent for latency-only runs (digests unchanged)
+        payload["quality"] = to_jsonable(quality)
+    if replica_shares:                       # absent without shares (digests unchanged)
+        payload["replica_shares"] = int(replica_shares)
+        payload["replica_share_rule_value"] = _share_rule_value(action_mode)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _layout_meta(venv: Any) -> dict[str, Any]:
+    """Return the env's action layout and node count (``learned.json``, for loading)."""
+    if hasattr(venv, "envs"):                    # DummyVecEnv: read the env itself
+        base = venv.envs[0].unwrapped
+        lay = ActionLayout.from_env(base)
+        num_nodes = int(base.num_nodes)
+    else:                                        # SubprocVecEnv: plain attributes of env 0
+        def attr(name: str) -> Any:
+            return venv.get_attr(name, indices=[0])[0]
+
+        lay = ActionLayout(int(attr("num_experts")), int(attr("max_broadcast")),
+                           tuple(attr("dispatch_rules")), tuple(attr("gating_levels")),
+                           tuple(attr("replica_rules")))
+        num_nodes = int(attr("num_nodes"))
+    return {"num_experts": lay.num_experts, "max_broadcast": lay.max_broadcast,
+            "dispatch_rules": list(lay.dispatch_rules), "gating_levels": list(lay.gating_levels),
+            "replica_rules": list(lay.replica_rules), "num_nodes": num_nodes}
+
+
+def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int,
+                       digest: str = "", details: dict[str, Any] | None = None) -> Path | None:
+    """Return the checkpoint to resume from (None: start afresh), checking it matches the run.
+
+    Raises:
+        ConfigError: ``out`` was trained with another algorithm, action design, env or
+            hyperparameters, or its latest checkpoint was not written by a run of this version.
+        IntegrityError: The checkpoint differs from the SHA-256 recorded next to it.
+    """
+    from hdamoe_env.config.errors import IntegrityError
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
+        return None
+    earlier: dict[str, Any] = {}
+    if (out / META_FILE).exists():
+        earlier = json.loads((out / META_FILE).read_text())
+        if earlier.get("algo", algo) != algo:
+            raise ConfigError(f"--resume: {out} was trained with {earlier['algo']!r}, not "
+                              f"{algo!r}; pass --algo {earlier['algo']} or a new --out")
+        if (earlier.get("action_mode", action_mode), earlier.get("num_candidates",
+                                                                 num_candidates)) != (
+                action_mode, num_candidates):
+            raise ConfigError(f"--resume: {out} was trained with action_mode "
+                              f"{earlier.get('action_mode')!r}, K={earlier.get('num_candidates')}"
+                              f"; pass the same --action-mode/--candidates or a new --out")
+    side = ckpt.with_suffix(".json")
+    try:
+        record = json.loads(side.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"--resume: checkpoint {str(ckpt)!r} has no readable {side.name} "
+                          "(written by an older version or another program); use a new --out")
+    if digest and record.get("run_digest") != digest:
+        diff = []
+        if details is not None:
+            old_kw = earlier.get("env_kwargs", {})
+            new_kw = details.get("env_kwargs", {})
+            diff = sorted(k for k in set(old_kw) | set(new_kw) if old_kw.get(k) != new_kw.get(k))
+            old_hp, new_hp = earlier.get("hyperparams") or {}, details.get("hyperparams", {})
+            diff += sorted(f"hp.{k}" for k in set(old_hp) | set(new_hp)
+                           if old_hp and old_hp.get(k) != new_hp.get(k))
+            for k in ("fidelity", "normalize_obs", "replica_shares"):
+                if k in earlier and earlier[k] != details.get(k):
+                    diff.append(k)
+        raise ConfigError(f"--resume: {out} was trained with another env or hyperparameters "
+                          f"(differs in {diff or 'the run digest'}); resume with the same "
+                          "arguments, or train into a new --out")
+    if file_sha256(ckpt) != record.get("sha256"):
+        raise IntegrityError(f"--resume: checkpoint {str(ckpt)!r} does not match the SHA-256 "
+                             "recorded next to it; it was modified and is not loaded (loading "
+                             "runs code from the file)")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------- train
+def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
+          timesteps: int = 10_000, n_envs: int = 1, seed: int = 0,
+          out_dir: str | os.PathLike[str] = "runs/learned", checkpoint_every: int = 5_000,
+          fidelity: str = "analytic", normalize_obs: bool = True, tensorboard: bool = True,
+          resume: bool = False, *, hyperparams: dict[str, Any] | None = None,
+          placement: Placement | None = None, evaluate_fn: Callable[[Path], Any] | None = None,
+          threads: int = 1, start_method: str | None = None, progress: bool = False,
+          action_mode: str = "ranked", num_candidates: int = 4,
+          residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
+          quality: dict[str, Any] | None = None, replica_shares: int | None = None,
+          on_progress: Callable[[int, float], None] | None = None) -> Path:
+    """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
+
+    Args:
+        algo: ``"ppo"``, ``"maskable-ppo"`` or ``"a2c"``.
+        env_kwargs: ``HdMoeEnv`` keyword arguments (model, mesh, setting, batch, k_b,
+            placement — ``"tp"``, ``"ep"``, a ``.npz`` path, a ``Placement``, or a placement
+            name such as ``"node_link"`` together with ``placement=`` —, trace, trace_seed,
+            ...). They are recorded in ``learned.json`` as given.
+        timesteps: Total env steps (with ``resume``, the target including earlier steps).
+        n_envs: Env copies (``SubprocVecEnv`` when > 1).
+        seed: Seed of torch, SB3 and the training episodes.
+        out_dir: Output directory (see the module docstring).
+        checkpoint_every: Save a checkpoint every this many steps (0: never).
+        fidelity: Training fidelity, ``"analytic"`` (default, fast) or ``"des"``.
+        normalize_obs: Wrap the envs in ``VecNormalize`` for :data:`NORM_OBS_KEYS`.
+        tensorboard: Write TensorBoard logs to ``out_dir/tb``.
+        resume: Continue from the latest checkpoint (step count continues).
+        hyperparams: Overrides of the algorithm's dataclass fields (e.g. ``{"n_steps": 64}``).
+        placement: The placement ``env_kwargs["placement"]`` names, already resolved by the
+            caller (the application layer resolves method names such as ``"node_link"``;
+            ``agents`` does not import it). The training envs use it; ``learned.json`` keeps
+            the name.
+        evaluate_fn: Called with ``out_dir`` once the model and ``learned.json`` are saved
+            (e.g. the held-out evaluation of ``hdamoe_env.app.train``); its result is ignored.
+        threads: torch / BLAS threads (1, dependencies.md §6).
+        start_method: ``SubprocVecEnv`` start method.
+        progress: SB3 progress bar.
+        action_mode: ``"ranked"`` (default, ``RankedBroadcastWrapper``: slot = rank among the
+            ``num_candidates`` most-loaded predicted experts), ``"full"`` (expert ids) or
+            ``"residual"`` (``ResidualHDAWrapper``: HDA-MoE's action + a learned deviation; the
+            policy starts biased towards "no deviation" by ``residual_keep_logit``).
+        num_candidates: K of the ranked action.
+        residual_keep_logit: Initial logit bonus of "keep the greedy's choice" (residual mode).
+        quality: Train on the quality-charged reward: keyword arguments of
+            ``hdamoe_env.env.wrappers.QualityRewardWrapper`` (``target``, ``weight``,
+            ``lagrangian``, ``dual_step``, ...); None = latency reward only. Recorded in
+            ``learned.json`` and in the resume digest.
+        replica_shares: Learn per-expert replica routing shares too: K share steps per routed
+            expert (``hdamoe_env.env.wrappers.ReplicaSharesWrapper`` around the action design),
+            None = off. Needs a placement with redundant experts (e.g. ``eplb``). Recorded as
+            ``replica_shares`` in ``learned.json`` and in the resume digest.
+        on_progress: Called with (env steps so far, training steps/s) after every rollout
+            (the application layer shows it; ``agents`` prints nothing).
+
+    Returns:
+        The path of the saved model (``out_dir/model.zip``).
+
+    Raises:
+        ConfigError: Bad algorithm, hyperparameter or env argument, a placement name
+            without ``placement=``, or ``replica_shares`` on a placement without redundant
+            experts.
+        DependencyNotInstalled: torch / stable-baselines3 / sb3-contrib missing.
+    """
+    key = _algo_key(algo)
+    cls = _algo_class(key)
+    _set_threads(threads)
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        hp = HYPERPARAMS[key](**(hyperparams or {}))
+    except TypeError as exc:
+        names = [f.name for f in dataclasses.fields(HYPERPARAMS[key])]
+        raise ConfigError(f"bad hyperparameters {hyperparams!r} for {key}: {exc}; expected "
+                          f"fields of {names}") from None
+    _check_hyperparam_types(hp, hyperparams or {})
+    user_kwargs = dict(env_kwargs or {})
+    resolved = {k: v for k, v in _with_placement(user_kwargs, placement).items()
+                if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
+    env_args = _env_arguments(resolved, key, fidelity)
+    user_name = user_kwargs.get("placement", "ep")
+    replica_shares = check_replica_shares(replica_shares, env_args.get("placement", "ep"),
+                                          user_name if isinstance(user_name, str) else None)
+    rule_value = bool(replica_shares) and _share_rule_value(action_mode)
+    digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
+                        user_kwargs, residual_keep_logit, quality, replica_shares)
+    details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
+               "fidelity": fidelity, "normalize_obs": normalize_obs,
+               "replica_shares": replica_shares}
+    ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
+            if resume else None)
+    _seed_everything(seed)
+    venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
+                        action_mode=action_mode, num_candidates=num_candidates,
+                        quality=quality, replica_shares=replica_shares)
+    layout_meta = _layout_meta(venv)
+    vecnorm = None
+    if normalize_obs:
+        stats = ckpt.with_name(ckpt.stem + "_" + VECNORM_FILE) if ckpt else None
+        keys = [k for k in NORM_OBS_KEYS if k in venv.observation_space.spaces]
+        vecnorm = VecNormalize(venv, norm_obs=True, norm_reward=False, clip_obs=10.0,
+                               norm_obs_keys=keys, gamma=hp.gamma)
+        if stats is not None and stats.exists():
+            ObsNormalizer.load(stats).apply_to(vecnorm)         # plain arrays, no pickle
+        venv_train = vecnorm
+    else:
+        venv_train = venv
+    tb_dir = str(out / "tb") if tensorboard else None
+    if tensorboard:
+        try:
+            import tensorboard as _tb  # noqa: F401  (SB3's writer needs the package)
+        except ImportError:
+            log.warning("tensorboard is not installed (`pip install \"hdamoe-env[log]\"`); "
+                        "training without TensorBoard logs")
+            tb_dir = None
+    t0 = time.perf_counter()
+    if ckpt is not None:
+        model = cls.load(str(ckpt), env=venv_train, tensorboard_log=tb_dir, seed=seed)
+        log.info("resumed from %s at %d steps", ckpt, model.num_timesteps)
+    else:
+        model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
+                    verbose=0, device="cpu", **_model_kwargs(hp))
+        if action_mode == "residual" and residual_keep_logit:
+            # residual dims, then any share dims, whose value 0 is the env's replica rule: the
+            # untrained policy is HDA-MoE with the default replica dispatch
+            _bias_keep(model, venv.action_space.nvec, residual_keep_logit)
+    start_steps = int(model.num_timesteps)
+    remaining = max(0, int(timesteps) - start_steps)
+    if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode
+        early = {"algo": key, "action_mode": action_mode, "num_candidates": num_candidates,
+                 "replica_shares": replica_shares,
+                 "replica_share_rule_value": rule_value,
+                 "layout": layout_meta,
+                 "fidelity": fidelity, "env_kwargs": to_jsonable(user_kwargs), "complete": False}
+        _atomic_bytes(out / META_FILE, (json.dumps(early, indent=1) + "\n").encode())
+    if remaining > 0:
+        model.learn(total_timesteps=remaining, callback=_callbacks(
+                        out, checkpoint_every, vecnorm, digest, on_progress,
+                        hparams={"algo": key, "action_mode": action_mode,
+                                 "num_candidates": num_candidates, "fidelity": fidelity,
+                                 "replica_shares": replica_shares or 0,
+                                 "seed": seed, "n_envs": n_envs, "normalize_obs": normalize_obs,
+                                 **{f"env/{k}": v for k, v in user_kwargs.items()},
+                                 **{f"hp/{k}": v for k, v in dataclasses.asdict(hp).items()}}),
+                    reset_num_timesteps=ckpt is None, tb_log_name=key, progress_bar=progress)
+    wall = time.perf_counter() - t0
+    if checkpoint_every > 0 and remaining > 0:     # resume continues from the exact end
+        _save_checkpoint(model, vecnorm, out, digest)
+    model_path = out / MODEL_FILE
+    model_sha = _save_model(model, vecnorm, model_path, out / VECNORM_FILE)
+    if vecnorm is None and (out / VECNORM_FILE).exists():
+        (out / VECNORM_FILE).unlink()
+    import torch
+
+    meta = {
+        "algo": key, "hyperparams": dataclasses.asdict(hp), "seed": seed, "n_envs": n_envs,
+        "fidelity": fidelity, "normalize_obs": normalize_obs, "action_mode": action_mode,
+        "num_candidates": num_candidates, "replica_shares": replica_shares,
+        "replica_share_rule_value": rule_value,
+        "complete": True, "model_sha256": model_sha,
+        "run_digest": digest,
+        "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None,
+        "quality_reward": to_jsonable(quality) if quality is not None else None,
+        "layout": layout_meta,
+        "norm_obs_keys": list(vecnorm.norm_obs_keys) if vecnorm is not None else [],
+        "env_kwargs": to_jsonable(user_kwargs),
+        "train_env_kwargs": to_jsonable({k: (v if k != "placement" or isinstance(v, str) else
+                                           f"<Placement {getattr(v, 'method', '?')}>")
+                                       for k, v in env_args.items()}),
+        "num_timesteps": int(model.num_timesteps), "resumed_from": str(ckpt) if ckpt else None,
+        "resumed_at": start_steps if ckpt else None, "wall_s": wall,
+        "steps_per_s": (int(model.num_timesteps) - start_steps) / wall if wall > 0 else None,
+        "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+        "observation_shapes": {k: list(s.shape) for k, s in
+                               venv.observation_space.spaces.items()},
+    }
+    _atomic_bytes(out / META_FILE, (json.dumps(meta, indent=1) + "\n").encode())
+    venv_train.close()
+    log.info("trained %s for %d steps in %.1f s -> %s", key, model.num_timesteps, wall,
+             model_path)
+    if evaluate_fn is not None:
+        evaluate_fn(out)
+    return model_path
+
+
+def _check_hyperparam_types(hp: Any, overrides: dict[str, Any]) -> None:
+    """Refuse an override whose type differs from the field's default (``n_steps="abc"``).
+
+    Raises:
+        ConfigError: Naming the field, the value, the expected type and an example.
+    """
+    defaults = {f.name: getattr(type(hp)(), f.name) for f in dataclasses.fields(hp)}
+    for name, value in overrides.items():
+        default = defaults.get(name)
+        if default is None:
+            continue
+        ok = True
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = ok and value > 0 if name in ("n_steps", "batch_size", "n_epochs") else ok
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) \
+                and bool(np.isfinite(value))
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        elif isinstance(default, tuple | list):
+            ok = isinstance(value, tuple | list)
+        if not ok:
+            raise ConfigError(f"hyperparameter {name}={value!r}: expected a "
+                              f"{'positive ' if name in ('n_steps', 'batch_size', 'n_epochs') else ''}"
+                              f"{type(default).__name__} like the default {default!r}, e.g. "
+                              f"--hp {name}={json.dumps(default)}")
+
+
+def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> dict[str, Any]:
+    """Return ``env_kwargs`` with the placement the env builds from (``placement=`` of train)."""
+    if placement is not None:
+        return {**env_kwargs, "placement": placement}
+    name = env_kwargs.get("placement", "ep")
+    if isinstance(name, str) and name not in ("tp", "ep") and not name.endswith(".npz"):
+        raise ConfigError(f"placement {name!r} is a placement method, not one the env builds "
+                          "(tp, ep, a .npz path or a Placement); resolve it first, e.g. with "
+                          "hdamoe_env.app.train.resolve_placement, and pass it as "
+                          "train(..., placement=<Placement>)")
+    return env_kwargs
+
+
+def to_jsonable(value: Any) -> Any:
+    """Return ``value`` as JSON-ready data (dataclasses via ``to_dict``, numpy as lists).
+
+    Objects JSON cannot represent become their ``repr``.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_jsonable(to_dict() if to_dict else dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
+
+

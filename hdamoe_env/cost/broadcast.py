@@ -1,0 +1,249 @@
+"""Pre-broadcast closed forms (paper-model.md §10.3–10.4): budget, α–β broadcast model, k_b.
+
+The time budget a layer offers for broadcasting the next layer's hot experts (``layer``:
+t_nm + t_comp of the layer; ``hd``: the conference formula of §10.3, Q14), the pipelined α–β
+model of broadcasting m experts' weights (payload S, depth H, start-up α per message, link
+bandwidth), and the number of broadcast slots k_b that fit the budget. Pure functions in SI
+units, scalar or array arguments, as in :mod:`hdamoe_env.cost.perf`. The DES of the same traffic is
+``scheduling.simulate_broadcast``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.cost.nonmoe import _generic_terms
+from hdamoe_env.cost.perf import FloatOrArray, _batch, _out, _positive, expert_bytes
+from hdamoe_env.config.profiles import Conventions
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec
+
+__all__ = ["HD_BUDGET_CTX_LEN", "broadcast_time_chunked", "broadcast_chunk", "broadcast_time", "broadcast_payload", "broadcast_depth", "hd_budget", "broadcast_budget", "num_broadcast"]
+
+#: L_ctx of the conference pre-broadcast budget formula (§10.3, Q14).
+HD_BUDGET_CTX_LEN = 1024
+
+
+# --------------------------------------------------------------------------------------------
+# §10.3–10.4 Pre-broadcast: budget, α–β broadcast model, k_b
+# --------------------------------------------------------------------------------------------
+
+
+def broadcast_time_chunked(
+    c: ArrayLike,
+    m: ArrayLike,
+    S: float,
+    H: float,
+    alpha: float,
+    bw: float,
+) -> FloatOrArray:
+    """Return T_bc(c; m) = α·(H + S/c) + β·m·(S + c·H), a pipelined broadcast (§10.4).
+
+    m experts of S bytes each are broadcast together in chunks of c bytes over a pipeline of H
+    hops, sharing every link; β = 1/BW.
+
+    Args:
+        c: Chunk size, bytes (scalar or array, > 0).
+        m: Number of experts broadcast together (scalar or array).
+        S: Payload per expert, bytes.
+        H: Pipeline depth, hops.
+        alpha: Start-up latency per message, seconds.
+        bw: Link bandwidth, B/s.
+
+    Returns:
+        Seconds, broadcast shape of ``c`` and ``m``.
+    """
+    chunk = np.asarray(c, dtype=np.float64)
+    beta = 1.0 / _positive("bw", bw)
+    count = np.asarray(m, dtype=np.float64)
+    return _out(alpha * (H + S / chunk) + beta * count * (S + chunk * H))
+
+
+def broadcast_chunk(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -> FloatOrArray:
+    """Return the optimal chunk size c*(m) = sqrt(α·S/(β·m·H)) (§10.4).
+
+    Args:
+        m: Number of experts broadcast together (scalar or array, > 0).
+        S: Payload per expert, bytes.
+        H: Pipeline depth, hops.
+        alpha: Start-up latency per message, seconds.
+        bw: Link bandwidth, B/s.
+
+    Returns:
+        Bytes, shape of ``m``.
+    """
+    beta = 1.0 / _positive("bw", bw)
+    count = np.asarray(m, dtype=np.float64)
+    return _out(np.sqrt(alpha * S / (beta * count * H)))
+
+
+def broadcast_time(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -> FloatOrArray:
+    """Return T_bc*(m) = α·H + β·m·S + 2·sqrt(α·β·m·S·H), the broadcast time at c*(m) (§10.4).
+
+    [decision] T_bc*(0) = 0: nothing is broadcast (the formula would give α·H).
+
+    Args:
+        m: Number of experts broadcast together (scalar or array, >= 0).
+        S: Payload per expert, bytes.
+        H: Pipeline depth, hops.
+        alpha: Start-up latency per message, seconds.
+        bw: Link bandwidth, B/s.
+
+    Returns:
+        Seconds, shape of ``m``.
+    """
+    beta = 1.0 / _positive("bw", bw)
+    count = np.asarray(m, dtype=np.float64)
+    time = alpha * H + beta * count * S + 2.0 * np.sqrt(alpha * beta * count * S * H)
+    return _out(np.where(count > 0, time, 0.0))
+
+
+def broadcast_payload(model: ModelSpec, conv: Conventions) -> float:
+    """Return the broadcast payload S of one expert, bytes (§10.4, Q15).
+
+    * ``bc_payload="paper"``: 2·h·I (two matrices at one byte, the reference's value);
+    * ``bc_payload="weights"``: W_e = m·h·I·b_w, the expert's weights as counted everywhere
+      else (``faithful``: 3·h·I·2). [decision] W_e rather than a literal 3·h·I·b_w, so that the
+      broadcast moves exactly the bytes a node streams when it computes the replica (§10.8).
+
+    Args:
+        model: The model (h, I).
+        conv: The conventions (``bc_payload``, m, b_w).
+
+    Returns:
+        Bytes.
+    """
+    if conv.bc_payload == "paper":
+        return float(2 * model.hidden_size * model.expert_intermediate)
+    return expert_bytes(model, conv)
+
+
+def broadcast_depth(conv: Conventions, num_nodes: int, diameter: int | None = None) -> float:
+    """Return the broadcast pipeline depth H, hops (§10.4).
+
+    * ``bc_depth="2sqrtD"`` (``paper*``): 2·√D, even for non-square meshes (Q15);
+    * ``bc_depth="diameter"`` (``faithful``): the topology diameter ((X−1)+(Y−1) for a mesh,
+      ⌊X/2⌋+⌊Y/2⌋ for a torus, 6 for the fat-tree; ``Topology.diameter``).
+
+    Args:
+        conv: The conventions (``bc_depth``).
+        num_nodes: D.
+        diameter: The topology diameter in hops; required for ``"diameter"``.
+
+    Returns:
+        Hops (a float: 2·√D is not an integer).
+
+    Raises:
+        ConfigError: ``bc_depth="diameter"`` and no diameter was given.
+    """
+    if conv.bc_depth == "2sqrtD":
+        return 2.0 * math.sqrt(num_nodes)
+    if diameter is None:
+        raise ConfigError(
+            "bc_depth='diameter' needs the topology diameter; pass "
+            "diameter=topology.diameter (or use bc_depth='2sqrtD')"
+        )
+    return float(diameter)
+
+
+def hd_budget(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    B: ArrayLike,
+    ctx_len: int = HD_BUDGET_CTX_LEN,
+) -> FloatOrArray:
+    """Return the ``paper*`` pre-broadcast budget (§10.3, the conference formula, Q14).
+
+    t_budget = (3·B·h² + 2·B·L_ctx·h + B·h² + 2·k·B·I·h)/(D·C)
+             + (2·B·h·L_ctx + 3·h·(B+h) + h·(B+h) + 2·E·I·h + B·h·(I/h+1))/(D·BW_mem),
+    i.e. the generic non-MoE term with L_ctx = 1024 plus the MoE FFN at one matrix per expert.
+    It is the reference's formula with its constants, so it takes no conventions.
+
+    Args:
+        model: The model.
+        hw: The hardware (D, C, BW_mem).
+        B: Tokens per decode step (scalar or array).
+        ctx_len: L_ctx, default 1024.
+
+    Returns:
+        Seconds, shape of ``B``.
+    """
+    batch = _batch(B)
+    flops, nbytes = _generic_terms(model, batch, float(ctx_len))
+    h, inter = model.hidden_size, model.expert_intermediate
+    flops = flops + 2 * model.top_k * batch * inter * h  # the MoE FFN of the layer (2·h·I)
+    nodes = hw.num_nodes
+    return _out(flops / (nodes * hw.compute_flops) + nbytes / (nodes * hw.mem_bw_Bps))
+
+
+def broadcast_budget(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    conv: Conventions,
+    B: ArrayLike,
+    t_nm_s: ArrayLike | None = None,
+    t_comp_s: ArrayLike | None = None,
+) -> FloatOrArray:
+    """Return the time a pre-broadcast may hide behind (§10.3).
+
+    * ``bc_budget="hd"`` (``paper*``): ``hd_budget`` (one value per run);
+    * ``bc_budget="layer"`` (``faithful``): t_nm(l) + t_comp(l) of the layer the broadcast hides
+      behind (static evaluator at the current B), passed in by the caller.
+
+    Args:
+        model: The model.
+        hw: The hardware.
+        conv: The conventions (``bc_budget``).
+        B: Tokens per decode step.
+        t_nm_s: The layer's non-MoE time, seconds (``"layer"`` only).
+        t_comp_s: The layer's expert phase, seconds (``"layer"`` only).
+
+    Returns:
+        Seconds.
+
+    Raises:
+        ConfigError: ``bc_budget="layer"`` without ``t_nm_s`` and ``t_comp_s``.
+    """
+    if conv.bc_budget == "hd":
+        return hd_budget(model, hw, B)
+    if t_nm_s is None or t_comp_s is None:
+        raise ConfigError(
+            "bc_budget='layer' needs the layer's t_nm_s and t_comp_s (static "
+            "evaluator at the current B); pass both, or use bc_budget='hd'"
+        )
+    return _out(np.asarray(t_nm_s, np.float64) + np.asarray(t_comp_s, np.float64))
+
+
+def num_broadcast(
+    budget_s: float,
+    S: float,
+    H: float,
+    alpha: float,
+    bw: float,
+    max_m: int,
+) -> int:
+    """Return k_b = max{m ∈ 0..max_m : T_bc*(m) < budget} (§10.3).
+
+    T_bc*(m) increases with m, so this is the reference's search "m = 1, 2, … while
+    T_bc*(m) < t_budget; k_b = m − 1", capped at ``max_m`` (e.g. E).
+
+    Args:
+        budget_s: The budget, seconds.
+        S: Payload per expert, bytes.
+        H: Pipeline depth, hops.
+        alpha: Start-up latency per message, seconds.
+        bw: Link bandwidth, B/s.
+        max_m: Largest admissible k_b (>= 0).
+
+    Returns:
+        k_b.
+    """
+    if max_m < 0:
+        raise ConfigError(f"max_m must be >= 0, got {max_m}")
+    counts = np.arange(1, max_m + 1)
+    fits = np.asarray(broadcast_time(counts, S, H, alpha, bw)) < budget_s
+    # Number of leading fits (T_bc* is monotone, so this equals fits.sum()).
+    return int(max_m if fits.all() else np.argmin(fits))

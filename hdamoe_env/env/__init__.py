@@ -1,0 +1,10 @@
+"""The Gymnasium environment: configuration, action layout, ``HdMoeEnv`` and public wrappers.
+
+What lives here: the env's configuration (``config``), the action layout and its masks
+(``actions``), ``HdMoeEnv`` (``environment``: translates actions into simulator decisions and
+results into observations, reward and ``info``; no physics) and wrappers that need only the env
+(``wrappers``).
+
+May import: hdamoe_env.config, hdamoe_env.noc, hdamoe_env.cost, hdamoe_env.decisions,
+hdamoe_env.sim, traces
+"""

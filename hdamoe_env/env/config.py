@@ -1,0 +1,321 @@
+"""The configuration of ``HdMoeEnv``: one frozen, validated spec of every constructor argument.
+
+Implements the env arguments of paper-model.md §10–11 (online decisions: pre-broadcast budget,
+dispatch rules, gating levels, predictors) on the model, hardware, topology and convention specs
+of §2–4. ``EnvConfig`` resolves names at the boundary — the model preset, the hardware from
+``setting``/``mesh``, the topology kind and the convention profile become spec objects — and
+validates every argument that can be checked without loading the trace or the placement, with
+the typed ``ConfigError``s of the env (style.md R2, R8). Nothing downstream looks a name up
+again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.sim.evaluator import FIDELITIES
+from hdamoe_env.decisions.gating import COMM_PENALTIES, COMP_PENALTIES
+from hdamoe_env.sim.placement import Placement
+from hdamoe_env.config.profiles import Conventions, get_profile
+from hdamoe_env.decisions.scheduling import DISPATCH_RULES, REPLICA_RULES
+from hdamoe_env.sim.sources import check_skew_applies, check_trace_skew, load_trace
+from hdamoe_env.config.specs import (HardwareSpec, ModelSpec, TopologySpec, get_model,
+                                     hardware_from_setting)
+from traces import RoutingTrace, batching, synthetic
+
+__all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES",
+           "EnvConfig"]
+
+PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
+INVALID_ACTION_MODES = ("raise", "coerce")
+DUPLICATE_MODES = ("raise", "ignore")
+RENDER_MODES = ("ansi",)
+#: Replica rules the env can offer: ``"shares"`` needs per-copy fractions, which the discrete
+#: action does not carry.
+ENV_REPLICA_RULES = tuple(r for r in REPLICA_RULES if r != "shares")
+
+
+def _positive_int(name: str, value: Any, minimum: int, what: str) -> int:
+    if isinstance(value, bool | np.bool_) or not (isinstance(value, int | np.integer)
+                                                   and value >= minimum):
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Every argument of ``HdMoeEnv``, resolved and validated (see ``HdMoeEnv.__init__``).
+
+    After construction ``model`` is a ``ModelSpec``, ``hardware`` a ``HardwareSpec`` (built from
+    ``setting`` and ``mesh`` when not given), ``topology`` a ``TopologySpec`` and ``conventions``
+    a ``Conventions`` object (a derived profile is kept as is); ``dispatch_rules`` and
+    ``gating_levels`` are tuples. To change ``setting`` or ``mesh`` of an existing config with
+    ``dataclasses.replace``, pass ``hardware=None`` too.
+
+    Attributes:
+        model: Model preset id or ``ModelSpec``.
+        setting: Compute/bandwidth label "TFLOPS/GBps" (ignored when ``hardware`` is given).
+        mesh: Mesh shape "XxY" or (X, Y) (ignored when ``hardware`` is given).
+        topology: ``"mesh"``, ``"torus"``, ``"fattree"`` or a ``TopologySpec``.
+        batch: Tokens per decode step B.
+        conventions: Profile name or ``Conventions``.
+        trace: ``"synthetic"``, a ``RoutingTrace`` or a path to a trace file.
+        trace_requests: Requests of the synthetic trace (default 32).
+        placement: ``"tp"``, ``"ep"``, a ``Placement`` or a path to a placement ``.npz``.
+        steps_per_episode: Decode steps per episode.
+        fidelity: ``"des"`` or ``"analytic"``.
+        predictor: ``"noisy_oracle"``, ``"oracle"``, ``"trace"`` or ``"frequency"``.
+        max_broadcast: Pre-broadcast slots in the action.
+        gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
+        dispatch_rules: Dispatch rules offered (subset of ``scheduling.DISPATCH_RULES``).
+        reward_scale: None (reward relative to TP) or seconds.
+        render_mode: None or ``"ansi"``.
+        hardware: Full ``HardwareSpec``.
+        trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
+        trace_seed: Seed of the synthetic trace and of score synthesis.
+        trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ,
+            ``traces.synthetic``); 1 (default) is the fitted generator; finite and > 0.
+        batch_mode: Decode-step formation (default: the profile's ``batch_mode``).
+        batch_options: Extra options of the batching mode.
+        view: Trace view.
+        placement_seed: Seed of the EP placement.
+        measure_twin_error: Also evaluate the other fidelity every step.
+        gammas: γ per layer (skips the fit).
+        gamma_seed: Seed of the γ fit.
+        predictor_accuracy: Noisy-oracle accuracy (scalar or per layer).
+        gating_coefficients: (r_comp, r_comm) at level 1, or None for the §11.7 defaults.
+        gating_protect_top: Never drop a token's m best original experts.
+        gating_comp_penalty: ``"marginal_max"``, ``"host_finish"`` or ``"host_load_mean"``.
+        gating_comm_penalty: ``"dispersion"`` or ``"new_nodes"``.
+        gating_candidate_window: Only original ranks < k + J may enter.
+        gating_include_future: Count later rows' original choices in the penalties.
+        k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
+        bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
+        invalid_action: ``"coerce"`` (default: masked slot values become "none" and repeated
+            experts count once, listed in ``info["coerced"]``) or ``"raise"`` (strict:
+            ``InvalidAction``). Out-of-space actions raise in both modes.
+        duplicates: ``"raise"`` or ``"ignore"``.
+        flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector.
+        replica_rule: Default dispatch rule of redundant experts (placements with
+            ``replicas``): action index 0 of the replica-rule dimension.
+        replica_rules: Replica rules offered in the action (placements with ``replicas``),
+            subset of ``ENV_REPLICA_RULES``; the env orders them ``replica_rule`` first.
+    """
+
+    model: str | ModelSpec = "deepseek-v2-lite"
+    setting: str = "5/50"
+    mesh: str | tuple[int, int] = "4x8"
+    topology: str | TopologySpec = "mesh"
+    batch: int = 128
+    conventions: str | Conventions = "faithful"
+    trace: str | RoutingTrace | Path = "synthetic"
+    trace_requests: int | None = None
+    placement: str | Placement | Path = "ep"
+    steps_per_episode: int = 4
+    fidelity: str = "des"
+    predictor: str = "noisy_oracle"
+    max_broadcast: int = 8
+    gating_levels: Sequence[float] = (0.0, 0.5, 1.0, 2.0)
+    dispatch_rules: Sequence[str] = ("least_loaded", "first", "home")
+    reward_scale: float | None = None
+    render_mode: str | None = None
+    hardware: HardwareSpec | None = None
+    trace_tokens: int | None = None
+    trace_seed: int = 0
+    trace_skew: float = 1.0
+    batch_mode: str | None = None
+    batch_options: dict[str, Any] | None = field(default=None, hash=False)
+    view: str = "content"
+    placement_seed: int = 0
+    measure_twin_error: bool = False
+    gammas: Sequence[float] | None = None
+    gamma_seed: int = 0
+    predictor_accuracy: float | Sequence[float] | None = None
+    gating_coefficients: tuple[float, float] | None = None
+    gating_protect_top: int = 0
+    gating_comp_penalty: str = "marginal_max"
+    gating_comm_penalty: str = "dispersion"
+    gating_candidate_window: int | None = None
+    gating_include_future: bool = False
+    k_b: int | Sequence[int] | None = None
+    bc_max_messages: int = 20_000
+    invalid_action: str = "coerce"
+    duplicates: str = "raise"
+    flatten_replicas: bool = False
+    replica_rule: str = "least_loaded"
+    replica_rules: Sequence[str] = ENV_REPLICA_RULES
+
+    def __post_init__(self) -> None:  # noqa: C901 - one check per argument, in order
+        set_ = object.__setattr__  # frozen: resolved values are set once, here
+        if self.render_mode is not None and self.render_mode not in RENDER_MODES:
+            raise unknown_name("render mode", self.render_mode, RENDER_MODES)
+        if self.fidelity not in FIDELITIES:
+            raise unknown_name("fidelity", self.fidelity, FIDELITIES)
+        if self.predictor not in PREDICTORS:
+            raise unknown_name("predictor", self.predictor, PREDICTORS)
+        if self.invalid_action not in INVALID_ACTION_MODES:
+            raise unknown_name("invalid_action mode", self.invalid_action, INVALID_ACTION_MODES)
+        if self.duplicates not in DUPLICATE_MODES:
+            raise unknown_name("duplicates mode", self.duplicates, DUPLICATE_MODES)
+        _positive_int("batch", self.batch, 1, "a positive integer")
+        _positive_int("steps_per_episode", self.steps_per_episode, 1, "a positive integer")
+        _positive_int("max_broadcast", self.max_broadcast, 0, "an integer >= 0")
+        for name in ("trace_seed", "placement_seed", "gamma_seed"):
+            _positive_int(name, getattr(self, name), 0, "an integer >= 0 (a seed)")
+        if isinstance(self.trace_skew, bool | np.bool_):
+            raise ConfigError(f"trace_skew must be a finite number > 0, got {self.trace_skew!r}")
+        set_(self, "trace_skew", check_trace_skew(self.trace_skew))
+        check_skew_applies(self.trace, self.trace_skew)
+        for name in ("trace_requests", "trace_tokens"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name), 1,
+                              "None (the default) or a positive integer")
+        rules = tuple(self.dispatch_rules)
+        for rule in rules:
+            if rule not in DISPATCH_RULES:
+                raise unknown_name("dispatch rule", rule, DISPATCH_RULES)
+        if not rules:
+            raise ConfigError("dispatch_rules must name at least one rule")
+        set_(self, "dispatch_rules", rules)
+        for rule in (self.replica_rule, *self.replica_rules):
+            if rule == "shares":
+                raise ConfigError("replica rule 'shares' needs per-copy fractions, which the env's "
+                                  "discrete action does not carry; use it through "
+                                  "DecisionEvaluator.evaluate(replica_fractions=...) or pick one "
+                                  f"of {list(ENV_REPLICA_RULES)}")
+            if rule not in ENV_REPLICA_RULES:
+                raise unknown_name("replica rule", rule, ENV_REPLICA_RULES)
+        ordered = tuple(dict.fromkeys((self.replica_rule, *self.replica_rules)))
+        set_(self, "replica_rules", ordered)
+        levels = tuple(float(x) for x in self.gating_levels)
+        if not levels or any(not (math.isfinite(x) and x >= 0) for x in levels):
+            raise ConfigError(f"gating_levels must be finite multipliers >= 0, got {levels}")
+        set_(self, "gating_levels", levels)
+        scale = self.reward_scale
+        if scale is not None and not (scale > 0 and math.isfinite(scale)):
+            raise ConfigError(f"reward_scale must be None or a positive number of seconds, got "
+                              f"{scale!r}")
+
+        # names -> spec objects, once
+        set_(self, "model", get_model(self.model))
+        if self.hardware is None:
+            set_(self, "hardware", hardware_from_setting(self.setting, self.mesh))
+        set_(self, "conventions", get_profile(self.conventions))
+        if not isinstance(self.topology, TopologySpec):
+            set_(self, "topology", TopologySpec(kind=self.topology))
+        mode = self.resolved_batch_mode
+        if mode not in batching.BATCH_MODES or mode == "random_rows_per_layer":
+            raise unknown_name("batching mode", mode,
+                               set(batching.BATCH_MODES) - {"random_rows_per_layer"})
+        if not isinstance(self.trace, RoutingTrace | str | Path):
+            raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
+                              f"{type(self.trace).__name__}")
+        if not isinstance(self.placement, Placement | str | Path):
+            raise ConfigError(f"placement must be 'tp', 'ep', a Placement or a path, got "
+                              f"{self.placement!r}")
+
+        L = self.model_spec.num_moe_layers
+        if self.k_b is not None:
+            raw = np.asarray(self.k_b)
+            if raw.dtype.kind not in "iu" or raw.ndim > 1 or raw.size not in (1, L):
+                raise ConfigError(f"k_b must be an integer or one integer per layer (L={L}), "
+                                  f"got {self.k_b!r}")
+            manual = np.broadcast_to(raw.astype(np.int64), (L,))
+            cap = min(self.max_broadcast, self.model_spec.num_experts)
+            if (manual < 0).any() or (manual > cap).any():
+                raise ConfigError(f"k_b must lie in [0, min(max_broadcast, E) = {cap}], got "
+                                  f"{self.k_b!r}; raise max_broadcast or lower k_b")
+        if self.gating_comp_penalty not in COMP_PENALTIES:
+            raise unknown_name("computation penalty", self.gating_comp_penalty, COMP_PENALTIES)
+        if self.gating_comm_penalty not in COMM_PENALTIES:
+            raise unknown_name("communication penalty", self.gating_comm_penalty, COMM_PENALTIES)
+        if not 0 <= int(self.gating_protect_top) <= self.model_spec.top_k:
+            raise ConfigError(f"gating_protect_top must lie in [0, k={self.model_spec.top_k}], "
+                              f"got {self.gating_protect_top}")
+        self.accuracies()                                  # validates predictor_accuracy
+        if self.gammas is not None:
+            g = np.asarray(self.gammas, dtype=np.float64)
+            if g.shape != (L,):
+                raise ConfigError(f"gammas must have one value per layer (L={L}), got shape "
+                                  f"{g.shape}")
+
+    # ------------------------------------------------------------------ resolved views
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The resolved model."""
+        assert isinstance(self.model, ModelSpec)
+        return self.model
+
+    @property
+    def hardware_spec(self) -> HardwareSpec:
+        """The resolved hardware."""
+        assert self.hardware is not None
+        return self.hardware
+
+    @property
+    def topology_spec(self) -> TopologySpec:
+        """The resolved topology."""
+        assert isinstance(self.topology, TopologySpec)
+        return self.topology
+
+    @property
+    def conv(self) -> Conventions:
+        """The resolved conventions (profile object, possibly derived with overrides)."""
+        assert isinstance(self.conventions, Conventions)
+        return self.conventions
+
+    @property
+    def resolved_batch_mode(self) -> str:
+        """``batch_mode``, or the profile's when None."""
+        return self.batch_mode if self.batch_mode is not None else self.conv.batch_mode
+
+    def load_trace(self) -> RoutingTrace:
+        """Load the env's routing trace (the one place the env's trace defaults live).
+
+        A synthetic trace has ``trace_requests`` requests (default 32) and ``trace_tokens``
+        rows (default max(8192, 16·B)) and popularity skew ``trace_skew``; it records predicted
+        sets only for the ``trace`` predictor. Files and ``RoutingTrace`` objects are returned
+        as read.
+        """
+        return load_trace(self.trace, self.model_spec, seed=int(self.trace_seed),
+                          requests=int(self.trace_requests or 32),
+                          tokens=int(self.trace_tokens or max(8192, 16 * int(self.batch))),
+                          predictor="noisy_oracle" if self.predictor == "trace" else None,
+                          skew=self.trace_skew)
+
+    def accuracies(self) -> NDArray[np.float64]:
+        """Return the noisy-oracle accuracy per layer (entry 0 unused; traces.md §7.6).
+
+        Raises:
+            ConfigError: Wrong shape or a value outside [0, 1].
+        """
+        L = self.model_spec.num_moe_layers
+        value = self.predictor_accuracy
+        if value is None:
+            return synthetic.default_oracle_accuracy(L)
+        acc = np.asarray(value, dtype=np.float64)
+        if acc.ndim == 0:
+            acc = np.full(L, float(acc))
+        elif acc.shape == (L - 1,):
+            acc = np.concatenate(([np.nan], acc))
+        elif acc.shape != (L,):
+            raise ConfigError(f"predictor_accuracy must be a scalar or have L={L} (or L-1) "
+                              f"values, got shape {acc.shape}")
+        acc = acc.copy()
+        acc[0] = np.nan
+        if ((acc[1:] < 0) | (acc[1:] > 1)).any():
+            raise ConfigError(f"predictor_accuracy must lie in [0, 1], got {acc[1:].tolist()}")
+        return acc
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Return the names of every argument, in constructor order."""
+        return tuple(f.name for f in fields(cls))

@@ -1,0 +1,666 @@
+"""The generic message DES: the busy-until NoC simulator and its interval-calendar oracle.
+
+Implements paper-model.md §6.3 (event loop) on the topologies of ``hdamoe_env.noc.topology`` (§6.1).
+MoE task generation (§6.2) lives in ``hdamoe_env.noc.linksim``; the ring all-reduce on the DES
+(§5.6) in ``hdamoe_env.noc.collectives``.
+
+Model (§6.3). Fluid store-and-forward: a message occupies one directed link at a time, the next
+hop starts when the whole message has crossed the previous one, per-hop time = size / bandwidth
+of that link, plus an optional fixed ``hop_latency_s`` after every traversal. No flits, credits,
+back-pressure or injection limits; the only resources are the directed links, each served in
+event order (first come, first served). The earliest pending event is popped; its hop starts at
+``max(t, busy_until[link])``. Equal event times are ordered by the tie rule:
+
+* ``fifo`` — insertion order (a global sequence counter incremented at every push);
+* ``ref`` — by remaining bytes (whole messages: the message size) ascending, then by the route
+  compared lexicographically as a list of link labels (``Topology.route_lex_rank``), then by
+  insertion order (quirk Q19).
+
+Two implementations share those semantics and agree bit for bit (same floating-point operations
+in the same order):
+
+* the production kernel (numba ``@njit(cache=True)``): events of equal time grouped in buckets
+  (linked lists), a binary heap of buckets and a hash table from time to open bucket
+  (``_des_core``), per-link ``busy_until`` and ``busy_time`` arrays;
+* ``simulate_messages_oracle``: a small pure-Python interval calendar (per-link reserved intervals,
+  earliest-gap search at or after the ready time, heap of plain tuples), i.e. the reference
+  semantics of §6.3 "Equivalence with the reference"; it exists for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core.extending import intrinsic
+from numpy.typing import ArrayLike, NDArray
+
+from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.noc.topology import Topology
+
+__all__ = [
+    "TIE_BREAKS",
+    "DesResult",
+    "link_load_bound",
+    "simulate_messages",
+    "simulate_messages_oracle",
+]
+
+TIE_BREAKS = ("fifo", "ref")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DesResult:
+    """Result of one DES run (§6.3).
+
+    Attributes:
+        makespan_s: latest finish time over all messages (0 when there are none), seconds.
+        link_busy_s: float64 [num_links] total time every directed link carried data, seconds.
+        finish_s: float64 [M] finish time of every input message (with ``chunks > 1`` the finish
+            of its last part); messages with an empty route finish at their ready time.
+    """
+
+    makespan_s: float
+    link_busy_s: NDArray[np.float64]
+    finish_s: NDArray[np.float64]
+
+
+# --------------------------------------------------------------------------------------------
+# compiled kernel
+
+
+# ref tie key = dense rank of size_rank * (num_routes + 1) + route_rank: the limit keeps that
+# product far below 2**63
+_MAX_REF_MESSAGES = 1 << 22
+
+
+def _check_ref_size(tie_ref: bool, num_messages: int) -> None:
+    if tie_ref and num_messages > _MAX_REF_MESSAGES:
+        raise ConfigError(f"tie_break='ref' supports at most {_MAX_REF_MESSAGES} messages per DES "
+                          f"run, got {num_messages}; use tie_break='fifo' or fewer chunks")
+
+
+@njit(cache=True)
+def _dense_rank(values: NDArray[Any]) -> NDArray[np.int64]:
+    """Return the dense rank [M] of ``values`` (equal values share a rank)."""
+    order = np.argsort(values, kind="mergesort")
+    rank = np.empty(values.shape[0], dtype=np.int64)
+    current = -1
+    for i in range(order.shape[0]):
+        m = order[i]
+        if i == 0 or values[m] != values[order[i - 1]]:
+            current += 1
+        rank[m] = current
+    return rank
+
+
+_U_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: multiplicative (Fibonacci) hash
+
+
+@intrinsic
+def _float_bits(typingctx: Any, x: Any) -> Any:
+    """Reinterpret a float64 as its uint64 bit pattern (no conversion)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.uint64(types.float64), codegen
+
+
+@intrinsic
+def _count_trailing_zeros(typingctx: Any, x: Any) -> Any:
+    """Index of the lowest set bit of a non-zero uint64 (LLVM ``cttz``)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.uint64(types.uint64), codegen
+
+
+@njit(cache=True, inline="always")
+def _home_slot(bits: np.uint64, shift: np.uint64) -> np.uint64:
+    """Home slot of a time (as bits) in a hash table of 2**(64 - shift) slots."""
+    return (bits * _U_FIB) >> shift
+
+
+@njit(cache=True)
+def _table_remove(i: np.uint64, s_bits: NDArray[np.uint64], s_b: NDArray[np.int64],
+                  b_slot: NDArray[np.uint64], shift: np.uint64) -> None:
+    """Empty slot ``i`` of the linear-probing table (backward-shift deletion).
+
+    Later entries of the probe chain whose home slot does not lie cyclically in (hole, entry]
+    move into the hole, so lookups never meet tombstones.
+    """
+    mask = np.uint64(s_b.shape[0] - 1)
+    one = np.uint64(1)
+    k = (i + one) & mask
+    while s_b[k] >= 0:
+        home = _home_slot(s_bits[k], shift)
+        if ((k - home) & mask) >= ((k - i) & mask):
+            s_bits[i] = s_bits[k]
+            s_b[i] = s_b[k]
+            b_slot[s_b[i]] = i
+            i = k
+        k = (k + one) & mask
+    s_b[i] = -1
+
+
+@njit(cache=True)
+def _stable_sort_by_key(run: NDArray[np.int64], count: int, key: NDArray[np.int64]) -> None:
+    """Sort ``run[:count]`` by ``key[run[i]]``, keeping the order of equal keys."""
+    if count <= 32:  # insertion sort: buckets are short and mostly in key order already
+        for i in range(1, count):
+            m = run[i]
+            j = i - 1
+            while j >= 0 and key[run[j]] > key[m]:
+                run[j + 1] = run[j]
+                j -= 1
+            run[j + 1] = m
+    else:
+        part = run[:count].copy()
+        order = np.argsort(key[part], kind="mergesort")
+        for i in range(count):
+            run[i] = part[order[i]]
+
+
+@njit(cache=True)
+def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
+    pos: NDArray[np.int64], stop: NDArray[np.int64], msg_size: NDArray[np.float64],
+    msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
+    route_links: NDArray[np.int32], link_bw: NDArray[np.float64], hop_latency: float,
+    tie_ref: bool, busy_time: NDArray[np.float64], finish: NDArray[np.float64],
+) -> float:
+    """Run the §6.3 event loop; fill ``busy_time`` [L] (accumulated) and ``finish`` [M].
+
+    Message m crosses the links ``route_links[pos[m]:stop[m]]``; ``pos`` is the cursor of the
+    next hop and is advanced in place (callers pass a scratch array). ``msg_rank`` is the
+    route's lexicographic rank (read with ``tie_ref`` only).
+
+    Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or the dense
+    rank of the message by (size, route rank) (``ref``), and the sequence is the insertion
+    order (initial events: the message index, below every later push). That is the order
+    (time, size, route, sequence) of the module docstring.
+
+    Events of equal time form a *bucket*: a linked list through ``nxt`` in sequence order,
+    since pushes arrive in sequence order and are appended. A binary heap orders the buckets by
+    time and a hash table (linear probing on the time's bits) finds the open bucket of a
+    pushed event. The earliest bucket is taken out of the heap and the table; under ``ref`` its
+    list is relinked in stable tie-key order, which is (key, sequence) order. Then its events
+    run in list order. Pushes made meanwhile have times >= the bucket's time. A later time, or
+    an equal time (a zero-duration hop) with a key >= every key still waiting in the list,
+    sorts after the whole bucket and goes to a bucket of its own (an equal time opens a fresh
+    bucket that runs next). An equal time with a smaller key (``ref`` only) is linked into the
+    waiting list after the events of keys <= its own.
+
+    MoE workloads are full of exact ties (equal message sizes on equal links: the benchmark
+    layer has ~75 distinct event times for ~2,500 hops), so most hops cost one table lookup and
+    an append, and no heap work; without ties every bucket holds one event and a hop costs one
+    sift-down plus a table insert and removal, about what a heap of single events costs.
+
+    Times are compared by their bit patterns in the table, which is exact because no event
+    time is -0.0 (initial times are normalised with ``+ 0.0``; later ones are sums of
+    non-negative terms starting from +0.0) or NaN (inputs are finite). The arrival event after
+    the last hop is not pushed: it would only update the makespan, and skipping it keeps the
+    relative order of all other events.
+    """
+    num_msg = pos.shape[0]
+    busy_until = np.zeros(link_bw.shape[0])
+    kbase = np.zeros(num_msg, dtype=np.int64)
+    if tie_ref and num_msg > 0:
+        size_rank = _dense_rank(msg_size)
+        kbase = _dense_rank(size_rank * (msg_rank.max() + 1) + msg_rank)
+    # messages with empty routes finish at their ready time
+    nxt = np.empty(num_msg, dtype=np.int64)
+    makespan = 0.0
+    live = 0
+    sorted_ready = True
+    for m in range(num_msg):
+        if pos[m] == stop[m]:
+            finish[m] = msg_ready[m]
+            if msg_ready[m] > makespan:
+                makespan = msg_ready[m]
+        else:
+            live += 1
+        if m > 0 and msg_ready[m] < msg_ready[m - 1]:
+            sorted_ready = False
+    if sorted_ready:
+        order0 = np.arange(num_msg)
+    else:  # initial events by ready time, then message index (= their sequence)
+        order0 = np.argsort(msg_ready, kind="mergesort")
+    # buckets (at most one per event in flight, so at most `live`): list head and tail, table
+    # slot; the heap keeps the time next to the bucket id so comparisons need no indirection
+    cap = max(live, 1)
+    b_head = np.empty(cap, dtype=np.int64)
+    b_tail = np.empty(cap, dtype=np.int64)
+    b_slot = np.empty(cap, dtype=np.uint64)
+    free_ids = np.empty(cap, dtype=np.int64)
+    h_time = np.empty(cap)
+    h_b = np.empty(cap, dtype=np.int64)
+    run = np.empty(cap, dtype=np.int64)  # scratch for sorting a bucket (ref)
+    # hash table time bits -> bucket, -1 = empty slot
+    log_slots = 1
+    while (1 << log_slots) < 2 * cap:  # load factor <= 1/2 keeps probe chains short
+        log_slots += 1
+    shift = np.uint64(64 - log_slots)
+    mask = np.uint64((1 << log_slots) - 1)
+    one = np.uint64(1)
+    s_bits = np.empty(1 << log_slots, dtype=np.uint64)
+    s_b = np.full(1 << log_slots, -1, dtype=np.int64)
+    # initial buckets: runs of equal ready time in sorted order; a sorted array is a heap
+    n = 0
+    prev = -1
+    run_bits = np.uint64(0)
+    for i in range(num_msg):
+        m = order0[i]
+        if pos[m] == stop[m]:
+            continue
+        tm = msg_ready[m] + 0.0  # -0.0 -> +0.0: equal times must have equal bits
+        bits = _float_bits(tm)
+        if prev >= 0 and bits == run_bits:
+            nxt[prev] = m
+        else:
+            if prev >= 0:
+                nxt[prev] = -1
+                b_tail[n - 1] = prev
+            run_bits = bits
+            k = _home_slot(bits, shift)
+            while s_b[k] >= 0:
+                k = (k + one) & mask
+            s_bits[k] = bits
+            s_b[k] = n
+            b_slot[n] = k
+            b_head[n] = m
+            h_time[n] = tm
+            h_b[n] = n
+            n += 1
+        prev = m
+    if prev >= 0:
+        nxt[prev] = -1
+        b_tail[n - 1] = prev
+    num_ids = n
+    num_free = 0
+    while n > 0:
+        # take the earliest bucket out of the table; its heap slot is refilled below
+        ob = h_b[0]
+        t = h_time[0]
+        _table_remove(b_slot[ob], s_bits, s_b, b_slot, shift)
+        free_ids[num_free] = ob
+        num_free += 1
+        m = b_head[ob]
+        max_key = 0  # largest key in the bucket (ref): the key of its last event
+        if tie_ref and nxt[m] >= 0:  # relink the list in (key, sequence) order
+            count = 0
+            while m >= 0:
+                run[count] = m
+                count += 1
+                m = nxt[m]
+            _stable_sort_by_key(run, count, kbase)
+            for j in range(count - 1):
+                nxt[run[j]] = run[j + 1]
+            nxt[run[count - 1]] = -1
+            m = run[0]
+            max_key = kbase[run[count - 1]]
+        held = -1  # first bucket opened by this one: it replaces the root afterwards
+        held_time = 0.0
+        while m >= 0:
+            nm = nxt[m]
+            p = pos[m]
+            # unsigned indices: values loaded from arrays skip numba's negative-index wraparound
+            link = np.uint64(route_links[np.uint64(p)])
+            bu = busy_until[link]
+            start = t if t > bu else bu
+            end = start + msg_size[m] / link_bw[link]
+            busy_until[link] = end
+            busy_time[link] += end - start
+            arrive = end + hop_latency
+            if p + 1 == stop[m]:
+                finish[m] = arrive
+                if arrive > makespan:
+                    makespan = arrive
+                m = nm
+                continue
+            pos[m] = p + 1
+            if tie_ref and arrive == t and nm >= 0 and kbase[m] < max_key:
+                # zero-duration hop that sorts before waiting events of this bucket: link it in
+                # after the last waiting event with a key <= its own (the last one's is larger)
+                if kbase[nm] > kbase[m]:
+                    nxt[m] = nm
+                    continue  # it runs next
+                q = nm
+                while kbase[nxt[q]] <= kbase[m]:
+                    q = nxt[q]
+                nxt[m] = nxt[q]
+                nxt[q] = m
+                m = nm
+                continue
+            nxt[m] = -1
+            bits = _float_bits(arrive)
+            k = _home_slot(bits, shift)
+            while s_b[k] >= 0 and s_bits[k] != bits:
+                k = (k + one) & mask
+            b = s_b[k]
+            if b >= 0:  # append to the open bucket
+                nxt[np.uint64(b_tail[b])] = m
+                b_tail[b] = m
+                m = nm
+                continue
+            if num_free > 0:  # open a bucket
+                num_free -= 1
+                b = free_ids[num_free]
+            else:
+                b = num_ids
+                num_ids += 1
+            s_bits[k] = bits
+            s_b[k] = b
+            b_slot[b] = k
+            b_head[b] = m
+            b_tail[b] = m
+            if held < 0:
+                held = b
+                held_time = arrive
+            else:  # sift up; the stale root (time t) sorts before every new bucket
+                hp = n
+                n += 1
+                while hp > 0:
+                    parent = (hp - 1) >> 1
+                    if arrive < h_time[parent]:
+                        h_time[hp] = h_time[parent]
+                        h_b[hp] = h_b[parent]
+                        hp = parent
+                    else:
+                        break
+                h_time[hp] = arrive
+                h_b[hp] = b
+            m = nm
+        # replace the root by the held bucket, or remove it; then sift down
+        if held >= 0:
+            kt = held_time
+            kb = held
+        else:
+            n -= 1
+            if n == 0:
+                break
+            kt = h_time[n]
+            kb = h_b[n]
+        hp = 0
+        while True:
+            child = 2 * hp + 1
+            if child >= n:
+                break
+            right = child + 1
+            if right < n and h_time[right] < h_time[child]:
+                child = right
+            if h_time[child] < kt:
+                h_time[hp] = h_time[child]
+                h_b[hp] = h_b[child]
+                hp = child
+            else:
+                break
+        h_time[hp] = kt
+        h_b[hp] = kb
+    return makespan
+
+
+@njit(cache=True)
+def _des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
+                msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
+                route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
+                link_bw: NDArray[np.float64], hop_latency: float,
+                tie_ref: bool) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
+    """Compiled entry of ``simulate_messages``: returns (makespan, busy [L], finish [M])."""
+    busy = np.zeros(link_bw.shape[0])
+    finish = np.zeros(msg_route.shape[0])
+    makespan = _des_core(route_ptr[msg_route], route_ptr[msg_route + 1], msg_size, msg_ready,
+                         msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish)
+    return makespan, busy, finish
+
+
+# --------------------------------------------------------------------------------------------
+# input handling shared by the kernel and the oracle
+
+
+def _tie_code(tie_break: str) -> bool:
+    if tie_break not in TIE_BREAKS:
+        raise unknown_name("tie_break", tie_break, TIE_BREAKS)
+    return tie_break == "ref"
+
+
+def _check_scalar(name: str, value: float) -> float:
+    v = float(value)
+    if not (np.isfinite(v) and v >= 0):
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def _check_chunks(chunks: int) -> int:
+    if isinstance(chunks, bool) or not isinstance(chunks, int | np.integer) or chunks < 1:
+        raise ConfigError(f"chunks must be an integer >= 1, got {chunks!r}")
+    return int(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """Validated, chunk-expanded messages (M·chunks rows, message-major)."""
+
+    num_input: int
+    src: NDArray[np.int64]
+    dst: NDArray[np.int64]
+    size: NDArray[np.float64]
+    ready: NDArray[np.float64]
+    keys: NDArray[np.int64]        # [M'] int keys or [M', K] tuple keys
+    tie_ref: bool
+    hop_latency: float
+    chunks: int
+
+
+def _prepare(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
+             ready_s: ArrayLike | None, tie_break: str, hop_latency_s: float,
+             flow_keys: ArrayLike | None, chunks: int) -> _Prepared:
+    tie_ref = _tie_code(tie_break)
+    hop = _check_scalar("hop_latency_s", hop_latency_s)
+    chunks = _check_chunks(chunks)
+    s = np.asarray(src)
+    d = np.asarray(dst)
+    z = np.asarray(size_bytes, dtype=np.float64)
+    if s.ndim != 1 or d.ndim != 1 or z.ndim != 1:
+        raise ConfigError(f"src, dst and size_bytes must be 1-D arrays [M]; got shapes {s.shape}, "
+                          f"{d.shape}, {z.shape}")
+    m = s.shape[0]
+    if d.shape[0] != m or z.shape[0] != m:
+        raise ConfigError(f"src, dst and size_bytes must have equal lengths; got {m}, "
+                          f"{d.shape[0]}, {z.shape[0]}")
+    if m and not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(d.dtype, np.integer)):
+        raise ConfigError(f"src and dst must be integer endpoint ids, got dtypes {s.dtype}, "
+                          f"{d.dtype}")
+    s = s.astype(np.int64)
+    d = d.astype(np.int64)
+    n = topology.num_endpoints
+    for name, arr in (("src", s), ("dst", d)):
+        bad = np.flatnonzero((arr < 0) | (arr >= n))
+        if bad.size:
+            raise ConfigError(f"{name}[{bad[0]}]={arr[bad[0]]} is not an endpoint id; expected "
+                              f"0 <= {name} < {n}")
+    bad = np.flatnonzero(~(np.isfinite(z) & (z >= 0)))
+    if bad.size:
+        raise ConfigError(f"size_bytes[{bad[0]}]={z[bad[0]]!r} must be finite and >= 0")
+    if ready_s is None:
+        ready = np.zeros(m)
+    else:
+        ready = np.asarray(ready_s, dtype=np.float64)
+        if ready.ndim == 0:
+            ready = np.full(m, float(ready))
+        if ready.shape != (m,):
+            raise ConfigError(f"ready_s must have shape [{m}], got {ready.shape}")
+        bad = np.flatnonzero(~(np.isfinite(ready) & (ready >= 0)))
+        if bad.size:
+            raise ConfigError(f"ready_s[{bad[0]}]={ready[bad[0]]!r} must be finite and >= 0")
+    if flow_keys is None:
+        keys = np.arange(m, dtype=np.int64)  # [decision] default key = message index
+    else:
+        keys = np.asarray(flow_keys)
+        if keys.shape[:1] != (m,) or keys.ndim not in (1, 2) or (
+                m and not np.issubdtype(keys.dtype, np.integer)):
+            raise ConfigError(f"flow_keys must be an integer array [{m}] or [{m}, K], got shape "
+                              f"{keys.shape} and dtype {keys.dtype}")
+        keys = keys.astype(np.int64)
+    if chunks > 1:
+        s = np.repeat(s, chunks)
+        d = np.repeat(d, chunks)
+        z = np.repeat(z / chunks, chunks)
+        ready = np.repeat(ready, chunks)
+        chunk_idx = np.tile(np.arange(chunks, dtype=np.int64), m)
+        keys2 = keys.reshape(m, -1)
+        keys = np.column_stack([np.repeat(keys2, chunks, axis=0), chunk_idx])
+    _check_ref_size(tie_ref, m * chunks)
+    return _Prepared(m, s, d, z, ready, keys, tie_ref, hop, chunks)
+
+
+def _per_message(finish: NDArray[np.float64], prep: _Prepared) -> NDArray[np.float64]:
+    if prep.chunks == 1:
+        return finish
+    return finish.reshape(prep.num_input, prep.chunks).max(axis=1)
+
+
+def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
+                      ready_s: ArrayLike | None = None, *, tie_break: str = "fifo",
+                      hop_latency_s: float = 0.0, flow_keys: ArrayLike | None = None,
+                      chunks: int = 1) -> DesResult:
+    """Simulate a set of messages with the compiled busy-until DES (§6.3).
+
+    Args:
+        topology: The NoC.
+        src: Int array [M] of source endpoints.
+        dst: Int array [M] of destination endpoints.
+        size_bytes: Float array [M] of message sizes in bytes (>= 0).
+        ready_s: Float array [M] (or a scalar) of ready times in seconds; default all 0.
+        tie_break: ``"fifo"`` or ``"ref"`` (module docstring).
+        hop_latency_s: Fixed latency added after every link traversal, seconds.
+        flow_keys: Route-choice keys: ``None`` (the message index, [decision]), int [M] (used
+            directly modulo the candidate count) or int [M, K] (tuple keys, ``stable_hash``).
+        chunks: Split every message into this many equal parts (separate messages, message-major
+            insertion order); when ``chunks > 1`` the chunk index is appended to the flow key,
+            which becomes the tuple ``(key..., chunk)``.
+
+    Returns:
+        The makespan, per-link busy time [num_links] and per-message finish time [M].
+
+    Raises:
+        ConfigError: Mismatched lengths, endpoint ids out of range, negative or non-finite sizes
+            or ready times, an unknown tie rule, a negative hop latency or ``chunks < 1``.
+    """
+    prep = _prepare(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
+                    flow_keys, chunks)
+    routes = topology.select_routes(prep.src, prep.dst, prep.keys)
+    rank = topology.route_lex_rank[routes] if prep.tie_ref else np.zeros(routes.size, np.int64)
+    makespan, busy, finish = _des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
+                                         topology.route_links, topology.link_bw_Bps,
+                                         prep.hop_latency, prep.tie_ref)
+    return DesResult(float(makespan), busy, _per_message(finish, prep))
+
+
+def _earliest_gap(intervals: list[tuple[float, float]], t: float, dur: float) -> float:
+    """Return the earliest start x >= t with [x, x + dur) free in the sorted ``intervals``."""
+    x = t
+    for s, e in intervals:
+        if e <= x:
+            continue
+        if x < s and x + dur <= s:
+            break  # fits in the gap before this reservation
+        x = max(x, e)
+    return x
+
+
+def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
+                             size_bytes: ArrayLike, ready_s: ArrayLike | None = None, *,
+                             tie_break: str = "fifo", hop_latency_s: float = 0.0,
+                             flow_keys: ArrayLike | None = None, chunks: int = 1) -> DesResult:
+    """Simulate messages with a slow, obviously correct interval-calendar DES (test oracle).
+
+    Same signature, semantics and results (bit for bit) as ``simulate_messages``. Routes are
+    chosen one by one with ``Topology.route`` and ``stable_hash``; every link keeps a sorted list
+    of reserved intervals and a hop starts in the earliest free gap at or after its ready time
+    (§6.3 "Equivalence with the reference"); the ``ref`` tie-break compares the routes' link-label
+    lists directly. Arguments as ``simulate_messages``.
+    """
+    prep = _prepare(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
+                    flow_keys, chunks)
+    num = prep.src.shape[0]
+    routes: list[list[int]] = []
+    for i in range(num):
+        raw = prep.keys[i]
+        key: int | tuple[int, ...] = int(raw) if prep.keys.ndim == 1 else tuple(
+            int(x) for x in raw)
+        routes.append([int(x) for x in topology.route(int(prep.src[i]), int(prep.dst[i]), key)])
+    sizes = [float(x) for x in prep.size]
+    bw = [float(x) for x in topology.link_bw_Bps]
+    calendar: list[list[tuple[float, float]]] = [[] for _ in range(topology.num_links)]
+    busy = [0.0] * topology.num_links
+    finish = [0.0] * num
+    seq = 0
+    heap: list[tuple[Any, ...]] = []
+
+    def push(t: float, m: int, hop: int) -> None:
+        nonlocal seq
+        if prep.tie_ref:
+            labels = tuple(topology.link_labels[x] for x in routes[m])
+            heapq.heappush(heap, (t, sizes[m], labels, seq, m, hop))
+        else:
+            heapq.heappush(heap, (t, seq, m, hop))
+        seq += 1
+
+    for m in range(num):
+        push(float(prep.ready[m]), m, 0)
+    makespan = 0.0
+    while heap:
+        entry = heapq.heappop(heap)
+        t, m, hop = entry[0], entry[-2], entry[-1]
+        if hop == len(routes[m]):
+            finish[m] = t
+            makespan = max(makespan, t)
+            continue
+        link = routes[m][hop]
+        dur = sizes[m] / bw[link]
+        start = _earliest_gap(calendar[link], t, dur)
+        end = start + dur
+        bisect.insort(calendar[link], (start, end))
+        busy[link] += end - start
+        push(end + prep.hop_latency, m, hop + 1)
+    return DesResult(float(makespan), np.array(busy, dtype=np.float64),
+                     _per_message(np.array(finish, dtype=np.float64), prep))
+
+
+def link_load_bound(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
+                    flow_keys: ArrayLike | None = None) -> float:
+    """Return a lower bound on the makespan of messages all ready at 0 (hop latency 0).
+
+    The bound is the larger of (a) the maximum over links of Σ size/bw over the messages whose
+    chosen route crosses the link and (b) the maximum over messages of Σ size/bw along its own
+    route. Routes are chosen as in ``simulate_messages`` (``flow_keys=None`` = message index).
+    Sums are formed in a different order than in the DES, so compare with a relative tolerance
+    of a few ulps.
+
+    Args:
+        topology: The NoC.
+        src: Int array [M] of source endpoints.
+        dst: Int array [M] of destination endpoints.
+        size_bytes: Float array [M] of message sizes in bytes.
+        flow_keys: As ``simulate_messages``.
+
+    Returns:
+        The bound in seconds (0 for no messages).
+    """
+    prep = _prepare(topology, src, dst, size_bytes, None, "fifo", 0.0, flow_keys, 1)
+    routes = topology.select_routes(prep.src, prep.dst, prep.keys)
+    start = topology.route_ptr[routes]
+    length = topology.route_ptr[routes + 1] - start
+    total = int(length.sum())
+    if total == 0:
+        return 0.0
+    owner = np.repeat(np.arange(routes.size), length)
+    offset = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
+    links = topology.route_links[start[owner] + offset]
+    hop_time = prep.size[owner] / topology.link_bw_Bps[links]
+    per_link = np.bincount(links, weights=hop_time, minlength=topology.num_links)
+    per_msg = np.bincount(owner, weights=hop_time, minlength=routes.size)
+    return float(max(per_link.max(), per_msg.max()))

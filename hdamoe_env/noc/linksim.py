@@ -1,0 +1,642 @@
+"""MoE task generation and the per-layer communication run on the NoC DES.
+
+Implements paper-model.md §6.2 (task generation: aggregators, combine and dispatch messages) on
+the topologies of ``hdamoe_env.noc.topology`` (§6.1), simulated with the §6.3 event loop of
+``hdamoe_env.noc.des`` (which holds the generic message DES, its oracle and the semantics).
+
+``simulate_layer_comm`` is the production path for one MoE layer: message generation, route
+selection (flow key = (layer, task id, source endpoint, chunk index), §6.1) and both DES runs
+happen inside one compiled call (``_layer_kernel``, which calls the DES core ``des._des_core``
+directly). ``layer_messages`` + ``des.simulate_messages`` with ``layer_flow_keys`` is the same
+computation, step by step (tests pin the equality).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+from numpy.typing import ArrayLike, NDArray
+
+from hdamoe_env.noc.des import (
+    _check_chunks,
+    _check_ref_size,
+    _check_scalar,
+    _count_trailing_zeros,
+    _des_core,
+    _tie_code,
+)
+from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.noc.topology import Topology
+
+__all__ = [
+    "AGGREGATOR_RULES",
+    "PHASES",
+    "HolderTable",
+    "LayerComm",
+    "choose_aggregators",
+    "layer_flow_keys",
+    "layer_messages",
+    "simulate_layer_comm",
+]
+
+AGGREGATOR_RULES = ("ref", "uniform", "first")
+PHASES = ("dispatch", "combine")
+
+# splitmix64 constants of ``topology.stable_hash`` as numba compile-time constants
+_U_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_U_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_U_MIX2 = np.uint64(0x94D049BB133111EB)
+_U30 = np.uint64(30)
+_U27 = np.uint64(27)
+_U31 = np.uint64(31)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LayerComm:
+    """MoE communication of one layer: one independent DES run per phase (§6.2–6.3).
+
+    Attributes:
+        phases: simulated phases in the order requested, each ``"dispatch"`` or ``"combine"``.
+        makespan_s: [P] makespan of every phase, seconds.
+        link_busy_s: float64 [P, num_links] per-link busy time of every phase, seconds.
+        num_messages: [P] number of messages (after chunking) of every phase.
+    """
+
+    phases: tuple[str, ...]
+    makespan_s: tuple[float, ...]
+    link_busy_s: NDArray[np.float64]
+    num_messages: tuple[int, ...]
+
+    def get(self, phase: str) -> float:
+        """Return the makespan of ``phase`` in seconds.
+
+        Raises:
+            ConfigError: The phase was not simulated.
+        """
+        if phase not in self.phases:
+            raise ConfigError(f"phase {phase!r} was not simulated; simulated phases: "
+                              f"{list(self.phases)}")
+        return self.makespan_s[self.phases.index(phase)]
+
+    @property
+    def dispatch_s(self) -> float:
+        """Dispatch makespan in seconds (raises ``ConfigError`` if not simulated)."""
+        return self.get("dispatch")
+
+    @property
+    def combine_s(self) -> float:
+        """Combine makespan in seconds (raises ``ConfigError`` if not simulated)."""
+        return self.get("combine")
+
+    @property
+    def total_s(self) -> float:
+        """Sum of the makespans of the simulated phases in seconds."""
+        return float(sum(self.makespan_s))
+
+    @property
+    def link_busy_total_s(self) -> NDArray[np.float64]:
+        """Float64 [num_links] per-link busy time summed over the simulated phases, seconds."""
+        return self.link_busy_s.sum(axis=0)
+
+
+# --------------------------------------------------------------------------------------------
+# compiled layer kernel (§6.2 generation + §6.3 DES)
+
+
+@njit(cache=True)
+def _mix64(z: np.uint64) -> np.uint64:
+    z = z + _U_GOLDEN
+    z = (z ^ (z >> _U30)) * _U_MIX1
+    z = (z ^ (z >> _U27)) * _U_MIX2
+    return z ^ (z >> _U31)
+
+
+@njit(cache=True)
+def _flow_hash4(a: int, b: int, c: int, d: int) -> np.uint64:
+    """``stable_hash((a, b, c, d))`` for non-negative ints (splitmix64 fold)."""
+    h = _mix64(np.uint64(0) ^ np.uint64(a))
+    h = _mix64(h ^ np.uint64(b))
+    h = _mix64(h ^ np.uint64(c))
+    return _mix64(h ^ np.uint64(d))
+
+
+@njit(cache=True)
+def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
+    token_sets: NDArray[np.int64], holder_mask: NDArray[np.bool_],
+    extra: NDArray[np.int64], agg: NDArray[np.int64], pi: NDArray[np.int64],
+    msg_bytes: NDArray[np.float64], chunks: int, layer: int,
+    pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
+    route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
+    route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
+    phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
+    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
+) -> bool:
+    """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
+
+    Messages are ordered by token, then ascending source cluster, then chunk index — the order of
+    ``layer_messages`` expanded as in ``simulate_messages``. Returns False, without simulating,
+    when the inputs fail ``_layer_inputs_ok`` (checking here saves a second compiled call).
+    """
+    if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
+        return False
+    num_tokens, top_k = token_sets.shape
+    num_experts, num_clusters = holder_mask.shape
+    num_ep = pi.shape[0]
+    # holder clusters of every expert as a bit set (64 clusters per word): a token's sources are
+    # the OR of its experts' sets, read in ascending order by counting trailing zeros
+    words = (num_clusters + 63) >> 6
+    hbits = np.zeros((num_experts, words), dtype=np.uint64)
+    for e in range(num_experts):
+        for c in range(num_clusters):
+            if holder_mask[e, c]:
+                hbits[e, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+    touch = np.empty(words, dtype=np.uint64)
+    # (token, source cluster) pairs, token-major, ascending cluster
+    pair_tok = np.empty(num_tokens * num_clusters, dtype=np.int64)
+    pair_cl = np.empty(num_tokens * num_clusters, dtype=np.int64)
+    npairs = 0
+    for t in range(num_tokens):
+        touch[:] = 0
+        for j in range(top_k):
+            e = token_sets[t, j]
+            for w in range(words):
+                touch[w] |= hbits[e, w]
+        for j in range(extra.shape[1]):
+            c = extra[t, j]
+            if c >= 0:
+                touch[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+        a = agg[t]
+        touch[a >> 6] &= ~(np.uint64(1) << np.uint64(a & 63))
+        for w in range(words):
+            x = touch[w]
+            while x:
+                pair_tok[npairs] = t
+                pair_cl[npairs] = (w << 6) + np.int64(_count_trailing_zeros(x))
+                npairs += 1
+                x &= x - np.uint64(1)
+    # sizes, ready times and endpoints are the same in every phase: build them once
+    num_msg = npairs * chunks
+    msg_size = np.empty(num_msg)
+    msg_ready = np.zeros(num_msg)
+    holder_ep = np.empty(npairs, dtype=np.int64)
+    agg_ep = np.empty(npairs, dtype=np.int64)
+    for i in range(npairs):
+        t = pair_tok[i]
+        holder_ep[i] = pi[pair_cl[i]]
+        agg_ep[i] = pi[agg[t]]
+        size = msg_bytes[t] / chunks
+        for ch in range(chunks):
+            msg_size[i * chunks + ch] = size
+    pos = np.empty(num_msg, dtype=np.int64)
+    stop = np.empty(num_msg, dtype=np.int64)
+    msg_rank = np.zeros(num_msg, dtype=np.int64)
+    finish = np.empty(num_msg)
+    for p in range(phase_codes.shape[0]):
+        combine = phase_codes[p] == 1
+        m = 0
+        for i in range(npairs):
+            if combine:
+                s = holder_ep[i]
+                d = agg_ep[i]
+            else:
+                s = agg_ep[i]
+                d = holder_ep[i]
+            base = pair_ptr[s * num_ep + d]
+            ncand = pair_ptr[s * num_ep + d + 1] - base
+            for ch in range(chunks):
+                r = base
+                if ncand > 1:
+                    h = _flow_hash4(layer, pair_tok[i], s, ch)
+                    r = base + np.int64(h % np.uint64(ncand))
+                pos[m] = route_ptr[r]
+                stop[m] = route_ptr[r + 1]
+                if tie_ref:
+                    msg_rank[m] = route_rank[r]
+                m += 1
+        makespan_out[p] = _des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
+                                    link_bw, hop_latency, tie_ref, busy_out[p], finish)
+        count_out[p] = num_msg
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# task generation (§6.2)
+
+
+def _as_token_sets(token_sets: ArrayLike, num_experts: int) -> NDArray[np.int64]:
+    ts = np.asarray(token_sets)
+    if ts.ndim != 2:
+        raise ConfigError(f"token_sets must be an integer array [T, k], got shape {ts.shape}")
+    if ts.size and not np.issubdtype(ts.dtype, np.integer):
+        raise ConfigError(f"token_sets must hold integer expert ids, got dtype {ts.dtype}")
+    ts = np.ascontiguousarray(ts, dtype=np.int64)
+    if ts.size and (ts.min() < 0 or ts.max() >= num_experts):
+        raise ConfigError(f"token_sets holds expert ids in [{ts.min()}, {ts.max()}]; expected "
+                          f"0 <= id < E = {num_experts}")
+    return ts
+
+
+def _as_holder_mask(holder_mask: ArrayLike) -> NDArray[np.bool_]:
+    hm = np.asarray(holder_mask)
+    if hm.ndim != 2:
+        raise ConfigError(f"holder_mask must be an array [E, D], got shape {hm.shape}")
+    if hm.dtype != np.bool_:
+        hm = hm > 0  # a share matrix P [E, D]: every positive share is a holder
+    return np.ascontiguousarray(hm)
+
+
+@dataclass(frozen=True, eq=False)
+class HolderTable:
+    """Holder clusters of every expert of one layer, for fast aggregator draws (§6.2).
+
+    Attributes:
+        support: bool [E, D] P_ic > 0.
+        num_holders: int64 [E].
+        table: int64 [E, h] the holders in ascending order (padded with the last holder).
+        all_held: whether every expert has at least one holder.
+    """
+
+    support: NDArray[np.bool_]
+    num_holders: NDArray[np.int64]
+    table: NDArray[np.int64]
+    all_held: bool
+
+    @classmethod
+    def from_shares(cls, P: ArrayLike) -> HolderTable:
+        """Build the table of a share (or bool support) matrix [E, D]."""
+        support = np.ascontiguousarray(np.asarray(P) > 0)
+        num = support.sum(axis=1).astype(np.int64)
+        width = max(1, int(num.max(initial=1)))
+        order = np.argsort(~support, axis=1, kind="stable")[:, :width]
+        last = np.take_along_axis(order, np.maximum(num - 1, 0)[:, None], axis=1)
+        table = np.where(np.arange(width) < num[:, None], order, last).astype(np.int64)
+        return cls(support, num, table, bool((num > 0).all()))
+
+
+def choose_aggregators(token_sets: ArrayLike, holders: HolderTable | ArrayLike, rule: str,
+                       rng: np.random.Generator, extra_holders: ArrayLike | None = None
+                       ) -> NDArray[np.int64]:
+    """Choose the aggregator cluster of every token (or group) by ``rule`` (§6.2 step 2).
+
+    Rules: ``ref`` — an expert of the set uniformly at random, its lowest-indexed holder cluster;
+    ``uniform`` — an expert uniformly at random, then one of its holders uniformly at random;
+    ``first`` — the first (smallest) expert id of the set, its lowest-indexed holder. An expert
+    without holder is re-drawn among the others; this is implemented exactly as the equivalent
+    uniform draw among the set positions whose expert has a holder (``first``: the smallest such
+    expert). Random draws: one ``rng.integers`` call for the experts of all tokens, and for
+    ``uniform`` one more for the holders (deterministic given the generator state).
+
+    Extension (§10.7): a token none of whose experts has a holder (all its experts broadcast)
+    aggregates on one of its ``extra_holders`` (uniformly at random for ``uniform``, with one
+    more ``rng.integers`` call; the lowest otherwise) instead of raising.
+
+    Args:
+        token_sets: Int array [T, k] of expert ids per token.
+        holders: The layer's ``HolderTable`` (fast path for internal callers: ``token_sets`` must
+            then be a valid int64 array, it is not checked), or a bool array [E, D], True where
+            cluster c holds (a shard of) expert i (a non-bool share matrix counts entries > 0 as
+            holders; inputs are then validated).
+        rule: ``"ref"``, ``"uniform"`` or ``"first"``.
+        rng: The random generator (unused by ``first`` unless a token needs an extra holder).
+        extra_holders: Optional int array [T, x] of further holder clusters per token (-1 =
+            none), used only by tokens without a held expert.
+
+    Returns:
+        Int64 array [T] of aggregator clusters.
+
+    Raises:
+        ConfigError: Unknown rule, bad shapes or ids, or a token none of whose experts has a
+            holder and which has no extra holder.
+    """
+    if rule not in AGGREGATOR_RULES:
+        raise unknown_name("aggregator rule", rule, AGGREGATOR_RULES)
+    if isinstance(holders, HolderTable):
+        ts = np.asarray(token_sets)
+        ex = None if extra_holders is None else np.asarray(extra_holders)
+    else:
+        hm = _as_holder_mask(holders)
+        ts = _as_token_sets(token_sets, hm.shape[0])
+        ex = None if extra_holders is None else _as_extra(extra_holders, ts.shape[0],
+                                                          hm.shape[1])
+        holders = HolderTable.from_shares(hm)
+    num_tokens, top_k = ts.shape
+    if num_tokens == 0:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.arange(num_tokens)
+    if holders.all_held:
+        valid = None
+        nvalid = np.full(num_tokens, top_k, dtype=np.int64)
+        orphan = None
+    else:
+        valid = holders.num_holders[ts] > 0
+        nvalid = valid.sum(axis=1)
+        orphan = nvalid == 0
+        if not orphan.any():
+            orphan = None
+        else:
+            nvalid = np.where(orphan, 1, nvalid)
+    if rule == "first":
+        keyed = ts if valid is None else np.where(valid, ts, holders.support.shape[0])
+        expert = keyed.min(axis=1)
+        if orphan is not None:
+            expert = np.where(orphan, ts[:, 0], expert)
+    else:
+        u = rng.integers(0, nvalid)                          # [T], uniform over valid slots
+        pos = u if valid is None else (np.cumsum(valid, axis=1) <= u[:, None]).sum(axis=1)
+        expert = ts[rows, np.minimum(pos, top_k - 1)]
+    if rule == "uniform":
+        v = rng.integers(0, np.maximum(holders.num_holders[expert], 1) if orphan is not None
+                         else holders.num_holders[expert])
+        agg = holders.table[expert, v]
+    else:
+        agg = holders.table[expert, 0]                       # lowest-indexed holder
+    if orphan is not None:
+        agg = agg.copy()
+        idx = np.flatnonzero(orphan)
+        if ex is None:
+            t = int(idx[0])
+            raise ConfigError(f"token {t} (experts {ts[t].tolist()}) has no expert with a holder "
+                              f"cluster ({idx.size} such tokens) and no extra holders; every "
+                              "token needs at least one held expert or an extra holder")
+        ex = ex[idx]
+        ok = ex >= 0
+        count = ok.sum(axis=1)
+        if (count == 0).any():
+            t = int(idx[np.flatnonzero(count == 0)[0]])
+            raise ConfigError(f"token {t} (experts {ts[t].tolist()}) has no holder and no extra "
+                              "holder cluster")
+        if rule == "uniform":
+            pick = rng.integers(0, count)
+            col = (np.cumsum(ok, axis=1) <= pick[:, None]).sum(axis=1)
+            agg[idx] = ex[np.arange(idx.size), col]
+        else:
+            agg[idx] = np.where(ok, ex, np.iinfo(np.int64).max).min(axis=1)
+    return agg.astype(np.int64, copy=False)
+
+
+def _as_extra(extra_holders: ArrayLike | None, num_tokens: int,
+              num_clusters: int) -> NDArray[np.int64]:
+    if extra_holders is None:
+        return np.zeros((num_tokens, 0), dtype=np.int64)
+    ex = np.asarray(extra_holders)
+    if ex.ndim == 1:
+        ex = ex.reshape(-1, 1)
+    if ex.ndim != 2 or ex.shape[0] != num_tokens or (
+            ex.size and not np.issubdtype(ex.dtype, np.integer)):
+        raise ConfigError(f"extra_holders must be an integer array [T={num_tokens}, x], got shape "
+                          f"{ex.shape} and dtype {ex.dtype}")
+    ex = np.ascontiguousarray(ex, dtype=np.int64)
+    if ex.size and (ex.min() < -1 or ex.max() >= num_clusters):
+        raise ConfigError(f"extra_holders ids must be -1 (none) or in [0, {num_clusters}); got "
+                          f"range [{ex.min()}, {ex.max()}]")
+    return ex
+
+
+def _as_layer_inputs(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: ArrayLike,
+                     agg: ArrayLike, pi: ArrayLike, extra_holders: ArrayLike | None,
+                     num_endpoints: int | None) -> tuple[NDArray[Any], ...]:
+    hm = _as_holder_mask(holder_mask)
+    ts = _as_token_sets(token_sets, hm.shape[0])
+    num_tokens = ts.shape[0]
+    num_clusters = hm.shape[1]
+    size = np.asarray(msg_bytes, dtype=np.float64)
+    if size.ndim == 0:
+        size = np.full(num_tokens, float(size))
+    if size.shape != (num_tokens,):
+        raise ConfigError(f"msg_bytes must be a scalar or shape [T={num_tokens}], got "
+                          f"{size.shape}")
+    if size.size and not (np.isfinite(size).all() and size.min() >= 0):
+        raise ConfigError("msg_bytes must be finite and >= 0")
+    ag = np.ascontiguousarray(agg, dtype=np.int64).reshape(-1)
+    if ag.shape != (num_tokens,) or (ag.size and (ag.min() < 0 or ag.max() >= num_clusters)):
+        raise ConfigError(f"agg must hold T={num_tokens} cluster ids in [0, {num_clusters}); got "
+                          f"shape {ag.shape}")
+    p = np.ascontiguousarray(pi, dtype=np.int64).reshape(-1)
+    if p.shape != (num_clusters,):
+        raise ConfigError(f"pi must have one endpoint per cluster, shape [D={num_clusters}], got "
+                          f"{p.shape}")
+    if num_endpoints is not None:
+        if num_clusters != num_endpoints:
+            raise ConfigError(f"holder_mask has D={num_clusters} clusters but the topology has "
+                              f"{num_endpoints} endpoints")
+        if p.size and (p.min() < 0 or p.max() >= num_endpoints
+                       or np.bincount(p, minlength=num_endpoints).max() > 1):
+            raise ConfigError(f"pi must be a permutation of the endpoints 0..{num_endpoints - 1}, "
+                              f"got {p.tolist()}")
+    ex = _as_extra(extra_holders, num_tokens, num_clusters)
+    return ts, size, hm, ag, p, ex
+
+
+@njit(cache=True)
+def _layer_inputs_ok(ts: NDArray[np.int64], hm: NDArray[np.bool_], size: NDArray[np.float64],
+                     agg: NDArray[np.int64], pi: NDArray[np.int64], ex: NDArray[np.int64],
+                     num_endpoints: int) -> bool:
+    """Return whether already-converted layer inputs pass every check of ``_as_layer_inputs``."""
+    num_tokens = ts.shape[0]
+    num_experts, num_clusters = hm.shape
+    if size.shape[0] != num_tokens or agg.shape[0] != num_tokens or ex.shape[0] != num_tokens:
+        return False
+    if pi.shape[0] != num_clusters or num_clusters != num_endpoints:
+        return False
+    for t in range(num_tokens):
+        for j in range(ts.shape[1]):
+            if ts[t, j] < 0 or ts[t, j] >= num_experts:
+                return False
+        if not (size[t] >= 0 and size[t] < np.inf) or agg[t] < 0 or agg[t] >= num_clusters:
+            return False
+        for j in range(ex.shape[1]):
+            if ex[t, j] < -1 or ex[t, j] >= num_clusters:
+                return False
+    seen = np.zeros(num_endpoints, dtype=np.bool_)
+    for c in range(num_clusters):
+        if pi[c] < 0 or pi[c] >= num_endpoints or seen[pi[c]]:
+            return False
+        seen[pi[c]] = True
+    return True
+
+
+def _fast_layer_inputs(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: ArrayLike,
+                       agg: ArrayLike, pi: ArrayLike,
+                       extra_holders: ArrayLike | None) -> tuple[NDArray[Any], ...] | None:
+    """Convert well-formed layer inputs cheaply, or return None.
+
+    The common case (integer token sets, a bool holder mask, no extra holders) is converted
+    with at most one copy each and no checks: ``_layer_kernel`` validates in compiled code.
+    Anything else returns None and goes through ``_as_layer_inputs``. Dtype kinds are tested
+    directly because ``np.issubdtype`` costs ~0.4 us per call on this hot path.
+    """
+    ts = np.asarray(token_sets)
+    hm = np.asarray(holder_mask)
+    size = np.asarray(msg_bytes, dtype=np.float64)
+    if not (ts.ndim == 2 and ts.dtype.kind in "iu" and hm.ndim == 2 and hm.dtype == np.bool_
+            and size.ndim <= 1 and extra_holders is None):
+        return None
+    ts = np.ascontiguousarray(ts, dtype=np.int64)
+    hm = np.ascontiguousarray(hm)
+    if size.ndim == 0:
+        size = np.full(ts.shape[0], float(size))
+    ag = np.ascontiguousarray(agg, dtype=np.int64)
+    p = np.ascontiguousarray(pi, dtype=np.int64)
+    if ag.ndim != 1:
+        ag = ag.reshape(-1)
+    if p.ndim != 1:
+        p = p.reshape(-1)
+    return ts, size, hm, ag, p, np.zeros((ts.shape[0], 0), dtype=np.int64)
+
+
+_PHASE_CODES: dict[tuple[str, ...], NDArray[np.int64]] = {}  # validated phase tuple -> codes
+
+
+def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
+    """Validate a phase tuple once and cache its kernel codes (0 dispatch, 1 combine)."""
+    codes = _PHASE_CODES.get(phase_names)
+    if codes is None:
+        for name in phase_names:
+            if name not in PHASES:
+                raise unknown_name("phase", name, PHASES)
+        if len(set(phase_names)) != len(phase_names):
+            raise ConfigError(f"phases must not repeat, got {list(phase_names)}")
+        codes = np.array([PHASES.index(x) for x in phase_names], dtype=np.int64)
+        codes.setflags(write=False)
+        _PHASE_CODES[phase_names] = codes
+    return codes
+
+
+def layer_messages(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: ArrayLike,
+                   agg: ArrayLike, pi: ArrayLike, extra_holders: ArrayLike | None = None, *,
+                   direction: str = "combine") -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                                        NDArray[np.float64], NDArray[np.int64]]:
+    """Build the messages of one layer (§6.2), vectorised.
+
+    Combine: for every token t the distinct clusters holding (a shard of) any expert of its set,
+    plus its extra holder clusters, each send one message of ``msg_bytes[t]`` bytes (local
+    pre-combination) to the aggregator cluster ``agg[t]``; the aggregator's own message is
+    skipped. Dispatch (``direction="dispatch"``) is the reverse: aggregator → every other source.
+    Messages are ordered by token, then ascending source cluster.
+
+    Args:
+        token_sets: Int array [T, k] of expert ids per token (or per group).
+        msg_bytes: Float array [T] (or a scalar) of message sizes in bytes: h·b_msg per token,
+            f_g·B·h·b_msg per group (static task set).
+        holder_mask: Bool array [E, D] of holder clusters (a share matrix counts entries > 0).
+        agg: Int array [T] of aggregator clusters (``choose_aggregators``).
+        pi: Int array [D]: pi[c] = endpoint of logical cluster c.
+        extra_holders: Optional int array [T, x] of further source clusters per token, -1 = none
+            (e.g. pre-broadcast replicas or a dispatch node).
+        direction: ``"combine"`` or ``"dispatch"``.
+
+    Returns:
+        ``(src_ep, dst_ep, size_bytes, task_id)``, each of shape [M]; ``task_id`` is the token
+        (group) index.
+    """
+    if direction not in PHASES:
+        raise unknown_name("direction", direction, PHASES)
+    ts, size, hm, ag, p, ex = _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi,
+                                               extra_holders, None)
+    num_tokens = ts.shape[0]
+    touch = hm[ts].any(axis=1)                                # [T, D]
+    rows = np.arange(num_tokens)
+    if ex.size:
+        r, j = np.nonzero(ex >= 0)
+        touch[r, ex[r, j]] = True
+    touch[rows, ag] = False
+    task, cluster = np.nonzero(touch)                         # token-major, ascending cluster
+    holder_ep = p[cluster]
+    agg_ep = p[ag[task]]
+    task = task.astype(np.int64)
+    if direction == "combine":
+        return holder_ep, agg_ep, size[task], task
+    return agg_ep, holder_ep, size[task], task
+
+
+def layer_flow_keys(layer: int, task_id: ArrayLike, src_ep: ArrayLike,
+                    chunks: int = 1) -> NDArray[np.int64]:
+    """Return flow keys for ``simulate_messages`` equal to those of ``simulate_layer_comm``.
+
+    The layer path keys every message by (layer, task id, source endpoint, chunk index). With
+    ``chunks == 1`` this returns [M, 4] keys with chunk index 0; with ``chunks > 1`` it returns
+    [M, 3] keys, to which ``simulate_messages`` appends the chunk index.
+    """
+    task = np.asarray(task_id, dtype=np.int64).reshape(-1)
+    src = np.asarray(src_ep, dtype=np.int64).reshape(-1)
+    cols = [np.full(task.size, int(layer), dtype=np.int64), task, src]
+    if _check_chunks(chunks) == 1:
+        cols.append(np.zeros(task.size, dtype=np.int64))
+    return np.column_stack(cols)
+
+
+def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: ArrayLike,
+                        holder_mask: ArrayLike, pi: ArrayLike, agg: ArrayLike, *,
+                        phases: Sequence[str] = PHASES, tie_break: str = "fifo",
+                        hop_latency_s: float = 0.0, layer: int = 0,
+                        extra_holders: ArrayLike | None = None, chunks: int = 1,
+                        alpha_s: float = 0.0) -> LayerComm:
+    """Simulate the MoE communication of one layer: message generation plus one DES per phase.
+
+    The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
+    ``simulate_messages`` per phase with flow keys ``layer_flow_keys(layer, task, src)``, but
+    compiled into one call. Every phase starts with idle links at t = 0.
+
+    Args:
+        topology: The NoC; its endpoint count must equal D.
+        token_sets: Int array [T, k] of expert ids per token (or group).
+        msg_bytes: Float array [T] (or a scalar) of message sizes in bytes.
+        holder_mask: Bool array [E, D] of holder clusters (a share matrix counts entries > 0).
+        pi: Int array [D], a permutation: pi[c] = endpoint of logical cluster c.
+        agg: Int array [T] of aggregator clusters.
+        phases: Phases to simulate, in order: any of ``"dispatch"``, ``"combine"``.
+        tie_break: ``"fifo"`` or ``"ref"``.
+        hop_latency_s: Latency added after every link traversal, seconds.
+        layer: Layer index (enters the flow key).
+        extra_holders: Optional int array [T, x] of further source clusters, -1 = none.
+        chunks: Split every message into this many equal parts.
+        alpha_s: Start-up latency α of every message (α–β model, docs/PHYSICS.md): a message
+            can enter the network α after it is ready. All messages of a phase are ready at
+            t = 0, so the DES is the same run shifted by α: a phase's makespan grows by α
+            when any message leaves its node, busy times are unchanged.
+
+    Returns:
+        Makespan, per-link busy time and message count per phase.
+
+    Raises:
+        ConfigError: Invalid shapes, ids, phases, tie rule, latency or chunk count.
+    """
+    tie_ref = _tie_code(tie_break)
+    hop = _check_scalar("hop_latency_s", hop_latency_s)
+    chunks = _check_chunks(chunks)
+    phase_names = tuple(phases)
+    codes = _phase_codes(phase_names)
+    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
+        raise ConfigError(f"layer must be an integer >= 0, got {layer!r}")
+    busy = np.zeros((codes.size, topology.num_links))
+    makespan = np.zeros(codes.size)
+    counts = np.zeros(codes.size, dtype=np.int64)
+    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts)
+    arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
+    if arrays is None or not _run_layer_kernel(arrays, *args):
+        # the slow path converts everything and raises the detailed ConfigError
+        arrays = _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders,
+                                  topology.num_endpoints)
+        if not _run_layer_kernel(arrays, *args):
+            raise ConfigError("layer inputs failed validation")  # not reached: see above
+    alpha = _check_scalar("alpha_s", alpha_s)
+    if alpha > 0:
+        makespan = np.where(makespan > 0, makespan + alpha, makespan)
+    return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
+
+
+def _run_layer_kernel(arrays: tuple[NDArray[Any], ...], chunks: int, layer: int,
+                      topology: Topology, hop: float, tie_ref: bool, codes: NDArray[np.int64],
+                      busy: NDArray[np.float64], makespan: NDArray[np.float64],
+                      counts: NDArray[np.int64]) -> bool:
+    """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
+    ts, size, hm, ag, p, ex = arrays
+    _check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
+    return _layer_kernel(ts, hm, ex, ag, p, size, chunks, layer, topology.pair_route_ptr,
+                         topology.route_ptr, topology.route_links, topology.link_bw_Bps,
+                         topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
+                         busy, makespan, counts)

@@ -1,0 +1,154 @@
+"""Routing-trace sources: the one loader that turns a trace spec into a ``RoutingTrace``.
+
+Implements the trace inputs of paper-model.md §5.7 (the evaluators consume concrete routing) with
+the trace formats and generators of traces.md: ``"synthetic"`` (the built-in generators of
+traces.md §7, with a generic expert-level fallback for models without fitted parameters
+[decision]), a reference JSON file (traces.md §3, read with the model's E, k and layer-key
+offset) or a canonical ``.npz`` file (traces.md §5). Every caller — the env, the CLI, the bench
+and the placement pipeline — loads through ``load_trace``; where they differ (number of rows,
+predictions) the difference is an explicit argument at the call site.
+
+The core converts a ``ModelSpec`` into the plain numbers ``traces`` needs here, at the boundary
+(style.md §2).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hdamoe_env.config.errors import ConfigError, TraceFormatError
+from hdamoe_env.config.specs import ModelSpec
+from traces import RoutingTrace, load, read_reference_json, synthetic
+
+__all__ = ["GENERIC_GENERATOR", "check_skew_applies", "check_trace_skew", "load_trace"]
+
+#: Generic expert-level generator parameters for models without fitted ones [decision].
+GENERIC_GENERATOR: dict[str, float] = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0,
+                                       "kappa_block": 160.0}
+
+_TRACE_CACHE: dict[tuple[Any, ...], RoutingTrace] = {}
+_CACHE_SIZE = 16
+
+
+def _synthetic(model: ModelSpec, seed: int, requests: int | None, tokens: int | None,
+               predictor: str | None, skew: float) -> RoutingTrace:
+    """Generate (and cache per process) the synthetic trace of a model (traces.md §7)."""
+    key = (model.key, model.num_moe_layers, model.num_experts, model.top_k, requests, tokens,
+           seed, predictor, skew)
+    hit = _TRACE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    preset = synthetic.model_params(model.key) if model.key in synthetic.MODEL_KEYS else None
+    if preset is not None and (preset["L"], preset["E"], preset["k"]) == (
+            model.num_moe_layers, model.num_experts, model.top_k):
+        trace = synthetic.generate(model.key, n_requests=requests, n_tokens=tokens, seed=seed,
+                                   predictor=predictor, skew=skew)
+    else:
+        params = dict(GENERIC_GENERATOR, E=model.num_experts, k=model.top_k,
+                      L=model.num_moe_layers, clusters=max(2, min(16, model.num_experts)))
+        trace = synthetic.generate("deepseek-v2-lite", n_requests=requests, n_tokens=tokens,
+                                   seed=seed, predictor=predictor, params=params,
+                                   J=min(model.top_k, model.num_experts - model.top_k),
+                                   skew=skew)
+    if len(_TRACE_CACHE) >= _CACHE_SIZE:
+        _TRACE_CACHE.clear()
+    _TRACE_CACHE[key] = trace
+    return trace
+
+
+def check_trace_skew(value: Any) -> float:
+    """Return the trace skew τ as a float, or raise ``ConfigError`` if not finite and > 0.
+
+    Args:
+        value: The skew power τ (1 = the fitted synthetic popularity).
+
+    Raises:
+        ConfigError: Not a number, not finite, or <= 0 (the message names the value and a fix).
+    """
+    try:
+        return synthetic.check_skew(value)
+    except ValueError as exc:
+        raise ConfigError(f"trace_skew: {exc}; e.g. trace_skew=1.5 (sharper) or 0.5 "
+                          "(flatter)") from None
+
+
+def check_skew_applies(spec: Any, skew: float) -> None:
+    """Check that a trace skew τ can describe the trace ``spec``.
+
+    τ = 1 fits every trace. τ != 1 fits ``"synthetic"`` (generated with it) and a loaded
+    ``RoutingTrace`` whose generator recorded that τ (``meta["generator"]["skew"]``, as the
+    bench passes the trace it loaded once to every env); files and other traces are rejected.
+
+    Raises:
+        ConfigError: τ != 1 for a trace it does not describe (the message names both).
+    """
+    if skew == 1.0 or (isinstance(spec, str) and spec == "synthetic"):
+        return
+    if isinstance(spec, RoutingTrace):
+        generator = spec.meta.get("generator") or {}
+        recorded = generator.get("skew", 1.0) if isinstance(generator, dict) else 1.0
+        if float(recorded) == skew:
+            return
+        what = f"the trace {spec.trace_id[:12]} (generated with skew {float(recorded):g})"
+    else:
+        what = f"the trace {str(spec)!r}"
+    raise ConfigError(f"trace_skew={skew:g} reshapes the synthetic generator's popularity and "
+                      f"cannot apply to {what}; use trace='synthetic' or trace_skew=1")
+
+
+def _from_file(path: Path, model: ModelSpec | None) -> RoutingTrace:
+    """Read a reference ``.json`` (with the model's E, k, layer offset) or a canonical ``.npz``."""
+    if not path.exists():
+        raise TraceFormatError(f"trace file {str(path)!r} does not exist; pass a .json reference "
+                               "trace, a .hdtrace.npz file, or 'synthetic'")
+    if path.suffix == ".json":
+        if model is None:
+            return read_reference_json(path)
+        return read_reference_json(path, model_key=model.key, E=model.num_experts,
+                                   k=model.top_k, layer_key_offset=model.layer_key_offset)
+    return load(path)
+
+
+def load_trace(spec: str | os.PathLike[str] | RoutingTrace, model: ModelSpec | None, *,
+               seed: int = 0, requests: int | None = None, tokens: int | None = None,
+               predictor: str | None = None, skew: float = 1.0) -> RoutingTrace:
+    """Return the routing trace named by ``spec`` for ``model``.
+
+    Args:
+        spec: ``"synthetic"`` (generated), a path to a reference ``.json`` or canonical ``.npz``
+            trace, or a ``RoutingTrace`` (returned as is).
+        model: The model. Synthetic traces are generated for its shape (L, E, k): with the fitted
+            generator of its preset when one matches, otherwise with ``GENERIC_GENERATOR``
+            [decision]. A reference JSON file is read with its E, k and layer-key offset (None:
+            the reader's defaults; synthetic traces need a model).
+        seed: Seed of the synthetic trace.
+        requests: Synthetic: number of requests (None: the generator's default).
+        tokens: Synthetic: total rows (None: the generator's default).
+        predictor: Synthetic: ``"noisy_oracle"`` also records predicted sets (``pred_ids``,
+            traces.md §7.6); None records none.
+        skew: Synthetic: skew power τ of the expert popularity (``traces.synthetic``: p ← p^τ;
+            1 = the fitted generator). Files take only 1; a ``RoutingTrace`` only the skew it
+            was generated with (see :func:`check_skew_applies`).
+
+    Returns:
+        The trace. Synthetic traces are cached per process by (model shape, arguments, skew).
+
+    Raises:
+        TraceFormatError: The file does not exist or is malformed (the message names it).
+        ConfigError: ``spec`` is of another type, ``"synthetic"`` without a model, ``skew`` not
+            finite and > 0, or ``skew`` != 1 for a trace that is not synthetic.
+    """
+    skew = check_trace_skew(skew)
+    check_skew_applies(spec, skew)
+    if isinstance(spec, RoutingTrace):
+        return spec
+    if isinstance(spec, str) and spec == "synthetic":
+        if model is None:
+            raise ConfigError("trace 'synthetic' needs a model to generate routing for")
+        return _synthetic(model, int(seed), requests, tokens, predictor, skew)
+    if isinstance(spec, str | os.PathLike):
+        return _from_file(Path(spec), model)
+    raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
+                      f"{type(spec).__name__}")
