@@ -76,16 +76,10 @@ from hdamoe_env.sim.calibrate import fit_gamma
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, check_output_dir, write_json
 from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, share_unit
-from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
+from hdamoe_env.config.profiles import Conventions
+from hdamoe_env.config.run import RunFields, RunSpec, profile_key
+from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.sim.simulator import MoESimulator, is_tensor_parallel
-from hdamoe_env.config.specs import (
-    MODEL_PRESETS,
-    HardwareSpec,
-    ModelSpec,
-    TopologySpec,
-    get_model,
-    hardware_from_setting,
-)
 
 __all__ = [
     "METHOD_NAMES",
@@ -115,25 +109,17 @@ _LAYER_RE = re.compile(r"^layer_(\d{3})\.(json|npz)$")
 
 
 @dataclass(frozen=True)
-class PlaceConfig:
+class PlaceConfig(RunFields):
     """Everything that determines the placements of a run (hashed for ``resume``).
 
+    Build it with :meth:`create` from names or directly from a resolved ``RunSpec``. The run's
+    ``batch`` is the batch size of the optimisation and of the static evaluation; its ``trace``
+    is ``"synthetic"`` or a trace path (reference ``.json`` or canonical ``.npz``).
+
     Attributes:
-        model: Model preset id or alias, or a ``ModelSpec`` (custom models need an explicit
-            trace).
-        mesh: (X, Y) node grid.
-        setting: ``"TFLOPS/GBps"`` (e.g. ``"5/50"``).
-        batch: Batch size of the optimisation and the static evaluation (128).
-        topology: ``"mesh"``, ``"torus"`` or ``"fattree"``.
-        trace: ``"synthetic"`` or a trace path (reference ``.json`` or canonical ``.npz``).
-        trace_requests: Synthetic trace: number of requests (None = generator default).
+        run: The run (``hdamoe_env.config.run.RunSpec``); custom models need an explicit trace.
         trace_seed: Synthetic trace seed (None = ``seed``).
-        trace_skew: Synthetic trace: skew power τ of the expert popularity (1 = the fitted
-            generator; ``traces.synthetic``). Left out of :meth:`to_dict` at 1, so the
-            configuration hashes of runs made before the knob existed are unchanged.
         view: Trace view the statistics are mined from (``content``).
-        conventions: Convention profile name or ``Conventions`` object (a derived profile is
-            kept as is; resolved once, here).
         rho_mem: Relative memory cap ρ_mem of Node Balance, or None.
         nb_mode: ``"milp"`` or ``"heuristic"``.
         time_limit_s: Node-Balance MILP time limit per layer.
@@ -143,23 +129,16 @@ class PlaceConfig:
         bo_calls: Link-Balance evaluation budget (70).
         lb_objective: ``"des"`` or ``"mst"``.
         hybrid_time_limit_s: Time limit of the hybrid's region-balance MILP.
-        hop_latency_ns: Per-hop latency of the NoC (None: the profile's ``hop_latency_s``).
+        hop_latency_ns: Per-hop latency of the NoC (None: the profile's ``hop_latency_s``);
+            the run's hardware carries it (``create`` puts it there).
         guard: ``"tp"`` (default): keep TP for a layer whose Node+Link placement the static
             evaluator finds slower than TP ([decision], module docstring); None: off.
         seed: Run seed.
     """
 
-    model: str | ModelSpec
-    mesh: tuple[int, int] = (4, 8)
-    setting: str = "5/50"
-    batch: int = 128
-    topology: str = "mesh"
-    trace: str = "synthetic"
-    trace_requests: int | None = None
+    run: RunSpec = field(default_factory=RunSpec.resolve)
     trace_seed: int | None = None
-    trace_skew: float = 1.0
     view: str = "content"
-    conventions: str | Conventions = "faithful"
     rho_mem: float | None = None
     nb_mode: str = "milp"
     time_limit_s: float = 10.0
@@ -172,10 +151,20 @@ class PlaceConfig:
     hop_latency_ns: float | None = None
     guard: str | None = "tp"
     seed: int = 0
+    hardware_fields = ("hop_latency_ns",)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mesh", tuple(int(v) for v in self.mesh))
-        object.__setattr__(self, "trace_skew", sources.check_trace_skew(self.trace_skew))
+        if not isinstance(self.run, RunSpec):
+            raise ConfigError(f"run must be a RunSpec (RunSpec.resolve(...)), got "
+                              f"{type(self.run).__name__}; or use PlaceConfig.create(**names)")
+        if not isinstance(self.run.trace, str):
+            raise ConfigError(f"the placement pipeline names its trace: 'synthetic' or a path, "
+                              f"got {type(self.run.trace).__name__}; pass trace=<label> and "
+                              "the loaded trace to run_pipeline(trace=...)")
+        if self.run.hardware.hop_latency_ns != self.hop_latency_ns:
+            raise ConfigError(f"hop_latency_ns={self.hop_latency_ns!r} but the run's hardware "
+                              f"has {self.run.hardware.hop_latency_ns!r}; build the config "
+                              "with PlaceConfig.create(..., hop_latency_ns=...)")
         if self.nb_mode not in NB_MODES:
             raise ConfigError(f"nb_mode={self.nb_mode!r}; expected one of {list(NB_MODES)}")
         if self.lb_method not in LB_METHODS:
@@ -183,46 +172,25 @@ class PlaceConfig:
         if self.lb_objective not in LB_OBJECTIVES:
             raise ConfigError(f"lb_objective={self.lb_objective!r}; expected one of "
                               f"{list(LB_OBJECTIVES)}")
-        if self.batch < 1 or self.bo_calls < 1:
-            raise ConfigError(f"batch and bo_calls must be >= 1, got {self.batch}, "
-                              f"{self.bo_calls}")
+        if self.bo_calls < 1:
+            raise ConfigError(f"bo_calls must be >= 1, got {self.bo_calls}")
         if self.guard not in (None, "tp"):
             raise ConfigError(f"guard={self.guard!r}; expected 'tp' or None")
-        get_model(self.model)
-        get_profile(self.conventions)                        # validates a name
-
-    @property
-    def conv(self) -> Conventions:
-        """The conventions: the object itself when one was given, else the named profile.
-
-        ``conventions`` keeps what the caller passed (a name stays a name in ``to_dict`` and in
-        records, so cache keys are unchanged); a ``Conventions`` object, derived or not, is
-        used as is and never looked up by name.
-        """
-        return get_profile(self.conventions)
-
-    @property
-    def model_spec(self) -> ModelSpec:
-        """The model spec."""
-        return get_model(self.model)
-
-    @property
-    def hardware(self) -> HardwareSpec:
-        """The hardware spec."""
-        return hardware_from_setting(self.setting, self.mesh, hop_latency_ns=self.hop_latency_ns)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict (model resolved to its preset id)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["mesh"] = list(self.mesh)
-        if self.trace_skew == 1.0:  # the default stays out: cache keys of older runs hold
-            del d["trace_skew"]
-        spec = self.model_spec
-        preset = MODEL_PRESETS.get(spec.key)
-        d["model"] = spec.key if preset == spec else spec.to_dict()
-        if isinstance(self.conventions, Conventions):          # a name stays a name
-            conv = self.conventions
-            d["conventions"] = conv.name if PROFILES.get(conv.name) == conv else conv.to_dict()
+        """Return a JSON-serialisable dict (model resolved to its preset id, run flattened)."""
+        run = self.run
+        d: dict[str, Any] = {
+            "model": run.model_key(), "mesh": list(run.mesh_shape), "setting": run.setting,
+            "batch": run.batch, "topology": run.topology.kind, "trace": run.trace,
+            "trace_requests": run.trace_requests, "trace_seed": self.trace_seed}
+        if run.trace_skew != 1.0:  # the default stays out: cache keys of older runs hold
+            d["trace_skew"] = run.trace_skew
+        d["view"] = self.view
+        d["conventions"] = profile_key(run.conventions)
+        own = [f.name for f in dataclasses.fields(self)]
+        for name in own[own.index("rho_mem"):]:
+            d[name] = getattr(self, name)
         return d
 
     @classmethod
@@ -234,7 +202,7 @@ class PlaceConfig:
             d["model"] = ModelSpec.from_dict(d["model"])
         if isinstance(d.get("conventions"), dict):
             d["conventions"] = Conventions.from_dict(d["conventions"])
-        return cls(**d)
+        return cls.create(**d)
 
     def config_hash(self, trace_id: str) -> str:
         """Return a short SHA-256 of the configuration and the trace id."""
@@ -329,8 +297,7 @@ def _simulator(config: PlaceConfig) -> MoESimulator:
     key = json.dumps(config.to_dict(), sort_keys=True)
     sim = _SIM_CACHE.get(key)
     if sim is None:
-        sim = MoESimulator(config.model_spec, config.hardware, TopologySpec(kind=config.topology),
-                           config.conv)
+        sim = MoESimulator(config.model_spec, config.hardware, config.run.topology, config.conv)
         _SIM_CACHE[key] = sim
     return sim
 

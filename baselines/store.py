@@ -30,6 +30,7 @@ re-solved; an interrupted run resumes layer by layer. The online methods HD-MoE 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -42,7 +43,7 @@ import numpy as np
 
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.sim.placement import Placement, placement_by_name
-from hdamoe_env.config.specs import ModelSpec, get_model, hardware_from_setting, parse_mesh
+from hdamoe_env.config.run import RUN_DEFAULTS, RunFields, RunSpec
 
 __all__ = ["PLACEMENT_ARTIFACTS", "QUICK_PLACEMENT", "PlacementStore", "StoreConfig",
            "default_cache_dir"]
@@ -73,23 +74,16 @@ def default_cache_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class StoreConfig:
-    """What defines the placements of one configuration.
+class StoreConfig(RunFields):
+    """What defines the placements of one configuration: a run plus the placement sources.
 
     Attributes:
-        model: Model preset id or ``ModelSpec``.
-        mesh: ``"XxY"``.
-        setting: ``"TFLOPS/GBps"``.
-        topology: ``"mesh"``, ``"torus"`` or ``"fattree"``.
-        conventions: Profile name or ``Conventions``.
-        trace_label: The trace as the pipeline names it (``"synthetic"`` or a path).
-        trace_requests: Requests of a synthetic trace (None: the generator's default).
-        trace_skew: Skew power τ of a synthetic trace (1 = the fitted generator); part of the
-            pipeline's configuration hash and of the cache directory name when != 1.
+        run: The run (``hdamoe_env.config.run.RunSpec``). A skewed synthetic trace's τ is part
+            of the pipeline's configuration hash and of the cache directory name when != 1.
         placement_dir: ``hdamoe place`` output directory (None: quick pipeline, cached).
         cache_dir: Root of the placement cache (None: :func:`default_cache_dir`).
         placement_seed: Seed of EP and of the offline pipeline.
-        place_batch: Batch size the placements are optimised at (paper: 128).
+        place_batch: Batch size the placements are optimised at (paper: the default B).
         place_workers: Worker processes of the quick pipeline.
         quick: Budget of the quick pipeline (``PlaceConfig`` fields).
         eplb_rho_mem: Relative memory cap ρ_mem that sets EPLB's slots per node,
@@ -97,18 +91,11 @@ class StoreConfig:
         eplb_node_groups: EPLB node groups (1: global policy; the mesh rows X: hierarchical).
     """
 
-    model: str | ModelSpec = "deepseek-v2-lite"
-    mesh: str = "4x8"
-    setting: str = "5/50"
-    topology: str = "mesh"
-    conventions: Any = "faithful"
-    trace_label: str = "synthetic"
-    trace_requests: int | None = None
-    trace_skew: float = 1.0
+    run: RunSpec = field(default_factory=RunSpec.resolve)
     placement_dir: str | None = None
     cache_dir: str | None = None
     placement_seed: int = 0
-    place_batch: int = 128
+    place_batch: int = RUN_DEFAULTS.batch
     place_workers: int = 1
     quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
     eplb_rho_mem: float | None = None
@@ -130,8 +117,8 @@ class PlacementStore:
         self.config = config
         self.trace = trace
         self.progress = progress
-        self.model = get_model(config.model)
-        self.hw = hardware_from_setting(config.setting, config.mesh)
+        self.model = config.model_spec
+        self.hw = config.hardware
         self._cache: dict[str, tuple[Placement, str | None]] = {}
         self.pipeline_dir: Path | None = None
         self.pipeline_wall_s: float = 0.0
@@ -180,14 +167,13 @@ class PlacementStore:
 
     def _eplb(self) -> Placement:
         from baselines.eplb import eplb, eplb_placement, eplb_slots
-        from hdamoe_env.config.profiles import get_profile
 
         model, D = self.model, self.hw.num_nodes
         rows = self.trace.view("content")
         freqs = np.stack([self.trace.layer_frequencies(layer, rows)
                           for layer in range(model.num_moe_layers)])
         slots = eplb_slots(model.num_experts, D, rho_mem=self.config.eplb_rho_mem, model=model,
-                           hw=self.hw, conv=get_profile(self.config.conventions))
+                           hw=self.hw, conv=self.config.conv)
         result = eplb(freqs, D, slots, num_node_groups=self.config.eplb_node_groups)
         return eplb_placement(result, trace_id=self.trace.trace_id,
                               rho_mem=self.config.eplb_rho_mem)
@@ -197,21 +183,16 @@ class PlacementStore:
         from baselines.pipeline import PlaceConfig
 
         cfg = self.config
-        return PlaceConfig(model=cfg.model, mesh=parse_mesh(cfg.mesh), setting=cfg.setting,
-                           batch=cfg.place_batch, topology=cfg.topology, trace=cfg.trace_label,
-                           trace_requests=cfg.trace_requests, trace_skew=cfg.trace_skew,
-                           conventions=cfg.conventions,
-                           seed=cfg.placement_seed, **cfg.quick)
+        run = dataclasses.replace(cfg.run, batch=cfg.place_batch, trace=cfg.trace_label)
+        return PlaceConfig(run=run, seed=cfg.placement_seed, **cfg.quick)
 
     def cache_path(self) -> Path:
         """Return the cache directory of this configuration's quick placements."""
         pc = self.place_config()
         digest = pc.config_hash(self.trace.trace_id)
-        X, Y = parse_mesh(self.config.mesh)
-        conv = self.config.conventions
-        conv_name = conv if isinstance(conv, str) else conv.name
+        X, Y = self.config.run.mesh_shape
         name = (f"{self.model.key}__{self.config.topology}{X}x{Y}__"
-                f"{self.config.setting.replace('/', '-')}__{conv_name}__"
+                f"{self.config.setting.replace('/', '-')}__{self.config.conventions}__"
                 f"seed{self.config.placement_seed}__"
                 + (f"skew{self.config.trace_skew:g}__" if self.config.trace_skew != 1.0 else "")
                 + digest)

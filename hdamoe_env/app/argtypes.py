@@ -1,7 +1,10 @@
 """``argparse`` value types of the ``hdamoe`` options: every value is checked at parse time.
 
-Also :func:`add_decision_arguments`, the options of the online decisions that ``hdamoe bench``
-and ``hdamoe tune`` share.
+Also :func:`add_run_arguments`, which generates the options of a run (model, setting, mesh,
+topology, profile, batch, trace) from their one declaration, ``hdamoe_env.config.run.RUN_OPTIONS``,
+and :func:`run_from_args`, which resolves them once into a ``RunSpec``; and
+:func:`add_decision_arguments`, the options of the online decisions that ``hdamoe bench`` and
+``hdamoe tune`` share.
 
 Each function takes the option text and returns the parsed value or raises
 ``argparse.ArgumentTypeError`` with the value received, what was expected and an example, which
@@ -11,12 +14,17 @@ argparse prints as one ``hdamoe <cmd>: error: argument --x: ...`` line (exit cod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-__all__ = ["add_decision_arguments", "bounded_int", "float_list", "hp_item", "int_list",
-           "nonneg_float", "nonneg_int", "positive_float", "positive_int"]
+from hdamoe_env.config.errors import HdMoeError
+from hdamoe_env.config.run import RUN_OPTIONS, RunSpec
+
+__all__ = ["add_decision_arguments", "add_run_arguments", "bounded_int", "float_list", "hp_item", "int_list",
+           "nonneg_float", "nonneg_int", "positive_float", "positive_int", "run_from_args"]
 
 def _int(text: str) -> int:
     try:
@@ -131,3 +139,75 @@ def add_decision_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predictor", default="noisy_oracle", choices=PREDICTORS,
                    help="next-layer expert-load predictor")
     p.add_argument("--max-broadcast", type=nonneg_int, default=8, help="pre-broadcast slots")
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Wrap a ``ConfigError``-raising parser as an argparse type (one ``error:`` line, exit 2)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except HdMoeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value").lstrip("_")
+    return convert
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, names: Iterable[str] | None = None, *,
+                      defaults: Mapping[str, Any] | None = None,
+                      helps: Mapping[str, str] | None = None,
+                      required: Iterable[str] = ()) -> None:
+    """Add the options of a run, generated from ``RUN_OPTIONS`` (one default, one help each).
+
+    Args:
+        parser: The command's parser.
+        names: Which run options (``RUN_OPTIONS`` keys), in that order (None: all).
+        defaults: Per-command defaults that differ on purpose (e.g. ``None`` = "take the base
+            configuration's value" in ``hdamoe train``).
+        helps: Text appended to an option's help for this command.
+        required: Options this command requires (no default).
+    """
+    required = set(required)
+    for name in RUN_OPTIONS if names is None else names:
+        opt = RUN_OPTIONS[name]
+        kwargs: dict[str, Any] = {"dest": name, "help": opt.help + (helps or {}).get(name, "")}
+        if name in required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = (defaults or {}).get(name, opt.default)
+        if opt.parse is not None:
+            kwargs["type"] = _argparse_type(opt.parse)
+        if opt.choices is not None:
+            kwargs["choices"] = opt.choices
+        if opt.metavar is not None:
+            kwargs["metavar"] = opt.metavar
+        parser.add_argument(opt.flag, **kwargs)
+
+
+def run_from_args(args: argparse.Namespace, *, cache: bool = False,
+                  hardware_overrides: Mapping[str, Any] | None = None) -> RunSpec:
+    """Resolve the run options of parsed arguments into a ``RunSpec``, once per command.
+
+    The first call with ``cache=True`` (``hdamoe``'s memory pre-flight) keeps the run on
+    ``args``; later calls return it instead of looking the names up again.
+
+    Args:
+        args: Parsed arguments (options added by :func:`add_run_arguments`; absent ones take
+            their ``RUN_OPTIONS`` default).
+        cache: Keep the resolved run on ``args`` for the command.
+        hardware_overrides: Further ``HardwareSpec`` fields (e.g. ``hop_latency_ns``).
+
+    Raises:
+        ConfigError: An unknown name or an invalid value.
+    """
+    run: RunSpec | None = getattr(args, "_resolved_run", None)
+    if run is None:
+        names = {name: getattr(args, name) for name in RUN_OPTIONS if hasattr(args, name)}
+        run = RunSpec.resolve(**names)
+        if cache:
+            args._resolved_run = run
+    if hardware_overrides:
+        run = dataclasses.replace(run, hardware=dataclasses.replace(run.hardware,
+                                                                    **hardware_overrides))
+    return run

@@ -82,15 +82,8 @@ from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import factory as progress_factory
 from hdamoe_env.app.records import (format_bench_table, read_records, write_csv,
                                     write_records)
-from hdamoe_env.config.profiles import get_profile
-from hdamoe_env.sim.sources import check_trace_skew
-from hdamoe_env.config.specs import (
-    MODEL_PRESETS,
-    ModelSpec,
-    get_model,
-    hardware_from_setting,
-    parse_mesh,
-)
+from hdamoe_env.app.argtypes import run_from_args
+from hdamoe_env.config.run import RUN_DEFAULTS, RunFields, RunSpec, check_batch
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -251,21 +244,16 @@ def _hint(name: str, choices: Iterable[str]) -> str:
 
 # --------------------------------------------------------------------------------- configuration
 @dataclass(frozen=True)
-class BenchConfig:
-    """Everything that defines a benchmark configuration (one ``run_key``).
+class BenchConfig(RunFields):
+    """Everything that defines a benchmark configuration (one ``run_key``): a run plus the bench.
+
+    Build it with :meth:`create` from names (``BenchConfig.create(model="qwen", batch=32)``) or
+    directly from a resolved ``RunSpec`` (``BenchConfig(run=spec, steps=8)``).
 
     Attributes:
-        model: Model preset id or ``ModelSpec``.
-        trace: ``"synthetic"``, a trace path, or a loaded ``RoutingTrace``.
-        trace_requests: Requests of the synthetic trace (None: the env's default).
-        trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ; 1 = the
-            fitted generator). Placements of the quick pipeline are optimised on the same
-            skewed trace and cached under a key that includes τ.
-        mesh: ``"XxY"``.
-        topology: ``"mesh"``, ``"torus"`` or ``"fattree"``.
-        setting: ``"TFLOPS/GBps"``.
-        batch: Tokens per decode step B.
-        conventions: Profile name.
+        run: The run (model, chip, NoC, profile, B, trace; ``hdamoe_env.config.run``). A
+            skewed synthetic trace's placements are optimised on the same skewed trace and
+            cached under a key that includes τ.
         steps: Decode steps per episode.
         fidelity: ``"des"`` or ``"analytic"``.
         predictor: Next-layer predictor of the env.
@@ -274,21 +262,17 @@ class BenchConfig:
         placement_dir: ``hdamoe place`` output directory (None: quick pipeline, cached).
         cache_dir: Root of the placement cache (None: :func:`default_cache_dir`).
         placement_seed: Seed of EP and of the offline pipeline.
-        place_batch: Batch size the placements are optimised at (paper: 128).
+        place_batch: Batch size the placements are optimised at (paper: the default B).
         place_workers: Worker processes of the quick pipeline.
         quick: Budget of the quick pipeline (``PlaceConfig`` fields).
         env_kwargs: Further ``HdMoeEnv`` keyword arguments (e.g. ``gating_protect_top``).
+
+    The run's values read through (``RunFields``): ``model_spec``, ``setting``, ``mesh``,
+    ``topology``, ``batch``, ``conventions``, ``trace``, ``trace_requests``, ``trace_skew``,
+    ``trace_label``.
     """
 
-    model: str | ModelSpec = "deepseek-v2-lite"
-    trace: Any = "synthetic"
-    trace_requests: int | None = None
-    trace_skew: float = 1.0
-    mesh: str = "4x8"
-    topology: str = "mesh"
-    setting: str = "5/50"
-    batch: int = 128
-    conventions: str = "faithful"
+    run: RunSpec = field(default_factory=RunSpec.resolve)
     steps: int = 16
     fidelity: str = "des"
     predictor: str = "noisy_oracle"
@@ -297,65 +281,51 @@ class BenchConfig:
     placement_dir: str | None = None
     cache_dir: str | None = None
     placement_seed: int = 0
-    place_batch: int = 128
+    place_batch: int = RUN_DEFAULTS.batch
     place_workers: int = 1
     quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        get_model(self.model)
-        get_profile(self.conventions)
-        parse_mesh(self.mesh)
-        object.__setattr__(self, "trace_skew", check_trace_skew(self.trace_skew))
-        if self.steps < 1 or self.batch < 1:
-            raise ConfigError(f"steps and batch must be >= 1, got {self.steps}, {self.batch}")
-
-    @property
-    def model_spec(self) -> ModelSpec:
-        """The model spec."""
-        return get_model(self.model)
-
-    @property
-    def trace_label(self) -> str:
-        """``"synthetic"``, the trace path, or ``"trace:<id>"`` for a loaded trace."""
-        if isinstance(self.trace, str | os.PathLike):
-            return str(self.trace)
-        return f"trace:{getattr(self.trace, 'trace_id', '?')[:12]}"
+        if not isinstance(self.run, RunSpec):
+            raise ConfigError(f"run must be a RunSpec (RunSpec.resolve(...)), got "
+                              f"{type(self.run).__name__}; or use BenchConfig.create(**names)")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ConfigError(f"steps must be a positive integer, got {self.steps!r}")
+        check_batch(self.place_batch)
 
     def env_arguments(self) -> dict[str, Any]:
-        """Return the ``HdMoeEnv`` keyword arguments shared by every method."""
+        """Return the ``HdMoeEnv`` keyword arguments shared by every method (run resolved)."""
+        run = self.run
         kwargs: dict[str, Any] = {
-            "model": self.model, "setting": self.setting, "mesh": self.mesh,
-            "topology": self.topology, "batch": self.batch, "conventions": self.conventions,
+            "model": run.model, "setting": run.setting, "mesh": run.mesh,
+            "hardware": run.hardware, "topology": run.topology, "batch": run.batch,
+            "conventions": run.conventions,
             "steps_per_episode": self.steps, "fidelity": self.fidelity,
             "predictor": self.predictor, "max_broadcast": self.max_broadcast,
             "placement_seed": self.placement_seed, **self.env_kwargs}
-        if self.trace_requests is not None:
-            kwargs["trace_requests"] = self.trace_requests
-        if self.trace_skew != 1.0:
-            kwargs["trace_skew"] = self.trace_skew
+        if run.trace_requests is not None:
+            kwargs["trace_requests"] = run.trace_requests
+        if run.trace_skew != 1.0:
+            kwargs["trace_skew"] = run.trace_skew
         if self.k_b is not None:
             kwargs["k_b"] = self.k_b
         return kwargs
 
     def store_config(self) -> StoreConfig:
         """Return the placement-resolver configuration of this benchmark configuration."""
-        return StoreConfig(model=self.model, mesh=self.mesh, setting=self.setting,
-                           topology=self.topology, conventions=self.conventions,
-                           trace_label=self.trace_label, trace_requests=self.trace_requests,
-                           trace_skew=self.trace_skew, placement_dir=self.placement_dir,
-                           cache_dir=self.cache_dir,
-                           placement_seed=self.placement_seed, place_batch=self.place_batch,
-                           place_workers=self.place_workers, quick=self.quick)
+        return StoreConfig(run=self.run, placement_dir=self.placement_dir,
+                           cache_dir=self.cache_dir, placement_seed=self.placement_seed,
+                           place_batch=self.place_batch, place_workers=self.place_workers,
+                           quick=self.quick)
 
     def run_key(self, trace_id: str) -> str:
         """Return a short hash of the configuration and the trace id (resume key)."""
-        spec = self.model_spec
-        model = spec.key if MODEL_PRESETS.get(spec.key) == spec else spec.to_dict()
         payload = {
-            "model": model, "trace_id": trace_id, "mesh": list(parse_mesh(self.mesh)),
-            "topology": self.topology, "setting": self.setting, "batch": self.batch,
-            "conventions": get_profile(self.conventions).to_dict()["knobs_sha256"],
+            "model": self.run.model_key(), "trace_id": trace_id,
+            "mesh": list(self.run.mesh_shape), "topology": self.topology,
+            "setting": self.setting, "batch": self.batch,
+            "conventions": self.run.conventions.to_dict()["knobs_sha256"],
             "steps": self.steps, "fidelity": self.fidelity, "predictor": self.predictor,
             "max_broadcast": self.max_broadcast, "k_b": self.k_b,
             "placements": (str(Path(self.placement_dir).resolve()) if self.placement_dir
@@ -698,7 +668,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
     total_steps = len(todo) * config.steps * config.model_spec.num_moe_layers
     bar = progress_bar(total_steps, "bench env steps", enabled=progress) if todo else None
     envs: dict[str, Any] = {}
-    conv = get_profile(config.conventions)
+    conv = config.run.conventions
     model = config.model_spec
     targets = sorted({s.quality_target for s in specs if s.quality_target is not None})
     searches: dict[str, Any] = {}
@@ -817,10 +787,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.gating_protect_top:
         env_kwargs["gating_protect_top"] = args.gating_protect_top
     config = BenchConfig(
-        model=args.model, trace=args.trace, trace_requests=args.requests,
-        trace_skew=args.trace_skew, mesh=args.mesh,
-        topology=args.topology, setting=args.setting, batch=args.batch,
-        conventions=args.conventions, steps=args.steps, fidelity=args.fidelity,
+        run=run_from_args(args), steps=args.steps, fidelity=args.fidelity,
         predictor=args.predictor, max_broadcast=args.max_broadcast, k_b=args.k_b,
         placement_dir=args.placement_dir, cache_dir=args.cache_dir,
         placement_seed=args.place_seed, place_workers=args.place_workers, env_kwargs=env_kwargs)
@@ -828,7 +795,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        resume=args.resume, tensorboard_dir=args.tensorboard,
                        progress=not args.no_progress)
     model = config.model_spec
-    hw = hardware_from_setting(config.setting, config.mesh)
+    hw = config.run.hardware
     rec0 = result.records[0]
     print(f"hdamoe bench: {model.key} on {config.topology} {config.mesh} ({hw.num_nodes} nodes), "
           f"{hw.compute_tflops:g} TFLOPS/node, {hw.link_bw_gbps:g} GB/s/link, B={config.batch}, "

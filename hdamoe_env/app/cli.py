@@ -23,12 +23,14 @@ from hdamoe_env import __version__
 from hdamoe_env.app import bench, crossover, envbench, place, record, reproduce
 from hdamoe_env.app.argtypes import (
     add_decision_arguments,
+    add_run_arguments,
     float_list,
     int_list,
     nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
+    run_from_args,
 )
 from hdamoe_env.app.logs import configure_logging
 from hdamoe_env.app.progress import wrap
@@ -36,31 +38,13 @@ from hdamoe_env.app.records import render_table
 from hdamoe_env.config.errors import HdMoeError
 from hdamoe_env.config.fileio import write_json
 from hdamoe_env.sim.placement import placement_by_name
-from hdamoe_env.config.profiles import PROFILES, get_profile
+from hdamoe_env.config.run import RUN_DEFAULTS
+from hdamoe_env.config.specs import get_model
 from hdamoe_env.sim.sources import load_trace
-from hdamoe_env.config.specs import (
-    MODEL_PRESETS,
-    TOPOLOGY_KINDS,
-    get_model,
-    hardware_from_setting,
-)
 
 __all__ = ["build_parser", "main"]
 
 US = 1e6
-
-
-# ------------------------------------------------------------------------------------- helpers
-PROFILE_HELP = (f"convention profile: {', '.join(sorted(PROFILES))}, or a derived one such as "
-                "'faithful+b_psum=4' (paper-model.md §4)")
-
-
-def profile_name(text: str) -> str:
-    """``argparse`` type of ``--conventions``: a profile or derived-profile name, validated."""
-    try:
-        return get_profile(text).name
-    except HdMoeError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------ simulate
@@ -68,13 +52,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Run ``hdamoe simulate``."""
     from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
 
-    model = get_model(args.model)
-    hw = hardware_from_setting(args.setting, args.mesh, hop_latency_ns=args.hop_latency_ns,
-                               node_dram_gib=args.dram_gib)
-    conv = get_profile(args.conventions)
-    sim = MoESimulator(model, hw, args.topology, conv)
+    run = run_from_args(args, hardware_overrides={"hop_latency_ns": args.hop_latency_ns,
+                                                  "node_dram_gib": args.dram_gib})
+    model, hw, conv = run.model, run.hardware, run.conventions
+    sim = MoESimulator(model, hw, run.topology, conv)
     t0 = time.perf_counter()
-    trace = load_trace(args.trace, model, seed=args.seed, requests=args.requests)
+    trace = load_trace(run.trace, model, seed=args.seed, requests=run.trace_requests)
     t_trace = time.perf_counter() - t0
     requested = [n.strip() for n in args.placement.split(",") if n.strip()]
     names = requested if "tp" in requested else ["tp", *requested]  # TP normalises
@@ -83,19 +66,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for name in names:
         placement = placement_by_name(name, model, hw.num_nodes, args.seed)
         if args.evaluator == "static":
-            evals[name] = evaluate_static(sim, placement, trace, args.batch, seed=args.seed,
+            evals[name] = evaluate_static(sim, placement, trace, run.batch, seed=args.seed,
                                           view=args.view)
         else:
-            evals[name] = evaluate_sampled(sim, placement, trace, args.batch, steps=args.steps,
+            evals[name] = evaluate_sampled(sim, placement, trace, run.batch, steps=args.steps,
                                            seed=args.seed, mode=args.batching, view=args.view,
                                            progress=lambda it: wrap(it, args.steps, name),
                                            replica_rule=args.replica_rule)
     t_sim = time.perf_counter() - t0
     tp_tbt = evals["tp"].tbt_s
-    print(f"hdamoe simulate: {model.key} on {args.topology} {hw.mesh_shape[0]}x{hw.mesh_shape[1]}"
+    print(f"hdamoe simulate: {model.key} on {run.topology.kind} {hw.mesh_shape[0]}x{hw.mesh_shape[1]}"
           f" ({hw.num_nodes} nodes), {hw.compute_tflops:g} TFLOPS/node, "
-          f"{hw.link_bw_gbps:g} GB/s/link, DRAM {hw.mem_bw_gbps:g} GB/s/node, B={args.batch}")
-    trace_desc = (f"synthetic (seed {args.seed})" if args.trace == "synthetic" else args.trace)
+          f"{hw.link_bw_gbps:g} GB/s/link, DRAM {hw.mem_bw_gbps:g} GB/s/node, B={run.batch}")
+    trace_desc = (f"synthetic (seed {args.seed})" if run.trace == "synthetic" else run.trace)
     steps_desc = (f"{args.steps} decode steps ({args.batching})" if args.evaluator == "sampled"
                   else "expected loads")
     print(f"conventions: {conv.name} · evaluator: {args.evaluator}, {steps_desc} · trace: "
@@ -119,7 +102,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      b["communication_s"] * US, b["memory_s"] * US, ev.tbt_s / tp_tbt])
     print(render_table(["placement", "TBT", "±std", "compute", "communication", "memory",
                   "TBT/TP"], rows, number="{:.2f}"))
-    dense = sim.dense_time(args.batch)
+    dense = sim.dense_time(run.batch)
     if dense:
         print(f"(compute includes {dense * US:.2f} µs of dense leading layers)")
     print(f"\ntrace {t_trace:.1f} s, simulation {t_sim:.1f} s")
@@ -257,23 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="per-layer latency and TBT of TP/EP or a placement",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    sim.add_argument("--model", default="deepseek-v2-lite",
-                     help=f"model preset: {', '.join(MODEL_PRESETS)}")
-    sim.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
-    sim.add_argument("--mesh", default="4x8", help="node grid XxY (fat-tree: 4x8 endpoints)")
-    sim.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
+    add_run_arguments(sim, ("model", "topology", "mesh", "setting"))
     sim.add_argument("--hop-latency-ns", type=nonneg_float, default=None,
                      help="per-hop NoC latency, ns (default: the profile's hop_latency_s)")
     sim.add_argument("--dram-gib", type=positive_float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
-    sim.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
+    add_run_arguments(sim, ("batch",))
     sim.add_argument("--placement", default="tp,ep",
                      help="comma list of tp, ep or paths to placement .npz files")
-    sim.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
-    sim.add_argument("--requests", type=positive_int, default=None,
-                     help="synthetic trace: number of requests (default: generator's)")
-    sim.add_argument("--conventions", default="faithful", type=profile_name,
-                     help=PROFILE_HELP)
+    add_run_arguments(sim, ("trace", "trace_requests", "conventions"))
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"),
                      help="sampled: simulate decode steps; static: expected loads")
     sim.add_argument("--steps", type=positive_int, default=16, help="decode steps (sampled evaluator)")
@@ -370,20 +345,9 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="compare TP, EP, hybrid, Node/Link Balance, HD-MoE, HDA-MoE and agents "
         "on identical episodes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="deepseek-v2-lite",
-                   help=f"model preset: {', '.join(MODEL_PRESETS)}")
-    p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
-    p.add_argument("--requests", type=positive_int, default=None,
-                   help="synthetic trace: number of requests (default: the env's)")
-    p.add_argument("--trace-skew", type=positive_float, default=1.0, metavar="TAU",
-                   help="synthetic trace: skew power τ of the expert popularity (p ← p^τ; "
-                   ">1 sharper, <1 flatter); placements are optimised on the same trace")
-    p.add_argument("--mesh", default="4x8", help="node grid XxY")
-    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
-    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
-    p.add_argument("--conventions", default="faithful", type=profile_name,
-                   help=PROFILE_HELP)
+    add_run_arguments(p, ("model", "trace", "trace_requests", "trace_skew", "mesh", "topology",
+                          "setting", "batch", "conventions"),
+                      helps={"trace_skew": "; placements are optimised on the same trace"})
     p.add_argument("--methods", default=",".join(bench.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
                    "an agent, tuned:PATH/tuned.json[@placement] the tuned heuristic of "
@@ -421,12 +385,7 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench-env", help="env steps/s (DES, analytic) and heuristic decision time per step",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="deepseek-v2-lite", help="model preset id")
-    p.add_argument("--mesh", default="4x8", help="node grid XxY")
-    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
-    p.add_argument("--conventions", default="faithful", type=profile_name,
-                   help=PROFILE_HELP)
+    add_run_arguments(p, ("model", "mesh", "setting", "batch", "conventions"))
     p.add_argument("--seconds", type=positive_float, default=2.0, help="time budget per measurement")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     p.add_argument("--json", default=None,
@@ -527,7 +486,7 @@ def _add_record_parsers(tsub: Any) -> None:
                      "layer count is replaced by the recorded model's")
     fid.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
     fid.add_argument("--mesh", default="4x8", help="node grid XxY")
-    fid.add_argument("--conventions", default="paper", type=profile_name, help=PROFILE_HELP)
+    add_run_arguments(fid, ("conventions",), defaults={"conventions": "paper"})
     fid.add_argument("--placement", default="ep", choices=("ep", "tp"),
                      help="placement of the simulation")
     fid.add_argument("--no-simulate", dest="simulate", action="store_false",
@@ -539,23 +498,12 @@ def _add_record_parsers(tsub: Any) -> None:
 
 
 def _add_place_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help=f"model preset: {', '.join(MODEL_PRESETS)} "
-                   "(aliases mixtral, deepseek, qwen2, qwen35)")
-    p.add_argument("--mesh", default="4x8", help="node grid XxY")
-    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
-    p.add_argument("--topology", default="mesh", choices=TOPOLOGY_KINDS, help="NoC topology")
+    add_run_arguments(p, ("model", "mesh", "setting", "batch", "topology"), required=("model",),
+                      helps={"model": " (aliases mixtral, deepseek, qwen2, qwen35)"})
     p.add_argument("--hop-latency-ns", type=nonneg_float, default=None,
                    help="per-hop NoC latency, ns (default: the profile's hop_latency_s)")
-    p.add_argument("--trace", default="synthetic",
-                   help="'synthetic' or a trace path (.json reference trace, .npz canonical)")
-    p.add_argument("--requests", type=positive_int, default=None,
-                   help="synthetic trace: number of requests (default: generator's)")
-    p.add_argument("--trace-skew", type=positive_float, default=1.0, metavar="TAU",
-                   help="synthetic trace: skew power τ of the expert popularity (p ← p^τ; "
-                   ">1 sharper, <1 flatter)")
-    p.add_argument("--conventions", default="faithful", type=profile_name,
-                   help=PROFILE_HELP)
+    add_run_arguments(p, ("trace", "trace_requests", "trace_skew", "conventions"),
+                      helps={"trace": " (.json reference trace, .npz canonical)"})
     p.add_argument("--layers", default=None, help="MoE layers, e.g. 0-3 or 0,2,5 (default all)")
     p.add_argument("--time-limit", type=positive_float, default=10.0,
                    help="Node-Balance time budget per layer (heuristic warm start + MILP), s")
@@ -690,20 +638,23 @@ def _preflight_memory(args: argparse.Namespace, command: str) -> None:
     if not isinstance(model_key, str):
         return
     try:
-        model = get_model(model_key)
+        if any(getattr(args, name, "") is None for name in ("setting", "mesh", "conventions")):
+            model = get_model(model_key)       # a command whose run takes a base's values
+        else:
+            model = run_from_args(args, cache=True).model   # resolved once, for the command
     except HdMoeError:
-        return                                 # the command reports the unknown model itself
+        return                                 # the command reports the unknown name itself
     batch = getattr(args, "batch", None)
     mesh = getattr(args, "mesh", None)
     if command in ("simulate", "bench", "place", "sweep-mem", "train", "bench-env") and batch:
         try:
-            X, Y = parse_mesh(mesh or "4x8")
+            X, Y = parse_mesh(mesh or RUN_DEFAULTS.mesh)
         except HdMoeError:
             return
         need = limits.batch_bytes(batch, model.num_experts, model.top_k, X * Y)
         limits.check_fits(need, f"a decode batch of --batch {batch} tokens ({model.key}, "
                           f"{X}x{Y} nodes)", "use a smaller --batch")
-    requests = getattr(args, "requests", None)
+    requests = getattr(args, "trace_requests", None) or getattr(args, "requests", None)
     if requests and command in ("simulate", "bench", "place", "sweep-mem", "traces gen",
                                 "traces stats", "train"):
         need = limits.trace_bytes(requests, model.num_moe_layers, model.top_k)

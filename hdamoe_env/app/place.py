@@ -22,7 +22,6 @@ from baselines.pipeline import (METHOD_NAMES, PipelineResult, PlaceConfig, load_
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.records import render_table
 from hdamoe_env.config.fileio import write_json
-from hdamoe_env.config.specs import parse_mesh
 
 __all__ = ["format_table", "run_place", "run_sweep"]
 
@@ -30,9 +29,9 @@ _LB_CHOICES = {"bo": "bo", "local": "local", "anneal": "anneal", "random": "rand
 
 
 def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
-    return PlaceConfig(
-        model=args.model, mesh=parse_mesh(args.mesh), setting=args.setting, batch=args.batch,
-        topology=args.topology, trace=args.trace, trace_requests=args.requests,
+    return PlaceConfig.create(
+        model=args.model, mesh=args.mesh, setting=args.setting, batch=args.batch,
+        topology=args.topology, trace=args.trace, trace_requests=args.trace_requests,
         trace_skew=args.trace_skew, conventions=args.conventions, rho_mem=rho_mem,
         nb_mode=args.nb_mode,
         time_limit_s=args.time_limit, mip_gap=args.mip_gap, solver=args.solver,
@@ -120,7 +119,7 @@ def _run_eplb(args: argparse.Namespace, config: PlaceConfig, trace: Any) -> int:
                        hw=hw, conv=config.conv)
     result = eplb(freqs, hw.num_nodes, slots, num_node_groups=args.node_groups)
     placement = eplb_placement(result, trace_id=trace.trace_id, rho_mem=config.rho_mem,
-                               model=model.key, mesh=list(config.mesh))
+                               model=model.key, mesh=list(config.run.mesh_shape))
     ep = expected_node_load(_ep(config), freqs)
     load = expected_node_load(placement, freqs)
     todo = parse_layers(args.layers, model.num_moe_layers)

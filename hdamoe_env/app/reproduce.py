@@ -130,7 +130,7 @@ def _bench_config(params: Mapping[str, Any], cache_dir: str | None) -> Any:
     kwargs = dict(params)
     kwargs.setdefault("cache_dir", cache_dir)
     kwargs.setdefault("place_workers", 1)
-    return BenchConfig(**kwargs)
+    return BenchConfig.create(**kwargs)
 
 
 def _placement_dir_of(params: Mapping[str, Any], cache_dir: str | None) -> str:
@@ -198,7 +198,7 @@ def _run_sweep_mem(params: Mapping[str, Any], cache_dir: str | None) -> list[dic
     mesh = cfg.pop("mesh", "4x8")
     X, Y = (int(v) for v in str(mesh).lower().split("x"))
     budget = {**QUICK_PLACEMENT, **params.get("budget", {})}
-    pc = PlaceConfig(mesh=(X, Y), **{**budget, **cfg})
+    pc = PlaceConfig.create(mesh=(X, Y), **{**budget, **cfg})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     out = root / f"sweep_mem__{pc.config_hash('sweep')}"
     rows = sweep_rho_mem(pc, list(params["rho"]), out, layers=params.get("layers"),

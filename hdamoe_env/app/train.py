@@ -45,7 +45,7 @@ from agents.learned.train import (
 )
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app import bench
-from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
+from hdamoe_env.app.argtypes import add_run_arguments, hp_item, int_list, nonneg_int, positive_int
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import stage
 from hdamoe_env.app.records import format_bench_table, summarise
@@ -140,7 +140,7 @@ def _bench_config(env_kwargs: dict[str, Any], *, fidelity: str, steps: int,
             from hdamoe_env.config.specs import ModelSpec
 
             fields[name] = ModelSpec.from_dict(fields[name])
-    return bench.BenchConfig(**fields, steps=steps, fidelity=fidelity, env_kwargs=extra)
+    return bench.BenchConfig.create(**fields, steps=steps, fidelity=fidelity, env_kwargs=extra)
 
 
 def _held_out(env_kwargs: dict[str, Any], trace: Any) -> tuple[dict[str, Any], Any, str]:
@@ -464,14 +464,8 @@ def plot_seed_curves(out_dir: str | os.PathLike[str], seed_dirs: dict[int, Path]
 
 # ------------------------------------------------------------------------------------- CLI
 def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
-    d: Callable[[Any], Any] = (lambda v: v) if defaults else (lambda v: None)
-    p.add_argument("--model", default=d("deepseek-v2-lite"), help="model preset id")
-    p.add_argument("--mesh", default=d("4x8"), help="node grid XxY")
-    p.add_argument("--setting", default=d("5/50"), help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=positive_int, default=d(128), help="tokens per decode step B")
-    p.add_argument("--conventions", default=d("faithful"), help="convention profile")
-    p.add_argument("--trace", default=d("synthetic"), help="'synthetic' or a trace path")
-    p.add_argument("--requests", type=positive_int, default=None, help="synthetic trace: requests")
+    names = ("model", "mesh", "setting", "batch", "conventions", "trace", "trace_requests")
+    add_run_arguments(p, names, defaults=None if defaults else dict.fromkeys(names))
     p.add_argument("--trace-seed", type=nonneg_int, default=None, help="synthetic trace seed")
     p.add_argument("--k-b", type=nonneg_int, default=None,
                    help="force N pre-broadcast slots per layer (default: the budget rule)")
@@ -493,7 +487,7 @@ def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
     kwargs = dict(base or {})
     for attr, key in (("model", "model"), ("mesh", "mesh"), ("setting", "setting"),
                       ("batch", "batch"), ("conventions", "conventions"), ("trace", "trace"),
-                      ("requests", "trace_requests"), ("trace_seed", "trace_seed"),
+                      ("trace_requests", "trace_requests"), ("trace_seed", "trace_seed"),
                       ("k_b", "k_b"), ("max_broadcast", "max_broadcast"),
                       ("placement", "placement"), ("placement_dir", "placement_dir"),
                       ("gating_protect_top", "gating_protect_top")):

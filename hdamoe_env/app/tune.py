@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env.app import bench
-from hdamoe_env.app.argtypes import (add_decision_arguments, int_list, nonneg_int,
-                                     positive_int)
+from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, int_list,
+                                     nonneg_int, positive_int, run_from_args)
 from hdamoe_env.app.records import render_table
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, write_json
@@ -132,7 +132,7 @@ def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
 
 # ------------------------------------------------------------------------------------ run
 def _config_payload(args: argparse.Namespace, grid: Any) -> dict[str, Any]:
-    return {"model": args.model, "trace": args.trace, "requests": args.requests,
+    return {"model": args.model, "trace": args.trace, "requests": args.trace_requests,
             "trace_seed": args.trace_seed, "mesh": args.mesh, "topology": args.topology,
             "setting": args.setting, "batch": args.batch, "conventions": args.conventions,
             "placement": args.placement, "placement_dir": args.placement_dir,
@@ -156,9 +156,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     run_key = tuned.run_key_of(payload)
     env_kwargs: dict[str, Any] = {"trace_seed": args.trace_seed}
     config = bench.BenchConfig(
-        model=args.model, trace=args.trace, trace_requests=args.requests, mesh=args.mesh,
-        topology=args.topology, setting=args.setting, batch=args.batch,
-        conventions=args.conventions, steps=args.steps, fidelity=args.fidelity,
+        run=run_from_args(args), steps=args.steps, fidelity=args.fidelity,
         predictor=args.predictor, max_broadcast=args.max_broadcast,
         placement_dir=args.placement_dir, cache_dir=args.cache_dir,
         placement_seed=args.place_seed, env_kwargs=env_kwargs)
@@ -186,7 +184,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     # held-out split
     eval_kwargs = dict(base)
     if args.eval_trace is not None:
-        eval_config = dataclasses.replace(config, trace=args.eval_trace)
+        eval_config = config.with_run(trace=args.eval_trace)
         eval_kwargs["trace"], _ = bench._load_trace(eval_config)
         split = f"eval trace {args.eval_trace!r}"
     elif isinstance(args.trace, str) and args.trace == "synthetic":
@@ -277,19 +275,12 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``hdamoe tune`` arguments to a parser."""
     from agents.tuned import DEFAULT_PENALTY, DEFAULT_QUALITY_TARGET, SEARCH_METHODS
 
-    p.add_argument("--model", default="deepseek-v2-lite", help="model preset id")
-    p.add_argument("--trace", default="synthetic", help="'synthetic' or a trace path")
-    p.add_argument("--requests", type=positive_int, default=None,
-                   help="synthetic trace: number of requests (default: the env's)")
+    add_run_arguments(p, ("model", "trace", "trace_requests"))
     p.add_argument("--trace-seed", type=nonneg_int, default=0,
                    help="synthetic training trace seed (held-out: + 1000)")
     p.add_argument("--eval-trace", default=None,
                    help="held-out trace path (default: see the module docstring)")
-    p.add_argument("--mesh", default="4x8", help="node grid XxY")
-    p.add_argument("--topology", default="mesh", help="NoC topology")
-    p.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    p.add_argument("--batch", type=positive_int, default=128, help="tokens per decode step B")
-    p.add_argument("--conventions", default="faithful", help="convention profile")
+    add_run_arguments(p, ("mesh", "topology", "setting", "batch", "conventions"))
     p.add_argument("--placement", default="node_link",
                    help="placement method resolved on the training trace")
     p.add_argument("--placement-dir", default=None, help="`hdamoe place` output directory")

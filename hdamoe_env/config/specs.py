@@ -286,12 +286,20 @@ def parse_setting(text: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
-def parse_mesh(text: str) -> tuple[int, int]:
-    """Parse a mesh shape ``"XxY"`` such as ``"4x8"``.
+def parse_mesh(text: str | tuple[int, int]) -> tuple[int, int]:
+    """Parse a mesh shape ``"XxY"`` such as ``"4x8"``, or check a (rows, cols) pair.
 
     Raises:
-        ConfigError: The text is not of that form.
+        ConfigError: The text is not of that form, or the pair is not two positive integers.
     """
+    if not isinstance(text, str):
+        ok = (isinstance(text, tuple | list) and len(text) == 2
+              and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                      for v in text))
+        if not ok:
+            raise ConfigError(f"mesh {text!r} is not 'XxY' or a pair of positive integers "
+                              "(X, Y); e.g. '4x8' or (4, 8)")
+        return int(text[0]), int(text[1])
     m = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\d+)\s*", str(text))
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise ConfigError(f"mesh {text!r} is not of the form 'XxY' with positive X, Y; e.g. '4x8'")
@@ -311,16 +319,7 @@ def hardware_from_setting(setting: str = "5/50", mesh: str | tuple[int, int] = (
         The hardware spec.
     """
     tflops, gbps = parse_setting(setting)
-    if isinstance(mesh, str):
-        shape = parse_mesh(mesh)
-    else:
-        ok = (isinstance(mesh, tuple | list) and len(mesh) == 2
-              and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                      for v in mesh))
-        if not ok:
-            raise ConfigError(f"mesh {mesh!r} is not 'XxY' or a pair of positive integers "
-                              "(X, Y); e.g. '4x8' or (4, 8)")
-        shape = (int(mesh[0]), int(mesh[1]))
+    shape = parse_mesh(mesh)
     return HardwareSpec(mesh_shape=shape, compute_tflops=tflops, link_bw_gbps=gbps, **overrides)
 
 

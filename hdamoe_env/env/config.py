@@ -21,18 +21,22 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError, unknown_name
-from hdamoe_env.sim.evaluator import FIDELITIES
+from hdamoe_env.config.profiles import Conventions
+from hdamoe_env.config.run import RUN_DEFAULTS, RunSpec
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
 from hdamoe_env.decisions.gating import COMM_PENALTIES, COMP_PENALTIES
-from hdamoe_env.sim.placement import Placement
-from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.decisions.scheduling import DISPATCH_RULES, REPLICA_RULES
-from hdamoe_env.sim.sources import check_skew_applies, check_trace_skew, load_trace
-from hdamoe_env.config.specs import (HardwareSpec, ModelSpec, TopologySpec, get_model,
-                                     hardware_from_setting)
+from hdamoe_env.sim.evaluator import FIDELITIES
+from hdamoe_env.sim.placement import Placement
+from hdamoe_env.sim.sources import check_skew_applies, load_trace
 from traces import RoutingTrace, batching, synthetic
 
-__all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES",
+__all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES", "RUN_FIELDS",
            "EnvConfig"]
+
+#: The ``EnvConfig`` arguments that are the run's identity (``RunSpec``), not the env's own.
+RUN_FIELDS = ("model", "setting", "mesh", "topology", "batch", "conventions", "trace",
+              "trace_requests", "trace_skew")
 
 PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
 INVALID_ACTION_MODES = ("raise", "coerce")
@@ -61,14 +65,11 @@ class EnvConfig:
     ``dataclasses.replace``, pass ``hardware=None`` too.
 
     Attributes:
-        model: Model preset id or ``ModelSpec``.
-        setting: Compute/bandwidth label "TFLOPS/GBps" (ignored when ``hardware`` is given).
-        mesh: Mesh shape "XxY" or (X, Y) (ignored when ``hardware`` is given).
-        topology: ``"mesh"``, ``"torus"``, ``"fattree"`` or a ``TopologySpec``.
-        batch: Tokens per decode step B.
-        conventions: Profile name or ``Conventions``.
-        trace: ``"synthetic"``, a ``RoutingTrace`` or a path to a trace file.
-        trace_requests: Requests of the synthetic trace (default 32).
+        model, setting, mesh, topology, batch, conventions, trace, trace_requests, trace_skew:
+            The run (model, chip, NoC, profile, B, trace): the arguments of
+            ``hdamoe_env.config.run.RunSpec.resolve``, whose defaults and meaning are declared
+            once in ``RUN_OPTIONS``; ``setting`` and ``mesh`` are ignored when ``hardware`` is
+            given. ``EnvConfig.from_run(run, ...)`` takes an already resolved ``RunSpec``.
         placement: ``"tp"``, ``"ep"``, a ``Placement`` or a path to a placement ``.npz``.
         steps_per_episode: Decode steps per episode.
         fidelity: ``"des"`` or ``"analytic"``.
@@ -81,8 +82,6 @@ class EnvConfig:
         hardware: Full ``HardwareSpec``.
         trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
         trace_seed: Seed of the synthetic trace and of score synthesis.
-        trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ,
-            ``traces.synthetic``); 1 (default) is the fitted generator; finite and > 0.
         batch_mode: Decode-step formation (default: the profile's ``batch_mode``).
         batch_options: Extra options of the batching mode.
         view: Trace view.
@@ -110,14 +109,14 @@ class EnvConfig:
             subset of ``ENV_REPLICA_RULES``; the env orders them ``replica_rule`` first.
     """
 
-    model: str | ModelSpec = "deepseek-v2-lite"
-    setting: str = "5/50"
-    mesh: str | tuple[int, int] = "4x8"
-    topology: str | TopologySpec = "mesh"
-    batch: int = 128
-    conventions: str | Conventions = "faithful"
-    trace: str | RoutingTrace | Path = "synthetic"
-    trace_requests: int | None = None
+    model: str | ModelSpec = RUN_DEFAULTS.model
+    setting: str = RUN_DEFAULTS.setting
+    mesh: str | tuple[int, int] = RUN_DEFAULTS.mesh
+    topology: str | TopologySpec = RUN_DEFAULTS.topology
+    batch: int = RUN_DEFAULTS.batch
+    conventions: str | Conventions = RUN_DEFAULTS.conventions
+    trace: str | RoutingTrace | Path = RUN_DEFAULTS.trace
+    trace_requests: int | None = RUN_DEFAULTS.trace_requests
     placement: str | Placement | Path = "ep"
     steps_per_episode: int = 4
     fidelity: str = "des"
@@ -130,7 +129,7 @@ class EnvConfig:
     hardware: HardwareSpec | None = None
     trace_tokens: int | None = None
     trace_seed: int = 0
-    trace_skew: float = 1.0
+    trace_skew: float = RUN_DEFAULTS.trace_skew
     batch_mode: str | None = None
     batch_options: dict[str, Any] | None = field(default=None, hash=False)
     view: str = "content"
@@ -165,19 +164,13 @@ class EnvConfig:
             raise unknown_name("invalid_action mode", self.invalid_action, INVALID_ACTION_MODES)
         if self.duplicates not in DUPLICATE_MODES:
             raise unknown_name("duplicates mode", self.duplicates, DUPLICATE_MODES)
-        _positive_int("batch", self.batch, 1, "a positive integer")
         _positive_int("steps_per_episode", self.steps_per_episode, 1, "a positive integer")
         _positive_int("max_broadcast", self.max_broadcast, 0, "an integer >= 0")
         for name in ("trace_seed", "placement_seed", "gamma_seed"):
             _positive_int(name, getattr(self, name), 0, "an integer >= 0 (a seed)")
-        if isinstance(self.trace_skew, bool | np.bool_):
-            raise ConfigError(f"trace_skew must be a finite number > 0, got {self.trace_skew!r}")
-        set_(self, "trace_skew", check_trace_skew(self.trace_skew))
-        check_skew_applies(self.trace, self.trace_skew)
-        for name in ("trace_requests", "trace_tokens"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name), 1,
-                              "None (the default) or a positive integer")
+        if self.trace_tokens is not None:
+            _positive_int("trace_tokens", self.trace_tokens, 1,
+                          "None (the default) or a positive integer")
         rules = tuple(self.dispatch_rules)
         for rule in rules:
             if rule not in DISPATCH_RULES:
@@ -204,20 +197,20 @@ class EnvConfig:
             raise ConfigError(f"reward_scale must be None or a positive number of seconds, got "
                               f"{scale!r}")
 
-        # names -> spec objects, once
-        set_(self, "model", get_model(self.model))
-        if self.hardware is None:
-            set_(self, "hardware", hardware_from_setting(self.setting, self.mesh))
-        set_(self, "conventions", get_profile(self.conventions))
-        if not isinstance(self.topology, TopologySpec):
-            set_(self, "topology", TopologySpec(kind=self.topology))
+        # names -> spec objects, once (RunSpec.resolve; spec objects pass through unchanged)
+        run = RunSpec.resolve(model=self.model, setting=self.setting, mesh=self.mesh,
+                              topology=self.topology, conventions=self.conventions,
+                              batch=self.batch, trace=self.trace,
+                              trace_requests=self.trace_requests, trace_skew=self.trace_skew,
+                              hardware=self.hardware)
+        for name in ("model", "hardware", "topology", "conventions", "batch", "trace_requests",
+                     "trace_skew"):
+            set_(self, name, getattr(run, name))
+        check_skew_applies(self.trace, self.trace_skew)
         mode = self.resolved_batch_mode
         if mode not in batching.BATCH_MODES or mode == "random_rows_per_layer":
             raise unknown_name("batching mode", mode,
                                set(batching.BATCH_MODES) - {"random_rows_per_layer"})
-        if not isinstance(self.trace, RoutingTrace | str | Path):
-            raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
-                              f"{type(self.trace).__name__}")
         if not isinstance(self.placement, Placement | str | Path):
             raise ConfigError(f"placement must be 'tp', 'ep', a Placement or a path, got "
                               f"{self.placement!r}")
@@ -248,6 +241,36 @@ class EnvConfig:
                                   f"{g.shape}")
 
     # ------------------------------------------------------------------ resolved views
+    @classmethod
+    def from_run(cls, run: RunSpec, **kwargs: Any) -> EnvConfig:
+        """Return the configuration of ``run`` (already resolved) with further env arguments.
+
+        Args:
+            run: The run; its specs are used as they are (no name is looked up again).
+            **kwargs: Any other ``EnvConfig`` argument (not one of the run's).
+
+        Raises:
+            ConfigError: ``kwargs`` repeats an argument of the run.
+        """
+        clash = sorted(set(kwargs) & {*RUN_FIELDS, "hardware"})
+        if clash:
+            raise ConfigError(f"{clash} are part of the run; change the RunSpec instead "
+                              "(dataclasses.replace(run, ...)) or pass names without run=")
+        return cls(model=run.model, setting=run.setting, mesh=run.mesh, topology=run.topology,
+                   batch=run.batch, conventions=run.conventions, trace=run.trace,
+                   trace_requests=run.trace_requests, trace_skew=run.trace_skew,
+                   hardware=run.hardware, **kwargs)
+
+    @property
+    def run_spec(self) -> RunSpec:
+        """The run this env simulates (model, chip, topology, profile, B, trace), resolved."""
+        return RunSpec(model=self.model_spec, hardware=self.hardware_spec,
+                       topology=self.topology_spec, conventions=self.conv, batch=int(self.batch),
+                       setting=str(self.setting),
+                       mesh="x".join(str(v) for v in self.hardware_spec.mesh_shape),
+                       trace=self.trace, trace_requests=self.trace_requests,
+                       trace_skew=self.trace_skew)
+
     @property
     def model_spec(self) -> ModelSpec:
         """The resolved model."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env.config.errors import ConfigError, TraceFormatError
+from hdamoe_env.config.run import check_trace_skew
 from hdamoe_env.config.specs import ModelSpec
 from traces import RoutingTrace, load, read_reference_json, synthetic
 
@@ -56,22 +57,6 @@ def _synthetic(model: ModelSpec, seed: int, requests: int | None, tokens: int | 
         _TRACE_CACHE.clear()
     _TRACE_CACHE[key] = trace
     return trace
-
-
-def check_trace_skew(value: Any) -> float:
-    """Return the trace skew τ as a float, or raise ``ConfigError`` if not finite and > 0.
-
-    Args:
-        value: The skew power τ (1 = the fitted synthetic popularity).
-
-    Raises:
-        ConfigError: Not a number, not finite, or <= 0 (the message names the value and a fix).
-    """
-    try:
-        return synthetic.check_skew(value)
-    except ValueError as exc:
-        raise ConfigError(f"trace_skew: {exc}; e.g. trace_skew=1.5 (sharper) or 0.5 "
-                          "(flatter)") from None
 
 
 def check_skew_applies(spec: Any, skew: float) -> None:

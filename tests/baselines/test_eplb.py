@@ -210,7 +210,7 @@ def test_move_cost_on_the_noc(hw22):
 
 def test_store_resolves_eplb(nb_model, hw22, make_trace):
     trace = make_trace(2, 4, 2, 200)
-    store = PlacementStore(StoreConfig(model=nb_model, mesh="2x2", setting="1/1",
+    store = PlacementStore(StoreConfig.create(model=nb_model, mesh="2x2", setting="1/1",
                                        eplb_rho_mem=2.0), trace)
     pl, artifact = store.get("eplb")
     assert artifact is None and pl.method == "eplb"

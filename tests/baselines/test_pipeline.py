@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from hdamoe_env.sim.placement import Placement
 
 @pytest.fixture
 def cfg(nb_model):
-    return PlaceConfig(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
+    return PlaceConfig.create(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
                        lb_method="local", bo_calls=6, time_limit_s=10, seed=5)
 
 
@@ -44,7 +46,7 @@ def test_pipeline_artifacts(cfg, trace, tmp_path):
     lat = rec["latency_us"]
     # the guard keeps Node+Link no slower than TP; Link Balance never worsens π0 as evaluated
     assert lat["node_link"]["total_us"] <= lat["tp"]["total_us"] + 1e-9
-    store = PlacementStore(StoreConfig(model=cfg.model, mesh="2x2", setting=cfg.setting,
+    store = PlacementStore(StoreConfig.create(model=cfg.model_spec, mesh="2x2", setting=cfg.setting,
                                        placement_dir=str(tmp_path)), trace)
     for name in ("tp", "ep", "hybrid", "node_balance", "node_link", "node_link_raw"):
         placement, artifact = store.get(name)
@@ -78,7 +80,7 @@ def test_interrupted_run_resumes_and_skips_finished_layers(cfg, trace, tmp_path)
 
 def test_resume_refuses_a_changed_configuration(cfg, trace, tmp_path, make_trace):
     run_pipeline(cfg, tmp_path, trace=trace, layers="0")
-    changed = PlaceConfig(**{**cfg.__dict__, "bo_calls": 7})
+    changed = dataclasses.replace(cfg, bo_calls=7)
     with pytest.raises(ConfigError, match="another configuration.*bo_calls"):
         run_pipeline(changed, tmp_path, trace=trace, resume=True)
     other = make_trace(2, 4, 2, 300, seed=2)
@@ -100,7 +102,7 @@ def test_same_seed_same_placement(cfg, trace, tmp_path):
     b = run_pipeline(cfg, tmp_path / "b", trace=trace, layers="1").placement
     b = run_pipeline(cfg, tmp_path / "b", trace=trace, layers="0", resume=True).placement
     assert np.array_equal(a.P, b.P) and np.array_equal(a.pi, b.pi)
-    c = run_pipeline(PlaceConfig(**{**cfg.__dict__, "seed": 6}), tmp_path / "c",
+    c = run_pipeline(dataclasses.replace(cfg, seed=6), tmp_path / "c",
                      trace=trace).placement
     assert not (np.array_equal(a.pi, c.pi) and np.array_equal(a.P, c.P))
 
@@ -145,14 +147,14 @@ def test_place_config_accepts_profile_objects():  # paper-model.md §4 (derived 
     from baselines.pipeline import PlaceConfig
     from hdamoe_env.config.profiles import PROFILES, get_profile
 
-    by_name = PlaceConfig(model="mixtral-8x7b", conventions="paper")
-    by_object = PlaceConfig(model="mixtral-8x7b", conventions=PROFILES["paper"])
+    by_name = PlaceConfig.create(model="mixtral-8x7b", conventions="paper")
+    by_object = PlaceConfig.create(model="mixtral-8x7b", conventions=PROFILES["paper"])
     assert by_name.conv is PROFILES["paper"] and by_object.conv is PROFILES["paper"]
     assert by_name.to_dict() == by_object.to_dict()
     assert by_name.to_dict()["conventions"] == "paper"
     assert by_name.config_hash("t") == by_object.config_hash("t")
     derived = get_profile("paper", chunks=2)
-    cfg = PlaceConfig(model="mixtral-8x7b", conventions=derived)
+    cfg = PlaceConfig.create(model="mixtral-8x7b", conventions=derived)
     assert cfg.conv is derived
     back = PlaceConfig.from_dict(cfg.to_dict())
     assert back.conv == derived and back.config_hash("t") == cfg.config_hash("t")

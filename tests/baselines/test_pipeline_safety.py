@@ -19,7 +19,7 @@ from hdamoe_env.sim.placement import Placement
 
 @pytest.fixture
 def cfg(nb_model):
-    return PlaceConfig(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
+    return PlaceConfig.create(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
                        lb_method="local", bo_calls=4, nb_mode="heuristic", seed=5)
 
 

@@ -24,7 +24,7 @@ GAMMA = 1.0   # a representative γ: communication and compute both matter in th
 
 @pytest.fixture(scope="module")
 def deepseek():
-    cfg = PlaceConfig(model="deepseek")
+    cfg = PlaceConfig.create(model="deepseek")
     sim = _simulator(cfg)
     trace = load_trace(cfg)
     return cfg, sim, trace

@@ -18,7 +18,7 @@ METHODS = ["tp", "ep", "hd-moe", "hda-moe", "hda-moe@q99", "hda-moe@q95", "hda-m
 
 
 def _records(tmp_path: Path) -> list[dict]:
-    cfg = BenchConfig(model=TINY, mesh="2x2", setting="1/1", batch=8, steps=2, k_b=1,
+    cfg = BenchConfig.create(model=TINY, mesh="2x2", setting="1/1", batch=8, steps=2, k_b=1,
                       conventions="paper", trace_requests=4, cache_dir=str(tmp_path / "cache"),
                       place_batch=8, env_kwargs={"trace_tokens": 256})
     out = []
