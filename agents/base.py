@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env.env.actions import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, ActionLayout
 from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = [
     "DEFAULT_DISPATCH_RULES",
@@ -69,7 +70,7 @@ def env_specs(env: Any) -> dict[str, Any]:
         raise ConfigError("cannot read the model and hardware specs from this env; construct "
                           "the agent with model=..., hw=... instead of from_env")
     return {"model": model, "hw": hw, "conventions": conv if conv is not None else "faithful",
-            "batch": int(getattr(base, "batch", 128)),
+            "batch": int(getattr(base, "batch", RUN_DEFAULTS.batch)),
             "max_broadcast": layout.max_broadcast, "dispatch_rules": layout.dispatch_rules,
             "gating_levels": layout.gating_levels}
 

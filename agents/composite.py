@@ -25,6 +25,7 @@ from agents.prebroadcast import GreedyPreBroadcastAgent
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = ["CompositeAgent", "HDAMoEAgent", "HDMoEAgent"]
 
@@ -91,7 +92,7 @@ class HDMoEAgent(CompositeAgent):
     name = "hd-moe"
 
     def __init__(self, model: str | ModelSpec, hw: HardwareSpec | None = None,
-                 conventions: str | Conventions = "faithful", *, batch: int = 128,
+                 conventions: str | Conventions = "faithful", *, batch: int = RUN_DEFAULTS.batch,
                  ref_bookkeeping: bool | None = None, skip_zero_priority: bool | None = None,
                  dispatch_rule: str = "least_loaded", max_broadcast: int = 8,
                  dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES,
@@ -128,7 +129,7 @@ class HDAMoEAgent(CompositeAgent):
     name = "hda-moe"
 
     def __init__(self, model: str | ModelSpec, hw: HardwareSpec | None = None,
-                 conventions: str | Conventions = "faithful", *, batch: int = 128,
+                 conventions: str | Conventions = "faithful", *, batch: int = RUN_DEFAULTS.batch,
                  gating_level: float = 1.0, min_imbalance: float | None = None,
                  ref_bookkeeping: bool | None = None, skip_zero_priority: bool | None = None,
                  dispatch_rule: str = "least_loaded", max_broadcast: int = 8,

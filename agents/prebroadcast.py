@@ -27,6 +27,7 @@ from hdamoe_env.cost import perf
 from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.decisions.scheduling import priority_broadcast
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = ["GreedyPreBroadcastAgent", "PriorityPreBroadcastAgent"]
 
@@ -50,7 +51,7 @@ class GreedyPreBroadcastAgent(BaseAgent):
     name = "greedy-prebroadcast"
 
     def __init__(self, model: str | ModelSpec, hw: HardwareSpec | None = None,
-                 conventions: str | Conventions = "faithful", *, batch: int = 128,
+                 conventions: str | Conventions = "faithful", *, batch: int = RUN_DEFAULTS.batch,
                  ref_bookkeeping: bool | None = None, skip_zero_priority: bool | None = None,
                  dispatch_rule: str = "least_loaded", max_broadcast: int = 8,
                  dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES,

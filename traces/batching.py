@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from traces.errors import unknown_name
+from traces.errors import ConfigError, unknown_name
 from traces.trace import RoutingTrace
 
 __all__ = [
     "BATCH_MODES",
+    "check_batch",
     "distinct_requests",
     "identical",
     "make_steps",
@@ -62,9 +63,22 @@ def requests(trace: RoutingTrace, view: str = "content") -> list[NDArray[np.int6
     return [pieces[i] for i in appearance]
 
 
-def _check_batch(batch: int) -> None:
-    if not isinstance(batch, int | np.integer) or batch < 1:
-        raise ValueError(f"batch size B must be a positive integer, got {batch!r}")
+def check_batch(value: Any) -> int:
+    """Return the batch size B (tokens per decode step) as an int: the project's one check of B.
+
+    ``hdamoe_env.config.run`` resolves a run's ``batch`` with it, and every decode-step former
+    here checks its ``B`` with it.
+
+    Args:
+        value: An integer >= 1 (a bool is not one).
+
+    Raises:
+        ConfigError: Not an integer, or < 1 (the message names the value and a fix).
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigError(f"batch must be a positive integer (tokens per decode step B), got "
+                          f"{value!r}; e.g. batch=128")
+    return int(value)
 
 
 def _step_range(n_steps: int | None) -> Iterator[int]:
@@ -105,7 +119,7 @@ def streams(
         ValueError: When the view has no rows, or ``cycle`` is False and B exceeds the number of
             requests.
     """
-    _check_batch(B)
+    check_batch(B)
     steps = _step_range(n_steps)
     reqs = requests(trace, view)
     if not reqs:
@@ -180,7 +194,7 @@ def random_rows(
     Yields:
         int64 [B] row indices (the same rows for every layer).
     """
-    _check_batch(B)
+    check_batch(B)
     steps = _step_range(n_steps)
     rows = trace.view(view)
     if B > rows.size:
@@ -212,7 +226,7 @@ def random_rows_per_layer(
     Yields:
         int64 [L, B] row indices, one independent draw without replacement per layer.
     """
-    _check_batch(B)
+    check_batch(B)
     steps = _step_range(n_steps)
     rows = trace.view(view)
     if B > rows.size:
@@ -250,7 +264,7 @@ def identical(
     Yields:
         int64 [B] row indices, all equal.
     """
-    _check_batch(B)
+    check_batch(B)
     single = streams(trace, 1, rng, n_steps=n_steps, cycle=True, stagger=True, view=view)
     return (np.repeat(step, B) for step in single)
 
@@ -279,7 +293,7 @@ def windows(
     Yields:
         int64 [B] row indices, consecutive in the request.
     """
-    _check_batch(B)
+    check_batch(B)
     steps = _step_range(n_steps)
     reqs = [r for r in requests(trace, view) if r.size >= B]
     if not reqs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["HdMoeError", "TraceFormatError", "UnknownNameError", "unknown_name",
+__all__ = ["ConfigError", "HdMoeError", "TraceFormatError", "UnknownNameError", "unknown_name",
            "unknown_name_message"]
 
 
@@ -14,6 +14,14 @@ class HdMoeError(Exception):
 
     Defined in the bottom layer so that trace errors are ``HdMoeError``s too;
     ``hdamoe_env.config.errors`` re-exports it.
+    """
+
+
+class ConfigError(HdMoeError, ValueError):
+    """A specification, preset name, knob or argument is invalid.
+
+    Defined in the bottom layer so that the checks shared with the core (the batch size,
+    ``traces.batching.check_batch``) raise it; ``hdamoe_env.config.errors`` re-exports it.
     """
 
 

@@ -70,6 +70,7 @@ from hdamoe_env.config.errors import (ConfigError, DependencyNotInstalled, Integ
 from hdamoe_env.config.fileio import atomic_write
 from hdamoe_env.env.wrappers import (ranked_mask, ranked_to_full, replica_share_fractions,
                                      replica_share_values)
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = [
     "ALGORITHMS",
@@ -359,7 +360,7 @@ class LearnedAgent:
             lay = self.layout
             ref = HDAMoEAgent(model, hardware_from_setting(kw.get("setting", "5/50"),
                                                            kw.get("mesh", "4x8")),
-                              kw.get("conventions", "faithful"), batch=int(kw.get("batch", 128)),
+                              kw.get("conventions", "faithful"), batch=int(kw.get("batch", RUN_DEFAULTS.batch)),
                               max_broadcast=lay.max_broadcast, dispatch_rules=lay.dispatch_rules,
                               gating_levels=lay.gating_levels)
             if lay.replica_rules:            # the env's trailing replica-rule dimension

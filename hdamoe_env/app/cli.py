@@ -148,7 +148,7 @@ def cmd_traces_stats(args: argparse.Namespace) -> int:
         if spec.startswith("synthetic"):
             key = spec.split(":", 1)[1] if ":" in spec else "mixtral-8x7b"
             model = get_model(key)
-            trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests)
+            trace = load_trace("synthetic", model, seed=args.seed, requests=args.trace_requests)
             label = f"synthetic:{model.key}"
         else:
             model = None
@@ -166,8 +166,8 @@ def cmd_traces_gen(args: argparse.Namespace) -> int:
     """Run ``hdamoe traces gen``: write a synthetic trace in the canonical format."""
     import traces
 
-    model = get_model(args.model)
-    trace = load_trace("synthetic", model, seed=args.seed, requests=args.requests,
+    model = run_from_args(args).model
+    trace = load_trace("synthetic", model, seed=args.seed, requests=args.trace_requests,
                        skew=args.skew)
     path = traces.save(trace, args.out)
     print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows × "
@@ -281,18 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace files (.json reference, .npz canonical) or synthetic:<model>")
     st.add_argument("--view", default="content", choices=("content", "unique", "raw"),
                     help="trace rows used: content, unique or raw")
-    st.add_argument("--batch", type=positive_int, default=64, help="B for the fluctuation statistics")
-    st.add_argument("--requests", type=positive_int, default=None,
-                    help="synthetic trace: number of requests (default: the generator's)")
+    add_run_arguments(st, ("batch", "trace_requests"), defaults={"batch": 64},
+                      helps={"batch": " of the fluctuation statistics"})
     st.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     st.add_argument("--json", default=None,
                     help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     st.set_defaults(func=cmd_traces_stats)
     gen = tsub.add_parser("gen", help="write a synthetic trace (.hdtrace.npz)")
-    gen.add_argument("--model", default="deepseek-v2-lite",
-                     help="model preset id of the synthetic trace")
-    gen.add_argument("--requests", type=positive_int, default=None,
-                     help="synthetic trace: number of requests (default: the generator's)")
+    add_run_arguments(gen, ("model", "trace_requests"), helps={"model": " (of the trace)"})
     gen.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     gen.add_argument("--skew", type=positive_float, default=1.0, metavar="TAU",
                      help="skew power τ of the expert popularity (p ← p^τ; >1 sharper, <1 "
@@ -473,8 +469,8 @@ def _add_record_parsers(tsub: Any) -> None:
     fid.add_argument("--num-texts", type=positive_int, default=16, help="held-out texts evaluated")
     fid.add_argument("--text-bytes", type=positive_int, default=512, help="bytes per held-out text")
     fid.add_argument("--max-len", type=positive_int, default=512, help="tokens per text at most")
-    fid.add_argument("--batch", type=positive_int, default=32,
-                     help="gating batch: consecutive rows gated together (a decode step)")
+    add_run_arguments(fid, ("batch",), defaults={"batch": 32},
+                      helps={"batch": ": the gating batch (consecutive rows gated together)"})
     fid.add_argument("--levels", type=float_list(positive=False), default="0.01,0.1,1",
                      help="multiples of the default (r_comp, r_comm) of --sim-model")
     fid.add_argument("--cache-lambda", type=nonneg_float, default=0.5,
@@ -484,9 +480,7 @@ def _add_record_parsers(tsub: Any) -> None:
     fid.add_argument("--sim-model", default="mixtral-8x7b",
                      help="preset whose layer shapes (h, I) and coefficients are used; its "
                      "layer count is replaced by the recorded model's")
-    fid.add_argument("--setting", default="5/50", help="TFLOPS per node / GB/s per link")
-    fid.add_argument("--mesh", default="4x8", help="node grid XxY")
-    add_run_arguments(fid, ("conventions",), defaults={"conventions": "paper"})
+    add_run_arguments(fid, ("setting", "mesh", "conventions"), defaults={"conventions": "paper"})
     fid.add_argument("--placement", default="ep", choices=("ep", "tp"),
                      help="placement of the simulation")
     fid.add_argument("--no-simulate", dest="simulate", action="store_false",

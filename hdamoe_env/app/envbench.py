@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from hdamoe_env.config.fileio import write_json
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = ["bench_env", "cmd_bench_env", "format_bench_env"]
 
@@ -68,8 +69,9 @@ def _policy_rates(env: Any, policies: dict[str, Callable[[Any], Any]], seconds: 
     return best, warm
 
 
-def bench_env(*, seconds: float = 2.0, model: str = "deepseek-v2-lite", mesh: str = "4x8",
-              setting: str = "5/50", batch: int = 128, conventions: str = "faithful",
+def bench_env(*, seconds: float = 2.0, model: str = RUN_DEFAULTS.model, mesh: str = RUN_DEFAULTS.mesh,
+              setting: str = RUN_DEFAULTS.setting, batch: int = RUN_DEFAULTS.batch,
+              conventions: str = RUN_DEFAULTS.conventions,
               seed: int = 0) -> dict[str, Any]:
     """Measure env steps per second and heuristic decision times (``hdamoe bench-env``).
 

@@ -34,6 +34,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.sim.placement import TRIVIAL_PLACEMENTS, Placement, placement_by_name
 from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = ["GatingSetup", "RoutingPolicy", "hag_policy"]
 
@@ -100,7 +101,8 @@ class GatingSetup:
 
     @classmethod
     def for_model(cls, num_experts: int, top_k: int, num_layers: int, *,
-                  sim_model: str = "mixtral-8x7b", setting: str = "5/50", mesh: str = "4x8",
+                  sim_model: str = "mixtral-8x7b", setting: str = RUN_DEFAULTS.setting,
+                  mesh: str = RUN_DEFAULTS.mesh,
                   conventions: str | Conventions = "paper", placement: str = "ep",
                   seed: int = 0
                   ) -> GatingSetup:

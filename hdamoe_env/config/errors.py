@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # defined in the bottom layer (so trace errors share the base class); re-exported here
-from traces.errors import HdMoeError, TraceFormatError, UnknownNameError, unknown_name_message
+from traces.errors import (ConfigError, HdMoeError, TraceFormatError, UnknownNameError,
+                           unknown_name_message)
 
 __all__ = [
     "ConfigError",
@@ -25,10 +26,6 @@ __all__ = [
     "UnknownNameError",
     "unknown_name",
 ]
-
-
-class ConfigError(HdMoeError, ValueError):
-    """A specification, preset name, knob or argument is invalid."""
 
 
 class InfeasibleError(ConfigError):

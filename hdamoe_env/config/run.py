@@ -12,7 +12,8 @@ Each option of a run is declared once, in :data:`RUN_OPTIONS`: its Python keywor
 command-line flag, its default and its help text. The defaults of every configuration class
 (``EnvConfig``, ``BenchConfig``, ``StoreConfig``, ``PlaceConfig``) and the command-line options
 of every ``hdamoe`` command are taken from there; :func:`check_batch` is the one validation of
-the batch size.
+the batch size (defined beside the decode-step formers in ``traces.batching``, the bottom
+layer, and re-exported here).
 """
 
 from __future__ import annotations
@@ -30,33 +31,20 @@ from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
 from hdamoe_env.config.specs import (MODEL_PRESETS, TOPOLOGY_KINDS, HardwareSpec, ModelSpec,
                                      TopologySpec, get_model, hardware_from_setting, parse_mesh)
 from traces import synthetic
+from traces.batching import check_batch
 
 __all__ = ["RUN_DEFAULTS", "RUN_OPTIONS", "RunFields", "RunOption", "RunSpec", "check_batch",
            "check_trace_requests", "check_trace_skew", "mesh_label", "profile_key"]
 
 
-def check_batch(value: Any) -> int:
-    """Return the batch size B (tokens per decode step) as an int: the one check of B.
-
-    Args:
-        value: The batch size: an integer >= 1 (a bool is not one), or its decimal text.
-
-    Raises:
-        ConfigError: Not an integer, or < 1 (the message names the value and a fix).
-    """
-    if isinstance(value, str):                      # command-line text
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"batch {value!r} is not an integer; expected tokens per decode "
-                              "step B >= 1, e.g. 128") from None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise ConfigError(f"batch must be a positive integer (tokens per decode step B), got "
-                          f"{value!r}; e.g. batch=128")
-    if value < 1:
-        raise ConfigError(f"batch must be a positive integer (tokens per decode step B), got "
-                          f"{value!r}; e.g. batch=128")
-    return int(value)
+def _parse_batch(text: str) -> int:
+    """Command-line text of ``--batch`` -> B, checked by :func:`check_batch`."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"batch {text!r} is not an integer; expected tokens per decode step "
+                          "B >= 1, e.g. 128") from None
+    return check_batch(value)
 
 
 def check_trace_skew(value: Any) -> float:
@@ -138,7 +126,7 @@ RUN_OPTIONS: dict[str, RunOption] = {opt.name: opt for opt in (
     RunOption("conventions", "--conventions", "faithful",
               f"convention profile: {', '.join(sorted(PROFILES))}, or a derived one such as "
               "faithful+b_psum=4 (any knob of docs/PHYSICS.md)"),
-    RunOption("batch", "--batch", 128, "tokens per decode step B", parse=check_batch),
+    RunOption("batch", "--batch", 128, "tokens per decode step B", parse=_parse_batch),
     RunOption("trace", "--trace", "synthetic", "'synthetic' or a trace path"),
     RunOption("trace_requests", "--requests", None,
               "synthetic trace: number of requests (default: the generator's, 32)",

@@ -31,6 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
+from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = [
     "analytic_comm_sampled",
@@ -532,7 +533,7 @@ def r_cc(
     hw: HardwareSpec,
     conv: Conventions,
     num_nodes: int | None = None,
-    B: float = 128,
+    B: float = RUN_DEFAULTS.batch,
     bw_end_Bps: float | None = None,
 ) -> float:
     """Return R_cc, TP's per-node compute time over TP's communication time (§7.3).
@@ -578,7 +579,7 @@ def tp_ratio_cap(
     hw: HardwareSpec,
     conv: Conventions,
     num_nodes: int | None = None,
-    B: float = 128,
+    B: float = RUN_DEFAULTS.batch,
     bw_end_Bps: float | None = None,
 ) -> float:
     """Return the Node-Balance TP-ratio cap (k/D)·(1 + 1/R_cc) (§7.3, constraint 11).
