@@ -926,7 +926,7 @@ def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> 
     if isinstance(name, str) and name not in ("tp", "ep") and not name.endswith(".npz"):
         raise ConfigError(f"placement {name!r} is a placement method, not one the env builds "
                           "(tp, ep, a .npz path or a Placement); resolve it first, e.g. with "
-                          "hdamoe_env.app.train.resolve_placement, and pass it as "
+                          "hdamoe_env.app.evaluate.resolve_placement, and pass it as "
                           "train(..., placement=<Placement>)")
     return env_kwargs
 

@@ -313,15 +313,16 @@ def _add_optional_commands(sub: Any) -> None:
     """Add the commands whose implementations live in other application modules."""
     _add_bench_parser(sub)
     _add_bench_env_parser(sub)
-    from hdamoe_env.app import train  # torch and SB3 are imported inside its commands only
+    # torch and SB3 are imported inside the commands of train and evaluate only
+    from hdamoe_env.app import evaluate, train
 
     train.add_train_arguments(sub.add_parser(
         "train", help="train an RL policy (SB3) and evaluate it on held-out streams",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(func=train.cmd_train)
-    train.add_evaluate_arguments(sub.add_parser(
+    evaluate.add_evaluate_arguments(sub.add_parser(
         "evaluate", help="compare learned and heuristic agents on identical episodes",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(
-        func=train.cmd_evaluate)
+        func=evaluate.cmd_evaluate)
     from hdamoe_env.app import tune  # agents.tuned; skopt only inside a BO search
 
     tune.add_tune_arguments(sub.add_parser(

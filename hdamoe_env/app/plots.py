@@ -22,6 +22,7 @@ canvas), so plotting is safe in worker processes and tests.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ from numpy.typing import ArrayLike
 
 from hdamoe_env.config.errors import DependencyNotInstalled
 
-__all__ = ["draw_pareto", "gating_curve", "plot_breakdown", "plot_link_heatmap",
-           "plot_normalised_tbt", "plot_pareto", "write_plots"]
+__all__ = ["draw_pareto", "gating_curve", "plot_breakdown", "plot_learning_curve",
+           "plot_link_heatmap", "plot_normalised_tbt", "plot_pareto", "plot_seed_curves",
+           "write_plots"]
 
 log = logging.getLogger(__name__)
 
@@ -347,3 +349,77 @@ def write_plots(records: Sequence[dict[str, Any]], out_dir: str | Path, *,
                 topology, busy, out / f"link_heatmap_{safe}.png",
                 title=f"{method}: link busy time per decode step — {_title(records)}"))
     return paths
+
+
+def plot_learning_curve(out_dir: str | os.PathLike[str], path: str | os.PathLike[str] | None = None,
+                        reference: dict[str, float] | None = None) -> Path:
+    """Write ``learning_curve.png``: mean training TBT and episode reward over env steps.
+
+    Args:
+        out_dir: Output directory of ``hdamoe train``.
+        path: PNG path (default ``out_dir/learning_curve.png``).
+        reference: Horizontal lines, label → TBT µs (e.g. heuristic agents on the twin).
+
+    Raises:
+        DependencyNotInstalled: matplotlib or tensorboard missing.
+    """
+    from hdamoe_env.app.tb import read_scalars
+
+    scalars = read_scalars(out_dir)
+    fig = _figure(10, 3.5)
+    axes = fig.subplots(1, 2)
+    for ax, tag, label in ((axes[0], "latency/tbt_us", "training TBT (µs, analytic twin)"),
+                           (axes[1], "rollout/ep_rew_mean", "episode reward")):
+        data = scalars.get(tag, [])
+        if data:
+            ax.plot([s for s, _ in data], [v for _, v in data], label="learned")
+        if tag == "latency/tbt_us":
+            for i, (name, value) in enumerate((reference or {}).items()):
+                ax.axhline(value, ls="--", lw=1, color=f"C{i + 1}", label=name)
+            ax.legend(fontsize=8)
+        ax.set_xlabel("env steps")
+        ax.set_title(label, fontsize=10)
+    target = Path(path) if path is not None else Path(out_dir) / "learning_curve.png"
+    fig.savefig(target, dpi=100)
+    return target
+
+
+def plot_seed_curves(out_dir: str | os.PathLike[str], seed_dirs: dict[int, Path],
+                     path: str | os.PathLike[str] | None = None) -> Path | None:
+    """Write ``learning_curves.png`` of a ``--seeds`` run: every seed's training curves.
+
+    Left: TensorBoard ``latency/tbt_us`` (mean TBT of the training episodes, training trace and
+    fidelity); right: ``rollout/ep_rew_mean`` (the reward the policy optimised, quality term
+    included). One line per seed.
+
+    Args:
+        out_dir: Output directory of ``hdamoe train --seeds``.
+        seed_dirs: Seed → its run directory (``OUT/seed<S>``).
+        path: PNG path (default ``out_dir/learning_curves.png``).
+
+    Returns:
+        The PNG path, or None when no seed has TensorBoard scalars.
+
+    Raises:
+        DependencyNotInstalled: matplotlib or tensorboard missing.
+    """
+    from hdamoe_env.app.tb import read_scalars
+
+    curves = {seed: read_scalars(d) for seed, d in sorted(seed_dirs.items())}
+    if not any(curves.values()):
+        return None
+    fig = _figure(10, 3.5)
+    axes = fig.subplots(1, 2)
+    for ax, tag, label in ((axes[0], "latency/tbt_us", "training TBT (µs)"),
+                           (axes[1], "rollout/ep_rew_mean", "episode reward")):
+        for i, (seed, scalars) in enumerate(curves.items()):
+            data = scalars.get(tag, [])
+            if data:
+                ax.plot([s for s, _ in data], [v for _, v in data], color=f"C{i}",
+                        label=f"seed {seed}")
+        ax.set_xlabel("env steps")
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=8)
+    target = Path(path) if path is not None else Path(out_dir) / "learning_curves.png"
+    fig.savefig(target, dpi=100)
+    return target

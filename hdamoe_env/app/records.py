@@ -27,6 +27,9 @@ from hdamoe_env.config.fileio import atomic_write, json_default, write_json
 
 __all__ = [
     "CSV_FIELDS",
+    "format_seed_summary",
+    "seed_interval_summary",
+    "t_interval",
     "SPEEDUP_BASELINES",
     "fmt",
     "format_bench_table",
@@ -229,3 +232,101 @@ def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
                      f"±{r['decision_ms_std']:.3f}" if r["decision_ms_std"] else "")]
         cells.append(line)
     return render_table(head, cells)
+
+
+#: Student-t 0.975 quantiles for 1..30 degrees of freedom (two-sided 95 % intervals).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float | None]:
+    """Return the mean and the half-width of its two-sided 95 % Student-t interval.
+
+    The interval is mean ± t(0.975, n − 1) · s / √n with the sample standard deviation s
+    (n − 1 in the denominator): the spread over independent training seeds, not over episodes.
+
+    Args:
+        values: One value per seed.
+
+    Returns:
+        ``(mean, half_width)``; half_width is None for a single value.
+
+    Raises:
+        ConfigError: No values.
+    """
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ConfigError("t_interval needs at least one value, got none; pass one per seed")
+    n = len(xs)
+    mean = sum(xs) / n
+    if n == 1:
+        return mean, None
+    dof = n - 1
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / dof)
+    t = _T975[dof - 1] if dof <= len(_T975) else 1.96 + 2.5 / dof
+    return mean, t * std / math.sqrt(n)
+
+
+def seed_interval_summary(result: dict[str, Any], labels: dict[str, int]) -> dict[str, Any]:
+    """Summarise an :func:`evaluate` result of several training seeds per fidelity.
+
+    Args:
+        result: The evaluation (its ``records``; learned methods named as in ``labels``).
+        labels: Method label of each seed's learned agent -> training seed.
+
+    Returns:
+        ``{fidelity: {"per_seed": [{seed, tbt_us, top1_retention}], "learned": {tbt_us,
+        tbt_ci95_us, top1_retention, top1_ci95}, "baselines": {method: {tbt_us,
+        top1_retention}}, "learned_vs": {method: mean learned TBT / method TBT − 1}}}``; TBT and
+        retention of a seed are means over the evaluation episodes.
+    """
+    out: dict[str, Any] = {}
+    by_fid: dict[str, list[dict[str, Any]]] = {}
+    for rec in result["records"]:
+        by_fid.setdefault(str(rec.get("fidelity", "des")), []).append(rec)
+    for fid, recs in by_fid.items():
+        rows = {r["method"]: r for r in summarise(recs)}
+        per_seed = [{"seed": seed, "tbt_us": rows[m]["tbt_us"],
+                     "top1_retention": rows[m].get("top1_retention")}
+                    for m, seed in labels.items() if m in rows]
+        if not per_seed:
+            continue
+        tbt, tbt_hw = t_interval([p["tbt_us"] for p in per_seed])
+        rets = [p["top1_retention"] for p in per_seed if p["top1_retention"] is not None]
+        ret, ret_hw = t_interval(rets) if rets else (None, None)
+        base = {m: {"tbt_us": r["tbt_us"], "top1_retention": r.get("top1_retention")}
+                for m, r in rows.items() if m not in labels}
+        out[fid] = {"per_seed": per_seed,
+                    "learned": {"tbt_us": tbt, "tbt_ci95_us": tbt_hw, "top1_retention": ret,
+                                "top1_ci95": ret_hw, "n_seeds": len(per_seed)},
+                    "baselines": base,
+                    "learned_vs": {m: tbt / b["tbt_us"] - 1 for m, b in base.items()
+                                   if b["tbt_us"] > 0}}
+    return out
+
+
+def format_seed_summary(summary: dict[str, Any]) -> str:
+    """Return :func:`seed_interval_summary` as Markdown tables (one per fidelity)."""
+    def pct(v: Any) -> str:
+        return "–" if v is None else f"{v:.4f}"
+
+    lines: list[str] = []
+    for fid, s in summary.items():
+        ln = s["learned"]
+        ci = "" if ln["tbt_ci95_us"] is None else f" ± {ln['tbt_ci95_us']:.1f}"
+        rci = "" if ln["top1_ci95"] is None else f" ± {ln['top1_ci95']:.4f}"
+        lines += [f"## fidelity {fid}", "",
+                  f"95 % interval: Student t, n − 1 = {ln['n_seeds'] - 1} degrees of freedom, "
+                  "over training seeds (each seed: mean over the evaluation episodes).", "",
+                  "| method | TBT µs | top-1 retention |", "|---|---|---|"]
+        for p in s["per_seed"]:
+            lines.append(f"| learned, seed {p['seed']} | {p['tbt_us']:.1f} | "
+                         f"{pct(p['top1_retention'])} |")
+        lines.append(f"| **learned, mean ± 95 % CI** | **{ln['tbt_us']:.1f}{ci}** | "
+                     f"{pct(ln['top1_retention'])}{rci} |")
+        for m, b in s["baselines"].items():
+            lines.append(f"| {m} | {b['tbt_us']:.1f} | {pct(b['top1_retention'])} |")
+        lines += ["", "learned mean vs: " + ", ".join(f"{m} {v:+.2%}" for m, v in
+                                                       s["learned_vs"].items()), ""]
+    return "\n".join(lines) + "\n"

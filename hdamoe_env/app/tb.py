@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from hdamoe_env.config.errors import DependencyNotInstalled
+
 __all__ = [
     "BACKENDS",
+    "read_scalars",
     "ENV_ID",
     "NoOpWriter",
     "ScalarWriter",
@@ -258,3 +263,29 @@ def config_markdown(config: dict[str, Any]) -> str:
     for key, value in config.items():
         rows.append(f"| {cell(key)} | {cell(value)} |")
     return "\n".join(rows)
+
+
+def read_scalars(out_dir: str | os.PathLike[str],
+                 tags: Sequence[str] = ("latency/tbt_us", "rollout/ep_rew_mean")
+                 ) -> dict[str, list[tuple[int, float]]]:
+    """Read TensorBoard scalars of a training run (``out_dir/tb``), all runs merged by step.
+
+    Returns:
+        ``{tag: [(step, value), ...]}`` sorted by step (tags without data are omitted).
+
+    Raises:
+        DependencyNotInstalled: The tensorboard package is missing.
+    """
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as exc:
+        raise DependencyNotInstalled('reading TensorBoard logs needs tensorboard; run '
+                                     '`pip install "hdamoe-env[log]"`') from exc
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted((Path(out_dir) / "tb").rglob("events.out.tfevents*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in tags:
+            if tag in acc.Tags().get("scalars", []):
+                out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return {tag: sorted(values.items()) for tag, values in out.items()}

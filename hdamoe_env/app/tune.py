@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env.app import bench
+from hdamoe_env.app.evaluate import EVAL_SEED_BASE, HELD_OUT_TRACE_OFFSET
 from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, int_list,
                                      nonneg_int, positive_int, run_from_args)
 from hdamoe_env.app.records import render_table
@@ -49,11 +50,6 @@ log = logging.getLogger(__name__)
 
 #: Files this command writes into ``--out``.
 OWN_FILES = ("points.jsonl", "tuned.json", "oracle.json", "tune.md")
-#: Offset of the held-out synthetic trace seed and base of the evaluation episode seeds (the
-#: values of ``hdamoe train``'s held-out split).
-HELD_OUT_TRACE_OFFSET, EVAL_SEED_BASE = 1000, 10_000
-
-
 # ------------------------------------------------------------------------------------ grid
 def _ints(text: str | list[int]) -> list[int]:
     if isinstance(text, list):

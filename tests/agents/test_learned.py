@@ -20,6 +20,7 @@ pytest.importorskip("sb3_contrib")
 
 from agents.learned import policy as learned
 from agents.learned import train as learned_train
+from hdamoe_env.app import evaluate as evaluate_app  # noqa: E402
 from hdamoe_env.app import train as train_app  # noqa: E402
 from hdamoe_env.config.errors import ConfigError  # noqa: E402
 
@@ -36,7 +37,7 @@ def _train(env_kwargs, out, algo="maskable-ppo", timesteps=256, **kw):
 def test_train_save_load_evaluate(env_kwargs, tmp_path, make_tiny_env):
     import torch
 
-    evaluate_fn = train_app.held_out_evaluation(steps=2, seeds=[0, 1],
+    evaluate_fn = evaluate_app.held_out_evaluation(steps=2, seeds=[0, 1],
                                                 baselines=["noop", "hd-moe", "hda-moe"])
     reports = []
     path = _train(env_kwargs, tmp_path, evaluate_fn=evaluate_fn, tensorboard=True,
@@ -151,8 +152,8 @@ def test_ranked_action_translation():
 def test_deterministic_evaluation(env_kwargs, tmp_path):
     _train(env_kwargs, tmp_path, timesteps=128)
     kw = dict(seeds=[5, 6], steps=2, fidelities=["des"], baselines=["noop"])
-    a = train_app.evaluate(tmp_path, **kw)
-    b = train_app.evaluate(tmp_path, **kw)
+    a = evaluate_app.evaluate(tmp_path, **kw)
+    b = evaluate_app.evaluate(tmp_path, **kw)
     def tbt(res):
         return [(r["method"], r["seed"], r["tbt_steps_us"]) for r in res["records"]]
 
@@ -219,21 +220,21 @@ def test_cli_parsers(env_kwargs, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     train_app.add_train_arguments(sub.add_parser("train")).set_defaults(func=train_app.cmd_train)
-    train_app.add_evaluate_arguments(sub.add_parser("evaluate")).set_defaults(
-        func=train_app.cmd_evaluate)
+    evaluate_app.add_evaluate_arguments(sub.add_parser("evaluate")).set_defaults(
+        func=evaluate_app.cmd_evaluate)
     args = parser.parse_args(["train", "--algo", "ppo", "--timesteps", "64", "--k-b", "2",
                               "--batch", "8", "--hp", "n_steps=32", "--out", str(tmp_path)])
     assert args.func is train_app.cmd_train and train_app._parse_hp(args.hp) == {"n_steps": 32}
-    assert train_app._env_kwargs_from_args(args)["k_b"] == 2
-    assert "gating_protect_top" not in train_app._env_kwargs_from_args(args)
+    assert evaluate_app._env_kwargs_from_args(args)["k_b"] == 2
+    assert "gating_protect_top" not in evaluate_app._env_kwargs_from_args(args)
     args_p = parser.parse_args(["train", "--gating-protect-top", "1", "--out", str(tmp_path)])
-    assert train_app._env_kwargs_from_args(args_p)["gating_protect_top"] == 1
+    assert evaluate_app._env_kwargs_from_args(args_p)["gating_protect_top"] == 1
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--gating-protect-top", "-1", "--out", str(tmp_path)])
     _train(env_kwargs, tmp_path, timesteps=64)
     args = parser.parse_args(["evaluate", "--agent", f"{tmp_path},greedy-hda", "--baselines",
                               "noop", "--seeds", "1", "--steps", "1", "--fidelity", "des"])
-    assert train_app.cmd_evaluate(args) == 0
+    assert evaluate_app.cmd_evaluate(args) == 0
     text = capsys.readouterr().out
     assert "learned" in text and "hda-moe" in text and "noop" in text
 

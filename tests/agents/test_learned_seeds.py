@@ -19,6 +19,7 @@ pytest.importorskip("yaml")
 from agents.learned import policy as learned
 from agents.learned import train as learned_train
 from hdamoe_env.app import cli
+from hdamoe_env.app import plots, records, tb
 from hdamoe_env.app import train as train_app
 from hdamoe_env.config.errors import ConfigError
 
@@ -93,13 +94,13 @@ def test_flags_override_the_file():
 
 
 def test_t_interval_by_hand():
-    mean, hw = train_app.t_interval([1.0, 2.0, 3.0])      # s = 1, t(0.975, 2) = 4.303
+    mean, hw = records.t_interval([1.0, 2.0, 3.0])      # s = 1, t(0.975, 2) = 4.303
     assert mean == 2.0 and hw == pytest.approx(4.303 / math.sqrt(3))
-    assert train_app.t_interval([5.0]) == (5.0, None)
-    mean, hw = train_app.t_interval([10.0, 14.0])          # s = 2√2, t(0.975, 1) = 12.706
+    assert records.t_interval([5.0]) == (5.0, None)
+    mean, hw = records.t_interval([10.0, 14.0])          # s = 2√2, t(0.975, 1) = 12.706
     assert mean == 12.0 and hw == pytest.approx(12.706 * 2.0)
     with pytest.raises(ConfigError):
-        train_app.t_interval([])
+        records.t_interval([])
 
 
 def test_seeds_train_and_evaluate_together(env_kwargs, tmp_path, monkeypatch, capsys):
@@ -125,7 +126,7 @@ def test_seeds_train_and_evaluate_together(env_kwargs, tmp_path, monkeypatch, ca
         s = summary[fid]
         assert [p["seed"] for p in s["per_seed"]] == [0, 1]
         tbts = [p["tbt_us"] for p in s["per_seed"]]
-        mean, hw = train_app.t_interval(tbts)
+        mean, hw = records.t_interval(tbts)
         assert s["learned"]["tbt_us"] == pytest.approx(mean)
         assert s["learned"]["tbt_ci95_us"] == pytest.approx(hw)
         assert set(s["baselines"]) == {"noop", "hda-moe"}
@@ -139,10 +140,10 @@ def test_seed_curves_plot_every_seed(tmp_path, monkeypatch):
     logged = {"seed0": {"latency/tbt_us": [(0, 10.0), (64, 9.0)]},
               "seed1": {"latency/tbt_us": [(0, 11.0), (64, 8.5)],
                         "rollout/ep_rew_mean": [(64, -3.0)]}}
-    monkeypatch.setattr(train_app, "read_scalars", lambda d: logged.get(Path(d).name, {}))
+    monkeypatch.setattr(tb, "read_scalars", lambda d: logged.get(Path(d).name, {}))
     dirs = {0: tmp_path / "seed0", 1: tmp_path / "seed1"}
-    png = train_app.plot_seed_curves(tmp_path, dirs)
+    png = plots.plot_seed_curves(tmp_path, dirs)
     assert png == tmp_path / "learning_curves.png" and png.stat().st_size > 1000
-    assert train_app.plot_seed_curves(tmp_path, {2: tmp_path / "seed2"},
-                                      path=tmp_path / "none.png") is None
+    assert plots.plot_seed_curves(tmp_path, {2: tmp_path / "seed2"},
+                                  path=tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
