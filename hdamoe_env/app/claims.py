@@ -345,7 +345,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("speed-up is non-monotonic in r_comm", "§VI-H", _claim_r_comm),
     Claim("boundary replacements keep output similarity ≈ 0.95; GSM8K accuracy ≈ 70 % with "
           "gating", "§VI-E, §VI-F5",
-          _not_measured("needs the real model's weights (issue 7: tiny-model fidelity run)")),
+          _not_measured("needs the real model's weights (the tiny-model fidelity run, "
+                        "`hdamoe traces fidelity`)")),
     Claim("the LP finishes within minutes; BO is stable after ≈ 45 of 70 calls", "§VI-A6",
           _not_measured("the quick suite uses the heuristic Node Balance and local search; "
                         "see `hdamoe place` timings in docs/RESULTS.md")),

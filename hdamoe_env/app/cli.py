@@ -625,7 +625,7 @@ def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
 
 
 def _preflight_memory(args: argparse.Namespace, command: str) -> None:
-    """Refuse runs whose estimated peak memory exceeds what is available (issue 15 #11)."""
+    """Refuse runs whose estimated peak memory exceeds what is available (``limits``)."""
     from hdamoe_env.app import limits
     from hdamoe_env.config.specs import parse_mesh
 

@@ -1,6 +1,6 @@
 """Up-front resource estimates: refuse a run that cannot fit in memory before it starts.
 
-The estimates are deliberately coarse upper bounds measured on the simulator (issue 15 #11):
+The estimates are deliberately coarse upper bounds measured on the simulator:
 a decode batch of B tokens costs about ``3 × 8 × B × (k·D + E)`` bytes at its peak (the
 per-token expert and node tables of the DES and the gating), a synthetic trace about
 ``24 × rows × L × k`` bytes while it is generated (≈ 730 rows per request).

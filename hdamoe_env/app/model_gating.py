@@ -1,4 +1,4 @@
-"""Hardware-aware gating inside a real model's forward pass (issue 7; paper-model.md §11–12).
+"""Hardware-aware gating inside a real model's forward pass (paper-model.md §11–12).
 
 ``traces.capture.record.RoutingRecorder`` patches a routing *policy* into the routers of a transformers MoE
 model; this module builds the hardware-aware one from the package's pure gating functions

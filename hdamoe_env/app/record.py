@@ -1,4 +1,4 @@
-"""``hdamoe traces train-tiny|record|fidelity``: real routing from transformers MoE models (issue 7).
+"""``hdamoe traces train-tiny|record|fidelity``: real routing from transformers MoE models.
 
 Application layer (style.md §2): imports ``traces.capture.record``/``traces.capture.tiny_model``/``traces.capture.fidelity``
 and ``hdamoe_env.app.model_gating`` inside the command functions, so that ``hdamoe --help`` and the other

@@ -418,7 +418,7 @@ def _sec_gating_batch(records: list[dict[str, Any]], figs: _Figures) -> list[str
            "DeepSeek-V2-Lite, profile `faithful`, 4×8, 2.5/75; speed-up over the static "
            "Node + Link Balance placement; k_b = mean pre-broadcast slots granted by the "
            "budget rule (§10.3); changed = share of tokens whose expert set gating changed "
-           "(the model-quality proxy; accuracy needs the real model, see issue 7)."]
+           "(the model-quality proxy; accuracy needs the real model: `hdamoe traces fidelity`)."]
     rows = []
     for meta, r in cells:
         rows.append([str(meta["batch"])]
