@@ -1,10 +1,11 @@
-"""Command-line interface ``hdamoe`` (application layer, style.md §2).
+"""Command-line interface ``hdamoe``: every parser, the pre-flight checks and ``main``.
 
-Subcommands: ``simulate`` (per-layer latency and TBT of TP/EP or a saved placement),
-``bench-sim`` (DES kernel vs oracle speed), ``traces stats|gen|convert`` and
-``traces train-tiny|record|fidelity`` (real routing, ``hdamoe_env.app.record``), and, when their extras
-are installed, the offline placement commands. Heavy dependencies are imported inside the
-subcommand that needs them.
+Each subcommand's implementation lives in its own module of the application layer (``simulate``,
+``simbench``, ``tracetools``, ``record``, ``bench``, ``envbench``, ``place``, ``reproduce``,
+``crossover``, ``train``, ``evaluate``, ``tune``); the options of a run are generated from
+``hdamoe_env.config.run.RUN_OPTIONS`` (``argtypes.add_run_arguments``). Heavy dependencies are
+imported inside the subcommand that needs them. Errors of the package become one line on stderr
+and exit code 2.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import contextlib
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from hdamoe_env import __version__
-from hdamoe_env.app import bench, crossover, envbench, place, record, reproduce
+from hdamoe_env.app import (bench, crossover, envbench, methods, place, record, reproduce,
+                            simbench, simulate, tracetools)
 from hdamoe_env.app.argtypes import (
     add_decision_arguments,
     add_run_arguments,
@@ -33,163 +34,21 @@ from hdamoe_env.app.argtypes import (
     run_from_args,
 )
 from hdamoe_env.app.logs import configure_logging
-from hdamoe_env.app.progress import wrap
-from hdamoe_env.app.records import render_table
 from hdamoe_env.config.errors import HdMoeError
-from hdamoe_env.config.fileio import write_json
-from hdamoe_env.sim.placement import placement_by_name
 from hdamoe_env.config.run import RUN_DEFAULTS
 from hdamoe_env.config.specs import get_model
-from hdamoe_env.sim.sources import load_trace
 
 __all__ = ["build_parser", "main"]
 
-US = 1e6
 
 
 # ------------------------------------------------------------------------------------ simulate
-def cmd_simulate(args: argparse.Namespace) -> int:
-    """Run ``hdamoe simulate``."""
-    from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
-
-    run = run_from_args(args, hardware_overrides={"hop_latency_ns": args.hop_latency_ns,
-                                                  "node_dram_gib": args.dram_gib})
-    model, hw, conv = run.model, run.hardware, run.conventions
-    sim = MoESimulator(model, hw, run.topology, conv)
-    t0 = time.perf_counter()
-    trace = load_trace(run.trace, model, seed=args.seed, requests=run.trace_requests)
-    t_trace = time.perf_counter() - t0
-    requested = [n.strip() for n in args.placement.split(",") if n.strip()]
-    names = requested if "tp" in requested else ["tp", *requested]  # TP normalises
-    evals = {}
-    t0 = time.perf_counter()
-    for name in names:
-        placement = placement_by_name(name, model, hw.num_nodes, args.seed)
-        if args.evaluator == "static":
-            evals[name] = evaluate_static(sim, placement, trace, run.batch, seed=args.seed,
-                                          view=args.view)
-        else:
-            evals[name] = evaluate_sampled(sim, placement, trace, run.batch, steps=args.steps,
-                                           seed=args.seed, mode=args.batching, view=args.view,
-                                           progress=lambda it: wrap(it, args.steps, name),
-                                           replica_rule=args.replica_rule)
-    t_sim = time.perf_counter() - t0
-    tp_tbt = evals["tp"].tbt_s
-    print(f"hdamoe simulate: {model.key} on {run.topology.kind} {hw.mesh_shape[0]}x{hw.mesh_shape[1]}"
-          f" ({hw.num_nodes} nodes), {hw.compute_tflops:g} TFLOPS/node, "
-          f"{hw.link_bw_gbps:g} GB/s/link, DRAM {hw.mem_bw_gbps:g} GB/s/node, B={run.batch}")
-    trace_desc = (f"synthetic (seed {args.seed})" if run.trace == "synthetic" else run.trace)
-    steps_desc = (f"{args.steps} decode steps ({args.batching})" if args.evaluator == "sampled"
-                  else "expected loads")
-    print(f"conventions: {conv.name} · evaluator: {args.evaluator}, {steps_desc} · trace: "
-          f"{trace_desc}, {trace.num_tokens} rows, id {trace.trace_id[:12]}")
-    for name in requested:
-        ev = evals[name]
-        lm = ev.layer_means
-        rows = [[str(layer), lm["t_nm_s"][layer] * US, lm["t_comp_s"][layer] * US,
-                 lm["t_dispatch_s"][layer] * US, lm["t_combine_s"][layer] * US,
-                 lm["t_comm_moe_s"][layer] * US, lm["total_s"][layer] * US]
-                for layer in range(model.num_moe_layers)]
-        print(f"\nplacement {name}: per MoE layer (µs, mean over steps)")
-        print(render_table(["layer", "t_nm", "t_comp", "dispatch", "combine", "comm_moe", "total"],
-                     rows))
-    print("\nsummary (µs per decode step)")
-    rows = []
-    for name in names:
-        ev = evals[name]
-        b = ev.breakdown
-        rows.append([name, ev.tbt_s * US, ev.tbt_std_s * US, b["compute_s"] * US,
-                     b["communication_s"] * US, b["memory_s"] * US, ev.tbt_s / tp_tbt])
-    print(render_table(["placement", "TBT", "±std", "compute", "communication", "memory",
-                  "TBT/TP"], rows, number="{:.2f}"))
-    dense = sim.dense_time(run.batch)
-    if dense:
-        print(f"(compute includes {dense * US:.2f} µs of dense leading layers)")
-    print(f"\ntrace {t_trace:.1f} s, simulation {t_sim:.1f} s")
-    if args.json:
-        records = []
-        for name, ev in evals.items():
-            records.append({
-                "method": name, "tbt_us": ev.tbt_s * US, "tbt_std_us": ev.tbt_std_s * US,
-                "tbt_over_tp": ev.tbt_s / tp_tbt, "evaluator": ev.evaluator, "steps": ev.steps,
-                "breakdown_us": {k: v * US for k, v in ev.breakdown.items()},
-                "layers_us": {k: (v * US if k != "balancedness" else v)
-                              for k, v in ev.layer_means.items()},
-                "meta": ev.meta, "version": __version__,
-            })
-        write_json(args.json, records)
-        print(f"wrote {args.json}")
-    return 0
 
 
 # ----------------------------------------------------------------------------------- bench-sim
-def cmd_bench_sim(args: argparse.Namespace) -> int:
-    """Run ``hdamoe bench-sim``: fast DES path vs the pure-Python oracle, same run."""
-    from hdamoe_env.app.simbench import bench_sim
-
-    res = bench_sim(seconds=args.seconds, seed=args.seed)
-    print("DES benchmark: DeepSeek-V2-Lite (E=64, top-6), B=128, 4x8 mesh 50 GB/s, EP, "
-          "dispatch + combine per layer simulation")
-    for key, value in res.items():
-        print(f"  {key:>22}: {value:.4g}" if isinstance(value, float) else
-              f"  {key:>22}: {value}")
-    if args.json:
-        write_json(args.json, res)
-    return 0
 
 
 # -------------------------------------------------------------------------------------- traces
-def cmd_traces_stats(args: argparse.Namespace) -> int:
-    """Run ``hdamoe traces stats PATH...`` (``synthetic:<model>`` generates one)."""
-    from traces import stats
-
-    columns = {}
-    for spec in args.paths:
-        if spec.startswith("synthetic"):
-            key = spec.split(":", 1)[1] if ":" in spec else "mixtral-8x7b"
-            model = get_model(key)
-            trace = load_trace("synthetic", model, seed=args.seed, requests=args.trace_requests)
-            label = f"synthetic:{model.key}"
-        else:
-            model = None
-            trace = load_trace(spec, None)
-            label = Path(spec).name
-        columns[label] = stats.trace_stats(trace, view=args.view, B=args.batch,
-                                           rng_seed=args.seed)
-    print(stats.format_stats_table(columns))
-    if args.json:
-        write_json(args.json, columns)
-    return 0
-
-
-def cmd_traces_gen(args: argparse.Namespace) -> int:
-    """Run ``hdamoe traces gen``: write a synthetic trace in the canonical format."""
-    import traces
-
-    model = run_from_args(args).model
-    trace = load_trace("synthetic", model, seed=args.seed, requests=args.trace_requests,
-                       skew=args.skew)
-    path = traces.save(trace, args.out)
-    print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows × "
-          f"top-{trace.top_k}, trace id {trace.trace_id[:12]}")
-    return 0
-
-
-def cmd_traces_convert(args: argparse.Namespace) -> int:
-    """Run ``hdamoe traces convert``: reference JSON → canonical ``.npz``."""
-    import traces
-
-    kwargs: dict[str, Any] = {}
-    if args.model:
-        model = get_model(args.model)
-        kwargs = {"model_key": model.key, "E": model.num_experts, "k": model.top_k,
-                  "layer_key_offset": model.layer_key_offset,
-                  "num_layers": model.num_moe_layers}
-    trace = traces.read_reference_json(args.path, **kwargs)
-    path = traces.save(trace, args.out)
-    print(f"wrote {path}: {trace.num_layers} layers × {trace.num_tokens} rows; keep it outside "
-          "the repository (it redistributes reference-trace content; see NOTICE)")
-    return 0
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -264,14 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     sim.add_argument("--json", default=None,
                      help="write records to this JSON file ('-' = stdout, text to stderr)")
-    sim.set_defaults(func=cmd_simulate)
+    sim.set_defaults(func=simulate.cmd_simulate)
 
     bs = sub.add_parser("bench-sim", help="DES fast kernel vs oracle: simulations per second")
     bs.add_argument("--seconds", type=positive_float, default=3.0, help="time budget per measurement")
     bs.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     bs.add_argument("--json", default=None,
                     help="also write the results to this JSON file ('-' = stdout, text to stderr)")
-    bs.set_defaults(func=cmd_bench_sim)
+    bs.set_defaults(func=simbench.cmd_bench_sim)
 
     tr = sub.add_parser("traces", help="routing traces: statistics, generation, conversion")
     tsub = tr.add_subparsers(dest="traces_command", required=True)
@@ -286,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     st.add_argument("--json", default=None,
                     help="also write the results to this JSON file ('-' = stdout, text to stderr)")
-    st.set_defaults(func=cmd_traces_stats)
+    st.set_defaults(func=tracetools.cmd_traces_stats)
     gen = tsub.add_parser("gen", help="write a synthetic trace (.hdtrace.npz)")
     add_run_arguments(gen, ("model", "trace_requests"), helps={"model": " (of the trace)"})
     gen.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
@@ -294,13 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="skew power τ of the expert popularity (p ← p^τ; >1 sharper, <1 "
                      "flatter)")
     gen.add_argument("--out", required=True, help="output trace path (.hdtrace.npz)")
-    gen.set_defaults(func=cmd_traces_gen)
+    gen.set_defaults(func=tracetools.cmd_traces_gen)
     conv = tsub.add_parser("convert", help="reference JSON trace → canonical .npz")
     conv.add_argument("path", help="reference JSON trace file")
     conv.add_argument("--model", default=None,
                       help="model preset of the trace (E, k, layer keys; default: from the file)")
     conv.add_argument("--out", required=True, help="output trace path (.hdtrace.npz)")
-    conv.set_defaults(func=cmd_traces_convert)
+    conv.set_defaults(func=tracetools.cmd_traces_convert)
 
     _add_record_parsers(tsub)
 
@@ -345,7 +204,7 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_run_arguments(p, ("model", "trace", "trace_requests", "trace_skew", "mesh", "topology",
                           "setting", "batch", "conventions"),
                       helps={"trace_skew": "; placements are optimised on the same trace"})
-    p.add_argument("--methods", default=",".join(bench.DEFAULT_METHODS),
+    p.add_argument("--methods", default=",".join(methods.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
                    "an agent, tuned:PATH/tuned.json[@placement] the tuned heuristic of "
                    "`hdamoe tune`")

@@ -31,7 +31,9 @@ import numpy as np
 
 from agents.learned.policy import read_meta
 from agents.learned.train import to_jsonable
+from baselines.store import PLACEMENT_ARTIFACTS
 from hdamoe_env.app import bench
+from hdamoe_env.app.methods import MethodSpec, parse_method
 from hdamoe_env.app.argtypes import add_run_arguments, int_list, nonneg_int, positive_int
 from hdamoe_env.app.plots import plot_learning_curve
 from hdamoe_env.app.records import format_bench_table, summarise
@@ -130,14 +132,14 @@ def _held_out(env_kwargs: dict[str, Any], trace: Any) -> tuple[dict[str, Any], A
     return kwargs, None, "the training trace with unseen episode seeds (pass eval_trace)"
 
 
-def _methods(agent_specs: Sequence[str], placement: str) -> list[bench.MethodSpec]:
+def _methods(agent_specs: Sequence[str], placement: str) -> list[MethodSpec]:
 
     methods = []
     n_learned = sum(1 for s in agent_specs if Path(s).exists() or s.endswith(".zip"))
     n_tuned = sum(1 for s in agent_specs if s.startswith("tuned:"))
     for spec in agent_specs:
         if spec.startswith("tuned:"):               # the tuned heuristic of `hdamoe tune`
-            parsed = bench.parse_method(spec if "@" in spec else f"{spec}@{placement}")
+            parsed = parse_method(spec if "@" in spec else f"{spec}@{placement}")
             methods.append(dataclasses.replace(parsed, name="tuned" if n_tuned == 1 else
                                                f"tuned:{Path(spec[6:]).parent.name}"))
             continue
@@ -146,7 +148,7 @@ def _methods(agent_specs: Sequence[str], placement: str) -> list[bench.MethodSpe
         if label == "learned" and n_learned > 1:
             label = f"learned:{Path(spec).name}" if Path(spec).name != "model.zip" else \
                 f"learned:{Path(spec).parent.name}"
-        methods.append(bench.MethodSpec(label, placement, None if name == "noop" else name,
+        methods.append(MethodSpec(label, placement, None if name == "noop" else name,
                                   f"{name} on {placement}"))
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
@@ -195,8 +197,8 @@ def evaluate(agent_paths: str | os.PathLike[str] | Sequence[str] | None, *,
     kwargs = dict(env_kwargs if env_kwargs is not None else meta.get("env_kwargs", {}))
     placement = placement or kwargs.get("placement") or "ep"
     if not isinstance(placement, str) or placement.replace("-", "_") not in \
-            bench.PLACEMENT_ARTIFACTS:
-        raise ConfigError(f"evaluation placement must be one of {list(bench.PLACEMENT_ARTIFACTS)},"
+            PLACEMENT_ARTIFACTS:
+        raise ConfigError(f"evaluation placement must be one of {list(PLACEMENT_ARTIFACTS)},"
                           f" got {placement!r}")
     placement = placement.replace("-", "_")
     if held_out:

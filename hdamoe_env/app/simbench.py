@@ -11,12 +11,14 @@ code: returns numbers, never prints.
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from hdamoe_env.config.fileio import write_json
 from hdamoe_env.noc.des import simulate_messages_oracle
 from hdamoe_env.noc.linksim import (
     choose_aggregators,
@@ -27,7 +29,7 @@ from hdamoe_env.noc.linksim import (
 from hdamoe_env.config.specs import HardwareSpec
 from hdamoe_env.noc.topology import make_topology
 
-__all__ = ["bench_sim", "zipf_token_sets"]
+__all__ = ["bench_sim", "cmd_bench_sim", "zipf_token_sets"]
 
 _NUM_EXPERTS = 64
 _TOP_K = 6
@@ -131,3 +133,18 @@ def bench_sim(seconds: float = 3.0, seed: int = 0,
         "agreement": bool(tuple(oracle) == result.makespan_s),
         "fast_makespan_us": tuple(x * 1e6 for x in result.makespan_s),
     }
+
+
+def cmd_bench_sim(args: argparse.Namespace) -> int:
+    """Run ``hdamoe bench-sim``: fast DES path vs the pure-Python oracle, same run."""
+    from hdamoe_env.app.simbench import bench_sim
+
+    res = bench_sim(seconds=args.seconds, seed=args.seed)
+    print("DES benchmark: DeepSeek-V2-Lite (E=64, top-6), B=128, 4x8 mesh 50 GB/s, EP, "
+          "dispatch + combine per layer simulation")
+    for key, value in res.items():
+        print(f"  {key:>22}: {value:.4g}" if isinstance(value, float) else
+              f"  {key:>22}: {value}")
+    if args.json:
+        write_json(args.json, res)
+    return 0

@@ -29,7 +29,7 @@ from agents.learned.train import (
     train,
 )
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
-from hdamoe_env.app import bench
+from hdamoe_env.app.methods import parse_method
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
 from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, _env_cli_arguments, _env_kwargs_from_args,
                                      _seeds, evaluate, held_out_evaluation, resolve_placement)
@@ -173,7 +173,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     baselines = [b.strip() for b in args.eval_baselines.split(",") if b.strip()]
     for b in baselines:
         if b.startswith("tuned:"):
-            bench.parse_method(b)                # a bad tuned file fails before training
+            parse_method(b)                # a bad tuned file fails before training
     seeds = list(dict.fromkeys(_seeds(args.seeds) or [])) or None
     if seeds is not None and args.seed != 0:
         raise ConfigError(f"--seed {args.seed} with --seeds {args.seeds}: expected only one of "

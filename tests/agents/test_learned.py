@@ -99,7 +99,7 @@ def _plugins(path):
 
 
 def test_bench_resolves_learned_agent(env_kwargs, tmp_path, make_tiny_env):
-    from hdamoe_env.app.bench import resolve_agent
+    from hdamoe_env.app.methods import resolve_agent
 
     _train(env_kwargs, tmp_path, timesteps=128)
     agent = resolve_agent(str(tmp_path / "model.zip"), make_tiny_env())
@@ -285,7 +285,7 @@ def test_residual_action_mode(env_kwargs, tmp_path, make_tiny_env):
         done = term or trunc
     # and it trains (resume keeps the mode) and runs on the bench's strict env
     _train(env_kwargs, tmp_path / "t", timesteps=128, action_mode="residual")
-    from hdamoe_env.app.bench import resolve_agent
+    from hdamoe_env.app.methods import resolve_agent
 
     agent = resolve_agent(str(tmp_path / "t"), make_tiny_env())
     obs, _ = strict.reset(seed=6)
@@ -420,7 +420,7 @@ def test_replica_shares_batched_predict_and_bench(env_kwargs, tmp_path, make_tin
     """Bound to one env, a shares agent refuses a batch of observations (the fractions are per
     env); unbound it answers a batch (shares in last_replica_shares, not applied). The bench
     binds the agent to the env it acts on, so an episode there runs the shares rule."""
-    from hdamoe_env.app import bench
+    from hdamoe_env.app import bench, methods
 
     _, rep = replicated_placements
     _shares_run(env_kwargs, tmp_path, rep, "full", timesteps=64)
@@ -434,7 +434,7 @@ def test_replica_shares_batched_predict_and_bench(env_kwargs, tmp_path, make_tin
     actions, _ = unbound.predict(batch, action_masks=masks)
     assert actions.shape == (2, *env.action_space.shape)
     assert unbound.last_replica_shares.shape == (2, 4)
-    agent = bench.resolve_agent(str(tmp_path), env)
+    agent = methods.resolve_agent(str(tmp_path), env)
     seen = []
     real_step = env.step
 

@@ -10,7 +10,8 @@ import pytest
 
 from hdamoe_env.app import bench, envbench, plots, records
 from hdamoe_env.app.cli import build_parser
-from hdamoe_env.app.bench import BenchConfig, parse_method, run_bench
+from hdamoe_env.app.bench import BenchConfig, run_bench
+from hdamoe_env.app.methods import DEFAULT_METHODS, parse_method
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
 from hdamoe_env.noc.topology import make_topology
@@ -103,7 +104,7 @@ def test_parser_defaults():
     parser = build_parser()
     args = parser.parse_args(["bench"])
     assert args.model == "deepseek-v2-lite" and args.mesh == "4x8" and args.setting == "5/50"
-    assert args.batch == 128 and args.methods.split(",") == list(bench.DEFAULT_METHODS)
+    assert args.batch == 128 and args.methods.split(",") == list(DEFAULT_METHODS)
     assert args.func is bench.cmd_bench
     assert parser.parse_args(["bench-env"]).func is envbench.cmd_bench_env
 

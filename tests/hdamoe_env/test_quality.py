@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hdamoe_env.app.bench import parse_method
+from hdamoe_env.app.methods import parse_method
 from hdamoe_env.app.matched import GatingQualityProbe, search_matched_levels
 from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.config.errors import ConfigError

@@ -88,12 +88,12 @@ def test_fresh_train_into_an_old_directory_is_refused(tmp_path, capsys):
 
 
 def test_unexpected_exceptions_become_one_line(monkeypatch, capsys):
-    import hdamoe_env.app.cli as cli
+    from hdamoe_env.app import simbench
 
     def boom(args):
         raise IndexError("list index out of range")
 
-    monkeypatch.setattr(cli, "cmd_bench_sim", boom)
+    monkeypatch.setattr(simbench, "cmd_bench_sim", boom)
     code, err = _run(["bench-sim"], capsys)
     assert code == 2 and len(err) == 1 and "IndexError" in err[0] and "-v" in err[0]
     code = main(["-v", "bench-sim"])
@@ -102,7 +102,7 @@ def test_unexpected_exceptions_become_one_line(monkeypatch, capsys):
     def interrupt(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_bench_sim", interrupt)
+    monkeypatch.setattr(simbench, "cmd_bench_sim", interrupt)
     assert main(["bench-sim"]) == 130
 
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hdamoe_env.app import bench, cli
+from hdamoe_env.app import cli, methods
 from hdamoe_env.app.tune import _prepare_out, parse_grid
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 
@@ -64,7 +64,7 @@ def test_tune_command_end_to_end(tmp_path, capsys):
     assert again["summary"]["resumed_points"] == 2
     assert again["knobs"] == data["knobs"]
     # the bench method
-    spec = bench.parse_method(f"tuned:{out / 'tuned.json'}@ep")
+    spec = methods.parse_method(f"tuned:{out / 'tuned.json'}@ep")
     assert spec.placement == "ep" and dict(spec.env_kwargs)["gating_protect_top"] == 0
     with pytest.raises(ConfigError, match="does not exist"):
-        bench.parse_method(f"tuned:{tmp_path / 'nope.json'}")
+        methods.parse_method(f"tuned:{tmp_path / 'nope.json'}")

@@ -1,0 +1,97 @@
+"""``hdamoe simulate``: per-layer latency and TBT of TP, EP or placement files on a trace.
+
+The simulator alone (no env, no agents): ``MoESimulator`` with the sampled evaluator (decode steps
+drawn from the trace) or the static one (expected loads), on the run resolved once from the
+command line (``hdamoe_env.config.run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from hdamoe_env import __version__
+from hdamoe_env.app.argtypes import run_from_args
+from hdamoe_env.app.progress import wrap
+from hdamoe_env.app.records import render_table
+from hdamoe_env.config.fileio import write_json
+from hdamoe_env.sim.placement import placement_by_name
+from hdamoe_env.sim.sources import load_trace
+
+__all__ = ["cmd_simulate"]
+
+US = 1e6
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Run ``hdamoe simulate``."""
+    from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
+
+    run = run_from_args(args, hardware_overrides={"hop_latency_ns": args.hop_latency_ns,
+                                                  "node_dram_gib": args.dram_gib})
+    model, hw, conv = run.model, run.hardware, run.conventions
+    sim = MoESimulator(model, hw, run.topology, conv)
+    t0 = time.perf_counter()
+    trace = load_trace(run.trace, model, seed=args.seed, requests=run.trace_requests)
+    t_trace = time.perf_counter() - t0
+    requested = [n.strip() for n in args.placement.split(",") if n.strip()]
+    names = requested if "tp" in requested else ["tp", *requested]  # TP normalises
+    evals = {}
+    t0 = time.perf_counter()
+    for name in names:
+        placement = placement_by_name(name, model, hw.num_nodes, args.seed)
+        if args.evaluator == "static":
+            evals[name] = evaluate_static(sim, placement, trace, run.batch, seed=args.seed,
+                                          view=args.view)
+        else:
+            evals[name] = evaluate_sampled(sim, placement, trace, run.batch, steps=args.steps,
+                                           seed=args.seed, mode=args.batching, view=args.view,
+                                           progress=lambda it: wrap(it, args.steps, name),
+                                           replica_rule=args.replica_rule)
+    t_sim = time.perf_counter() - t0
+    tp_tbt = evals["tp"].tbt_s
+    print(f"hdamoe simulate: {model.key} on {run.topology.kind} {hw.mesh_shape[0]}x{hw.mesh_shape[1]}"
+          f" ({hw.num_nodes} nodes), {hw.compute_tflops:g} TFLOPS/node, "
+          f"{hw.link_bw_gbps:g} GB/s/link, DRAM {hw.mem_bw_gbps:g} GB/s/node, B={run.batch}")
+    trace_desc = (f"synthetic (seed {args.seed})" if run.trace == "synthetic" else run.trace)
+    steps_desc = (f"{args.steps} decode steps ({args.batching})" if args.evaluator == "sampled"
+                  else "expected loads")
+    print(f"conventions: {conv.name} · evaluator: {args.evaluator}, {steps_desc} · trace: "
+          f"{trace_desc}, {trace.num_tokens} rows, id {trace.trace_id[:12]}")
+    for name in requested:
+        ev = evals[name]
+        lm = ev.layer_means
+        rows = [[str(layer), lm["t_nm_s"][layer] * US, lm["t_comp_s"][layer] * US,
+                 lm["t_dispatch_s"][layer] * US, lm["t_combine_s"][layer] * US,
+                 lm["t_comm_moe_s"][layer] * US, lm["total_s"][layer] * US]
+                for layer in range(model.num_moe_layers)]
+        print(f"\nplacement {name}: per MoE layer (µs, mean over steps)")
+        print(render_table(["layer", "t_nm", "t_comp", "dispatch", "combine", "comm_moe", "total"],
+                     rows))
+    print("\nsummary (µs per decode step)")
+    rows = []
+    for name in names:
+        ev = evals[name]
+        b = ev.breakdown
+        rows.append([name, ev.tbt_s * US, ev.tbt_std_s * US, b["compute_s"] * US,
+                     b["communication_s"] * US, b["memory_s"] * US, ev.tbt_s / tp_tbt])
+    print(render_table(["placement", "TBT", "±std", "compute", "communication", "memory",
+                  "TBT/TP"], rows, number="{:.2f}"))
+    dense = sim.dense_time(run.batch)
+    if dense:
+        print(f"(compute includes {dense * US:.2f} µs of dense leading layers)")
+    print(f"\ntrace {t_trace:.1f} s, simulation {t_sim:.1f} s")
+    if args.json:
+        records = []
+        for name, ev in evals.items():
+            records.append({
+                "method": name, "tbt_us": ev.tbt_s * US, "tbt_std_us": ev.tbt_std_s * US,
+                "tbt_over_tp": ev.tbt_s / tp_tbt, "evaluator": ev.evaluator, "steps": ev.steps,
+                "breakdown_us": {k: v * US for k, v in ev.breakdown.items()},
+                "layers_us": {k: (v * US if k != "balancedness" else v)
+                              for k, v in ev.layer_means.items()},
+                "meta": ev.meta, "version": __version__,
+            })
+        write_json(args.json, records)
+        print(f"wrote {args.json}")
+    return 0
