@@ -85,7 +85,8 @@ RL_EXTRA = '`pip install "hdamoe-env[rl]"`'
 MODEL_FILE, VECNORM_FILE, META_FILE = "model.zip", "vecnormalize.npz", "learned.json"
 LEGACY_VECNORM_FILE = "vecnormalize.pkl"
 log = logging.getLogger(__name__)
-#: Algorithms a learned agent may use (``agents.learned.train.HYPERPARAMS`` has their fields).
+#: Algorithms a learned agent may use (``agents.learned.hyperparams.HYPERPARAMS`` has their
+#: fields).
 ALGORITHMS: tuple[str, ...] = ("ppo", "maskable-ppo", "a2c")
 
 
