@@ -193,8 +193,8 @@ class PlacementStore:
                               rho_mem=self.config.eplb_rho_mem)
 
     def place_config(self) -> Any:
-        """Return the ``baselines.pipeline.PlaceConfig`` of the quick pipeline."""
-        from baselines.pipeline import PlaceConfig
+        """Return the ``baselines.pipeline_config.PlaceConfig`` of the quick pipeline."""
+        from baselines.pipeline_config import PlaceConfig
 
         cfg = self.config
         return PlaceConfig(model=cfg.model, mesh=parse_mesh(cfg.mesh), setting=cfg.setting,
