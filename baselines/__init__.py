@@ -10,7 +10,8 @@ Modules:
   simulated annealing, random search and the MST proxy (§8);
 * :mod:`baselines.eplb` — EPLB redundant experts (production practice, not in the paper):
   greedy replication by load per copy, balanced packing with S slots per node, hierarchical node
-  groups, periodic rebalancing with weight moves and their DES cost;
+  groups; :mod:`baselines.eplb_dynamic` its periodic rebalancing with weight moves and their DES
+  cost, :mod:`baselines.rebalance` the env wrapper that rebalances inside an episode;
 * :mod:`baselines.pipeline` — the offline pipeline (§8.5): the run with parallel workers,
   atomic per-layer artifacts and resume; :mod:`baselines.pipeline_layer` the steps of one
   layer, :mod:`baselines.pipeline_config` the run's ``PlaceConfig``;
