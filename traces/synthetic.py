@@ -35,6 +35,10 @@ set g the weight Π_{e∈g} p_l[e]^τ when θ factorises over experts, and the s
 tilts, the score synthesis and the predictions become p_l^τ. The request and block tilts keep
 their mean 1, so τ changes popularity, not drift. At τ = 1 nothing is recomputed: the output is
 bit-identical to the generator without the knob. ``meta["generator"]["skew"]`` records τ.
+
+One module, over 700 lines, on purpose: the generator, the score synthesis and the noisy-oracle
+predictions draw through the same private sampling blocks (Gumbel keys, top-by-key, chunking)
+from the same fitted parameters, and that shared code fixes the draws of every seeded trace.
 """
 
 from __future__ import annotations
