@@ -48,7 +48,7 @@ class PlaceConfig:
         trace_seed: Synthetic trace seed (None = ``seed``).
         trace_skew: Synthetic trace: skew power τ of the expert popularity (1 = the fitted
             generator; ``traces.synthetic``). Left out of :meth:`to_dict` at 1, so the
-            configuration hashes of runs made before the knob existed are unchanged.
+            configuration hash of a run at τ = 1 has no skew entry.
         view: Trace view the statistics are mined from (``content``).
         conventions: Convention profile name or ``Conventions`` object (a derived profile is
             kept as is; resolved once, here).
@@ -114,7 +114,8 @@ class PlaceConfig:
         """The conventions: the object itself when one was given, else the named profile.
 
         ``conventions`` keeps what the caller passed (a name stays a name in ``to_dict`` and in
-        records, so cache keys are unchanged); a ``Conventions`` object, derived or not, is
+        records, so a named profile's cache key holds its name); a ``Conventions`` object,
+        derived or not, is
         used as is and never looked up by name.
         """
         return get_profile(self.conventions)
@@ -133,7 +134,7 @@ class PlaceConfig:
         """Return a JSON-serialisable dict (model resolved to its preset id)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["mesh"] = list(self.mesh)
-        if self.trace_skew == 1.0:  # the default stays out: cache keys of older runs hold
+        if self.trace_skew == 1.0:  # the default stays out of the hash (class docstring)
             del d["trace_skew"]
         spec = self.model_spec
         preset = MODEL_PRESETS.get(spec.key)

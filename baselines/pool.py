@@ -24,9 +24,9 @@ def spawn_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], wor
 
     ``done`` gets each result in completion order; on an error or interruption the calls not
     started yet are cancelled, the running workers are terminated (within seconds) and the
-    exception propagates. Workers exit by themselves when the parent dies (``kill -9``) (finished results were already
-    handed to ``done``, so a resumable caller loses nothing). One BLAS/OpenMP thread per worker
-    (dependencies.md §4), inherited by the children.
+    exception propagates. Workers exit by themselves when the parent dies (``kill -9``)
+    (finished results were already handed to ``done``, so a resumable caller loses nothing).
+    One BLAS/OpenMP thread per worker (dependencies.md §4), inherited by the children.
     """
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -62,7 +62,7 @@ def _terminate_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
 
 
 def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Pool-worker initializer: exit as soon as the parent process is gone (issue 15 #5).
+    """Pool-worker initializer: exit as soon as the parent process is gone.
 
     On Linux the kernel sends SIGKILL when the parent dies (``PR_SET_PDEATHSIG``); everywhere a
     daemon thread polls ``os.getppid()`` as well, so a ``kill -9`` of the parent never leaves

@@ -253,7 +253,7 @@ def _complete_artifact(directory: Path, config_hash: str) -> bool:
     path = directory / "placement.npz"
     if not path.exists() or not all((directory / a).exists()
                                     for a in PLACEMENT_ARTIFACTS.values() if a):
-        return False  # an older cache without every artifact: the resumed pipeline merges again
+        return False  # a cache without every artifact: the resumed pipeline merges again
     try:
         meta = Placement.load(path).meta
         for artifact in PLACEMENT_ARTIFACTS.values():

@@ -1,11 +1,12 @@
 """Training learned online policies with Stable-Baselines3 / sb3-contrib.
 
-Implements issue 5 on top of paper-model.md §10–11 (the online decisions of ``HdMoE-v0``: the
-pre-broadcast slots, the dispatch rule and the gating level of every MoE layer). A policy is
-trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on vectorised copies of the
-env, usually on the γ-calibrated analytic twin (``fidelity="analytic"``, fast), and saved in the
-layout ``agents.learned.policy`` loads (see its module docstring). The held-out evaluation against the
-paper's greedy agents and the ``hdamoe train`` command are the application layer's
+Trains policies for the online decisions of paper-model.md §10–11 (the decisions of
+``HdMoE-v0``: the pre-broadcast slots, the dispatch rule and the gating level of every MoE
+layer). A policy is trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on
+vectorised copies of the env, usually on the γ-calibrated analytic twin
+(``fidelity="analytic"``, fast), and saved in the layout ``agents.learned.policy`` loads (see
+its module docstring). The held-out evaluation against the paper's greedy agents and the
+``hdamoe train`` command are the application layer's
 (``hdamoe_env.app.train``): :func:`train` takes the placement already resolved and an optional
 ``evaluate_fn`` callback, and imports nothing above ``agents``.
 
@@ -198,9 +199,9 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
                "hyperparams": to_jsonable(dataclasses.asdict(hp)),
                "env_kwargs": to_jsonable(env_kwargs),
                "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
-    if quality is not None:                  # absent for latency-only runs (digests unchanged)
+    if quality is not None:                  # only then: a latency-only digest has no entry
         payload["quality"] = to_jsonable(quality)
-    if replica_shares:                       # absent without shares (digests unchanged)
+    if replica_shares:                       # only then: a digest without shares has no entry
         payload["replica_shares"] = int(replica_shares)
         payload["replica_share_rule_value"] = _share_rule_value(action_mode)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

@@ -241,8 +241,8 @@ class KnobGrid:
         return list(seen.values())
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the grid as plain JSON values (``min_imbalance`` only when searched, so the
-        run keys of journals written before it existed are unchanged)."""
+        """Return the grid as plain JSON values (``min_imbalance`` only when searched, so a
+        grid that does not search it has a run key without it)."""
         out = {name: list(values) for name, values in self.dimensions}
         if self.min_imbalance == (None,):
             del out["min_imbalance"]
