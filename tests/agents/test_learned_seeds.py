@@ -1,5 +1,5 @@
 """RL Zoo style hyperparameter files and several training seeds with a 95 % interval
-(``agents.learned.train.load_hyperparams``, ``hdamoe train --hyperparams / --seeds``).
+(``agents.learned.hyperparams.load_hyperparams``, ``hdamoe train --hyperparams / --seeds``).
 
 Tiny configuration of ``test_learned.py`` (L = 2, E = 4, 2×2 mesh, k_b = 2 forced).
 """
