@@ -10,9 +10,14 @@ Modules:
   simulated annealing, random search and the MST proxy (§8);
 * :mod:`baselines.eplb` — EPLB redundant experts (production practice, not in the paper):
   greedy replication by load per copy, balanced packing with S slots per node, hierarchical node
-  groups, periodic rebalancing with weight moves and their DES cost;
-* :mod:`baselines.pipeline` — the per-layer offline pipeline (§8.5) with parallel workers,
-  atomic per-layer artifacts and resume; the memory-cap sweep;
+  groups; :mod:`baselines.eplb_dynamic` its periodic rebalancing with weight moves and their DES
+  cost, :mod:`baselines.rebalance` the env wrapper that rebalances inside an episode;
+* :mod:`baselines.pipeline` — the offline pipeline (§8.5): the run with parallel workers,
+  atomic per-layer artifacts and resume; :mod:`baselines.pipeline_layer` the steps of one
+  layer, :mod:`baselines.pipeline_config` the run's ``PlaceConfig``;
+* :mod:`baselines.memory_sweep` — the memory-cap sweep over pipeline runs (Fig. 20);
+* :mod:`baselines.pool` — the one process pool (``spawn_pool_map``: placement layers and
+  ``hdamoe reproduce`` cells);
 * ``hdamoe place`` and ``hdamoe sweep-mem`` are commands of the application layer
   (:mod:`hdamoe_env.app.place`).
 

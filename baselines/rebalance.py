@@ -4,12 +4,13 @@ Production MoE serving re-places its redundant experts from recent loads (DeepSe
 vLLM and SGLang rebalance periodically). :class:`EplbRebalanceWrapper` does that on a running
 ``HdMoeEnv``: it counts the experts the env executed (``env.last_sets``, after gating) per layer,
 and every ``period`` decode steps re-places the copies from the last window with
-:func:`baselines.eplb.rebalance`, simulates the weight moves on the NoC with the message DES
-(:func:`baselines.eplb.simulate_moves`, W_e bytes per move, the profile's hop latency) and
-swaps the placement with ``HdMoeEnv.replace_placement``, which charges the moves' makespan to
-the next layer [decision: serially, not overlapped with compute — an upper bound on the cost;
-over a long run this equals the makespan amortised over ``period`` steps]. Every episode starts
-from the wrapped env's initial placement (the static ``eplb`` one), so seeds are comparable.
+:func:`baselines.eplb_dynamic.rebalance`, simulates the weight moves on the NoC with the
+message DES (:func:`baselines.eplb_dynamic.simulate_moves`, W_e bytes per move, the profile's hop
+latency) and swaps the placement with ``HdMoeEnv.replace_placement``, which charges the moves'
+makespan to the next layer [decision: serially, not overlapped with compute — an upper bound on
+the cost; over a long run this equals the makespan amortised over ``period`` steps]. Every
+episode starts from the wrapped env's initial placement (the static ``eplb`` one), so seeds are
+comparable.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
 
-from baselines.eplb import (
+from baselines.eplb import eplb_placement, expert_weight_bytes
+from baselines.eplb_dynamic import (
     check_rebalance_options,
-    eplb_placement,
-    expert_weight_bytes,
     plan_moves,
     rebalance,
     result_of,
@@ -48,7 +48,7 @@ class EplbRebalanceWrapper(gym.Wrapper):  # type: ignore[type-arg]
         env: An ``HdMoeEnv`` (or a wrapper of one) whose placement holds whole copies
             (``"eplb"``).
         period: Decode steps between rebalances (>= 1).
-        mode: ``"incremental"`` (default) or ``"full"`` (:func:`baselines.eplb.eplb_dynamic`).
+        mode: ``"incremental"`` (default) or ``"full"`` (:func:`baselines.eplb_dynamic.eplb_dynamic`).
         min_gain: Incremental: smallest relative drop of a layer's max node load (on the
             window's loads) worth moving weights for (:data:`DEFAULT_MIN_GAIN`).
         max_swaps: Incremental: greedy move/swap rounds per layer and rebalance.

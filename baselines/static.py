@@ -224,7 +224,7 @@ def hybrid_layer(freqs: NDArray[np.float64], mesh_shape: tuple[int, int], num_re
     """Build the compute-balanced hybrid placement of one layer (§9.3).
 
     Inside its region an expert is split into n = D/R equal parts. On the tile grid (``unit``
-    u = 1/U, issue 13) a part must be whole tiles: when n does not divide U, every node of the
+    u = 1/U) a part must be whole tiles: when n does not divide U, every node of the
     region gets ⌊U/n⌋ units and U mod n of them one more; [decision] the extra units of the
     region's experts (taken by decreasing f_i) go to the nodes with the lowest f-weighted load
     so far (ties: the lower cluster), so that the rounding does not pile up on one node.

@@ -179,8 +179,8 @@ class PlacementStore:
                               rho_mem=self.config.eplb_rho_mem)
 
     def place_config(self) -> Any:
-        """Return the ``baselines.pipeline.PlaceConfig`` of the quick pipeline."""
-        from baselines.pipeline import PlaceConfig
+        """Return the ``baselines.pipeline_config.PlaceConfig`` of the quick pipeline."""
+        from baselines.pipeline_config import PlaceConfig
 
         cfg = self.config
         run = dataclasses.replace(cfg.run, batch=cfg.place_batch, trace=cfg.trace_label)
@@ -234,7 +234,7 @@ def _complete_artifact(directory: Path, config_hash: str) -> bool:
     path = directory / "placement.npz"
     if not path.exists() or not all((directory / a).exists()
                                     for a in PLACEMENT_ARTIFACTS.values() if a):
-        return False  # an older cache without every artifact: the resumed pipeline merges again
+        return False  # a cache without every artifact: the resumed pipeline merges again
     try:
         meta = Placement.load(path).meta
         for artifact in PLACEMENT_ARTIFACTS.values():

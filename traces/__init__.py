@@ -13,8 +13,9 @@ This module only re-exports. Submodules:
 
 * :mod:`traces.trace` — :class:`RoutingTrace`, ``concatenate``, ``unique_rows`` (§5);
 * :mod:`traces.errors` — ``TraceFormatError``, ``UnknownNameError``;
-* :mod:`traces.io` — canonical ``.npz`` (format version 1), the reference JSON reader and converter,
-  segment detection (traces.md §2, §3.2, §5);
+* :mod:`traces.io` — canonical ``.npz`` (format version 1; traces.md §5);
+* :mod:`traces.reference` — the reference JSON reader and converter, segment detection
+  (traces.md §2, §3.2);
 * :mod:`traces.batching` — decode-step formation (§6);
 * :mod:`traces.synthetic` — set-level and expert-level generators, score synthesis, noisy-oracle
   predictions (§7);
@@ -38,13 +39,8 @@ from traces.batching import (
     windows,
 )
 from traces.errors import TraceFormatError, UnknownNameError, unknown_name
-from traces.io import (
-    convert_reference,
-    detect_segments,
-    load,
-    read_reference_json,
-    save,
-)
+from traces.io import load, save
+from traces.reference import convert_reference, detect_segments, read_reference_json
 from traces.stats import format_stats_table, trace_stats
 from traces.synthetic import (
     GENERATOR_PARAMS,

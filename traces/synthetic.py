@@ -33,8 +33,12 @@ reweighted by the product of its experts' old shares to the power τ − 1,
 θ[z, l, g] ← θ[z, l, g]·Π_{e∈g} p_l[e]^(τ−1) (renormalised per cluster and layer), which gives
 set g the weight Π_{e∈g} p_l[e]^τ when θ factorises over experts, and the shares used by the
 tilts, the score synthesis and the predictions become p_l^τ. The request and block tilts keep
-their mean 1, so τ changes popularity, not drift. At τ = 1 nothing is recomputed: the output is
-bit-identical to the generator without the knob. ``meta["generator"]["skew"]`` records τ.
+their mean 1, so τ changes popularity, not drift. At τ = 1 nothing is recomputed (the skew step
+is skipped and draws nothing). ``meta["generator"]["skew"]`` records τ.
+
+One module, over 700 lines, on purpose: the generator, the score synthesis and the noisy-oracle
+predictions draw through the same private sampling blocks (Gumbel keys, top-by-key, chunking)
+from the same fitted parameters, and that shared code fixes the draws of every seeded trace.
 """
 
 from __future__ import annotations
@@ -236,7 +240,7 @@ def model_params(model_key: str, overrides: Mapping[str, Any] | None = None, *,
         out["kappa_cluster"] = float(raw["kappa_cluster"])
     else:
         raise ValueError(f"model {model_key!r} has unknown generator kind {raw['kind']!r}")
-    if skew != 1.0:  # τ = 1 recomputes nothing: bit-identical to the generator without the knob
+    if skew != 1.0:  # τ = 1 recomputes nothing (the skew step is skipped)
         _apply_skew(out, skew)
     out["skew"] = skew
     return out

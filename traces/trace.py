@@ -3,8 +3,8 @@
 Implements traces.md §5 (the in-memory form of the canonical trace) and the views of §3.2. A
 :class:`RoutingTrace` is data only: NumPy arrays plus a JSON-serialisable ``meta`` dict. Shapes:
 L = MoE layers, T = token rows, k = top-k, J = extra router candidates, E = routed experts (from
-``meta["E"]``). Reading and writing files (``load``, ``save``, the reference JSON reader) live in
-:mod:`traces.io`, which imports this module.
+``meta["E"]``). Reading and writing files live in :mod:`traces.io` (``load``, ``save``) and
+:mod:`traces.reference` (the reference JSON reader), which import this module.
 
 Uses NumPy and the standard library only (style.md §2: ``traces`` is the bottom layer).
 """

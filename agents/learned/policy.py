@@ -25,7 +25,7 @@ of the archive (e.g. the learning-rate schedule), so only load models you traine
 trust. :func:`load_agent` therefore checks the SHA-256 of ``model.zip`` against the
 ``model_sha256`` of its ``learned.json`` and refuses a mismatch (:class:`IntegrityError`) before
 SB3 opens it; a model without that record (a bare ``.zip``) is loaded with a warning. The
-package never pickles its own data: the old ``vecnormalize.pkl`` files are refused.
+package never pickles its own data: pickled ``vecnormalize.pkl`` files are refused.
 * ``tb/``, ``eval.json``, ``eval.md``, ``learning_curve.png`` — training logs and the held-out
   evaluation (written by the application layer).
 
@@ -86,7 +86,8 @@ RL_EXTRA = '`pip install "hdamoe-env[rl]"`'
 MODEL_FILE, VECNORM_FILE, META_FILE = "model.zip", "vecnormalize.npz", "learned.json"
 LEGACY_VECNORM_FILE = "vecnormalize.pkl"
 log = logging.getLogger(__name__)
-#: Algorithms a learned agent may use (``agents.learned.train.HYPERPARAMS`` has their fields).
+#: Algorithms a learned agent may use (``agents.learned.hyperparams.HYPERPARAMS`` has their
+#: fields).
 ALGORITHMS: tuple[str, ...] = ("ppo", "maskable-ppo", "a2c")
 
 
@@ -489,7 +490,7 @@ def _find_files(path: Path) -> tuple[Path, Path | None, Path | None]:
     """Return (model zip, statistics .npz or None, learned.json or None) of a saved agent.
 
     Raises:
-        ConfigError: No model, or only a legacy pickled ``vecnormalize.pkl`` (refused: loading
+        ConfigError: No model, or only a pickled ``vecnormalize.pkl`` (refused: loading
             a pickle runs code from the file).
     """
     if path.is_dir():

@@ -1,11 +1,12 @@
 """Training learned online policies with Stable-Baselines3 / sb3-contrib.
 
-Implements issue 5 on top of paper-model.md §10–11 (the online decisions of ``HdMoE-v0``: the
-pre-broadcast slots, the dispatch rule and the gating level of every MoE layer). A policy is
-trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on vectorised copies of the
-env, usually on the γ-calibrated analytic twin (``fidelity="analytic"``, fast), and saved in the
-layout ``agents.learned.policy`` loads (see its module docstring). The held-out evaluation against the
-paper's greedy agents and the ``hdamoe train`` command are the application layer's
+Trains policies for the online decisions of paper-model.md §10–11 (the decisions of
+``HdMoE-v0``: the pre-broadcast slots, the dispatch rule and the gating level of every MoE
+layer). A policy is trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on
+vectorised copies of the env, usually on the γ-calibrated analytic twin
+(``fidelity="analytic"``, fast), and saved in the layout ``agents.learned.policy`` loads (see
+its module docstring). The held-out evaluation against the paper's greedy agents and the
+``hdamoe train`` command are the application layer's
 (``hdamoe_env.app.train``): :func:`train` takes the placement already resolved and an optional
 ``evaluate_fn`` callback, and imports nothing above ``agents``.
 
@@ -19,24 +20,9 @@ Decisions:
   already-bounded static features ``replicas``, ``layer`` and ``budget`` are left raw (a
   near-constant feature would be blown up by its tiny variance). Rewards are not normalised
   (they are already ≈ −latency ÷ TP latency ≈ −1).
-* [decision] PPO and A2C sample the raw ``MultiDiscrete`` space, so their training envs use
-  ``invalid_action="coerce"`` (masked slots and duplicates become "none"); MaskablePPO respects
-  the per-dimension masks and uses ``duplicates="ignore"``. ``LearnedAgent.predict`` applies the
-  same coercion, so a learned agent runs on a strict (``"raise"``) env such as the bench's.
-* [decision] ``action_mode="ranked"`` (``hdamoe_env.env.wrappers.RankedBroadcastWrapper``, the
-  default): a slot picks the c-th most-loaded predicted expert, K + 1 values instead of E + 1.
-* [decision] ``action_mode="residual"`` (``agents.wrappers.ResidualHDAWrapper``) acts as a
-  deviation from the greedy HDA-MoE action of the layer; value 0 of every dimension is "keep"
-  and its logit starts biased (``RESIDUAL_KEEP_LOGIT``), so an untrained policy equals HDA-MoE.
-  Every lever acts on the layer it is chosen for, so ``gamma = 0`` (a per-layer bandit) is the
-  recommended setting (docs/results/learned/README.md: with 0.99 nothing was learned in 20 k
-  steps).
-* [decision] ``replica_shares=K`` (placements with redundant experts, e.g. ``eplb``) appends
-  one share dimension per routed expert (``hdamoe_env.env.wrappers.ReplicaSharesWrapper``, the
-  outermost wrapper) to whichever action design is inside. In residual mode the share
-  dimensions get one more value, 0 = "the least-loaded rule" (``rule_value=True``), and its logit
-  is biased like the residual "keep" values, so the untrained policy is HDA-MoE with the env's
-  default replica dispatch; in full / ranked mode the values are the K + 1 shares, unbiased.
+
+The training envs and their action designs are ``agents.learned.envs``; the hyperparameter
+dataclasses and files ``agents.learned.hyperparams``.
 """
 
 from __future__ import annotations
@@ -48,15 +34,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agents.learned.envs import (_bias_keep, _env_arguments, _share_rule_value,
+                                 check_replica_shares, make_vec_env)
+from agents.learned.hyperparams import HYPERPARAMS, _check_hyperparam_types, _model_kwargs
 from agents.learned.policy import (
-    ALGORITHMS,
     META_FILE,
     MODEL_FILE,
     VECNORM_FILE,
@@ -69,27 +56,14 @@ from agents.learned.policy import (
     file_sha256,
     latest_checkpoint,
 )
-from agents.wrappers import RESIDUAL_KEEP_LOGIT, ResidualHDAWrapper
+from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.env.actions import ActionLayout
-from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, unknown_name
+from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write
 from hdamoe_env.sim.placement import Placement
-from hdamoe_env.env.wrappers import (QualityRewardWrapper, RankedBroadcastWrapper,
-                                     ReplicaSharesWrapper)
 
 __all__ = [
-    "ACTION_MODES",
-    "ALGORITHMS",
-    "HYPERPARAMS",
-    "HYPERPARAM_FILE_KEYS",
     "NORM_OBS_KEYS",
-    "A2CHyperparams",
-    "HyperparamsFile",
-    "MaskablePPOHyperparams",
-    "PPOHyperparams",
-    "check_replica_shares",
-    "load_hyperparams",
-    "make_vec_env",
     "to_jsonable",
     "train",
 ]
@@ -98,398 +72,6 @@ log = logging.getLogger(__name__)
 
 #: Observation keys normalised by ``VecNormalize`` (module docstring).
 NORM_OBS_KEYS: tuple[str, ...] = ("pred_load", "node_load", "link_busy")
-
-
-# ------------------------------------------------------------------------- hyperparameters
-@dataclass(frozen=True)
-class PPOHyperparams:
-    """PPO hyperparameters (RL-Zoo style; sized for ~10⁴–10⁵ steps on the analytic twin).
-
-    Attributes:
-        n_steps: Rollout steps per env before an update (n_steps · n_envs per update; about
-            2.5 episodes of DeepSeek-V2-Lite at 4 decode steps × 26 layers).
-        batch_size: Minibatch size of the SGD epochs.
-        n_epochs: SGD passes over each rollout.
-        learning_rate: Adam step size.
-        gamma: Discount per env step (one MoE layer); 0.99 ≈ a 100-layer horizon, about one
-            decode step of a 26-layer model × 4.
-        gae_lambda: GAE λ.
-        clip_range: PPO ratio clip.
-        ent_coef: Entropy bonus (keeps the many slot heads exploring).
-        vf_coef: Value-loss weight.
-        max_grad_norm: Gradient clip.
-        net_arch: Hidden layers of the policy and value MLPs (shared extractor flattens the Dict).
-    """
-
-    n_steps: int = 256
-    batch_size: int = 64
-    n_epochs: int = 10
-    learning_rate: float = 3e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_range: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    net_arch: tuple[int, ...] = (64, 64)
-
-
-@dataclass(frozen=True)
-class MaskablePPOHyperparams(PPOHyperparams):
-    """MaskablePPO hyperparameters: PPO's, with a smaller entropy bonus (masks already prune)."""
-
-    ent_coef: float = 0.005
-
-
-@dataclass(frozen=True)
-class A2CHyperparams:
-    """A2C hyperparameters (RL-Zoo defaults for small discrete tasks).
-
-    Attributes:
-        n_steps: Rollout steps per env before an update.
-        learning_rate: RMSprop step size.
-        gamma: Discount per env step.
-        gae_lambda: GAE λ (1.0 = plain n-step returns).
-        ent_coef: Entropy bonus.
-        vf_coef: Value-loss weight.
-        max_grad_norm: Gradient clip.
-        net_arch: Hidden layers of the policy and value MLPs.
-    """
-
-    n_steps: int = 8
-    learning_rate: float = 7e-4
-    gamma: float = 0.99
-    gae_lambda: float = 1.0
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    net_arch: tuple[int, ...] = (64, 64)
-
-
-HYPERPARAMS: dict[str, type[Any]] = {"ppo": PPOHyperparams,
-                                     "maskable-ppo": MaskablePPOHyperparams,
-                                     "a2c": A2CHyperparams}
-assert tuple(HYPERPARAMS) == ALGORITHMS, "agents.learned.policy.ALGORITHMS names the same algorithms"
-
-
-#: Keys of an RL Zoo style hyperparameter file that are not dataclass fields: the run settings
-#: they map onto (``n_envs``, ``n_timesteps``), the policy class (only ``MultiInputPolicy``),
-#: observation normalisation (a bool or the zoo's ``"{'norm_obs': True, ...}"`` string; reward
-#: normalisation is not supported) and ``policy_kwargs`` (only ``net_arch``).
-HYPERPARAM_FILE_KEYS: tuple[str, ...] = ("n_envs", "n_timesteps", "policy", "normalize",
-                                         "policy_kwargs")
-#: Section names accepted for an algorithm (ours and rl-zoo3's ``--algo`` names).
-_ALGO_SECTIONS: dict[str, tuple[str, ...]] = {"ppo": ("ppo",),
-                                              "maskable-ppo": ("maskable-ppo", "ppo_mask"),
-                                              "a2c": ("a2c",)}
-#: Section names accepted for the env (the registered id, with or without the package prefix).
-_ENV_SECTIONS: tuple[str, ...] = ("HdMoE-v0", "hdamoe_env/HdMoE-v0")
-
-
-@dataclass(frozen=True)
-class HyperparamsFile:
-    """The settings of one section of an RL Zoo style hyperparameter file.
-
-    Attributes:
-        path: The file read.
-        section: The top-level key the settings came from (an algorithm or env id).
-        hyperparams: Overrides of the algorithm's dataclass (``HYPERPARAMS[algo]``), validated.
-        n_envs: Env copies (``n_envs`` of the file), None if absent.
-        n_timesteps: Total env steps (``n_timesteps``), None if absent.
-        normalize_obs: Observation normalisation (``normalize``), None if absent.
-    """
-
-    path: str
-    section: str
-    hyperparams: dict[str, Any]
-    n_envs: int | None = None
-    n_timesteps: int | None = None
-    normalize_obs: bool | None = None
-
-
-def _literal(text: str, key: str, path: str) -> Any:
-    """Evaluate a zoo-style Python literal such as ``dict(net_arch=[64, 64])`` without ``eval``."""
-    import ast
-
-    try:
-        node = ast.parse(text.strip(), mode="eval").body
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id == "dict" and not node.args:
-            return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-        return ast.literal_eval(node)
-    except (SyntaxError, ValueError) as exc:
-        raise ConfigError(f"{path}: {key}={text!r} is not a literal ({exc}); expected e.g. "
-                          f"{key}: \"dict(net_arch=[64, 64])\" or a YAML mapping") from None
-
-
-def _file_setting(name: str, value: Any, src: str, hp: dict[str, Any],
-                  run: dict[str, Any]) -> None:
-    """Map one :data:`HYPERPARAM_FILE_KEYS` entry onto ``hp`` (net_arch) or ``run``."""
-    if name in ("n_envs", "n_timesteps"):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)                           # the zoo writes !!float 2e5
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{src}: {name}={value!r}: expected a positive integer")
-        run[name] = value
-    elif name == "policy":
-        if value != "MultiInputPolicy":
-            raise ConfigError(f"{src}: policy={value!r}: expected 'MultiInputPolicy' (the "
-                              "observation is a Dict)")
-    elif name == "normalize":
-        norm = _literal(value, name, src) if isinstance(value, str) else value
-        if isinstance(norm, dict):
-            if norm.get("norm_reward", False):
-                raise ConfigError(f"{src}: normalize={value!r}: reward normalisation is not "
-                                  "supported; expected norm_reward False")
-            norm = bool(norm.get("norm_obs", True))
-        if not isinstance(norm, bool):
-            raise ConfigError(f"{src}: normalize={value!r}: expected true/false or "
-                              "\"{'norm_obs': True, 'norm_reward': False}\"")
-        run["normalize_obs"] = norm
-    else:                                                # policy_kwargs
-        kw = _literal(value, name, src) if isinstance(value, str) else value
-        if not isinstance(kw, dict) or set(kw) - {"net_arch"}:
-            raise ConfigError(f"{src}: policy_kwargs={value!r}: only net_arch is supported, "
-                              "e.g. \"dict(net_arch=[64, 64])\"")
-        if "net_arch" in kw:
-            arch = kw["net_arch"]
-            if not isinstance(arch, list | tuple) or not all(
-                    isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in arch):
-                raise ConfigError(f"{src}: net_arch={arch!r}: expected a list of positive "
-                                  "layer widths, e.g. [64, 64]")
-            hp["net_arch"] = tuple(arch)
-
-
-def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
-                     section: str | None = None) -> HyperparamsFile:
-    """Read an RL Zoo style hyperparameter file (``hyperparams/<algo>.yml`` of rl-zoo3).
-
-    The file is a YAML mapping of sections; the section used is the first present of the
-    algorithm's name (``maskable-ppo`` or rl-zoo3's ``ppo_mask``, ``ppo``, ``a2c``), then the env
-    id (``HdMoE-v0`` or ``hdamoe_env/HdMoE-v0``). Its keys are fields of the algorithm's
-    hyperparameter dataclass (``n_steps``, ``batch_size``, ``learning_rate``, ``gamma``,
-    ``ent_coef``, ...) or one of :data:`HYPERPARAM_FILE_KEYS`; ``policy_kwargs`` (a mapping or
-    the zoo's ``"dict(net_arch=[64, 64])"`` string) may hold only ``net_arch``. PyYAML is
-    imported lazily (the ``rl`` extra).
-
-    Args:
-        path: The YAML file.
-        algo: Algorithm the settings are for (selects the section and the dataclass).
-        section: Use this top-level key instead of the default lookup (a file may hold several
-            variants, e.g. ``maskable-ppo-residual``).
-
-    Returns:
-        The section's settings, hyperparameters validated against the dataclass.
-
-    Raises:
-        ConfigError: Missing or unparsable file, no matching section, an unknown key (naming
-            the allowed ones), a value of the wrong type.
-        DependencyNotInstalled: PyYAML missing.
-    """
-    key = _algo_key(algo)
-    try:
-        import yaml
-    except ImportError as exc:
-        raise DependencyNotInstalled(f"reading {path} needs PyYAML: "
-                                     'pip install "hdamoe-env[rl]"') from exc
-    src = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"hyperparameter file {src!r} cannot be read ({exc.strerror}); "
-                          "expected an RL Zoo style YAML file, e.g. hyperparams/maskable-ppo.yml"
-                          ) from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{src}: not valid YAML ({first})") from None
-    if not isinstance(doc, dict) or not doc:
-        raise ConfigError(f"{src}: expected a mapping of sections (algorithm or env id -> "
-                          f"settings), got {type(doc).__name__}")
-    names = (section,) if section is not None else (*_ALGO_SECTIONS[key], *_ENV_SECTIONS)
-    section = next((n for n in names if n in doc), None)
-    if section is None:
-        raise ConfigError(f"{src}: no section for {key}; expected one of {list(names)}, "
-                          f"found {[str(k) for k in doc]}")
-    body = doc[section] or {}
-    if not isinstance(body, dict):
-        raise ConfigError(f"{src}: section {section!r} must be a mapping of settings, got "
-                          f"{type(body).__name__}")
-    cls = HYPERPARAMS[key]
-    fields = [f.name for f in dataclasses.fields(cls)]
-    allowed = sorted(set(fields) - {"net_arch"}) + list(HYPERPARAM_FILE_KEYS)
-    hp: dict[str, Any] = {}
-    run: dict[str, Any] = {}
-    for name, value in body.items():
-        name = str(name)
-        if name in fields and name != "net_arch":
-            hp[name] = value
-        elif name in HYPERPARAM_FILE_KEYS:
-            _file_setting(name, value, src, hp, run)
-        else:
-            raise ConfigError(f"{src}: unknown key {name!r} in section {section!r}; allowed: "
-                              f"{', '.join(allowed)}")
-    for name in ("learning_rate", "gamma", "gae_lambda", "clip_range", "ent_coef", "vf_coef",
-                 "max_grad_norm"):
-        if isinstance(hp.get(name), str):                # YAML 1.1 reads 3e-4 as a string
-            try:
-                hp[name] = float(hp[name])
-            except ValueError:
-                pass                                     # refused with its name just below
-    _check_hyperparam_types(cls(), hp)
-    return HyperparamsFile(src, str(section), hp, n_envs=run.get("n_envs"),
-                           n_timesteps=run.get("n_timesteps"),
-                           normalize_obs=run.get("normalize_obs"))
-
-
-def _model_kwargs(hp: Any) -> dict[str, Any]:
-    kwargs = dataclasses.asdict(hp)
-    net_arch = list(kwargs.pop("net_arch"))
-    kwargs["policy_kwargs"] = {"net_arch": {"pi": net_arch, "vf": list(net_arch)}}
-    return kwargs
-
-
-# ------------------------------------------------------------------------------------- envs
-def _env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict[str, Any]:
-    """Return the ``HdMoeEnv`` kwargs of a training env (module docstring decisions)."""
-    kwargs = {"fidelity": fidelity, "flatten_replicas": True, **env_kwargs}
-    if algo == "maskable-ppo":
-        kwargs.setdefault("duplicates", "ignore")
-    else:
-        kwargs.setdefault("invalid_action", "coerce")
-    return kwargs
-
-
-#: Action designs of the training env: ``"ranked"`` (``RankedBroadcastWrapper``), ``"full"``
-#: (the env's own action) and ``"residual"`` (``ResidualHDAWrapper``).
-ACTION_MODES: tuple[str, ...] = ("ranked", "full", "residual")
-
-
-def _bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
-    """Add ``logit`` to the action-net bias of value 0 of every dimension (residual start)."""
-    import torch
-
-    starts = np.concatenate([[0], np.cumsum(np.asarray(nvec))[:-1]]).astype(int)
-    with torch.no_grad():
-        bias = model.policy.action_net.bias
-        for s in starts:
-            bias[int(s)] += float(logit)
-
-
-def check_replica_shares(replica_shares: int | None, placement: Any,
-                         name: str | None = None) -> int | None:
-    """Validate ``replica_shares`` against the training placement; return K or None (off).
-
-    Args:
-        replica_shares: K share steps per expert (>= 1), or None / 0 for off.
-        placement: What the env builds from: a ``Placement``, ``"tp"``, ``"ep"`` or a ``.npz``
-            path.
-        name: The placement's name for the message (default: ``placement`` if a string, else
-            its ``method``).
-
-    Raises:
-        ConfigError: K is not an integer >= 1, or the placement has no redundant experts.
-    """
-    if replica_shares is None or (replica_shares == 0 and not isinstance(replica_shares, bool)):
-        return None
-    if isinstance(replica_shares, bool) or not isinstance(replica_shares, int | np.integer) \
-            or replica_shares < 1:
-        raise ConfigError(f"replica_shares must be an integer >= 1 (share steps per expert), got "
-                          f"{replica_shares!r}; e.g. 4")
-    resolved = placement
-    if isinstance(placement, str) and placement.endswith(".npz"):
-        resolved = Placement.load(placement)
-    has = isinstance(resolved, Placement) and resolved.has_replicas
-    if not has:
-        label = name or (placement if isinstance(placement, str)
-                         else getattr(placement, "method", "?"))
-        raise ConfigError(f"replica shares need a placement with redundant experts "
-                          f"(Placement.replicas), but placement {label!r} has none; use the "
-                          "'eplb' placement (`--placement eplb`)")
-    return int(replica_shares)
-
-
-def _share_rule_value(action_mode: str) -> bool:
-    """Whether replica shares get value 0 = "the least-loaded rule" (residual mode only)."""
-    return action_mode == "residual"
-
-
-@dataclass
-class _EnvFactory:
-    """Picklable env constructor for ``SubprocVecEnv`` (builds ``HdMoeEnv`` in the worker).
-
-    Wrapper order: ``HdMoeEnv`` → ``QualityRewardWrapper`` → ranked / residual →
-    ``ReplicaSharesWrapper`` (it appends its share dimensions to whatever action is inside) →
-    ``Monitor``.
-    """
-
-    kwargs: dict[str, Any]
-    action_mode: str = "full"
-    num_candidates: int = 4
-    quality: dict[str, Any] | None = None
-    replica_shares: int | None = None
-
-    def __call__(self) -> Any:
-        from stable_baselines3.common.monitor import Monitor
-
-        from hdamoe_env.env.environment import HdMoeEnv
-
-        env = HdMoeEnv(**self.kwargs)
-        if self.quality is not None:
-            env = QualityRewardWrapper(env, **self.quality)
-        if self.action_mode == "ranked":
-            env = RankedBroadcastWrapper(env, self.num_candidates)
-        elif self.action_mode == "residual":
-            env = ResidualHDAWrapper(env)
-        if self.replica_shares:                  # residual: share value 0 = the env's rule
-            env = ReplicaSharesWrapper(env, self.replica_shares,
-                                       rule_value=_share_rule_value(self.action_mode))
-        return Monitor(env)
-
-
-def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
-                 start_method: str | None = None, action_mode: str = "full",
-                 num_candidates: int = 4, quality: dict[str, Any] | None = None,
-                 replica_shares: int | None = None) -> Any:
-    """Build ``n_envs`` monitored ``HdMoeEnv`` copies (DummyVecEnv for 1, SubprocVecEnv above).
-
-    Args:
-        env_kwargs: Complete ``HdMoeEnv`` keyword arguments.
-        n_envs: Number of env copies.
-        seed: Seed of the vector env (copy i gets seed + i on its first reset).
-        start_method: ``multiprocessing`` start method of ``SubprocVecEnv`` (None: SB3's).
-        action_mode: ``"full"`` (the env's action), ``"ranked"`` (``RankedBroadcastWrapper``)
-            or ``"residual"`` (``ResidualHDAWrapper``).
-        num_candidates: K of the ranked action.
-        quality: Keyword arguments of ``hdamoe_env.env.wrappers.QualityRewardWrapper`` (target,
-            weight, lagrangian, dual_step, ...), or None for the latency reward only.
-        replica_shares: K of ``hdamoe_env.env.wrappers.ReplicaSharesWrapper`` (outermost action
-            wrapper; the placement needs redundant experts), or None for off.
-
-    Returns:
-        A seeded SB3 ``VecEnv``.
-
-    Raises:
-        ConfigError: Bad ``n_envs``, action mode, quality arguments or ``replica_shares`` (or a
-            placement without redundant experts).
-    """
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-
-    if n_envs < 1:
-        raise ConfigError(f"n_envs must be >= 1, got {n_envs}")
-    if action_mode not in ACTION_MODES:
-        raise unknown_name("action mode", action_mode, ACTION_MODES)
-    if quality is not None:                      # validate once, in this process
-        QualityRewardWrapper.validate(**quality)
-    replica_shares = check_replica_shares(replica_shares, env_kwargs.get("placement", "ep"))
-    fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates,
-                       None if quality is None else dict(quality), replica_shares)
-           for _ in range(n_envs)]
-    venv = DummyVecEnv(fns) if n_envs == 1 else SubprocVecEnv(fns, start_method=start_method)
-    venv.seed(seed)
-    return venv
-
 
 # ------------------------------------------------------------------------------- callbacks
 def _progress_callback(on_progress: Callable[[int, float], None]) -> Any:
@@ -617,9 +199,9 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
                "hyperparams": to_jsonable(dataclasses.asdict(hp)),
                "env_kwargs": to_jsonable(env_kwargs),
                "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
-    if quality is not None:                  # absent for latency-only runs (digests unchanged)
+    if quality is not None:                  # only then: a latency-only digest has no entry
         payload["quality"] = to_jsonable(quality)
-    if replica_shares:                       # absent without shares (digests unchanged)
+    if replica_shares:                       # only then: a digest without shares has no entry
         payload["replica_shares"] = int(replica_shares)
         payload["replica_share_rule_value"] = _share_rule_value(action_mode)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -886,36 +468,6 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         evaluate_fn(out)
     return model_path
 
-
-def _check_hyperparam_types(hp: Any, overrides: dict[str, Any]) -> None:
-    """Refuse an override whose type differs from the field's default (``n_steps="abc"``).
-
-    Raises:
-        ConfigError: Naming the field, the value, the expected type and an example.
-    """
-    defaults = {f.name: getattr(type(hp)(), f.name) for f in dataclasses.fields(hp)}
-    for name, value in overrides.items():
-        default = defaults.get(name)
-        if default is None:
-            continue
-        ok = True
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            ok = ok and value > 0 if name in ("n_steps", "batch_size", "n_epochs") else ok
-        elif isinstance(default, float):
-            ok = isinstance(value, int | float) and not isinstance(value, bool) \
-                and bool(np.isfinite(value))
-        elif isinstance(default, str):
-            ok = isinstance(value, str)
-        elif isinstance(default, tuple | list):
-            ok = isinstance(value, tuple | list)
-        if not ok:
-            raise ConfigError(f"hyperparameter {name}={value!r}: expected a "
-                              f"{'positive ' if name in ('n_steps', 'batch_size', 'n_epochs') else ''}"
-                              f"{type(default).__name__} like the default {default!r}, e.g. "
-                              f"--hp {name}={json.dumps(default)}")
 
 
 def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> dict[str, Any]:

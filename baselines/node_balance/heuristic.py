@@ -6,7 +6,7 @@ holder, to cut communication). It starts from the repaired EP placement and from
 (McNaughton) packing, and ends with a linear program that re-balances the shares on the final
 support (:func:`rebalance_shares`; communication depends only on the support).
 
-Tile grid (issue 13, ``NodeBalanceCoefficients.unit``): every start is snapped to whole units
+Tile grid (``NodeBalanceCoefficients.unit``): every start is snapped to whole units
 and repaired on the grid, moves transfer whole units (the equalising amount is rounded down and
 up), and the re-balancing LP's result is snapped (largest remainder) and repaired on the grid.
 [decision] The polished placement is the best, by the exact objective, of the local-search

@@ -31,7 +31,7 @@ starts from the repaired EP placement and from a wrap-around (McNaughton) packin
 a linear program that re-balances the shares on the final support (communication depends only on
 the support, so this can only help).
 
-Shard granularity (issue 13): with ``Conventions.tile_cols`` > 1 every share is a whole number
+Shard granularity: with ``Conventions.tile_cols`` > 1 every share is a whole number
 of tile units u = tile_cols / I = 1/U. The MILP's share variables are then integers n_ic ∈
 {0..U} with P_ic = n_ic / U (constraint (7) becomes n_ic ≤ U·Z_ic, (5) Σ_c n_ic = U); the
 heuristic moves whole units; the warm start is an on-grid candidate (the exact TP start is not

@@ -5,11 +5,11 @@ The constants of one layer's Node-Balance problem (µs, §7.3–7.4), the exact 
 the feasible starting points (TP, repaired EP, the wrap-around packing) shared by the MILP
 (:mod:`baselines.node_balance.milp`) and the heuristic (:mod:`baselines.node_balance.heuristic`).
 
-Shard granularity (issue 13, ``Conventions.tile_cols``): with ``tile_cols`` > 1 every share is a
+Shard granularity (``Conventions.tile_cols``): with ``tile_cols`` > 1 every share is a
 whole number of tile units u = tile_cols / I (``NodeBalanceCoefficients.unit``; helpers
 :func:`on_grid`, :func:`grid_feasible`). The repaired and wrap-around starts are on the grid;
 the exact TP start (P = 1/D) is the documented exception (``hdamoe_env.sim.placement
-.check_tile_grid``). ``tile_cols`` = 1 (``paper*``) keeps the continuous model unchanged.
+.check_tile_grid``). ``tile_cols`` = 1 (``paper*``) keeps the continuous model.
 """
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ def repair_placement(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
     fails, an integer program in whole units finds the on-grid repair (:func:`_grid_repair`):
     the greedy moves only into free headroom and snapping the LP point breaks exactly full
     memory caps, so without it a tight cap (ρ_mem = 1: every node exactly full) or a coarse
-    unit whose only fixes are swaps was reported as unrepairable although it is not.
+    unit whose only fixes are swaps would look unrepairable although it is not.
 
     Args:
         P: float [E, D] shares (rows sum to 1).

@@ -137,7 +137,7 @@ def parse_method(text: str) -> MethodSpec:
     if key.startswith("hda-moe@"):
         return _parse_hda_variant(text.strip(), key[len("hda-moe@"):])
     if name.startswith("tuned:"):
-        from agents.tuned import load_tuned
+        from agents.tuned.search import load_tuned
 
         body, placement = _split_placement(name[len("tuned:"):])
         if not body:
@@ -198,7 +198,7 @@ def resolve_agent(spec: str | None, env: Any, *, seed: int = 0, **kwargs: Any) -
     if spec is None:
         return agents.NoOpAgent.from_env(env)
     if spec.startswith("tuned:"):
-        from agents.tuned import load_tuned
+        from agents.tuned.search import load_tuned
 
         knobs, _ = load_tuned(_split_placement(spec[len("tuned:"):])[0])
         return knobs.make_agent(env)

@@ -17,8 +17,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from baselines.pipeline import (METHOD_NAMES, PipelineResult, PlaceConfig, load_trace,
-                                parse_layers, run_pipeline, sweep_rho_mem)
+from baselines.memory_sweep import sweep_rho_mem
+from baselines.pipeline import METHOD_NAMES, PipelineResult, run_pipeline
+from baselines.pipeline_config import PlaceConfig, load_trace, parse_layers
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.records import render_table
 from hdamoe_env.config.fileio import write_json

@@ -191,7 +191,8 @@ def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[st
 
 
 def _run_sweep_mem(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
-    from baselines.pipeline import PlaceConfig, sweep_rho_mem
+    from baselines.memory_sweep import sweep_rho_mem
+    from baselines.pipeline_config import PlaceConfig
     from baselines.store import QUICK_PLACEMENT, default_cache_dir
 
     cfg = dict(params["config"])
@@ -503,7 +504,7 @@ def _execute(cells: Sequence[Cell], *, workers: int, backend: str, cache_dir: st
         for cell in cells:
             done(run_cell(cell, cache_dir))
         return
-    from baselines.pipeline import spawn_pool_map
+    from baselines.pool import spawn_pool_map
 
     spawn_pool_map(run_cell, [(c.to_dict(), cache_dir) for c in cells], workers, done)
 

@@ -19,15 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.learned.policy import read_meta
-from agents.learned.train import (
-    ACTION_MODES,
-    ALGORITHMS,
-    check_replica_shares,
-    load_hyperparams,
-    to_jsonable,
-    train,
-)
+from agents.learned.envs import ACTION_MODES, check_replica_shares
+from agents.learned.hyperparams import load_hyperparams
+from agents.learned.policy import ALGORITHMS, read_meta
+from agents.learned.train import to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app.methods import parse_method
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int

@@ -87,7 +87,7 @@ def parse_grid(levels: str, protect_top: str, rules: str, k_b: str, replica_rule
     Raises:
         ConfigError: A malformed list or an unknown value.
     """
-    from agents.tuned import KnobGrid
+    from agents.tuned.knobs import KnobGrid
 
     try:
         protect = tuple(int(t) for t in protect_top.split(",") if t.strip())
@@ -269,7 +269,7 @@ def format_tune(result: Any, summary: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------ CLI
 def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``hdamoe tune`` arguments to a parser."""
-    from agents.tuned import DEFAULT_PENALTY, DEFAULT_QUALITY_TARGET, SEARCH_METHODS
+    from agents.tuned.search import DEFAULT_PENALTY, DEFAULT_QUALITY_TARGET, SEARCH_METHODS
 
     add_run_arguments(p, ("model", "trace", "trace_requests"))
     p.add_argument("--trace-seed", type=nonneg_int, default=0,

@@ -19,6 +19,8 @@ pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
 from agents.learned import policy as learned
+from agents.learned import envs as learned_envs
+from agents.learned import hyperparams as learned_hp
 from agents.learned import train as learned_train
 from hdamoe_env.app import evaluate as evaluate_app  # noqa: E402
 from hdamoe_env.app import train as train_app  # noqa: E402
@@ -186,7 +188,7 @@ def test_threads_honoured_in_fresh_process(tmp_path):
     code = (
         "import torch\n"
         "torch.set_num_threads(2)\n"
-        "from agents import learned_train\n"
+        "from agents.learned import train as learned_train\n"
         "from hdamoe_env.config.specs import ModelSpec\n"
         "m = ModelSpec(key='tiny', name='tiny', num_moe_layers=2, num_experts=4, top_k=2, "
         "hidden_size=64, expert_intermediate=128, attn_weight_elements=4*64*64, "
@@ -298,16 +300,16 @@ def test_quality_reward_plumbing(env_kwargs):
 
     from hdamoe_env.env.wrappers import QualityRewardWrapper
 
-    env = learned_train._EnvFactory(dict(env_kwargs), "ranked", 4,
-                                    {"target": 0.99, "lagrangian": True})()
+    env = learned_envs._EnvFactory(dict(env_kwargs), "ranked", 4,
+                                   {"target": 0.99, "lagrangian": True})()
     inner, found = env, None
     while hasattr(inner, "env"):
         if isinstance(inner, QualityRewardWrapper):
             found = inner
         inner = inner.env
     assert found is not None and found.lagrangian and found.lam == 0.0
-    hp = learned_train.HYPERPARAMS["maskable_ppo" if "maskable_ppo" in learned_train.HYPERPARAMS
-                                   else next(iter(learned_train.HYPERPARAMS))]()
+    hp = learned_hp.HYPERPARAMS["maskable_ppo" if "maskable_ppo" in learned_hp.HYPERPARAMS
+                                else next(iter(learned_hp.HYPERPARAMS))]()
     base = learned_train.run_digest("a", "ranked", 4, "analytic", True, hp, env_kwargs, None)
     assert base == learned_train.run_digest("a", "ranked", 4, "analytic", True, hp, env_kwargs,
                                             None, None)
@@ -457,7 +459,7 @@ def test_replica_shares_refused_without_replicas(env_kwargs, tmp_path, capsys):
         learned_train.train("maskable-ppo", env_kwargs, 8, out_dir=tmp_path / "a",
                             replica_shares=2, tensorboard=False)
     with pytest.raises(ConfigError, match="integer >= 1"):
-        learned_train.check_replica_shares(-1, "eplb")
+        learned_envs.check_replica_shares(-1, "eplb")
     for placement in ("ep", "node_link"):
         code = main(["train", "--placement", placement, "--replica-shares", "2", "--timesteps",
                      "8", "--no-eval", "--out", str(tmp_path / placement)])

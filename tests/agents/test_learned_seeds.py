@@ -1,5 +1,5 @@
 """RL Zoo style hyperparameter files and several training seeds with a 95 % interval
-(``agents.learned.train.load_hyperparams``, ``hdamoe train --hyperparams / --seeds``).
+(``agents.learned.hyperparams.load_hyperparams``, ``hdamoe train --hyperparams / --seeds``).
 
 Tiny configuration of ``test_learned.py`` (L = 2, E = 4, 2×2 mesh, k_b = 2 forced).
 """
@@ -17,7 +17,7 @@ pytest.importorskip("sb3_contrib")
 pytest.importorskip("yaml")
 
 from agents.learned import policy as learned
-from agents.learned import train as learned_train
+from agents.learned import hyperparams as learned_hp
 from hdamoe_env.app import cli
 from hdamoe_env.app import plots, records, tb
 from hdamoe_env.app import train as train_app
@@ -29,11 +29,11 @@ COMMITTED = REPO / "hyperparams" / "maskable-ppo.yml"
 
 def test_committed_file_loads_into_the_dataclass():
     """The committed file: defaults section = the dataclass defaults; residual section's values."""
-    cls = learned_train.HYPERPARAMS["maskable-ppo"]
-    default = learned_train.load_hyperparams(COMMITTED, "maskable-ppo")
+    cls = learned_hp.HYPERPARAMS["maskable-ppo"]
+    default = learned_hp.load_hyperparams(COMMITTED, "maskable-ppo")
     assert default.section == "maskable-ppo" and default.normalize_obs is True
     assert cls(**default.hyperparams) == cls()                    # what LEARNED.md documents
-    residual = learned_train.load_hyperparams(COMMITTED, "maskable-ppo", "maskable-ppo-residual")
+    residual = learned_hp.load_hyperparams(COMMITTED, "maskable-ppo", "maskable-ppo-residual")
     hp = cls(**residual.hyperparams)
     assert (hp.n_steps, hp.batch_size, hp.gamma, hp.ent_coef, hp.net_arch) == \
         (512, 128, 0.0, 0.005, (64, 64))
@@ -48,13 +48,13 @@ def test_zoo_layout_values_reach_the_dataclass(tmp_path):
                     "  policy_kwargs: \"dict(net_arch=[32, 16])\"\n"
                     "  normalize: \"{'norm_obs': False, 'norm_reward': False}\"\n"
                     "HdMoE-v0:\n  n_steps: 64\n")
-    got = learned_train.load_hyperparams(path, "maskable-ppo")
+    got = learned_hp.load_hyperparams(path, "maskable-ppo")
     assert got.section == "ppo_mask" and (got.n_envs, got.n_timesteps) == (2, 20_000)
     assert got.normalize_obs is False
-    hp = learned_train.HYPERPARAMS["maskable-ppo"](**got.hyperparams)
+    hp = learned_hp.HYPERPARAMS["maskable-ppo"](**got.hyperparams)
     assert (hp.n_steps, hp.batch_size, hp.learning_rate, hp.gamma, hp.ent_coef, hp.net_arch) == \
         (128, 32, 1e-3, 0.5, 0.02, (32, 16))
-    assert learned_train.load_hyperparams(path, "ppo").hyperparams == {"n_steps": 64}  # env id
+    assert learned_hp.load_hyperparams(path, "ppo").hyperparams == {"n_steps": 64}  # env id
 
 
 @pytest.mark.parametrize(("body", "match"), [
@@ -69,7 +69,7 @@ def test_bad_files_refused(tmp_path, body, match):
     path = tmp_path / "bad.yml"
     path.write_text(body)
     with pytest.raises(ConfigError, match=match):
-        learned_train.load_hyperparams(path, "maskable-ppo")
+        learned_hp.load_hyperparams(path, "maskable-ppo")
 
 
 def test_cli_unknown_key_is_one_line_exit_2(tmp_path, capsys):

@@ -11,8 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from agents import tuned
-from agents.tuned import KnobGrid, Measurement, TunedKnobs
+from agents.tuned.knobs import LP_SHARES, KnobGrid, TunedKnobs
+from agents.tuned.oracle import balanced_replica_fractions, per_layer_oracle
+from agents.tuned.search import (EpisodeEvaluator, Measurement, load_tuned, penalised_objective,
+                                 tune, write_tuned)
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 
 RULE_COST = {"least_loaded": 0.0, "first": 1.0, "home": 2.0}
@@ -65,12 +67,12 @@ def test_min_imbalance_knob():
 
 def test_penalised_objective_hand_values():
     """1000 µs at 0.985 vs 0.99: 1000 · (1 + 100 · 0.005) = 1500; feasible points: their TBT."""
-    assert tuned.penalised_objective(Measurement(1000.0, 0.985), 0.99) == pytest.approx(1500.0)
-    assert tuned.penalised_objective(Measurement(1000.0, 0.995), 0.99) == 1000.0
+    assert penalised_objective(Measurement(1000.0, 0.985), 0.99) == pytest.approx(1500.0)
+    assert penalised_objective(Measurement(1000.0, 0.995), 0.99) == 1000.0
 
 
 def test_grid_search_finds_the_constrained_optimum():
-    res = tuned.tune(constructed, GRID, target=0.99, method="grid")
+    res = tune(constructed, GRID, target=0.99, method="grid")
     assert res.method == "grid"
     assert len(res.points) == len(GRID.points()) == 5 * 2 * 3 - 3      # level 0 ignores protect
     assert res.best is not None
@@ -83,7 +85,7 @@ def test_grid_search_finds_the_constrained_optimum():
 
 def test_no_feasible_point_gives_none():
     grid = KnobGrid(gating_levels=(3.0, 4.0), protect_top=(0,), dispatch_rules=("first",))
-    assert tuned.tune(constructed, grid, target=0.99).best is None
+    assert tune(constructed, grid, target=0.99).best is None
 
 
 def test_resume_skips_evaluated_points_and_equals_an_uninterrupted_run(tmp_path):
@@ -97,23 +99,23 @@ def test_resume_skips_evaluated_points_and_equals_an_uninterrupted_run(tmp_path)
         return constructed(knobs)
 
     with pytest.raises(KeyboardInterrupt):
-        tuned.tune(flaky, GRID, journal=journal, run_key="k")
+        tune(flaky, GRID, journal=journal, run_key="k")
     assert len(journal.read_text().splitlines()) == 4
     with pytest.raises(OutputPathError):
-        tuned.tune(constructed, GRID, journal=journal, run_key="k")
+        tune(constructed, GRID, journal=journal, run_key="k")
     with pytest.raises(ConfigError, match="another configuration"):
-        tuned.tune(constructed, GRID, journal=journal, run_key="other", resume=True)
+        tune(constructed, GRID, journal=journal, run_key="other", resume=True)
     again: list[str] = []
 
     def counting(knobs):
         again.append(knobs.key())
         return constructed(knobs)
 
-    res = tuned.tune(counting, GRID, journal=journal, run_key="k", resume=True)
+    res = tune(counting, GRID, journal=journal, run_key="k", resume=True)
     assert res.resumed == 4
     assert not set(again) & set(calls)
     assert len(again) == len(GRID.points()) - 4
-    full = tuned.tune(constructed, GRID)
+    full = tune(constructed, GRID)
     assert [p.knobs for p in res.points] == [p.knobs for p in full.points]
     assert res.best == full.best
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
@@ -125,12 +127,12 @@ def test_bayesian_search_is_deterministic_and_resumable(tmp_path):
     pytest.importorskip("skopt")
     grid = KnobGrid(gating_levels=(0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
                     protect_top=(0, 1), dispatch_rules=("least_loaded", "first", "home"))
-    a = tuned.tune(constructed, grid, method="bo", n_calls=8, n_initial=4, seed=3)
+    a = tune(constructed, grid, method="bo", n_calls=8, n_initial=4, seed=3)
     assert a.method == "bo"
     assert a.best is not None and a.best.feasible and a.best.top1_retention >= 0.99
     journal = tmp_path / "j.jsonl"
     journal.write_text("".join(json.dumps(p.to_dict("r")) + "\n" for p in a.points[:3]))
-    c = tuned.tune(constructed, grid, method="bo", n_calls=8, n_initial=4, seed=3,
+    c = tune(constructed, grid, method="bo", n_calls=8, n_initial=4, seed=3,
                    journal=journal, run_key="r", resume=True)
     assert c.resumed == 3
     assert [p.knobs for p in c.points] == [p.knobs for p in a.points]
@@ -138,7 +140,7 @@ def test_bayesian_search_is_deterministic_and_resumable(tmp_path):
 
 
 def test_auto_uses_the_grid_when_small():
-    assert tuned.tune(constructed, GRID, method="auto", max_grid=100).method == "grid"
+    assert tune(constructed, GRID, method="auto", max_grid=100).method == "grid"
 
 
 def test_knob_validation_and_replica_rule():
@@ -151,9 +153,9 @@ def test_knob_validation_and_replica_rule():
     with pytest.raises(ConfigError, match="repeats"):
         KnobGrid(protect_top=(0, 0))
     with pytest.raises(ConfigError, match="oracle"):
-        KnobGrid(replica_rules=(None, tuned.LP_SHARES))
+        KnobGrid(replica_rules=(None, LP_SHARES))
     assert TunedKnobs(replica_rule="nearest").env_kwargs()["replica_rule"] == "nearest"
-    assert TunedKnobs(replica_rule=tuned.LP_SHARES).env_kwargs()["replica_rule"] == "least_loaded"
+    assert TunedKnobs(replica_rule=LP_SHARES).env_kwargs()["replica_rule"] == "least_loaded"
     kw = TunedKnobs(gating_level=8.0, protect_top=1, k_b=2).env_kwargs()
     assert kw["gating_levels"] == (0.0, 8.0) and kw["gating_protect_top"] == 1
     assert kw["k_b"] == 2
@@ -180,26 +182,26 @@ def test_balanced_replica_fractions_hand_case():
     reps = np.zeros((3, 2), dtype=bool)
     reps[0, 1] = True
     sets = np.array([[0, 1]] * 4 + [[0, 2]] * 2)
-    fr = tuned.balanced_replica_fractions(sets, P, reps)
+    fr = balanced_replica_fractions(sets, P, reps)
     assert fr.shape == (3, 3)
     assert fr[0, 0] == pytest.approx(2 / 6) and fr[0, 2] == pytest.approx(4 / 6)
     assert fr[0, 1] == 0.0 and fr[1, 0] == 1.0 and fr[2, 0] == 1.0
     with pytest.raises(ConfigError, match="shape"):
-        tuned.balanced_replica_fractions(sets, P, reps[:, :1])
+        balanced_replica_fractions(sets, P, reps[:, :1])
 
 
 def test_tuned_file_round_trip(tmp_path):
-    res = tuned.tune(constructed, GRID)
-    path = tuned.write_tuned(tmp_path / "tuned.json", res, config={"x": 1}, grid=GRID,
+    res = tune(constructed, GRID)
+    path = write_tuned(tmp_path / "tuned.json", res, config={"x": 1}, grid=GRID,
                              held_out=Measurement(99.0, 1.0, 3))
-    knobs, data = tuned.load_tuned(tmp_path)
+    knobs, data = load_tuned(tmp_path)
     assert knobs == res.best.knobs
     assert data["held_out"]["tbt_us"] == 99.0 and len(data["points"]) == len(res.points)
     path.write_text("{}")
     with pytest.raises(ConfigError, match="not a tuned-heuristic file"):
-        tuned.load_tuned(path)
+        load_tuned(path)
     with pytest.raises(ConfigError, match="does not exist"):
-        tuned.load_tuned(tmp_path / "missing.json")
+        load_tuned(tmp_path / "missing.json")
 
 
 # ------------------------------------------------------------------------ env-backed (tiny)
@@ -214,10 +216,10 @@ TINY_GRID = KnobGrid(gating_levels=(0.0, 1.0, 64.0), protect_top=(0, 1),
 
 
 def test_episode_evaluator_is_deterministic(tiny_kwargs):
-    ev = tuned.EpisodeEvaluator(tiny_kwargs, seeds=[0, 1])
+    ev = EpisodeEvaluator(tiny_kwargs, seeds=[0, 1])
     k = TunedKnobs(gating_level=1.0, k_b=2)
     a = ev(k)
-    b = tuned.EpisodeEvaluator(tiny_kwargs, seeds=[0, 1])(k)
+    b = EpisodeEvaluator(tiny_kwargs, seeds=[0, 1])(k)
     assert a == b and a.decode_steps == 4 and 0.0 <= a.top1_retention <= 1.0
     # an unreachable threshold turns gating off in every layer: the same as level 0
     never = ev(TunedKnobs(gating_level=1.0, k_b=2, min_imbalance=1e9))
@@ -229,7 +231,7 @@ def test_episode_evaluator_is_deterministic(tiny_kwargs):
 
 def test_oracle_is_below_every_fixed_point(tiny_kwargs):
     pts = TINY_GRID.points()
-    o = tuned.per_layer_oracle(tiny_kwargs, pts, seeds=[0, 1], target=0.99)
+    o = per_layer_oracle(tiny_kwargs, pts, seeds=[0, 1], target=0.99)
     S = o.constrained_tbt_us.size
     assert S == 4 and o.fixed_tbt_us.shape == (len(pts), S)
     eps = 1e-9
@@ -248,8 +250,8 @@ def test_oracle_is_below_every_fixed_point(tiny_kwargs):
 def test_oracle_fixed_point_matches_the_env_run(tiny_kwargs):
     """The oracle's fixed-point TBT is the env's TBT up to the aggregator draws (within 5 %)."""
     k = TunedKnobs(gating_level=0.0, k_b=0)
-    o = tuned.per_layer_oracle(tiny_kwargs, [k], seeds=[0])
-    m = tuned.EpisodeEvaluator(tiny_kwargs, seeds=[0])(k)
+    o = per_layer_oracle(tiny_kwargs, [k], seeds=[0])
+    m = EpisodeEvaluator(tiny_kwargs, seeds=[0])(k)
     assert o.fixed_tbt_us[0].mean() == pytest.approx(m.tbt_us, rel=0.05)
 
 
@@ -273,11 +275,11 @@ def test_oracle_with_replicas_runs_each_rule_and_adds_lp_shares(tiny_kwargs):
     pts = [TunedKnobs(gating_level=0.0, k_b=0, replica_rule=r)
            for r in ("least_loaded", "round_robin")]
     pts.append(TunedKnobs(gating_level=64.0, k_b=0, replica_rule="round_robin"))
-    o = tuned.per_layer_oracle(kw, pts, seeds=[0])
+    o = per_layer_oracle(kw, pts, seeds=[0])
     # one LP twin per point up to its replica rule: levels 0 and 64
     assert [p.replica_rule for p in o.points] == ["least_loaded", "round_robin", "round_robin",
-                                                  tuned.LP_SHARES, tuned.LP_SHARES]
-    ev = tuned.EpisodeEvaluator(kw, seeds=[0])
+                                                  LP_SHARES, LP_SHARES]
+    ev = EpisodeEvaluator(kw, seeds=[0])
     for i in (1, 2):                        # the replica rule and the gating level both act
         m = ev(pts[i])
         assert o.fixed_tbt_us[i].mean() == pytest.approx(m.tbt_us, rel=0.05)
@@ -286,6 +288,6 @@ def test_oracle_with_replicas_runs_each_rule_and_adds_lp_shares(tiny_kwargs):
     assert np.all(o.unconstrained_tbt_us <= o.fixed_tbt_us.min(axis=0) + 1e-9)
     ungated = [i for i, p in enumerate(o.points) if p.gating_level == 0]   # incl. an LP twin
     assert np.all(o.constrained_tbt_us <= o.fixed_tbt_us[ungated].min(axis=0) + 1e-9)
-    assert len(tuned.per_layer_oracle(kw, pts, seeds=[0], lp_shares=False).points) == 3
+    assert len(per_layer_oracle(kw, pts, seeds=[0], lp_shares=False).points) == 3
     # without replicas nothing is added
-    assert len(tuned.per_layer_oracle(tiny_kwargs, pts[:1], seeds=[0]).points) == 1
+    assert len(per_layer_oracle(tiny_kwargs, pts[:1], seeds=[0]).points) == 1

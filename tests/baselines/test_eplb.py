@@ -1,4 +1,4 @@
-"""EPLB redundant-expert placement (baselines/eplb.py); values worked out by hand in docstrings."""
+"""EPLB redundant experts (baselines/eplb.py, eplb_dynamic.py); values worked out by hand."""
 
 from __future__ import annotations
 
@@ -6,18 +6,14 @@ import numpy as np
 import pytest
 
 from baselines.eplb import (
-    Move,
-    apply_moves,
     balanced_packing,
     eplb,
-    eplb_dynamic,
     eplb_placement,
     eplb_slots,
     expected_node_load,
-    plan_moves,
     replicate,
-    simulate_moves,
 )
+from baselines.eplb_dynamic import Move, apply_moves, eplb_dynamic, plan_moves, simulate_moves
 from baselines.store import PlacementStore, StoreConfig
 from hdamoe_env.config.errors import ConfigError, InfeasibleError
 from hdamoe_env.sim.placement import Placement, check_memory, expert_parallel

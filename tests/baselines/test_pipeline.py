@@ -13,7 +13,9 @@ import pytest
 pytest.importorskip("pulp")
 
 from baselines.store import PLACEMENT_ARTIFACTS, PlacementStore, StoreConfig
-from baselines.pipeline import PlaceConfig, parse_layers, run_pipeline, sweep_rho_mem
+from baselines.memory_sweep import sweep_rho_mem
+from baselines.pipeline import run_pipeline
+from baselines.pipeline_config import PlaceConfig, parse_layers
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.sim.placement import Placement
 
@@ -144,7 +146,7 @@ def test_two_workers_match_one(cfg, trace, tmp_path):
 
 
 def test_place_config_accepts_profile_objects():  # paper-model.md §4 (derived profiles)
-    from baselines.pipeline import PlaceConfig
+    from baselines.pipeline_config import PlaceConfig
     from hdamoe_env.config.profiles import PROFILES, get_profile
 
     by_name = PlaceConfig.create(model="mixtral-8x7b", conventions="paper")

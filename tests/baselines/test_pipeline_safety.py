@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("pulp")
 
-from baselines.pipeline import PlaceConfig, run_pipeline
+from baselines.pipeline import run_pipeline
+from baselines.pipeline_config import PlaceConfig
 from hdamoe_env.config.errors import HdMoeError, OutputPathError
 from hdamoe_env.sim.placement import Placement
 
@@ -115,7 +116,7 @@ def test_float_pi_is_refused(tmp_path):
 _POOL_SCRIPT = '''
 import os, sys, time
 sys.path.insert(0, {root!r})
-from baselines.pipeline import spawn_pool_map
+from baselines.pool import spawn_pool_map
 
 def slow(i, folder):
     open(os.path.join(folder, f"worker_{{os.getpid()}}"), "w").close()

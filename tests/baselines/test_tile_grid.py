@@ -15,7 +15,9 @@ pytest.importorskip("pulp")
 
 from baselines.node_balance.model import nb_coefficients, repair_placement
 from baselines.node_balance.milp import node_balance
-from baselines.pipeline import PlaceConfig, _simulator, _tasks, load_trace
+from baselines.pipeline import _tasks
+from baselines.pipeline_config import PlaceConfig, load_trace
+from baselines.pipeline_layer import _simulator
 from baselines.static import hybrid_layer
 from hdamoe_env.sim.placement import Placement, check_tile_grid, off_grid, share_unit
 

@@ -1,6 +1,6 @@
 """Record real routing (ids, router scores, next-layer predictions) from transformers MoE models.
 
-Issue 7. A :class:`RoutingRecorder` attaches forward hooks to the MoE routers of a Hugging Face
+A :class:`RoutingRecorder` attaches forward hooks to the MoE routers of a Hugging Face
 ``transformers`` model and records, for every forward call (one prefill call with the prompt's
 rows, then one call per decode step in ``model.generate()``) and every MoE layer l:
 

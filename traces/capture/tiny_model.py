@@ -1,6 +1,6 @@
 """A tiny Mixtral-architecture language model trained on the Python standard library's source.
 
-Issue 7 needs a real MoE model with real router scores that can be recorded and gated on a CPU
+Recording and gating need a real MoE model with real router scores that runs on a CPU
 without downloading anything: the machines have no network to any model hub. This module builds
 one from nothing:
 

@@ -1,0 +1,221 @@
+"""One layer of the offline HD-MoE placement pipeline (paper-model.md §8.5, paper Alg. 2).
+
+For every MoE layer l, independently:
+
+1. mine f_i, the co-activation groups G_l and f_g from the trace view (``content`` by default);
+2. P_EP ← EP placement (§9.2; one seeded P for the whole run) and π_0 ← a random mapping of the
+   layer (seeded);
+3. γ_l ← ``calibrate.fit_gamma`` on (P_EP, π_0) (§5.5);
+4. P_l ← Node Balance (§7) with γ_l;
+5. π_l ← Link Balance (§8) starting from π_0;
+6. evaluate the layer with the static evaluator (§5.7) under TP, EP (π_0), the compute-balanced
+   hybrid (§9.3), Node Balance (P_l with π_0) and Node + Link Balance (P_l with π_l): expert
+   compute t_comp, MoE communication t_comm_moe and their sum (the MoE latency), plus t_nm.
+
+Aggregators: under ``lb_noise = "crn"`` (``faithful``) one aggregator draw for the Node-Balance
+support is shared by the Link-Balance objective and the Node-Balance / Node+Link evaluations, so
+the comparison of the two mappings is free of aggregator noise.
+
+Guard [decision]: Node Balance optimises Eq. 1 + γ·Eq. 2 with γ fitted on EP; that estimate
+can misjudge strongly split placements, and TP's real communication is the all-reduce of §5.6,
+not Eq. 2. The pipeline therefore re-scores the finished Node+Link placement against TP (the
+always-feasible Node-Balance start) with the static evaluator and keeps TP for the layer when
+Node+Link is slower (``guard="tp"``, recorded per layer with both numbers; ``guard=None`` turns
+it off). The ``node_balance`` column and artifact always hold Node Balance's own result.
+
+Determinism: ``SeedSequence(seed).spawn(L + 1)`` — child l drives layer l (spawned again into the
+streams of π_0, the γ fit, Node Balance, Link Balance, the evaluations and the hybrid), child L
+the run-level EP shares. A layer's result therefore does not depend on which other layers run
+or on the number of workers. (A MILP stopped by its time limit can still depend on machine
+speed; the record says when that happened.)
+
+:func:`place_layer` runs these steps for one layer and is picklable, so that
+``baselines.pipeline.run_pipeline`` can hand layers to worker processes or Ray tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from baselines.link_balance import MappingObjective, link_balance
+from baselines.node_balance.milp import node_balance
+from baselines.pipeline_config import PlaceConfig
+from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
+from hdamoe_env.noc import linksim
+from hdamoe_env.sim.calibrate import fit_gamma
+from hdamoe_env.sim.placement import identity_mapping, share_unit
+from hdamoe_env.sim.simulator import MoESimulator, is_tensor_parallel
+
+__all__ = ["LayerOutcome", "evaluate_layer", "place_layer"]
+
+
+@dataclass(frozen=True)
+class _LayerTask:
+    config: dict[str, Any]
+    config_hash: str
+    layer: int
+    freqs: NDArray[np.float64]
+    groups: NDArray[np.int64]
+    group_freqs: NDArray[np.float64]
+    rows: NDArray[np.int64]
+    ep_P: NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LayerOutcome:
+    """Result of one layer.
+
+    Attributes:
+        layer: MoE layer index.
+        arrays: ``P`` [E, D] and ``pi`` [D] the final Node+Link placement (TP when the guard
+            applied), ``P_nb`` [E, D] the Node-Balance shares, ``pi_lb`` [D] the Link-Balance
+            mapping, ``pi0`` [D], ``P_hybrid`` [E, D], ``P_ep`` [E, D].
+        record: JSON-serialisable record (γ fit, solver and optimiser records, latencies in µs,
+            timings).
+    """
+
+    layer: int
+    arrays: dict[str, NDArray[Any]]
+    record: dict[str, Any]
+
+
+_SIM_CACHE: dict[str, MoESimulator] = {}
+
+
+def _simulator(config: PlaceConfig) -> MoESimulator:
+    key = json.dumps(config.to_dict(), sort_keys=True)
+    sim = _SIM_CACHE.get(key)
+    if sim is None:
+        sim = MoESimulator(config.model_spec, config.hardware, config.run.topology, config.conv)
+        _SIM_CACHE[key] = sim
+    return sim
+
+
+def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64],
+                   layer: int, freqs: NDArray[np.float64], groups: NDArray[np.int64],
+                   group_freqs: NDArray[np.float64], batch: int, *, rng: np.random.Generator,
+                   agg: NDArray[np.int64] | None = None) -> dict[str, Any]:
+    """Evaluate one layer's placement with the static evaluator (§5.7).
+
+    Returns:
+        ``compute_us`` (t_comp), ``comm_us`` (t_comm_moe), ``total_us`` (their sum, the MoE
+        latency), ``nm_us`` (t_nm), ``dispatch_us``, ``combine_us`` and ``mode``.
+    """
+    placement = _layer_placement(P_layer, pi_layer, layer, "eval")
+    res = sim.layer_static(placement, layer, freqs, groups, group_freqs, batch, rng=rng, agg=agg)
+    return {"compute_us": res.t_comp_s * 1e6, "comm_us": res.t_comm_moe_s * 1e6,
+            "total_us": (res.t_comp_s + res.t_comm_moe_s) * 1e6, "nm_us": res.t_nm_s * 1e6,
+            "dispatch_us": res.t_dispatch_s * 1e6, "combine_us": res.t_combine_s * 1e6,
+            "mode": res.mode}
+
+
+def _layer_dram_budget(config: PlaceConfig) -> float | None:
+    """[decision] With ``node_dram_gib`` set, every layer gets an equal share of each node's DRAM."""
+    cap = config.hardware.node_dram_bytes
+    return None if cap is None else cap / config.model_spec.num_moe_layers
+
+
+def place_layer(task: _LayerTask) -> LayerOutcome:
+    """Run the pipeline of §8.5 for one layer (module docstring); picklable for workers."""
+    t_layer = time.perf_counter()
+    cpu_layer = time.process_time()
+    config = PlaceConfig.from_dict(task.config)
+    sim = _simulator(config)
+    model, hw, conv = sim.model, sim.hw, sim.conv
+    layer, batch = task.layer, config.batch
+    D = hw.num_nodes
+    ss = np.random.SeedSequence(config.seed).spawn(model.num_moe_layers + 1)[layer]
+    s_pi0, s_gamma, s_nb, s_lb, s_eval, s_hyb = ss.spawn(6)
+    f, groups, fg = task.freqs, task.groups, task.group_freqs
+    timings: dict[str, float] = {}
+
+    pi0 = np.random.default_rng(s_pi0).permutation(D).astype(np.int64)
+    t0 = time.perf_counter()
+    ep_placement = _layer_placement(task.ep_P, pi0, layer, "ep")
+    gfit = fit_gamma(sim, ep_placement, layer, task.rows, batch, np.random.default_rng(s_gamma))
+    gamma = max(float(gfit.gamma), 0.0)
+    timings["gamma_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    nb = node_balance(f, groups, fg, model=model, hw=hw, conv=conv, gamma=gamma, batch=batch,
+                      bw_end_Bps=sim.topology.bw_end_Bps, rho_mem=config.rho_mem,
+                      node_dram_bytes=_layer_dram_budget(config), mode=config.nb_mode,
+                      time_limit_s=config.time_limit_s, mip_gap=config.mip_gap,
+                      solver=config.solver, seed=s_nb, ep_start=task.ep_P)
+    P = nb.P_layer
+    timings["node_balance_s"] = time.perf_counter() - t0
+
+    eval_streams = s_eval.spawn(4)
+    support = P > 0
+    agg = None
+    if conv.lb_noise == "crn":
+        agg = linksim.choose_aggregators(groups, support, conv.aggregator,
+                                         np.random.default_rng(eval_streams[0]))
+    t0 = time.perf_counter()
+    if is_tensor_parallel(P):
+        pi = pi0.copy()
+        lb_record: dict[str, Any] = {"optimiser": None, "skipped": "TP shares: every cluster "
+                                     "holds every expert, the mapping does not matter"}
+        lb_history: list[float] = []
+    else:
+        objective = MappingObjective(sim, support, groups, fg, batch, layer,
+                                     np.random.default_rng(s_lb.spawn(1)[0]),
+                                     kind=config.lb_objective, agg=agg)
+        lb = link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
+                          method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
+                          topology=sim.topology)
+        pi = lb.pi
+        lb_record, lb_history = lb.record, lb.history
+    timings["link_balance_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    hyb = hybrid_layer(f, hw.mesh_shape, model.hybrid_regions,
+                       time_limit_s=config.hybrid_time_limit_s, mip_gap=config.mip_gap,
+                       solver=config.solver,
+                       unit=None if conv.tile_cols == 1 else share_unit(model, conv))
+    timings["hybrid_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    lat: dict[str, dict[str, Any]] = {}
+    ev = eval_streams[1]
+    lat["tp"] = evaluate_layer(sim, np.full_like(P, 1.0 / D), identity_mapping(1, D)[0], layer,
+                               f, groups, fg, batch, rng=np.random.default_rng(ev))
+    lat["ep"] = evaluate_layer(sim, task.ep_P, pi0, layer, f, groups, fg, batch,
+                               rng=np.random.default_rng(ev))
+    lat["hybrid"] = evaluate_hybrid(sim, hyb, layer, f, groups, fg, batch,
+                                    rng=np.random.default_rng(eval_streams[2]),
+                                    slip_support=support)
+    lat["node_balance"] = evaluate_layer(sim, P, pi0, layer, f, groups, fg, batch,
+                                         rng=np.random.default_rng(ev), agg=agg)
+    lat["node_link"] = evaluate_layer(sim, P, pi, layer, f, groups, fg, batch,
+                                      rng=np.random.default_rng(ev), agg=agg)
+    guard: dict[str, Any] = {"kind": config.guard, "applied": False}
+    P_final, pi_final = P, pi
+    if config.guard == "tp" and lat["node_link"]["total_us"] > lat["tp"]["total_us"] + 1e-9:
+        guard.update(applied=True, node_link_raw_us=lat["node_link"],
+                     reason=f"Node+Link {lat['node_link']['total_us']:.3f} µs > TP "
+                            f"{lat['tp']['total_us']:.3f} µs under the static evaluator: TP kept")
+        P_final, pi_final = np.full_like(P, 1.0 / D), identity_mapping(1, D)[0]
+        lat["node_link"] = dict(lat["tp"])
+    timings["evaluation_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - t_layer
+    timings["cpu_s"] = time.process_time() - cpu_layer     # wall time without contention
+    best_baseline = min(lat[m]["total_us"] for m in ("tp", "ep", "hybrid"))
+    record = {
+        "layer": layer, "config_hash": task.config_hash, "run_seed": config.seed,
+        "seed_spawn_key": list(ss.spawn_key), "num_groups": int(groups.shape[0]),
+        "gamma": gfit.to_dict(), "node_balance": nb.record, "link_balance": lb_record,
+        "link_balance_history_s": lb_history, "hybrid": hyb.record, "latency_us": lat,
+        "node_link_beats_baselines": bool(lat["node_link"]["total_us"] <= best_baseline + 1e-9),
+        "guard": guard,
+        "timings_s": timings,
+    }
+    arrays = {"P": P_final, "pi": pi_final, "P_nb": P, "pi_lb": pi, "pi0": pi0,
+              "P_hybrid": hyb.P_layer, "P_ep": task.ep_P}
+    return LayerOutcome(layer, arrays, record)

@@ -1,0 +1,92 @@
+"""The one process pool: spawn workers that exit with their parent.
+
+:func:`spawn_pool_map` runs calls in a ``spawn`` ``ProcessPoolExecutor`` and hands each result
+to a callback in completion order; an error or Ctrl-C cancels what has not started and stops
+the running workers. It runs the layers of ``baselines.pipeline.run_pipeline`` and the cells of
+``hdamoe reproduce``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["spawn_pool_map"]
+
+
+def spawn_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], workers: int,
+                   done: Callable[[Any], None]) -> None:
+    """Run ``fn(*args)`` for every ``args`` in ``calls`` in a spawn process pool.
+
+    ``done`` gets each result in completion order; on an error or interruption the calls not
+    started yet are cancelled, the running workers are terminated (within seconds) and the
+    exception propagates. Workers exit by themselves when the parent dies (``kill -9``)
+    (finished results were already handed to ``done``, so a resumable caller loses nothing).
+    One BLAS/OpenMP thread per worker (dependencies.md §4), inherited by the children.
+    """
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    ctx = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                                  initializer=_watch_parent,
+                                                  initargs=(os.getpid(),))
+    futures = [pool.submit(fn, *args) for args in calls]
+    try:
+        for fut in concurrent.futures.as_completed(futures):
+            done(fut.result())
+    except BaseException:
+        # Ctrl-C or an error: drop the calls not started and stop the running workers now
+        # (finished results were already handed to ``done``)
+        for fut in futures:
+            fut.cancel()
+        _terminate_workers(pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _terminate_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + 5.0
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Pool-worker initializer: exit as soon as the parent process is gone.
+
+    On Linux the kernel sends SIGKILL when the parent dies (``PR_SET_PDEATHSIG``); everywhere a
+    daemon thread polls ``os.getppid()`` as well, so a ``kill -9`` of the parent never leaves
+    workers blocked on their pipes.
+    """
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)      # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:                            # died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="hdamoe-parent-watch", daemon=True).start()
