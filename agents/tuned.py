@@ -10,7 +10,7 @@ than with the defaults:
 |---|---|---|
 | ``gating_level`` | multiples of the default (r_comp, r_comm) of §11.7, 0 = off | the agent's level (the env offers ``(0, level)``) |
 | ``protect_top`` | 0 … k | ``EnvConfig.gating_protect_top`` (never drop a token's m best experts) |
-| ``dispatch_rule`` | ``scheduling.DISPATCH_RULES`` | the agent's dispatch rule of broadcast experts |
+| ``dispatch_rule`` | ``dispatch.DISPATCH_RULES`` | the agent's dispatch rule of broadcast experts |
 | ``k_b`` | None (the budget rule of §10.3) or a forced slot count | ``EnvConfig.k_b`` |
 | ``min_imbalance`` | None (always gate) or a threshold | the gating agent gates only layers whose predicted max/mean node load exceeds it |
 | ``replica_rule`` | None, or ``least_loaded`` / ``nearest`` / ``round_robin`` | ``EnvConfig.replica_rule`` (placements with redundant experts, e.g. ``eplb``) |
@@ -85,7 +85,7 @@ DEFAULT_QUALITY_TARGET = 0.99
 DEFAULT_PENALTY = 100.0
 #: Search methods of :func:`tune`.
 SEARCH_METHODS: tuple[str, ...] = ("auto", "grid", "bo")
-#: Replica-dispatch rules of :attr:`TunedKnobs.replica_rule` (``scheduling.REPLICA_RULES``
+#: Replica-dispatch rules of :attr:`TunedKnobs.replica_rule` (``dispatch.REPLICA_RULES``
 #: without ``shares``, which needs per-copy fractions: the oracle's LP shares, below).
 REPLICA_RULES: tuple[str, ...] = ("least_loaded", "nearest", "round_robin")
 #: ``EnvConfig`` field the replica rule is passed as.
@@ -716,7 +716,7 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
     """Per-copy fractions of the replicated experts that minimise the busiest node's tokens.
 
     The hindsight split of one layer's redundant experts (the ``shares`` replica rule of
-    ``scheduling.dispatch_replicas``), from the layer's executed expert sets: a linear program
+    ``dispatch.dispatch_replicas``), from the layer's executed expert sets: a linear program
     over y_ej ≥ 0, the tokens of replicated expert e sent to copy j (copy 0 the primary group,
     its tokens counted on node c with weight P_ec; copy j ≥ 1 a whole replica node), with
     Σ_j y_ej = n_e, minimising T subject to, on every node c,
@@ -738,7 +738,7 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
         DependencyNotInstalled: scipy (the ``opt`` extra) is missing.
         ConfigError: Bad shapes.
     """
-    from hdamoe_env.decisions.scheduling import replica_inputs
+    from hdamoe_env.decisions.dispatch import replica_inputs
 
     sets, shares, reps = replica_inputs(token_sets, P, replicas, "balanced_replica_fractions")
     E, D = shares.shape

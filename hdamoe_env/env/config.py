@@ -25,7 +25,7 @@ from hdamoe_env.sim.evaluator import FIDELITIES
 from hdamoe_env.decisions.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.sim.placement import Placement
 from hdamoe_env.config.profiles import Conventions, get_profile
-from hdamoe_env.decisions.scheduling import DISPATCH_RULES, REPLICA_RULES
+from hdamoe_env.decisions.dispatch import DISPATCH_RULES, REPLICA_RULES
 from hdamoe_env.sim.sources import check_skew_applies, check_trace_skew, load_trace
 from hdamoe_env.config.specs import (HardwareSpec, ModelSpec, TopologySpec, get_model,
                                      hardware_from_setting)
@@ -75,7 +75,7 @@ class EnvConfig:
         predictor: ``"noisy_oracle"``, ``"oracle"``, ``"trace"`` or ``"frequency"``.
         max_broadcast: Pre-broadcast slots in the action.
         gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
-        dispatch_rules: Dispatch rules offered (subset of ``scheduling.DISPATCH_RULES``).
+        dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
         reward_scale: None (reward relative to TP) or seconds.
         render_mode: None or ``"ansi"``.
         hardware: Full ``HardwareSpec``.

@@ -3,9 +3,10 @@
 The env translates actions into simulator decisions and results into observations, reward and
 ``info`` (style.md R1, R10). The physics lives below it: routing and batching in ``traces``; the
 online decisions — gating, dispatch, pre-broadcast traffic, broadcast plans and the excess
-charge — in ``simulator.DecisionEvaluator`` (built on ``hdamoe_env.decisions.gating`` and
-``hdamoe_env.decisions.scheduling``); the per-layer latency in ``hdamoe_env.sim.evaluator.LayerEvaluator``;
-the DES in ``hdamoe_env.noc.des`` / ``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``.
+charge — in ``simulator.DecisionEvaluator`` (built on ``hdamoe_env.decisions.gating``,
+``hdamoe_env.decisions.dispatch`` and ``hdamoe_env.noc.broadcast``); the per-layer latency in
+``hdamoe_env.sim.evaluator.LayerEvaluator``; the DES in ``hdamoe_env.noc.des`` /
+``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``.
 Registered as ``hdamoe_env/HdMoE-v0``.
 """
 
@@ -25,7 +26,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.sim import calibrate
 from hdamoe_env.decisions import gating
-from hdamoe_env.decisions import scheduling
+from hdamoe_env.cost.broadcast import BroadcastPlan
+from hdamoe_env.decisions import dispatch, prediction
 from hdamoe_env.env.config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
 from hdamoe_env.config.errors import ConfigError, InvalidAction
 from hdamoe_env.sim.placement import Placement, placement_by_name, tensor_parallel
@@ -71,7 +73,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     pairs (§10.6). A gating level multiplies the default (r_comp, r_comm) of §11.7 (0 = plain
     top-k). A placement with redundant experts (``Placement.replicas``) adds the last
     dimension: the rule that sends each token of a replicated expert to one of its copies
-    (``scheduling.dispatch_replicas``; ``replica_rules``, index 0 = ``replica_rule``); without
+    (``dispatch.dispatch_replicas``; ``replica_rules``, index 0 = ``replica_rule``); without
     replicas the space is exactly the one above.
 
     Masks (``action_masks()``, repeated in ``info["action_mask"]``; the flat concatenation of the
@@ -109,7 +111,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     clipped to 1 and is 0 at layer 0. ``replicas`` is [E·D] row-major with
     ``flatten_replicas=True``. With redundant experts ``replicas`` is the fraction of expert i's
     weights held by node c (P_ic, or 1 on a replica node) and ``node_load`` splits a replicated
-    expert's predicted tokens evenly over its copies (``scheduling.replica_expected_shares``);
+    expert's predicted tokens evenly over its copies (``dispatch.replica_expected_shares``);
     without replicas both are as before.
 
     ## Rewards
@@ -174,7 +176,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 ``pred_ids``) or ``"frequency"`` (long-term f_i·B).
             max_broadcast: Pre-broadcast slots in the action (k_b is capped by it).
             gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
-            dispatch_rules: Dispatch rules offered (subset of ``scheduling.DISPATCH_RULES``).
+            dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
             reward_scale: None: reward = −latency / TP latency of the layer; a float s:
                 −latency / s (seconds).
             render_mode: None or ``"ansi"``.
@@ -303,7 +305,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         # --- predictor
         acc = config.accuracies()
         self._pred_acc = acc
-        self._sampler = scheduling.AliasSampler(np.maximum(self._freqs / self.top_k, 1e-12))
+        self._sampler = prediction.AliasSampler(np.maximum(self._freqs / self.top_k, 1e-12))
         self._layer_rows = np.repeat(np.arange(1, L), self.batch)
         self._row_acc = np.repeat(acc[1:], self.batch) if L > 1 else np.zeros(0)
 
@@ -427,7 +429,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     def set_replica_fractions(self, fractions: ArrayLike | None) -> None:
         """Route the next step's redundant-expert tokens by per-copy fractions (rule ``shares``).
 
-        For the next ``step`` only, the replica dispatch uses ``scheduling.dispatch_replicas``
+        For the next ``step`` only, the replica dispatch uses ``dispatch.dispatch_replicas``
         with ``rule="shares"`` and these fractions instead of the action's replica rule
         (``info["replica_rule"]`` = ``"shares"``). Column 0 is the primary copy, column 1 + c
         the replica on cluster c (ignored where there is none; renormalised over the expert's
@@ -449,7 +451,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               "(Placement.replicas), e.g. the 'eplb' placement")
         fr = np.asarray(fractions, dtype=np.float64)
         shape = (self.num_experts, 1 + self.num_nodes)
-        if fr.shape != shape or not scheduling.valid_fractions(fr):
+        if fr.shape != shape or not dispatch.valid_fractions(fr):
             raise ConfigError(f"replica fractions must be finite, >= 0 (or a whole row NaN: "
                               f"least-loaded), of shape {shape} [experts, primary + one column "
                               f"per cluster]; got shape {fr.shape}")
@@ -845,7 +847,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         if self.predictor == "noisy_oracle":
             pred = np.full((L, B, k), -1, dtype=np.int64)
             if L > 1:
-                flat = scheduling.noisy_oracle_sets(
+                flat = prediction.noisy_oracle_sets(
                     self._sets[1:].reshape(-1, k), self._row_acc, self._sampler, self.np_random,
                     layer_of_row=self._layer_rows)
                 pred[1:] = flat.reshape(L - 1, B, k)
@@ -942,7 +944,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         return (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
                 np.ascontiguousarray(trace.cand_scores[:, rows], dtype=np.float64))
 
-    def plan(self, layer: int | None = None) -> scheduling.BroadcastPlan | None:
+    def plan(self, layer: int | None = None) -> BroadcastPlan | None:
         """Return the pre-broadcast plan (budget, k_b, chunk, T_bc*) of a layer (None: layer 0)."""
         return self.plans[self._layer if layer is None else layer]
 

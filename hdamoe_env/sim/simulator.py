@@ -28,7 +28,10 @@ from hdamoe_env.cost import nonmoe
 from hdamoe_env.cost import broadcast as prebroadcast
 from hdamoe_env.noc import collectives
 from hdamoe_env.cost import perf
-from hdamoe_env.decisions import scheduling
+from hdamoe_env.decisions.dispatch import (REPLICA_RULES, DispatchResult, dispatch_broadcast,
+                                           replica_expected_shares)
+from hdamoe_env.noc.broadcast import BroadcastResult, simulate_broadcast
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.sim.evaluator import (
     FIDELITIES,
@@ -207,7 +210,7 @@ class MoESimulator:
 
         A placement with redundant experts (``Placement.replicas``) has the tokens of every
         replicated expert dispatched to one copy each by ``replica_rule``
-        (``scheduling.dispatch_replicas``), after any broadcast described by ``P_layer`` and the
+        (``dispatch.dispatch_replicas``), after any broadcast described by ``P_layer`` and the
         ``extra_*`` arguments.
 
         Args:
@@ -223,7 +226,7 @@ class MoESimulator:
             extra_compute_s: float [D] extra expert FLOP time per cluster (dispatch of replicas).
             extra_stream_s: float [D] extra weight-streaming time per cluster.
             extra_s: Other time charged to the layer.
-            replica_rule: ``scheduling.REPLICA_RULES`` entry (layers with replicas).
+            replica_rule: ``dispatch.REPLICA_RULES`` entry (layers with replicas).
             replica_fractions: float [E, 1 + D] per-copy fractions (``replica_rule="shares"``).
 
         Returns:
@@ -233,8 +236,8 @@ class MoESimulator:
             ConfigError: Bad sets, an unknown replica rule, or zeroed rows without their work.
         """
         token_sets = self._check_sets(token_sets, "token_sets", 2)
-        if replica_rule not in scheduling.REPLICA_RULES:
-            raise unknown_name("replica rule", replica_rule, scheduling.REPLICA_RULES)
+        if replica_rule not in REPLICA_RULES:
+            raise unknown_name("replica rule", replica_rule, REPLICA_RULES)
         if extra_compute_s is None and P_layer is not None:
             # Rows zeroed by a caller without compensating work would silently drop FLOPs.
             counts = np.bincount(token_sets.ravel(), minlength=self.model.num_experts)
@@ -328,16 +331,16 @@ class MoESimulator:
             rng: Generator for aggregator draws.
             fidelity: ``"des"`` or ``"analytic"``.
             gammas: γ per layer for the analytic twin.
-            replica_rule: Dispatch rule of redundant experts (``scheduling.REPLICA_RULES``
+            replica_rule: Dispatch rule of redundant experts (``dispatch.REPLICA_RULES``
                 without ``"shares"``, which needs per-step fractions); placements with
                 ``replicas`` only.
 
         Raises:
             ConfigError: Bad sets or an unknown replica rule.
         """
-        if replica_rule not in scheduling.REPLICA_RULES or replica_rule == "shares":
+        if replica_rule not in REPLICA_RULES or replica_rule == "shares":
             raise unknown_name("replica rule of a whole step", replica_rule,
-                               [r for r in scheduling.REPLICA_RULES if r != "shares"])
+                               [r for r in REPLICA_RULES if r != "shares"])
         step_sets = np.asarray(step_sets)
         if step_sets.shape[0] != self.model.num_moe_layers:
             raise ConfigError(f"step_sets has {step_sets.shape[0]} layers, model "
@@ -397,11 +400,11 @@ class DecidedLayer:
     result: LayerResult
     token_sets: NDArray[np.int64]
     gating: gating_mod.GatingResult | None
-    dispatch: scheduling.DispatchResult | None
-    broadcast: scheduling.BroadcastResult | None
+    dispatch: DispatchResult | None
+    broadcast: BroadcastResult | None
     link_busy_s: NDArray[np.float64] | None
     twin: LayerResult | None
-    replica: scheduling.DispatchResult | None = None
+    replica: DispatchResult | None = None
 
 
 class DecisionEvaluator:
@@ -437,9 +440,8 @@ class DecisionEvaluator:
         self.batch = int(batch)
         # [decision] where a policy needs expected shares (the broadcast budget's static expert
         # phase, the gating penalties), redundant experts count as an even split over their
-        # copies (``scheduling.replica_expected_shares``); exactly P without replicas
-        self.expected_shares = scheduling.replica_expected_shares(placement.P,
-                                                                  placement.replicas)
+        # copies (``dispatch.replica_expected_shares``); exactly P without replicas
+        self.expected_shares = replica_expected_shares(placement.P, placement.replicas)
         self.evaluator = sim.evaluator(placement, batch)
         self.w_flops = perf.expert_flops(model, conv)
         self.compute_flops = hw.compute_flops
@@ -453,21 +455,23 @@ class DecisionEvaluator:
         self.bc_depth = prebroadcast.broadcast_depth(conv, hw.num_nodes, sim.topology.diameter)
         # §10.3: the broadcast for layer l hides behind layer l - 1 (none for layer 0)
         cap = min(int(max_broadcast), model.num_experts)
-        self.plans: list[scheduling.BroadcastPlan | None] = [None]
+        self.plans: list[prebroadcast.BroadcastPlan | None] = [None]
         for layer in range(1, placement.num_layers):
             nm_prev = sim.nonmoe(self.batch, layer - 1)   # its all-reduce uses the links
             t_nm_prev = nm_prev.total_s - nm_prev.comm_s
             t_comp_prev = float(perf.t_comp_static(self.expected_shares[layer - 1],
                                                    freqs[layer - 1],
                                                    self.batch, model, hw, conv))
-            self.plans.append(scheduling.broadcast_plan(
+            self.plans.append(prebroadcast.broadcast_plan(
                 model, hw, conv, self.batch, sim.topology.diameter, float(t_nm_prev),
                 t_comp_prev, cap))
         self.budgets_s = [0.0] + [p.budget_s for p in self.plans[1:] if p is not None]
         self.bc_max_messages = int(bc_max_messages)
         self.gating_coefficients = gating_coefficients
         self.gating_options = dict(gating_options or {})
-        self._bc_cache: dict[tuple[int, tuple[int, ...]], scheduling.BroadcastResult] = {}
+        # one entry per (layer, broadcast set) met; the bound keeps a long episode's memory flat
+        self._bc_cache: BoundedCache[tuple[int, tuple[int, ...]], BroadcastResult] = \
+            BoundedCache(4096)
         self._trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
 
     def gate(self, layer: int, candidates: tuple[NDArray[Any], NDArray[Any]],
@@ -485,24 +489,23 @@ class DecisionEvaluator:
             self.compute_flops, level * r_comp, level * r_comm, **self.gating_options)
 
     def broadcast_traffic(self, layer: int, broadcast: Sequence[int]
-                          ) -> scheduling.BroadcastResult:
+                          ) -> BroadcastResult:
         """Return the simulated pre-broadcast of ``broadcast`` for ``layer`` (§10.8, cached)."""
         key = (layer, tuple(broadcast))
         hit = self._bc_cache.get(key)
         if hit is None:
             conv, hw = self.conv, self.sim.hw
-            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
-                                               conv.broadcast_alpha_s, hw.link_bw_Bps))
+            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload,
+                                                       self.bc_depth, conv.broadcast_alpha_s,
+                                                       hw.link_bw_Bps))
             if chunk <= 0:  # α = 0: c* -> 0; simulate a fine but finite pipeline [decision]
                 chunk = self.bc_payload / _ZERO_ALPHA_CHUNKS
-            hit = scheduling.simulate_broadcast(
+            hit = simulate_broadcast(
                 self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
                 chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
                 hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
                 max_messages=self.bc_max_messages, trees=self._trees)
-            if len(self._bc_cache) >= 4096:
-                self._bc_cache.clear()
-            self._bc_cache[key] = hit
+            self._bc_cache.put(key, hit)
         return hit
 
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *,
@@ -525,13 +528,13 @@ class DecisionEvaluator:
             token_sets: int64 [B, k] the router's sets (batch order), well-formed.
             rng: Generator of the aggregator draws.
             broadcast: Pre-broadcast experts, distinct, in broadcast order.
-            dispatch_rule: ``scheduling.DISPATCH_RULES`` entry.
+            dispatch_rule: ``dispatch.DISPATCH_RULES`` entry.
             gating_level: 0 = plain top-k; otherwise gate ``candidates`` at this level.
             candidates: Router candidates of the B rows (needed when ``gating_level > 0``).
             fidelity: ``"des"`` or ``"analytic"``.
             gamma: γ of the layer (analytic fidelity, and the twin).
             twin_rng: When given, also evaluate the other fidelity with this generator.
-            replica_rule: ``scheduling.REPLICA_RULES`` entry (layers with replicas).
+            replica_rule: ``dispatch.REPLICA_RULES`` entry (layers with replicas).
             replica_fractions: float [E, 1 + D] per-copy fractions (``"shares"``).
 
         Returns:
@@ -547,7 +550,7 @@ class DecisionEvaluator:
         P_layer = extra_holders = extra_compute = extra_stream = None
         extra_s = 0.0
         if broadcast:
-            dispatch = scheduling.dispatch_broadcast(
+            dispatch = dispatch_broadcast(
                 sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
                 ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
                 stream_s=self.stream_s, tile_time=self.replica_time)

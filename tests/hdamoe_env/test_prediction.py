@@ -1,0 +1,48 @@
+"""Next-layer prediction (paper-model.md §10.2, traces.md §7.6; ``hdamoe_env.decisions.prediction``):
+the noisy oracle and the alias sampler."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hdamoe_env.decisions.prediction import AliasSampler, noisy_oracle_sets
+
+
+# ------------------------------------------------------------------------------ §10.2 prediction
+def test_noisy_oracle_semantics():
+    rng = np.random.default_rng(1)
+    E, B, k = 16, 256, 4
+    p = np.arange(1, E + 1, dtype=float) ** -1.0
+    actual = np.stack([rng.choice(E, k, replace=False, p=p / p.sum()) for _ in range(B)])
+    sampler = AliasSampler(p)
+    overlaps = []
+    for _ in range(20):
+        pred = noisy_oracle_sets(actual, 0.7, sampler, rng)
+        assert all(len(set(r)) == k for r in pred.tolist())
+        kept = (pred[:, :, None] == actual[:, None, :]).any(axis=2)
+        same_slot = pred == actual
+        assert (kept == same_slot).all()               # replacements never come from the set
+        overlaps.append(kept.mean())
+    assert np.mean(overlaps) == pytest.approx(0.7, abs=0.015)
+    np.testing.assert_array_equal(noisy_oracle_sets(actual, 1.0, sampler, rng), actual)
+
+
+def test_noisy_oracle_per_layer_rows():
+    rng = np.random.default_rng(2)
+    E, B, k = 8, 200, 2
+    shares = np.array([np.r_[np.ones(4), np.full(4, 1e-12)], np.r_[np.full(4, 1e-12), np.ones(4)]])
+    actual = np.tile([[0, 1]], (2 * B, 1))
+    actual[B:] = [4, 5]
+    layers = np.repeat([0, 1], B)
+    pred = noisy_oracle_sets(actual, 0.0, AliasSampler(shares), rng, layer_of_row=layers)
+    assert np.isin(pred[:B], [2, 3]).all()             # layer 0 draws ∝ its own popularity
+    assert np.isin(pred[B:], [6, 7]).all()
+
+
+def test_alias_sampler_distribution():
+    p = np.array([0.5, 0.25, 0.125, 0.125, 0.0])
+    draws = AliasSampler(p).sample(np.zeros(100_000, dtype=np.int64), 1,
+                                   np.random.default_rng(0)).ravel()
+    freq = np.bincount(draws, minlength=5) / draws.size
+    np.testing.assert_allclose(freq, p, atol=0.005)
