@@ -1,20 +1,29 @@
 """Next-layer expert prediction: which experts the tokens of the next layer will need.
 
 Implements paper-model.md §10.2 with the noisy-oracle semantics of traces.md §7.6: exact
-O(1) sampling of experts by popularity (``AliasSampler``) and a fast, exact, vectorised noisy
-oracle (``noisy_oracle_sets``). The predicted per-expert counts feed the pre-broadcast
-selection (``hdamoe_env.decisions.broadcast``) and the env's observation. Pure numpy; every
-random draw comes from the ``rng`` argument (style.md R7).
+O(1) sampling of experts by popularity (``AliasSampler``), a fast, exact, vectorised noisy
+oracle (``noisy_oracle_sets``) and the predictors a run chooses from (``PREDICTORS``,
+``StepPredictor``: every layer of a decode step, each prediction made at the previous layer).
+The predicted per-expert counts feed the pre-broadcast selection
+(``hdamoe_env.decisions.broadcast``) and the env's observation. Pure numpy; every random draw
+comes from the ``rng`` argument (style.md R7).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError, unknown_name
 
-__all__ = ["AliasSampler", "noisy_oracle_sets"]
+__all__ = ["PREDICTORS", "AliasSampler", "StepPrediction", "StepPredictor", "noisy_oracle_sets"]
+
+#: Next-layer predictors (§10.2): ``noisy_oracle`` (the actual sets kept with an accuracy per
+#: layer, traces.md §7.6), ``oracle`` (the actual sets), ``trace`` (sets recorded in the trace,
+#: ``pred_ids``) and ``frequency`` (no sets: the long-term counts f_i·B).
+PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
 
 
 class AliasSampler:
@@ -141,3 +150,94 @@ def noisy_oracle_sets(actual: NDArray[np.int64], acc: float | NDArray[np.float64
         allowed = np.setdiff1d(np.arange(num_experts), np.concatenate([actual[t], pred[t]]))
         pred[t, int(cols[slot])] = int(rng.choice(allowed))
     return pred
+
+
+@dataclass(frozen=True, eq=False)
+class StepPrediction:
+    """The predictions of one decode step, every layer predicted at the layer before it.
+
+    Attributes:
+        sets: int64 [L, B, k] predicted expert sets (−1 at layer 0, which has no prediction),
+            or None for the ``frequency`` predictor (counts only).
+        counts: float64 [L, E] predicted tokens per expert n̂_i (0 at layer 0).
+    """
+
+    sets: NDArray[np.int64] | None
+    counts: NDArray[np.float64]
+
+
+class StepPredictor:
+    """Predict the expert sets and counts of every layer of a decode step (§10.2).
+
+    Args:
+        predictor: One of ``PREDICTORS``.
+        freqs: float [L, E] long-term activation frequencies f_i of every layer (the
+            popularity the noisy oracle draws replacements from, ∝ f_i / k, and the
+            ``frequency`` predictor's counts f_i·B).
+        top_k: k.
+        batch: Tokens per decode step B.
+        accuracies: float [L] noisy-oracle accuracy per layer (entry 0 unused).
+        recorded: int [L, T, k] predicted sets recorded in the trace (``pred_ids``; the
+            ``trace`` predictor only).
+
+    Raises:
+        ConfigError: Unknown predictor, or ``"trace"`` without recorded predictions.
+    """
+
+    def __init__(self, predictor: str, freqs: ArrayLike, top_k: int, batch: int,
+                 accuracies: ArrayLike, recorded: NDArray[np.integer] | None = None) -> None:
+        if predictor not in PREDICTORS:
+            raise unknown_name("predictor", predictor, PREDICTORS)
+        if predictor == "trace" and recorded is None:
+            raise ConfigError("predictor='trace' needs a trace with recorded pred_ids; use "
+                              "predictor='noisy_oracle' or a trace with predictions")
+        self.predictor = predictor
+        self.freqs = np.asarray(freqs, dtype=np.float64)
+        self.num_layers, self.num_experts = self.freqs.shape
+        self.top_k, self.batch = int(top_k), int(batch)
+        self.recorded = recorded
+        acc = np.asarray(accuracies, dtype=np.float64)
+        L = self.num_layers
+        self.sampler = AliasSampler(np.maximum(self.freqs / self.top_k, 1e-12))
+        self.layer_rows = np.repeat(np.arange(1, L), self.batch)
+        self.row_acc = np.repeat(acc[1:], self.batch) if L > 1 else np.zeros(0)
+
+    def predict(self, sets: NDArray[np.int64], rows: NDArray[np.int64],
+                rng: np.random.Generator) -> StepPrediction:
+        """Predict layers 1..L−1 of one decode step (layer 0 has no prediction).
+
+        Args:
+            sets: int64 [L, B, k] the step's actual expert sets.
+            rows: int [B] the step's trace rows (the ``trace`` predictor reads them).
+            rng: Generator of the noisy oracle's draws (one ``noisy_oracle_sets`` call covering
+                every predicted layer; the other predictors draw nothing).
+
+        Returns:
+            The predicted sets and per-expert counts.
+        """
+        L, B, k, E = self.num_layers, self.batch, self.top_k, self.num_experts
+        pred: NDArray[np.int64] | None
+        if self.predictor == "noisy_oracle":
+            pred = np.full((L, B, k), -1, dtype=np.int64)
+            if L > 1:
+                flat = noisy_oracle_sets(sets[1:].reshape(-1, k), self.row_acc, self.sampler,
+                                         rng, layer_of_row=self.layer_rows)
+                pred[1:] = flat.reshape(L - 1, B, k)
+        elif self.predictor == "oracle":
+            pred = sets.copy()
+            pred[0] = -1
+        elif self.predictor == "trace":
+            assert self.recorded is not None
+            pred = self.recorded[:, rows].astype(np.int64)
+            pred[0] = -1
+        else:
+            pred = None
+        if pred is None:                                     # frequency: long-term f_i·B
+            counts = self.freqs * B
+            counts[0] = 0.0
+        else:
+            valid = pred >= 0
+            keys = np.where(valid, pred + (np.arange(L) * E)[:, None, None], L * E)
+            counts = np.bincount(keys.ravel(), minlength=L * E + 1)[:L * E].reshape(
+                L, E).astype(np.float64)
+        return StepPrediction(pred, counts)

@@ -26,6 +26,7 @@ from hdamoe_env.decisions.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.sim.placement import Placement
 from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.decisions.dispatch import DISPATCH_RULES, REPLICA_RULES
+from hdamoe_env.decisions.prediction import PREDICTORS
 from hdamoe_env.sim.sources import check_skew_applies, check_trace_skew, load_trace
 from hdamoe_env.config.specs import (HardwareSpec, ModelSpec, TopologySpec, get_model,
                                      hardware_from_setting)
@@ -34,7 +35,6 @@ from traces import RoutingTrace, batching, synthetic
 __all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES",
            "EnvConfig"]
 
-PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
 INVALID_ACTION_MODES = ("raise", "coerce")
 DUPLICATE_MODES = ("raise", "ignore")
 RENDER_MODES = ("ansi",)

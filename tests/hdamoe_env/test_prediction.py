@@ -46,3 +46,41 @@ def test_alias_sampler_distribution():
                                    np.random.default_rng(0)).ravel()
     freq = np.bincount(draws, minlength=5) / draws.size
     np.testing.assert_allclose(freq, p, atol=0.005)
+
+
+# ------------------------------------------------------------------------------ the step predictors
+def test_step_predictor_oracle_frequency_and_noisy_oracle():
+    from hdamoe_env.config.errors import ConfigError
+    from hdamoe_env.decisions.prediction import PREDICTORS, StepPredictor
+
+    rng = np.random.default_rng(7)
+    L, B, k, E = 3, 8, 2, 6
+    freqs = rng.dirichlet(np.ones(E), size=L) * k
+    sets = np.stack([np.stack([rng.permutation(E)[:k] for _ in range(B)]) for _ in range(L)])
+    acc = np.array([np.nan, 0.5, 0.8])
+    oracle = StepPredictor("oracle", freqs, k, B, acc).predict(sets, np.arange(B), rng)
+    assert (oracle.sets[0] == -1).all() and (oracle.sets[1:] == sets[1:]).all()
+    np.testing.assert_array_equal(oracle.counts[0], 0.0)
+    for layer in (1, 2):
+        np.testing.assert_array_equal(oracle.counts[layer],
+                                      np.bincount(sets[layer].ravel(), minlength=E))
+    freq = StepPredictor("frequency", freqs, k, B, acc).predict(sets, np.arange(B), rng)
+    assert freq.sets is None
+    np.testing.assert_array_equal(freq.counts[1:], freqs[1:] * B)
+    np.testing.assert_array_equal(freq.counts[0], 0.0)
+    # the noisy oracle is one noisy_oracle_sets call over layers 1..L-1 on the caller's rng
+    noisy = StepPredictor("noisy_oracle", freqs, k, B, acc)
+    got = noisy.predict(sets, np.arange(B), np.random.default_rng(3))
+    want = noisy_oracle_sets(sets[1:].reshape(-1, k), np.repeat(acc[1:], B),
+                             AliasSampler(np.maximum(freqs / k, 1e-12)), np.random.default_rng(3),
+                             layer_of_row=np.repeat(np.arange(1, L), B))
+    np.testing.assert_array_equal(got.sets[1:].reshape(-1, k), want)
+    assert set(PREDICTORS) == {"noisy_oracle", "oracle", "trace", "frequency"}
+    with pytest.raises(ConfigError, match="pred_ids"):
+        StepPredictor("trace", freqs, k, B, acc)
+    with pytest.raises(ConfigError, match="predictor"):
+        StepPredictor("psychic", freqs, k, B, acc)
+    recorded = np.full((L, 20, k), 1)
+    trace = StepPredictor("trace", freqs, k, B, acc, recorded=recorded).predict(
+        sets, np.arange(B), rng)
+    assert (trace.sets[0] == -1).all() and (trace.sets[1:] == 1).all()
