@@ -33,6 +33,9 @@ than with the defaults:
 Layer: ``agents`` (needs the env and the composite agents; nothing of ``hdamoe_env.app``).
 ``hdamoe tune`` (``hdamoe_env.app.tune``) is the command; ``hdamoe bench --methods
 tuned:PATH/tuned.json`` runs the result as a method.
+
+This module is longer than 700 lines because the knob grid, the search with its journal and
+the hindsight oracle share one episode evaluator and are documented together (the table above).
 """
 
 from __future__ import annotations

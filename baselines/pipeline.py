@@ -45,6 +45,9 @@ Artifacts in the output directory (every file written atomically: temporary file
 continue a directory written with another configuration. Layers run in parallel with
 ``workers`` processes (``concurrent.futures.ProcessPoolExecutor``) or, with ``backend="ray"``,
 as Ray tasks.
+
+This module is longer than 700 lines because the per-layer pipeline, its artifacts, resume and
+worker pool are one unit whose determinism and file layout are documented here together.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from numpy.typing import NDArray
 
 from baselines.link_balance import LB_METHODS, LB_OBJECTIVES, MappingObjective, link_balance
 from baselines.node_balance.milp import NB_MODES, node_balance
-from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
+from baselines.static import layer_placement, evaluate_hybrid, hybrid_layer
 from hdamoe_env.noc import linksim
 from hdamoe_env.cost import perf
 from hdamoe_env.sim import sources
@@ -345,7 +348,7 @@ def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: ND
         ``compute_us`` (t_comp), ``comm_us`` (t_comm_moe), ``total_us`` (their sum, the MoE
         latency), ``nm_us`` (t_nm), ``dispatch_us``, ``combine_us`` and ``mode``.
     """
-    placement = _layer_placement(P_layer, pi_layer, layer, "eval")
+    placement = layer_placement(P_layer, pi_layer, layer, "eval")
     res = sim.layer_static(placement, layer, freqs, groups, group_freqs, batch, rng=rng, agg=agg)
     return {"compute_us": res.t_comp_s * 1e6, "comm_us": res.t_comm_moe_s * 1e6,
             "total_us": (res.t_comp_s + res.t_comm_moe_s) * 1e6, "nm_us": res.t_nm_s * 1e6,
@@ -375,7 +378,7 @@ def place_layer(task: _LayerTask) -> LayerOutcome:
 
     pi0 = np.random.default_rng(s_pi0).permutation(D).astype(np.int64)
     t0 = time.perf_counter()
-    ep_placement = _layer_placement(task.ep_P, pi0, layer, "ep")
+    ep_placement = layer_placement(task.ep_P, pi0, layer, "ep")
     gfit = fit_gamma(sim, ep_placement, layer, task.rows, batch, np.random.default_rng(s_gamma))
     gamma = max(float(gfit.gamma), 0.0)
     timings["gamma_s"] = time.perf_counter() - t0

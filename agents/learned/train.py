@@ -37,6 +37,9 @@ Decisions:
   dimensions get one more value, 0 = "the least-loaded rule" (``rule_value=True``), and its logit
   is biased like the residual "keep" values, so the untrained policy is HDA-MoE with the env's
   default replica dispatch; in full / ranked mode the values are the K + 1 shares, unbiased.
+
+This module is longer than 700 lines because the hyperparameter files, the env factory and
+the training loop carry their [decision]s together, as listed above.
 """
 
 from __future__ import annotations
@@ -61,10 +64,10 @@ from agents.learned.policy import (
     MODEL_FILE,
     VECNORM_FILE,
     ObsNormalizer,
-    _algo_class,
-    _algo_key,
-    _seed_everything,
-    _set_threads,
+    algo_class,
+    algo_key,
+    seed_everything,
+    set_threads,
     checkpoint_path,
     file_sha256,
     latest_checkpoint,
@@ -286,7 +289,7 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
             the allowed ones), a value of the wrong type.
         DependencyNotInstalled: PyYAML missing.
     """
-    key = _algo_key(algo)
+    key = algo_key(algo)
     try:
         import yaml
     except ImportError as exc:
@@ -764,9 +767,9 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             experts.
         DependencyNotInstalled: torch / stable-baselines3 / sb3-contrib missing.
     """
-    key = _algo_key(algo)
-    cls = _algo_class(key)
-    _set_threads(threads)
+    key = algo_key(algo)
+    cls = algo_class(key)
+    set_threads(threads)
     from stable_baselines3.common.vec_env import VecNormalize
 
     out = Path(out_dir)
@@ -793,7 +796,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                "replica_shares": replica_shares}
     ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
             if resume else None)
-    _seed_everything(seed)
+    seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates,
                         quality=quality, replica_shares=replica_shares)

@@ -5,6 +5,9 @@ Subcommands: ``simulate`` (per-layer latency and TBT of TP/EP or a saved placeme
 ``traces train-tiny|record|fidelity`` (real routing, ``hdamoe_env.app.record``), and, when their extras
 are installed, the offline placement commands. Heavy dependencies are imported inside the
 subcommand that needs them.
+
+This module is longer than 700 lines because it holds every argparse parser of the ``hdamoe``
+commands with their help texts (one place for the whole command line, style.md §1).
 """
 
 from __future__ import annotations
@@ -566,7 +569,7 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", default=None, choices=("highs", "cbc"),
                    help="MILP solver (default: HiGHS when highspy is installed, else CBC)")
     p.add_argument("--bo-calls", type=positive_int, default=70, help="Link-Balance evaluation budget")
-    p.add_argument("--lb-method", default="bo", choices=sorted(place._LB_CHOICES),
+    p.add_argument("--lb-method", default="bo", choices=sorted(place.LB_CHOICES),
                    help="Link Balance search method")
     p.add_argument("--lb-objective", default="des", choices=("des", "mst"),
                    help="Link Balance objective: des (simulated) or mst (proxy)")

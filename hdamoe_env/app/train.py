@@ -17,6 +17,9 @@ Decisions:
   episode seeds, and the table says so.
 * [decision] Every compared method runs on the same placement and the same env arguments as
   the learned agent was trained with (bench's identical episodes).
+
+This module is longer than 700 lines because the two commands it serves (``train`` and
+``evaluate``) share the placement resolution, the held-out evaluation, its table and the plots.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def resolve_placement(env_kwargs: dict[str, Any]) -> Placement | None:
     # [decision] the one place this command resolves a placement name: swap for the single
     # name -> Placement resolver (style.md §1, baselines/store.py) when it exists
     config = _bench_config(env_kwargs, fidelity="des", steps=1)
-    trace, _ = bench._load_trace(config)
+    trace, _ = bench.load_bench_trace(config)
     placement, _ = bench.placement_store(config, trace, progress=False).get(name)
     return placement
 

@@ -19,8 +19,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.cost.nonmoe import _generic_terms
-from hdamoe_env.cost.perf import FloatOrArray, _batch, _out, _positive, expert_bytes
+from hdamoe_env.cost.nonmoe import generic_terms
+from hdamoe_env.cost.perf import expert_bytes
+from hdamoe_env.cost.units import FloatOrArray, as_output, check_batch, check_positive
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
@@ -62,9 +63,9 @@ def broadcast_time_chunked(
         Seconds, broadcast shape of ``c`` and ``m``.
     """
     chunk = np.asarray(c, dtype=np.float64)
-    beta = 1.0 / _positive("bw", bw)
+    beta = 1.0 / check_positive("bw", bw)
     count = np.asarray(m, dtype=np.float64)
-    return _out(alpha * (H + S / chunk) + beta * count * (S + chunk * H))
+    return as_output(alpha * (H + S / chunk) + beta * count * (S + chunk * H))
 
 
 def broadcast_chunk(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -> FloatOrArray:
@@ -80,9 +81,9 @@ def broadcast_chunk(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -
     Returns:
         Bytes, shape of ``m``.
     """
-    beta = 1.0 / _positive("bw", bw)
+    beta = 1.0 / check_positive("bw", bw)
     count = np.asarray(m, dtype=np.float64)
-    return _out(np.sqrt(alpha * S / (beta * count * H)))
+    return as_output(np.sqrt(alpha * S / (beta * count * H)))
 
 
 def broadcast_time(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -> FloatOrArray:
@@ -100,10 +101,10 @@ def broadcast_time(m: ArrayLike, S: float, H: float, alpha: float, bw: float) ->
     Returns:
         Seconds, shape of ``m``.
     """
-    beta = 1.0 / _positive("bw", bw)
+    beta = 1.0 / check_positive("bw", bw)
     count = np.asarray(m, dtype=np.float64)
     time = alpha * H + beta * count * S + 2.0 * np.sqrt(alpha * beta * count * S * H)
-    return _out(np.where(count > 0, time, 0.0))
+    return as_output(np.where(count > 0, time, 0.0))
 
 
 def broadcast_payload(model: ModelSpec, conv: Conventions) -> float:
@@ -176,12 +177,12 @@ def hd_budget(
     Returns:
         Seconds, shape of ``B``.
     """
-    batch = _batch(B)
-    flops, nbytes = _generic_terms(model, batch, float(ctx_len))
+    batch = check_batch(B)
+    flops, nbytes = generic_terms(model, batch, float(ctx_len))
     h, inter = model.hidden_size, model.expert_intermediate
     flops = flops + 2 * model.top_k * batch * inter * h  # the MoE FFN of the layer (2·h·I)
     nodes = hw.num_nodes
-    return _out(flops / (nodes * hw.compute_flops) + nbytes / (nodes * hw.mem_bw_Bps))
+    return as_output(flops / (nodes * hw.compute_flops) + nbytes / (nodes * hw.mem_bw_Bps))
 
 
 def broadcast_budget(
@@ -219,7 +220,7 @@ def broadcast_budget(
             "bc_budget='layer' needs the layer's t_nm_s and t_comp_s (static "
             "evaluator at the current B); pass both, or use bc_budget='hd'"
         )
-    return _out(np.asarray(t_nm_s, np.float64) + np.asarray(t_comp_s, np.float64))
+    return as_output(np.asarray(t_nm_s, np.float64) + np.asarray(t_comp_s, np.float64))
 
 
 def num_broadcast(

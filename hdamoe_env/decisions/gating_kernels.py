@@ -1,4 +1,4 @@
-"""Compiled kernels of hardware-aware gating (paper-model.md §11.2–11.5): the row loop and its helpers.
+"""Compiled kernels of hardware-aware gating (paper-model.md §11.2–11.5): the row loop and more.
 
 The sequential greedy of §11.2 processes the B rows of a decode step in batch order (row t's
 penalties depend on the choices of rows < t), so it is a loop; these numba kernels run it

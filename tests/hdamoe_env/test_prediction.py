@@ -1,5 +1,5 @@
-"""Next-layer prediction (paper-model.md §10.2, traces.md §7.6; ``hdamoe_env.decisions.prediction``):
-the noisy oracle and the alias sampler."""
+"""Next-layer prediction (paper-model.md §10.2, traces.md §7.6;
+``hdamoe_env.decisions.prediction``): the noisy oracle, the alias sampler, the step predictors."""
 
 from __future__ import annotations
 
