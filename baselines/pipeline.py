@@ -76,6 +76,7 @@ from hdamoe_env.noc import linksim
 from hdamoe_env.cost import perf
 from hdamoe_env.sim import sources
 from hdamoe_env.sim.calibrate import fit_gamma
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, check_output_dir, write_json
 from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, share_unit
@@ -325,7 +326,10 @@ class LayerOutcome:
     record: dict[str, Any]
 
 
-_SIM_CACHE: dict[str, MoESimulator] = {}
+#: Simulators by placement configuration (JSON). A pipeline run uses one, a reproduce grid a few
+#: dozen, the test suite fewer than that; 64 never evicts those working sets.
+_SIM_CACHE: BoundedCache[str, MoESimulator] = BoundedCache(
+    64, name="baselines.pipeline.simulators")
 
 
 def _simulator(config: PlaceConfig) -> MoESimulator:
@@ -334,7 +338,7 @@ def _simulator(config: PlaceConfig) -> MoESimulator:
     if sim is None:
         sim = MoESimulator(config.model_spec, config.hardware, TopologySpec(kind=config.topology),
                            config.conv)
-        _SIM_CACHE[key] = sim
+        _SIM_CACHE.put(key, sim)
     return sim
 
 

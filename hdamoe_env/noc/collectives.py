@@ -32,6 +32,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.noc.des import des_kernel
 from hdamoe_env.noc.messages import check_scalar, prepare_messages
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.topology import Topology
 
@@ -39,7 +40,6 @@ __all__ = ["ALGORITHMS", "AllReduce", "allreduce_time", "best_allreduce", "defau
            "ring_allreduce_des"]
 
 ALGORITHMS = ("ring", "biring", "ring2d")
-_CACHE_TOPOLOGIES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +203,11 @@ def _schedule(topology: Topology, algorithm: str, size: float
                       f"{list(ALGORITHMS)}")
 
 
-_cache: dict[int, tuple[Topology, dict[tuple[str, float, float, float], float]]] = {}
+#: All-reduce times by (topology id, algorithm, bytes, α, hop latency); a value keeps its topology
+#: (checked by identity, so a reused id can never hit). A run needs a few per batch size and
+#: topology, the test suite a few hundred, so 4096 never evicts that working set.
+_TIMES: BoundedCache[tuple[int, str, float, float, float], tuple[Topology, float]] = BoundedCache(
+    4096, name="hdamoe_env.noc.collectives.allreduce_time")
 
 
 def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring", *,
@@ -229,21 +233,16 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
                           f"{list(ALGORITHMS)}")
-    entry = _cache.get(id(topology))
+    key = (id(topology), algorithm, size, alpha, hop)
+    entry = _TIMES.get(key)
     if entry is None or entry[0] is not topology:
-        if len(_cache) >= _CACHE_TOPOLOGIES:
-            _cache.clear()
-        entry = _cache[id(topology)] = (topology, {})
-    key = (algorithm, size, alpha, hop)
-    hit = entry[1].get(key)
-    if hit is None:
         if topology.num_endpoints <= 1 or size == 0:
             hit = 0.0
         else:
             hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop)
                             for count, src, dst, part in _schedule(topology, algorithm, size))
-        entry[1][key] = hit
-    return hit
+        entry = _TIMES.put(key, (topology, hit))
+    return entry[1]
 
 
 def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.0,

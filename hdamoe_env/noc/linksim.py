@@ -23,6 +23,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.noc.des import count_trailing_zeros, des_core
 from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.noc.topology import Topology
 
@@ -482,7 +483,9 @@ def _fast_layer_inputs(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask:
     return ts, size, hm, ag, p, np.zeros((ts.shape[0], 0), dtype=np.int64)
 
 
-_PHASE_CODES: dict[tuple[str, ...], NDArray[np.int64]] = {}  # validated phase tuple -> codes
+#: Kernel codes by validated phase tuple (at most a handful exist; 16 never evicts).
+_PHASE_CODES: BoundedCache[tuple[str, ...], NDArray[np.int64]] = BoundedCache(
+    16, name="hdamoe_env.noc.linksim.phase_codes")
 
 
 def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
@@ -496,7 +499,7 @@ def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
             raise ConfigError(f"phases must not repeat, got {list(phase_names)}")
         codes = np.array([PHASES.index(x) for x in phase_names], dtype=np.int64)
         codes.setflags(write=False)
-        _PHASE_CODES[phase_names] = codes
+        _PHASE_CODES.put(phase_names, codes)
     return codes
 
 
