@@ -80,8 +80,8 @@ class DispatchResult:
 
 
 #: Holder clusters per expert, by placement bytes and shape. One entry per distinct layer
-#: placement (and per broadcast-zeroed variant the ``nearest`` rule sees): a bench run or the
-#: test suite touches a few hundred, so 1024 never evicts their working set.
+#: placement (and per broadcast-zeroed variant the ``nearest`` rule sees): a bench run needs at
+#: most one per layer and method, the whole test suite 21 (measured), so 1024 never evicts.
 _HOLDER_LISTS: BoundedCache[bytes, list[list[int]]] = BoundedCache(
     1024, name="hdamoe_env.decisions.dispatch.holder_lists")
 

@@ -38,8 +38,8 @@ __all__ = ["GammaFit", "fit_gamma", "fit_gammas", "gamma_batch_sizes", "twin_gam
 logger = logging.getLogger(__name__)
 
 #: γ per layer by the digest of everything ``twin_gammas`` reads. One entry per analytic
-#: configuration (placement, trace, batch, seed) of the process: a bench run or the test suite
-#: fits a few dozen, so 256 never evicts their working set (a value is L floats).
+#: configuration (placement, trace, batch, seed) of the process: a bench run fits one per
+#: method, the whole test suite 11 (measured), so 256 never evicts (a value is L floats).
 _GAMMA_CACHE: BoundedCache[str, NDArray[np.float64]] = BoundedCache(
     256, name="hdamoe_env.sim.calibrate.twin_gammas")
 
