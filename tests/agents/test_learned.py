@@ -185,7 +185,7 @@ def test_threads_honoured_in_fresh_process(tmp_path):
     code = (
         "import torch\n"
         "torch.set_num_threads(2)\n"
-        "from agents import learned_train\n"
+        "from agents.learned import train as learned_train\n"
         "from hdamoe_env.config.specs import ModelSpec\n"
         "m = ModelSpec(key='tiny', name='tiny', num_moe_layers=2, num_experts=4, top_k=2, "
         "hidden_size=64, expert_intermediate=128, attn_weight_elements=4*64*64, "
