@@ -327,7 +327,7 @@ class LayerOutcome:
 
 
 #: Simulators by placement configuration (JSON). A pipeline run uses one, a reproduce grid a few
-#: dozen, the whole test suite 11 (measured); 64 never evicts those working sets.
+#: dozen, the whole test suite 10 (measured); 64 never evicts those working sets.
 _SIM_CACHE: BoundedCache[str, MoESimulator] = BoundedCache(
     64, name="baselines.pipeline.simulators")
 

@@ -81,7 +81,7 @@ class DispatchResult:
 
 #: Holder clusters per expert, by placement bytes and shape. One entry per distinct layer
 #: placement (and per broadcast-zeroed variant the ``nearest`` rule sees): a bench run needs at
-#: most one per layer and method, the whole test suite 21 (measured), so 1024 never evicts.
+#: most one per layer and method, the whole test suite 18 (measured), so 1024 never evicts.
 _HOLDER_LISTS: BoundedCache[bytes, list[list[int]]] = BoundedCache(
     1024, name="hdamoe_env.decisions.dispatch.holder_lists")
 

@@ -452,7 +452,7 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
 _PreparedArrays = tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64],
                         NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
 #: Holder tables by (placement bytes, w). One entry per distinct layer placement gated: a bench
-#: run needs one per layer and method (a few hundred), the whole test suite 720 (measured), so
+#: run needs one per layer and method (a few hundred), the whole test suite 714 (measured), so
 #: 1024 never evicts either working set.
 _PREPARED_ARRAYS: BoundedCache[tuple[bytes, float], _PreparedArrays] = BoundedCache(
     1024, name="hdamoe_env.decisions.gating.prepared_arrays")

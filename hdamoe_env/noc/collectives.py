@@ -205,7 +205,7 @@ def _schedule(topology: Topology, algorithm: str, size: float
 
 #: All-reduce times by (topology id, algorithm, bytes, α, hop latency); a value keeps its topology
 #: (checked by identity, so a reused id can never hit). A run needs a few per batch size and
-#: topology, the whole test suite 86 (measured), so 4096 never evicts either working set.
+#: topology, the whole test suite 71 (measured), so 4096 never evicts either working set.
 _TIMES: BoundedCache[tuple[int, str, float, float, float], tuple[Topology, float]] = BoundedCache(
     4096, name="hdamoe_env.noc.collectives.allreduce_time")
 

@@ -523,7 +523,7 @@ TOPOLOGIES: dict[str, Callable[[TopologySpec, HardwareSpec], Topology]] = {
 }
 
 
-#: Built topologies by (spec, hardware): a run uses one or a few, the whole test suite 33
+#: Built topologies by (spec, hardware): a run uses one or a few, the whole test suite 28
 #: (measured), so 64 never evicts either working set.
 _BUILT: BoundedCache[tuple[TopologySpec, HardwareSpec], Topology] = BoundedCache(
     64, name="hdamoe_env.noc.topology.make_topology")

@@ -41,7 +41,7 @@ GENERIC_GENERATOR: dict[str, float] = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150
                                        "kappa_block": 160.0}
 
 #: Synthetic traces by (model shape, generator arguments, skew). A bench run uses one or two,
-#: the whole test suite 25 (measured), so 32 never evicts either working set while bounding
+#: the whole test suite 29 (measured), so 32 never evicts either working set while bounding
 #: memory (a DeepSeek-sized trace of 8192 rows with scores is about 18 MB).
 _TRACE_CACHE: BoundedCache[tuple[Any, ...], RoutingTrace] = BoundedCache(
     32, name="hdamoe_env.sim.sources.synthetic_traces")
