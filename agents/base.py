@@ -188,7 +188,7 @@ class NoOpAgent(BaseAgent):
                  max_broadcast: int = 8,
                  dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES,
                  gating_levels: tuple[float, ...] = DEFAULT_GATING_LEVELS) -> None:
-        super().__init__(_num_experts(num_experts, model), max_broadcast=max_broadcast,
+        super().__init__(resolve_num_experts(num_experts, model), max_broadcast=max_broadcast,
                          dispatch_rules=dispatch_rules, gating_levels=gating_levels)
         self._action = self.layout.noop()
 
@@ -221,7 +221,7 @@ class RandomAgent(BaseAgent):
                  seed: int | None = 0, max_broadcast: int = 8,
                  dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES,
                  gating_levels: tuple[float, ...] = DEFAULT_GATING_LEVELS) -> None:
-        super().__init__(_num_experts(num_experts, model), max_broadcast=max_broadcast,
+        super().__init__(resolve_num_experts(num_experts, model), max_broadcast=max_broadcast,
                          dispatch_rules=dispatch_rules, gating_levels=gating_levels)
         self.rng = np.random.default_rng(seed)
 
@@ -266,7 +266,12 @@ class RandomAgent(BaseAgent):
         return action
 
 
-def _num_experts(num_experts: int | None, model: Any) -> int:
+def resolve_num_experts(num_experts: int | None, model: Any) -> int:
+    """Return E: ``num_experts`` if given, else the expert count of ``model`` (spec or preset id).
+
+    Raises:
+        ConfigError: Neither is given.
+    """
     if num_experts is not None:
         return int(num_experts)
     if model is None:

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.base import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent, _num_experts
+from agents.base import (DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent,
+                         resolve_num_experts)
 
 __all__ = ["LeastLoadedDispatchAgent"]
 
@@ -42,7 +43,7 @@ class LeastLoadedDispatchAgent(BaseAgent):
                  rule: str = "least_loaded", max_broadcast: int = 8,
                  dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES,
                  gating_levels: tuple[float, ...] = DEFAULT_GATING_LEVELS) -> None:
-        super().__init__(_num_experts(num_experts, model), max_broadcast=max_broadcast,
+        super().__init__(resolve_num_experts(num_experts, model), max_broadcast=max_broadcast,
                          dispatch_rules=dispatch_rules, gating_levels=gating_levels)
         self.rule = rule
         self.rule_index = self.layout.rule_index(rule)

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.base import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent, _num_experts
+from agents.base import (DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent,
+                         resolve_num_experts)
 from hdamoe_env.config.errors import ConfigError
 
 __all__ = ["HardwareAwareGatingAgent", "predicted_imbalance"]
@@ -66,7 +67,7 @@ class HardwareAwareGatingAgent(BaseAgent):
                  max_broadcast: int = 8,
                  dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_RULES,
                  gating_levels: tuple[float, ...] = DEFAULT_GATING_LEVELS) -> None:
-        super().__init__(_num_experts(num_experts, model), max_broadcast=max_broadcast,
+        super().__init__(resolve_num_experts(num_experts, model), max_broadcast=max_broadcast,
                          dispatch_rules=dispatch_rules, gating_levels=gating_levels)
         if level < 0 or (min_imbalance is not None and min_imbalance < 0):
             raise ConfigError(f"gating level and min_imbalance must be >= 0, got {level}, "

@@ -10,7 +10,7 @@ n̂_i (``obs["pred_load"]`` · B):
     L̂_c = Σ_i P_ic·n̂_i·w,  c* = argmax_c L̂_c,  prio_i = P_{i,c*}·n̂_i·w / C,  e* = argmax prio,
 
 zeroing P_{e*,:} after each pick so that the next round may find another congested node. The
-selection is ``hdamoe_env.decisions.scheduling.priority_broadcast`` (not re-implemented here), with
+selection is ``hdamoe_env.decisions.broadcast.priority_broadcast`` (not re-implemented here), with
 ``ref_bookkeeping`` (§10.9) and ``skip_zero_priority`` defaulting to the conventions' knobs. The
 broadcast experts' tokens are dispatched with the ``least_loaded`` rule (§10.6); gating is off.
 """
@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 from agents.base import DEFAULT_DISPATCH_RULES, DEFAULT_GATING_LEVELS, BaseAgent
 from hdamoe_env.cost import perf
 from hdamoe_env.config.profiles import Conventions, get_profile
-from hdamoe_env.decisions.scheduling import priority_broadcast
+from hdamoe_env.decisions.broadcast import priority_broadcast
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model
 from hdamoe_env.config.run import RUN_DEFAULTS
 

@@ -77,7 +77,7 @@ __all__ = [
 
 #: Slots per node as a multiple of E/D when no memory cap is given (module docstring).
 DEFAULT_REDUNDANCY = 1.5
-_EPS = 1e-9
+FLOOR_TOLERANCE = 1e-9
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,18 +118,19 @@ def eplb_slots(num_experts: int, num_nodes: int, *, rho_mem: float | None = None
     if rho_mem is not None:
         if not rho_mem > 0:
             raise ConfigError(f"rho_mem must be positive or None, got {rho_mem!r}")
-        caps.append((math.floor(rho_mem * num_experts / num_nodes + _EPS),
+        caps.append((math.floor(rho_mem * num_experts / num_nodes + FLOOR_TOLERANCE),
                      f"rho_mem={rho_mem} (rho_mem·E/D = {rho_mem * num_experts / num_nodes:.3f}"
                      f"; whole copies need rho_mem >= {need * num_nodes / num_experts:.4g})"))
     if model is not None and hw is not None and conv is not None and hw.node_dram_bytes:
         w_e = expert_weight_bytes(model, conv)
         free = hw.node_dram_bytes - reserved_bytes
-        caps.append((math.floor(free / (model.num_moe_layers * w_e) + _EPS),
+        caps.append((math.floor(free / (model.num_moe_layers * w_e) + FLOOR_TOLERANCE),
                      f"node_dram_gib={hw.node_dram_gib} (minus {reserved_bytes / 2**30:.2f} GiB "
                      f"reserved) over L={model.num_moe_layers} layers of "
                      f"{w_e / 2**20:.1f} MiB experts"))
     if not caps:
-        return max(need, math.floor(DEFAULT_REDUNDANCY * num_experts / num_nodes + _EPS))
+        return max(need, math.floor(DEFAULT_REDUNDANCY * num_experts / num_nodes
+                                    + FLOOR_TOLERANCE))
     slots, why = min(caps)
     if slots < need:
         raise InfeasibleError(f"EPLB places whole experts: E={num_experts} experts on "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from baselines.eplb import _EPS, EplbResult, eplb, eplb_placement, replicate
+from baselines.eplb import FLOOR_TOLERANCE, EplbResult, eplb, eplb_placement, replicate
 from hdamoe_env.noc.des import DesResult, simulate_messages
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.sim.placement import Placement, identity_mapping
@@ -227,7 +227,7 @@ def _incremental_layer(old: NDArray[np.bool_], f: NDArray[np.float64], S: int, m
                 if b < 0 and holds[:, lo].sum() >= S:
                     continue
                 peak = max(load[hi] - w[a] + wb, load[lo] + w[a] - wb)
-                if peak < best - _EPS:
+                if peak < best - FLOOR_TOLERANCE:
                     best, pair = peak, (int(a), int(b))
         if pair is None:
             break

@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from baselines.pipeline_config import PlaceConfig, load_trace, parse_layers
-from baselines.pipeline_layer import LayerOutcome, _LayerTask, _simulator, place_layer
+from baselines.pipeline_layer import LayerOutcome, LayerTask, layer_simulator, place_layer
 from baselines.pool import spawn_pool_map
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, check_output_dir, write_json
@@ -269,7 +269,7 @@ class PipelineResult:
 
 
 def _tasks(config: PlaceConfig, trace: Any, layers: Sequence[int], config_hash: str
-           ) -> list[_LayerTask]:
+           ) -> list[LayerTask]:
     model = config.model_spec
     D = config.hardware.num_nodes
     if trace.num_experts != model.num_experts or trace.top_k != model.top_k:
@@ -285,13 +285,13 @@ def _tasks(config: PlaceConfig, trace: Any, layers: Sequence[int], config_hash: 
     for layer in layers:
         f = trace.layer_frequencies(layer, rows)
         g, fg = trace.groups(layer, rows)
-        tasks.append(_LayerTask(config.to_dict(), config_hash, layer, f,
+        tasks.append(LayerTask(config.to_dict(), config_hash, layer, f,
                                 np.asarray(g, dtype=np.int64), fg,
                                 np.asarray(trace.topk_ids[layer, rows], dtype=np.int64), ep_P))
     return tasks
 
 
-def _run_tasks(tasks: list[_LayerTask], workers: int, backend: str,
+def _run_tasks(tasks: list[LayerTask], workers: int, backend: str,
                done: Callable[[LayerOutcome], None]) -> None:
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r}; expected one of {list(BACKENDS)}")
@@ -354,7 +354,7 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
         trace = load_trace(config)
     selected = parse_layers(layers, model.num_moe_layers)
     config_hash = config.config_hash(trace.trace_id)
-    sim = _simulator(config)
+    sim = layer_simulator(config)
     run_info = {"config": config.to_dict(), "config_hash": config_hash,
                 "trace_id": trace.trace_id, "trace": config.trace,
                 "conventions": sim.conv.to_dict(), "hardware": hw.to_dict(),

@@ -46,7 +46,8 @@ from numpy.typing import NDArray
 from baselines.link_balance import MappingObjective, link_balance
 from baselines.node_balance.milp import node_balance
 from baselines.pipeline_config import PlaceConfig
-from baselines.static import _layer_placement, evaluate_hybrid, hybrid_layer
+from baselines.static import evaluate_hybrid, hybrid_layer, layer_placement
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.noc import linksim
 from hdamoe_env.sim.calibrate import fit_gamma
 from hdamoe_env.sim.placement import identity_mapping, share_unit
@@ -56,7 +57,7 @@ __all__ = ["LayerOutcome", "evaluate_layer", "place_layer"]
 
 
 @dataclass(frozen=True)
-class _LayerTask:
+class LayerTask:
     config: dict[str, Any]
     config_hash: str
     layer: int
@@ -85,15 +86,18 @@ class LayerOutcome:
     record: dict[str, Any]
 
 
-_SIM_CACHE: dict[str, MoESimulator] = {}
+#: Simulators by placement configuration (JSON). A pipeline run uses one, a reproduce grid a few
+#: dozen, the whole test suite 10 (measured); 64 never evicts those working sets.
+_SIM_CACHE: BoundedCache[str, MoESimulator] = BoundedCache(
+    64, name="baselines.pipeline.simulators")
 
 
-def _simulator(config: PlaceConfig) -> MoESimulator:
+def layer_simulator(config: PlaceConfig) -> MoESimulator:
     key = json.dumps(config.to_dict(), sort_keys=True)
     sim = _SIM_CACHE.get(key)
     if sim is None:
         sim = MoESimulator(config.model_spec, config.hardware, config.run.topology, config.conv)
-        _SIM_CACHE[key] = sim
+        _SIM_CACHE.put(key, sim)
     return sim
 
 
@@ -107,7 +111,7 @@ def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: ND
         ``compute_us`` (t_comp), ``comm_us`` (t_comm_moe), ``total_us`` (their sum, the MoE
         latency), ``nm_us`` (t_nm), ``dispatch_us``, ``combine_us`` and ``mode``.
     """
-    placement = _layer_placement(P_layer, pi_layer, layer, "eval")
+    placement = layer_placement(P_layer, pi_layer, layer, "eval")
     res = sim.layer_static(placement, layer, freqs, groups, group_freqs, batch, rng=rng, agg=agg)
     return {"compute_us": res.t_comp_s * 1e6, "comm_us": res.t_comm_moe_s * 1e6,
             "total_us": (res.t_comp_s + res.t_comm_moe_s) * 1e6, "nm_us": res.t_nm_s * 1e6,
@@ -121,12 +125,12 @@ def _layer_dram_budget(config: PlaceConfig) -> float | None:
     return None if cap is None else cap / config.model_spec.num_moe_layers
 
 
-def place_layer(task: _LayerTask) -> LayerOutcome:
+def place_layer(task: LayerTask) -> LayerOutcome:
     """Run the pipeline of §8.5 for one layer (module docstring); picklable for workers."""
     t_layer = time.perf_counter()
     cpu_layer = time.process_time()
     config = PlaceConfig.from_dict(task.config)
-    sim = _simulator(config)
+    sim = layer_simulator(config)
     model, hw, conv = sim.model, sim.hw, sim.conv
     layer, batch = task.layer, config.batch
     D = hw.num_nodes
@@ -137,7 +141,7 @@ def place_layer(task: _LayerTask) -> LayerOutcome:
 
     pi0 = np.random.default_rng(s_pi0).permutation(D).astype(np.int64)
     t0 = time.perf_counter()
-    ep_placement = _layer_placement(task.ep_P, pi0, layer, "ep")
+    ep_placement = layer_placement(task.ep_P, pi0, layer, "ep")
     gfit = fit_gamma(sim, ep_placement, layer, task.rows, batch, np.random.default_rng(s_gamma))
     gamma = max(float(gfit.gamma), 0.0)
     timings["gamma_s"] = time.perf_counter() - t0

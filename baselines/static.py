@@ -145,9 +145,9 @@ def balance_regions(freqs: NDArray[np.float64], num_regions: int, *, time_limit_
                       note="LPT meets the lower bound" if method == "milp" else "")
         return _order_regions(lpt, f, R), record
     try:
-        from baselines.node_balance.milp import _import_pulp, make_solver, solver_version
+        from baselines.node_balance.milp import import_pulp, make_solver, solver_version
 
-        pulp = _import_pulp()
+        pulp = import_pulp()
     except DependencyNotInstalled:
         record.update(max_load=lpt_obj, wall_s=time.perf_counter() - t0,
                       note="PuLP missing: greedy LPT fallback")
@@ -291,8 +291,8 @@ def hybrid_placement(freqs_per_layer: list[NDArray[np.float64]], mesh_shape: tup
                            "region_of_expert": [h.region_of_expert.tolist() for h in layers]})
 
 
-def _layer_placement(P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64], layer: int,
-                     method: str) -> Placement:
+def layer_placement(P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64], layer: int,
+                    method: str) -> Placement:
     """Wrap one layer's arrays in a placement of ``layer + 1`` layers (for ``layer_static``)."""
     E, D = P_layer.shape
     P = np.full((layer + 1, E, D), 1.0 / D)
@@ -327,7 +327,7 @@ def evaluate_hybrid(sim: MoESimulator, hybrid: HybridLayer, layer: int,
     """
     conv = sim.conv
     groups = np.asarray(groups, dtype=np.int64)
-    full = _layer_placement(hybrid.P_layer, hybrid.pi_layer, layer, "hybrid")
+    full = layer_placement(hybrid.P_layer, hybrid.pi_layer, layer, "hybrid")
     if conv.hybrid_eval == "des":
         res = sim.layer_static(full, layer, freqs, groups, group_freqs, batch, rng=rng)
         return {"compute_us": res.t_comp_s * 1e6, "comm_us": res.t_comm_moe_s * 1e6,
@@ -344,7 +344,7 @@ def evaluate_hybrid(sim: MoESimulator, hybrid: HybridLayer, layer: int,
     E, D = hybrid.P_layer.shape
     P_rep = np.zeros((E, D))
     P_rep[np.arange(E), reps[hybrid.region_of_expert]] = 1.0
-    rep = sim.layer_static(_layer_placement(P_rep, hybrid.pi_layer, layer, "hybrid-rep"), layer,
+    rep = sim.layer_static(layer_placement(P_rep, hybrid.pi_layer, layer, "hybrid-rep"), layer,
                            freqs, groups, group_freqs, batch, rng=rng)
     t_comp = float(perf.t_comp_static(hybrid.P_layer, freqs, batch, sim.model, sim.hw, conv))
     support = hybrid.P_layer > 0

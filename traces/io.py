@@ -41,14 +41,14 @@ _OPTIONAL_ARRAYS = (
 )
 
 
-def _package_version() -> str:
+def package_version() -> str:
     try:
         return metadata.version("hdamoe-env")
     except metadata.PackageNotFoundError:
         return "unknown"
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -74,8 +74,8 @@ def save(trace: RoutingTrace, path: str | os.PathLike[str]) -> Path:
     meta = dict(trace.meta)
     meta["format"] = FORMAT_NAME
     meta["format_version"] = FORMAT_VERSION
-    meta.setdefault("created_by", f"hdamoe-env {_package_version()}")
-    meta.setdefault("created_utc", _utc_now())
+    meta.setdefault("created_by", f"hdamoe-env {package_version()}")
+    meta.setdefault("created_utc", utc_now())
     meta["trace_id"] = trace.trace_id
     try:
         meta_bytes = json.dumps(meta, sort_keys=True, allow_nan=False).encode("utf-8")

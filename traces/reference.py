@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from traces.errors import TraceFormatError, unknown_name
-from traces.io import _package_version, _utc_now, save
+from traces.io import package_version, utc_now, save
 from traces.trace import FORMAT_NAME, FORMAT_VERSION, RoutingTrace
 
 __all__ = [
@@ -415,8 +415,8 @@ def _reference_meta(
         "category": category.group(1) if category else None,
         "dataset": "mt-bench",
         "segments": segments,
-        "created_by": f"hdamoe-env {_package_version()}",
-        "created_utc": _utc_now(),
+        "created_by": f"hdamoe-env {package_version()}",
+        "created_utc": utc_now(),
     }
 
 

@@ -45,7 +45,7 @@ __all__ = ["ACTION_MODES", "check_replica_shares", "make_vec_env"]
 
 
 # ------------------------------------------------------------------------------------- envs
-def _env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict[str, Any]:
+def env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict[str, Any]:
     """Return the ``HdMoeEnv`` kwargs of a training env (module docstring decisions)."""
     kwargs = {"fidelity": fidelity, "flatten_replicas": True, **env_kwargs}
     if algo == "maskable-ppo":
@@ -60,7 +60,7 @@ def _env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict
 ACTION_MODES: tuple[str, ...] = ("ranked", "full", "residual")
 
 
-def _bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
+def bias_keep(model: Any, nvec: Sequence[int], logit: float) -> None:
     """Add ``logit`` to the action-net bias of value 0 of every dimension (residual start)."""
     import torch
 
@@ -104,7 +104,7 @@ def check_replica_shares(replica_shares: int | None, placement: Any,
     return int(replica_shares)
 
 
-def _share_rule_value(action_mode: str) -> bool:
+def share_rule_value(action_mode: str) -> bool:
     """Whether replica shares get value 0 = "the least-loaded rule" (residual mode only)."""
     return action_mode == "residual"
 
@@ -138,7 +138,7 @@ class _EnvFactory:
             env = ResidualHDAWrapper(env)
         if self.replica_shares:                  # residual: share value 0 = the env's rule
             env = ReplicaSharesWrapper(env, self.replica_shares,
-                                       rule_value=_share_rule_value(self.action_mode))
+                                       rule_value=share_rule_value(self.action_mode))
         return Monitor(env)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.learned.policy import ALGORITHMS, _algo_key
+from agents.learned.policy import ALGORITHMS, algo_key
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 __all__ = [
@@ -219,7 +219,7 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
             the allowed ones), a value of the wrong type.
         DependencyNotInstalled: PyYAML missing.
     """
-    key = _algo_key(algo)
+    key = algo_key(algo)
     try:
         import yaml
     except ImportError as exc:
@@ -270,20 +270,20 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
                 hp[name] = float(hp[name])
             except ValueError:
                 pass                                     # refused with its name just below
-    _check_hyperparam_types(cls(), hp)
+    check_hyperparam_types(cls(), hp)
     return HyperparamsFile(src, str(section), hp, n_envs=run.get("n_envs"),
                            n_timesteps=run.get("n_timesteps"),
                            normalize_obs=run.get("normalize_obs"))
 
 
-def _model_kwargs(hp: Any) -> dict[str, Any]:
+def model_kwargs(hp: Any) -> dict[str, Any]:
     kwargs = dataclasses.asdict(hp)
     net_arch = list(kwargs.pop("net_arch"))
     kwargs["policy_kwargs"] = {"net_arch": {"pi": net_arch, "vf": list(net_arch)}}
     return kwargs
 
 
-def _check_hyperparam_types(hp: Any, overrides: dict[str, Any]) -> None:
+def check_hyperparam_types(hp: Any, overrides: dict[str, Any]) -> None:
     """Refuse an override whose type differs from the field's default (``n_steps="abc"``).
 
     Raises:

@@ -7,8 +7,8 @@ every MoE layer): :class:`LearnedAgent` wraps a policy trained by
 against the greedy agents is the application layer's (``hdamoe_env.app.train``).
 
 torch, stable-baselines3 and sb3-contrib are imported lazily (style.md R12), so ``import agents``
-stays light; torch's thread count and seed are set only here (:func:`_set_threads`,
-:func:`_seed_everything`, style.md R7), for loading and for training alike.
+stays light; torch's thread count and seed are set only here (:func:`set_threads`,
+:func:`seed_everything`, style.md R7), for loading and for training alike.
 
 Saved agent (a directory ``out_dir``):
 
@@ -92,7 +92,12 @@ ALGORITHMS: tuple[str, ...] = ("ppo", "maskable-ppo", "a2c")
 
 
 # ---------------------------------------------------------------------- algorithms, threads
-def _algo_key(algo: str) -> str:
+def algo_key(algo: str) -> str:
+    """Return the canonical key of ``ALGORITHMS`` for an algorithm name (case, ``_`` and aliases).
+
+    Raises:
+        ConfigError: An unknown algorithm (with a near-miss suggestion).
+    """
     key = algo.lower().replace("_", "-")
     key = {"maskableppo": "maskable-ppo", "maskable": "maskable-ppo"}.get(key, key)
     if key not in ALGORITHMS:
@@ -100,7 +105,7 @@ def _algo_key(algo: str) -> str:
     return key
 
 
-def _algo_class(algo: str) -> type[Any]:
+def algo_class(algo: str) -> type[Any]:
     """Import the SB3 / sb3-contrib class of ``algo`` (lazy, R12)."""
     try:
         if algo == "maskable-ppo":
@@ -115,7 +120,7 @@ def _algo_class(algo: str) -> type[Any]:
                                      f"stable-baselines3 and sb3-contrib; run {RL_EXTRA}") from exc
 
 
-def _set_threads(threads: int = 1) -> None:
+def set_threads(threads: int = 1) -> None:
     """One torch thread (dependencies.md §6); children inherit ``OMP_NUM_THREADS``."""
     import torch
 
@@ -124,7 +129,7 @@ def _set_threads(threads: int = 1) -> None:
     torch.set_num_threads(int(threads))
 
 
-def _seed_everything(seed: int) -> None:
+def seed_everything(seed: int) -> None:
     """Seed torch (the only place in the package, style.md R7) and SB3's global helpers."""
     import torch
     from stable_baselines3.common.utils import set_random_seed
@@ -577,13 +582,13 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
         Loading an SB3 ``.zip`` runs code from the file (SB3 unpickles parts of it). Only load
         models you trust; the SHA-256 check guards ``hdamoe train`` outputs against replacement.
     """
-    _set_threads(1)
+    set_threads(1)
     model_path, vecnorm_path, meta_path = _find_files(Path(path))
     meta = _read_json(meta_path) if meta_path is not None else {}
-    key = _algo_key(algo or meta.get("algo", "ppo"))
+    key = algo_key(algo or meta.get("algo", "ppo"))
     verify_model(model_path, meta)
     try:
-        model = _algo_class(key).load(str(model_path), device="cpu")
+        model = algo_class(key).load(str(model_path), device="cpu")
     except (ValueError, KeyError, OSError, EOFError, AssertionError) as exc:
         raise ConfigError(f"{str(model_path)!r} is not a {key} model saved by `hdamoe train` "
                           f"({type(exc).__name__}: {exc})") from None

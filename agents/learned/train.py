@@ -40,18 +40,18 @@ from typing import Any
 
 import numpy as np
 
-from agents.learned.envs import (_bias_keep, _env_arguments, _share_rule_value,
+from agents.learned.envs import (bias_keep, env_arguments, share_rule_value,
                                  check_replica_shares, make_vec_env)
-from agents.learned.hyperparams import HYPERPARAMS, _check_hyperparam_types, _model_kwargs
+from agents.learned.hyperparams import HYPERPARAMS, check_hyperparam_types, model_kwargs
 from agents.learned.policy import (
     META_FILE,
     MODEL_FILE,
     VECNORM_FILE,
     ObsNormalizer,
-    _algo_class,
-    _algo_key,
-    _seed_everything,
-    _set_threads,
+    algo_class,
+    algo_key,
+    seed_everything,
+    set_threads,
     checkpoint_path,
     file_sha256,
     latest_checkpoint,
@@ -203,7 +203,7 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
         payload["quality"] = to_jsonable(quality)
     if replica_shares:                       # only then: a digest without shares has no entry
         payload["replica_shares"] = int(replica_shares)
-        payload["replica_share_rule_value"] = _share_rule_value(action_mode)
+        payload["replica_share_rule_value"] = share_rule_value(action_mode)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -346,9 +346,9 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             experts.
         DependencyNotInstalled: torch / stable-baselines3 / sb3-contrib missing.
     """
-    key = _algo_key(algo)
-    cls = _algo_class(key)
-    _set_threads(threads)
+    key = algo_key(algo)
+    cls = algo_class(key)
+    set_threads(threads)
     from stable_baselines3.common.vec_env import VecNormalize
 
     out = Path(out_dir)
@@ -359,15 +359,15 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         names = [f.name for f in dataclasses.fields(HYPERPARAMS[key])]
         raise ConfigError(f"bad hyperparameters {hyperparams!r} for {key}: {exc}; expected "
                           f"fields of {names}") from None
-    _check_hyperparam_types(hp, hyperparams or {})
+    check_hyperparam_types(hp, hyperparams or {})
     user_kwargs = dict(env_kwargs or {})
     resolved = {k: v for k, v in _with_placement(user_kwargs, placement).items()
                 if k not in ("placement_dir", "cache_dir")}     # bench fields, not env kwargs
-    env_args = _env_arguments(resolved, key, fidelity)
+    env_args = env_arguments(resolved, key, fidelity)
     user_name = user_kwargs.get("placement", "ep")
     replica_shares = check_replica_shares(replica_shares, env_args.get("placement", "ep"),
                                           user_name if isinstance(user_name, str) else None)
-    rule_value = bool(replica_shares) and _share_rule_value(action_mode)
+    rule_value = bool(replica_shares) and share_rule_value(action_mode)
     digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
                         user_kwargs, residual_keep_logit, quality, replica_shares)
     details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
@@ -375,7 +375,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                "replica_shares": replica_shares}
     ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
             if resume else None)
-    _seed_everything(seed)
+    seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates,
                         quality=quality, replica_shares=replica_shares)
@@ -405,11 +405,11 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         log.info("resumed from %s at %d steps", ckpt, model.num_timesteps)
     else:
         model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
-                    verbose=0, device="cpu", **_model_kwargs(hp))
+                    verbose=0, device="cpu", **model_kwargs(hp))
         if action_mode == "residual" and residual_keep_logit:
             # residual dims, then any share dims, whose value 0 is the env's replica rule: the
             # untrained policy is HDA-MoE with the default replica dispatch
-            _bias_keep(model, venv.action_space.nvec, residual_keep_logit)
+            bias_keep(model, venv.action_space.nvec, residual_keep_logit)
     start_steps = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - start_steps)
     if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode

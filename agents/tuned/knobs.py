@@ -6,7 +6,7 @@ The knobs of HDA-MoE's greedy agents that ``agents.tuned.search`` searches:
 |---|---|---|
 | ``gating_level`` | multiples of the default (r_comp, r_comm) of §11.7, 0 = off | the agent's level (the env offers ``(0, level)``) |
 | ``protect_top`` | 0 … k | ``EnvConfig.gating_protect_top`` (never drop a token's m best experts) |
-| ``dispatch_rule`` | ``scheduling.DISPATCH_RULES`` | the agent's dispatch rule of broadcast experts |
+| ``dispatch_rule`` | ``dispatch.DISPATCH_RULES`` | the agent's dispatch rule of broadcast experts |
 | ``k_b`` | None (the budget rule of §10.3) or a forced slot count | ``EnvConfig.k_b`` |
 | ``min_imbalance`` | None (always gate) or a threshold | the gating agent gates only layers whose predicted max/mean node load exceeds it |
 | ``replica_rule`` | None, or ``least_loaded`` / ``nearest`` / ``round_robin`` | ``EnvConfig.replica_rule`` (placements with redundant experts, e.g. ``eplb``) |
@@ -39,7 +39,7 @@ __all__ = [
     "TunedKnobs",
 ]
 
-#: Replica-dispatch rules of :attr:`TunedKnobs.replica_rule` (``scheduling.REPLICA_RULES``
+#: Replica-dispatch rules of :attr:`TunedKnobs.replica_rule` (``dispatch.REPLICA_RULES``
 #: without ``shares``, which needs per-copy fractions: the oracle's :data:`LP_SHARES`).
 REPLICA_RULES: tuple[str, ...] = ("least_loaded", "nearest", "round_robin")
 #: ``EnvConfig`` field the replica rule is passed as.
@@ -49,7 +49,7 @@ REPLICA_RULE_ENV_KWARG = "replica_rule"
 #: executed sets (hindsight).
 LP_SHARES = "lp_shares"
 
-_DISPATCH_RULES = ("least_loaded", "first", "home")     # the env's default offer, in order
+DEFAULT_DISPATCH_OFFER = ("least_loaded", "first", "home")     # the env's default offer, in order
 
 
 # ------------------------------------------------------------------------------------ knobs
@@ -88,9 +88,9 @@ class TunedKnobs:
         if int(self.protect_top) < 0:
             raise ConfigError(f"protect_top must be >= 0, got {self.protect_top}")
         object.__setattr__(self, "protect_top", int(self.protect_top))
-        if self.dispatch_rule not in _DISPATCH_RULES:
+        if self.dispatch_rule not in DEFAULT_DISPATCH_OFFER:
             raise ConfigError(f"dispatch_rule {self.dispatch_rule!r} is unknown; expected one of "
-                              f"{list(_DISPATCH_RULES)}")
+                              f"{list(DEFAULT_DISPATCH_OFFER)}")
         if self.k_b is not None:
             if int(self.k_b) < 0:
                 raise ConfigError(f"k_b must be None (budget rule) or >= 0, got {self.k_b}")
@@ -115,7 +115,7 @@ class TunedKnobs:
         kwargs: dict[str, Any] = {
             "gating_protect_top": self.protect_top,
             "gating_levels": (0.0,) if self.gating_level == 0 else (0.0, self.gating_level),
-            "dispatch_rules": _DISPATCH_RULES,
+            "dispatch_rules": DEFAULT_DISPATCH_OFFER,
         }
         if self.k_b is not None:
             kwargs["k_b"] = self.k_b
@@ -180,7 +180,7 @@ class KnobGrid:
 
     gating_levels: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
     protect_top: tuple[int, ...] = (0, 1)
-    dispatch_rules: tuple[str, ...] = _DISPATCH_RULES
+    dispatch_rules: tuple[str, ...] = DEFAULT_DISPATCH_OFFER
     k_b: tuple[int | None, ...] = (None,)
     replica_rules: tuple[str | None, ...] = (None,)
     min_imbalance: tuple[float | None, ...] = (None,)

@@ -19,7 +19,7 @@ import numpy as np
 
 from agents.gating import HardwareAwareGatingAgent
 from agents.tuned.knobs import LP_SHARES, TunedKnobs
-from agents.tuned.search import _EXTRA, DEFAULT_QUALITY_TARGET
+from agents.tuned.search import OPT_INSTALL_HINT, DEFAULT_QUALITY_TARGET
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["OracleResult", "balanced_replica_fractions", "per_layer_oracle"]
@@ -105,7 +105,7 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
     """Per-copy fractions of the replicated experts that minimise the busiest node's tokens.
 
     The hindsight split of one layer's redundant experts (the ``shares`` replica rule of
-    ``scheduling.dispatch_replicas``), from the layer's executed expert sets: a linear program
+    ``dispatch.dispatch_replicas``), from the layer's executed expert sets: a linear program
     over y_ej ≥ 0, the tokens of replicated expert e sent to copy j (copy 0 the primary group,
     its tokens counted on node c with weight P_ec; copy j ≥ 1 a whole replica node), with
     Σ_j y_ej = n_e, minimising T subject to, on every node c,
@@ -127,7 +127,7 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
         DependencyNotInstalled: scipy (the ``opt`` extra) is missing.
         ConfigError: Bad shapes.
     """
-    from hdamoe_env.decisions.scheduling import replica_inputs
+    from hdamoe_env.decisions.dispatch import replica_inputs
 
     sets, shares, reps = replica_inputs(token_sets, P, replicas, "balanced_replica_fractions")
     E, D = shares.shape
@@ -140,7 +140,7 @@ def balanced_replica_fractions(token_sets: np.ndarray, P: np.ndarray, replicas: 
     try:
         from scipy.optimize import linprog
     except ImportError as exc:                                  # pragma: no cover - extra
-        raise DependencyNotInstalled(f"the LP replica shares need scipy: {_EXTRA}") from exc
+        raise DependencyNotInstalled(f"the LP replica shares need scipy: {OPT_INSTALL_HINT}") from exc
     fixed = np.ones(E, dtype=bool)
     fixed[movable] = False
     base = (shares[fixed] * counts[fixed, None]).sum(axis=0)          # [D]

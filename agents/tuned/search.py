@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.tuned.knobs import _DISPATCH_RULES, KnobGrid, TunedKnobs
+from agents.tuned.knobs import DEFAULT_DISPATCH_OFFER, KnobGrid, TunedKnobs
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, json_default, write_json
 
@@ -56,7 +56,7 @@ SEARCH_METHODS: tuple[str, ...] = ("auto", "grid", "bo")
 #: ``tuned.json`` format tag.
 TUNED_FORMAT = "hdamoe-tuned/1"
 
-_EXTRA = 'pip install -c constraints.txt "hdamoe-env[opt]"'
+OPT_INSTALL_HINT = 'pip install -c constraints.txt "hdamoe-env[opt]"'
 
 
 # ------------------------------------------------------------------------------ measurements
@@ -133,7 +133,7 @@ class EpisodeEvaluator:
         """Return the point's mean TBT and mean top-1 retention over the seeds' episodes."""
         env = self.make_env(knobs)
         if not np.any(env.k_b):
-            knobs = dataclasses.replace(knobs, dispatch_rule=_DISPATCH_RULES[0])
+            knobs = dataclasses.replace(knobs, dispatch_rule=DEFAULT_DISPATCH_OFFER[0])
         hit = self._cache.get(knobs.key())
         if hit is not None:
             return hit
@@ -324,7 +324,7 @@ def _bayesian_search(measure: Callable[[TunedKnobs], PointRecord], grid: KnobGri
         from skopt.space import Categorical
     except ImportError as exc:
         raise DependencyNotInstalled(f"the Bayesian tuned-heuristic search needs "
-                                     f"scikit-optimize; run `{_EXTRA}` or use method='grid'"
+                                     f"scikit-optimize; run `{OPT_INSTALL_HINT}` or use method='grid'"
                                      ) from exc
     dims = grid.dimensions
     varying = [i for i, (_, vals) in enumerate(dims) if len(vals) > 1]

@@ -25,11 +25,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from baselines.node_balance.model import (
-    _EXTRA,
+    OPT_EXTRA,
     NodeBalanceCoefficients,
-    _feasible,
-    _membership,
-    _wrap_start,
+    is_feasible,
+    membership,
+    wrap_start,
     exact_objective,
     grid_feasible,
     on_grid,
@@ -208,11 +208,11 @@ def heuristic_placement(freqs: NDArray[np.float64], groups: NDArray[np.int64],
         ``(P, info)`` with the best placement found and a record (start used, moves, objective).
     """
     t0 = time.perf_counter()
-    member = _membership(groups, coeffs.freqs.size)
+    member = membership(groups, coeffs.freqs.size)
     fg = np.asarray(group_freqs, dtype=np.float64)
     all_starts: dict[str, NDArray[np.float64]] = {}
-    wrap = _wrap_start(coeffs, member, fg)
-    if _feasible(wrap, coeffs):
+    wrap = wrap_start(coeffs, member, fg)
+    if is_feasible(wrap, coeffs):
         all_starts["wrap"] = wrap
     else:
         try:
@@ -333,7 +333,7 @@ def rebalance_shares(support: NDArray[np.bool_], coeffs: NodeBalanceCoefficients
         from scipy.optimize import linprog
         from scipy.sparse import coo_matrix
     except ImportError as exc:
-        raise DependencyNotInstalled(f"scipy is missing; run `{_EXTRA}`") from exc
+        raise DependencyNotInstalled(f"scipy is missing; run `{OPT_EXTRA}`") from exc
     sup = np.asarray(support, dtype=bool)
     E, D = sup.shape
     ii, cc = np.nonzero(sup)

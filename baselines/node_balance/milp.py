@@ -61,14 +61,14 @@ from numpy.typing import NDArray
 
 from baselines.node_balance.heuristic import heuristic_placement, rebalance_shares
 from baselines.node_balance.model import (
-    _EXTRA,
-    _SHARE_EPS,
+    OPT_EXTRA,
+    SHARE_EPS,
     COMPRESSION_MODES,
     CompressedGroups,
     NodeBalanceCoefficients,
-    _feasible,
-    _membership,
-    _node_time,
+    is_feasible,
+    membership,
+    node_times,
     compress_groups,
     exact_objective,
     grid_feasible,
@@ -110,12 +110,17 @@ SOLVERS = ("highs", "cbc")
 # lazy imports and the solver factory
 
 
-def _import_pulp() -> Any:
+def import_pulp() -> Any:
+    """Import PuLP lazily (style.md R12).
+
+    Raises:
+        DependencyNotInstalled: PuLP is missing (the message names the extra).
+    """
     try:
         import pulp
     except ImportError as exc:
         raise DependencyNotInstalled(f"PuLP is missing (needed by the Node-Balance MILP); run "
-                                     f"`{_EXTRA}`, or use mode='heuristic'") from exc
+                                     f"`{OPT_EXTRA}`, or use mode='heuristic'") from exc
     # dependencies.md §3: PuLP 3.3 warns about its v4 API changes; our calls are the
     # forward-compatible ones, the remaining warnings come from PuLP internals.
     migration = getattr(pulp, "v4_migration", None)
@@ -194,7 +199,7 @@ def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int 
         ConfigError: Unknown solver name or invalid limits.
         DependencyNotInstalled: PuLP (or highspy, when ``"highs"`` is requested) is missing.
     """
-    pulp = _import_pulp()
+    pulp = import_pulp()
     if not (time_limit_s > 0 and math.isfinite(time_limit_s)):
         raise ConfigError(f"time_limit_s must be a positive number of seconds, got {time_limit_s}")
     if not 0 <= gap < 1:
@@ -206,7 +211,7 @@ def make_solver(name: str | None, time_limit_s: float, gap: float, threads: int 
         resolved = "highs" if _highs_available() else "cbc"
     if resolved == "highs":
         if not _highs_available():
-            raise DependencyNotInstalled(f"solver 'highs' needs highspy; run `{_EXTRA}` or pass "
+            raise DependencyNotInstalled(f"solver 'highs' needs highspy; run `{OPT_EXTRA}` or pass "
                                          "solver='cbc'")
         import highspy
 
@@ -270,7 +275,7 @@ def _build_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
     {0..U} counting units (P_ic = n_ic / U): every coefficient of a share is multiplied by
     s = 1/U, (5) reads Σ_c n_ic = U and (7) n_ic ≤ U·Z_ic. Continuous: s = 1, U = 1.
     """
-    pulp = _import_pulp()
+    pulp = import_pulp()
     t0 = time.perf_counter()
     f, a = coeffs.freqs, coeffs.active
     E, D = f.size, coeffs.num_nodes
@@ -326,12 +331,12 @@ def _build_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
 def _milp_objective(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
                     comp: CompressedGroups) -> tuple[float, float, float]:
     """Return (objective, t_comp, t_comm) of shares under the MILP's (compressed) model."""
-    Zm = P > _SHARE_EPS
-    member = _membership(comp.groups, P.shape[0]).astype(np.float64)
+    Zm = P > SHARE_EPS
+    member = membership(comp.groups, P.shape[0]).astype(np.float64)
     Ym = (member @ Zm.astype(np.float64)) > 0
     mass = comp.freqs @ Ym + comp.phi @ Zm
     t_comm = float(coeffs.kappa_us * mass.max(initial=0.0))
-    t_comp = float(_node_time(P, coeffs).max())
+    t_comp = float(node_times(P, coeffs).max())
     return t_comp + coeffs.comm_factor * t_comm, t_comp, t_comm
 
 
@@ -345,8 +350,8 @@ def _sorted_for_symmetry(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
 def _set_start(m: _Milp, P: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
                comp: CompressedGroups) -> None:
     E, D = P.shape
-    Zm = P > _SHARE_EPS
-    member = _membership(comp.groups, E).astype(np.float64)
+    Zm = P > SHARE_EPS
+    member = membership(comp.groups, E).astype(np.float64)
     Ym = (member @ Zm.astype(np.float64)) > 0
     Pc = np.where(Zm, P, 0.0)
     if coeffs.unit is not None:
@@ -409,7 +414,7 @@ def _solve_milp(coeffs: NodeBalanceCoefficients, comp: CompressedGroups,
             return None, record
         return n / coeffs.units, record
     P = np.clip(P, 0.0, 1.0)
-    P[P < _SHARE_EPS] = 0.0
+    P[P < SHARE_EPS] = 0.0
     rows = P.sum(axis=1, keepdims=True)
     if (rows <= 0).any():
         return None, record
@@ -450,7 +455,7 @@ def _ep_start(num_experts: int, num_nodes: int, rng: np.random.Generator) -> NDA
 def _feasible_tp(coeffs: NodeBalanceCoefficients) -> NDArray[np.float64]:
     """Return TP if it meets the caps, else a feasible LP point (per-node DRAM budgets)."""
     P = tp_start(coeffs.freqs.size, coeffs.num_nodes)
-    if _feasible(P, coeffs):
+    if is_feasible(P, coeffs):
         return P
     try:
         return grid_feasible(rebalance_shares(np.ones_like(P, dtype=bool), coeffs), coeffs)
@@ -597,7 +602,7 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
         record["solver"] = rec
         if milp_P is None:
             flags.append(f"milp-no-incumbent (status {rec['status']}): fell back")
-        elif not _feasible(milp_P, coeffs, tol=1e-6):
+        elif not is_feasible(milp_P, coeffs, tol=1e-6):
             flags.append("milp-incumbent-violates-caps: discarded")
             milp_P = None
         else:
@@ -630,7 +635,7 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
                    "wall_s": time.perf_counter() - t_start, "flags": flags})
     for flag in flags:
         log.warning("Node Balance: %s", flag)
-    if not _feasible(P_best, coeffs, tol=1e-6):  # internal invariant
+    if not is_feasible(P_best, coeffs, tol=1e-6):  # internal invariant
         raise SolverError(f"Node Balance produced a placement that violates the caps ({path})")
     if not (on_grid(P_best, coeffs) or best == "tp"):  # internal invariant (TP: the exception)
         raise SolverError(f"Node Balance produced shares off the tile grid 1/{coeffs.units} "

@@ -28,9 +28,10 @@ from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
 COMPRESSION_MODES = ("residual", "renormalise", "none")
-_EXTRA = 'pip install "hdamoe-env[opt]"'
+#: How to install the optional solvers (the message of ``DependencyNotInstalled``).
+OPT_EXTRA = 'pip install "hdamoe-env[opt]"'
 _TOL = 1e-9
-_SHARE_EPS = 1e-7  # shares below this are treated as zero (solver noise)
+SHARE_EPS = 1e-7  # shares below this are treated as zero (solver noise)
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: Hardwar
         unit=None if conv.tile_cols == 1 else share_unit(model, conv))
 
 
-def _membership(groups: NDArray[np.int64], num_experts: int) -> NDArray[np.bool_]:
+def membership(groups: NDArray[np.int64], num_experts: int) -> NDArray[np.bool_]:
     """Return bool [G, E]: expert i belongs to group g (−1 entries are padding)."""
     g = np.asarray(groups, dtype=np.int64)
     if g.ndim != 2:
@@ -196,8 +197,8 @@ def exact_objective(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
         the objective factor), ``max_load`` (Σ_i f_i P_ic), ``max_experts`` (Σ_i P_ic).
     """
     P = np.asarray(P, dtype=np.float64)
-    member = _membership(groups, P.shape[0]).astype(np.float64)
-    touch = (member @ (P > _SHARE_EPS).astype(np.float64)) > 0         # [G, D]
+    member = membership(groups, P.shape[0]).astype(np.float64)
+    touch = (member @ (P > SHARE_EPS).astype(np.float64)) > 0         # [G, D]
     mass = np.asarray(group_freqs, dtype=np.float64) @ touch
     load = coeffs.freqs @ P
     node = np.maximum(coeffs.alpha_us * load, coeffs.beta_us * (coeffs.active @ P))
@@ -238,10 +239,12 @@ def grid_feasible(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients
     if coeffs.unit is None:
         return P
     snapped = snap_shares(P, coeffs.unit)
-    return snapped if _feasible(snapped, coeffs) else repair_placement(snapped, coeffs)
+    return snapped if is_feasible(snapped, coeffs) else repair_placement(snapped, coeffs)
 
 
-def _feasible(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients, tol: float = 1e-7) -> bool:
+def is_feasible(P: NDArray[np.float64], coeffs: NodeBalanceCoefficients, tol: float = 1e-7
+                ) -> bool:
+    """Return whether shares P [E, D] are rows summing to 1 within the caps (10), (11) and DRAM."""
     if np.abs(P.sum(axis=1) - 1).max() > 1e-6 or (P < -1e-12).any():
         return False
     if (coeffs.freqs @ P > coeffs.load_cap + tol).any():
@@ -323,7 +326,7 @@ def compress_groups(groups: NDArray[np.int64], group_freqs: NDArray[np.float64],
     kept_mass = float(f[keep].sum())
     phi = np.zeros(num_experts)
     if mode == "residual" and drop.size:
-        member = _membership(g[drop], num_experts)
+        member = membership(g[drop], num_experts)
         phi = f[drop] @ member
         freqs = f[keep]
     elif mode == "renormalise":
@@ -342,7 +345,8 @@ def tp_start(num_experts: int, num_nodes: int) -> NDArray[np.float64]:
     return np.full((num_experts, num_nodes), 1.0 / num_nodes)
 
 
-def _node_time(P: NDArray[np.float64], c: NodeBalanceCoefficients) -> NDArray[np.float64]:
+def node_times(P: NDArray[np.float64], c: NodeBalanceCoefficients) -> NDArray[np.float64]:
+    """Return the per-node time [D], µs: max(α·Σ_i f_i·P_ic, β·Σ_i a_i·P_ic) (§7.6)."""
     return np.maximum(c.alpha_us * (c.freqs @ P), c.beta_us * (c.active @ P))
 
 
@@ -446,7 +450,7 @@ def _lp_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients) -> NDAr
         from scipy.optimize import linprog
         from scipy.sparse import coo_matrix
     except ImportError as exc:
-        raise DependencyNotInstalled(f"scipy is missing (start repair); run `{_EXTRA}`") from exc
+        raise DependencyNotInstalled(f"scipy is missing (start repair); run `{OPT_EXTRA}`") from exc
     E, D = P0.shape
     n = E * D
     cost = np.where(P0.reshape(-1) > 0, 0.0, 1.0) + 1e-6 * np.abs(P0.reshape(-1) - 1.0 / D)
@@ -469,7 +473,7 @@ def _lp_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients) -> NDAr
                               f"{coeffs.load_cap:.4f} and the memory caps "
                               f"{None if coeffs.mem_cap is None else coeffs.mem_cap.tolist()}")
     P = res.x.reshape(E, D)
-    P[P < _SHARE_EPS] = 0.0
+    P[P < SHARE_EPS] = 0.0
     return P / P.sum(axis=1, keepdims=True)
 
 
@@ -489,7 +493,7 @@ def _grid_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients, *,
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
     except ImportError as exc:
-        raise DependencyNotInstalled(f"scipy is missing (start repair); run `{_EXTRA}`") from exc
+        raise DependencyNotInstalled(f"scipy is missing (start repair); run `{OPT_EXTRA}`") from exc
     units = coeffs.units
     assert units is not None
     E, D = P0.shape
@@ -510,11 +514,11 @@ def _grid_repair(P0: NDArray[np.float64], coeffs: NodeBalanceCoefficients, *,
     if res.x is None:
         return None
     P = np.rint(res.x).reshape(E, D) / units
-    return P if _feasible(P, coeffs) else None
+    return P if is_feasible(P, coeffs) else None
 
 
-def _wrap_start(coeffs: NodeBalanceCoefficients, member: NDArray[np.bool_],
-                group_freqs: NDArray[np.float64]) -> NDArray[np.float64]:
+def wrap_start(coeffs: NodeBalanceCoefficients, member: NDArray[np.bool_],
+               group_freqs: NDArray[np.float64]) -> NDArray[np.float64]:
     """Return a wrap-around (McNaughton) packing: perfect load balance with ≤ D−1 splits.
 
     The experts are laid out in one sequence and the sequence is cut into D pieces of equal

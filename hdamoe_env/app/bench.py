@@ -31,6 +31,10 @@ and artifact, trace id and trace skew τ, setting, batch, and the mean busy time
 link per decode step (for the congestion heat map).
 
 Env throughput (``hdamoe bench-env``) is measured by :mod:`hdamoe_env.app.envbench`.
+
+This module is longer than 700 lines because its docstring is the bench manual (methods,
+placements, episodes, record fields) and the runner, its configuration and the placement and
+agent resolution serve that one command.
 """
 
 from __future__ import annotations
@@ -361,7 +365,7 @@ class BenchResult:
     wall_s: float = 0.0
 
 
-def _load_trace(config: BenchConfig) -> tuple[Any, Any]:
+def load_bench_trace(config: BenchConfig) -> tuple[Any, Any]:
     """Load the trace exactly as every method's env will; return it and the run's topology."""
     from hdamoe_env.env.config import EnvConfig
     from hdamoe_env.noc.topology import make_topology
@@ -437,7 +441,7 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds must be distinct and non-empty, got {seeds}")
-    trace, topology = _load_trace(config)
+    trace, topology = load_bench_trace(config)
     run_key = config.run_key(trace.trace_id)
     if json_path and not resume and Path(json_path).is_file() and Path(json_path).stat().st_size:
         raise OutputPathError(f"{str(json_path)!r} already exists and would be replaced; pass "

@@ -368,7 +368,7 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", default=None, choices=("highs", "cbc"),
                    help="MILP solver (default: HiGHS when highspy is installed, else CBC)")
     p.add_argument("--bo-calls", type=positive_int, default=70, help="Link-Balance evaluation budget")
-    p.add_argument("--lb-method", default="bo", choices=sorted(place._LB_CHOICES),
+    p.add_argument("--lb-method", default="bo", choices=sorted(place.LB_CHOICES),
                    help="Link Balance search method")
     p.add_argument("--lb-objective", default="des", choices=("des", "mst"),
                    help="Link Balance objective: des (simulated) or mst (proxy)")

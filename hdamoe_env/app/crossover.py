@@ -47,9 +47,9 @@ from hdamoe_env.app.reproduce import (
     BACKENDS,
     DEFAULT_MIXTRAL_DIR,
     Cell,
-    _cfg,
-    _mixtral_trace,
-    _placement_key,
+    bench_cfg,
+    mixtral_trace_path,
+    placement_key,
     dedupe_cells,
     run_suite,
 )
@@ -185,7 +185,7 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
     needs_placement = any(m not in ("tp", "ep") for m in methods)
     for model in models:
         if model == "mixtral-8x7b":
-            trace = _mixtral_trace(mixtral_dir)
+            trace = mixtral_trace_path(mixtral_dir)
             if trace is None:
                 log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped",
                             mixtral_dir)
@@ -198,10 +198,10 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
             log.warning("%s runs on a real trace; its trace-skew cells are skipped", model)
             model_grid = [(knob, value) for knob, value in grid if knob not in TRACE_KNOBS]
         for setting in settings:
-            place_cfg = _cfg(model, trace, setting, 128, base_conv.name, **extra)
+            place_cfg = bench_cfg(model, trace, setting, 128, base_conv.name, **extra)
             if needs_placement:
                 cells.append(Cell("placements", "placement",
-                                  {"config": _placement_key(place_cfg)}))
+                                  {"config": placement_key(place_cfg)}))
             for batch in batches:
                 variants = [(None, None, base_conv.name)] + [
                     (knob, value, base_conv.name if knob in TRACE_KNOBS
@@ -209,22 +209,22 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
                     for knob, value in model_grid]
                 for knob, value, profile in variants:
                     workload = {knob: value} if knob in TRACE_KNOBS else {}
-                    cfg = _cfg(model, trace, setting, int(batch), profile, steps=int(steps),
-                               **extra, **workload)
+                    cfg = bench_cfg(model, trace, setting, int(batch), profile, steps=int(steps),
+                                    **extra, **workload)
                     params: dict[str, Any] = {"config": cfg, "methods": list(methods),
                                               "seeds": [int(s) for s in seeds]}
                     if workload and needs_placement:   # placements optimised on this trace
-                        skewed = _cfg(model, trace, setting, 128, base_conv.name, **extra,
-                                      **workload)
+                        skewed = bench_cfg(model, trace, setting, 128, base_conv.name, **extra,
+                                           **workload)
                         cells.append(Cell("placements", "placement",
-                                          {"config": _placement_key(skewed)}))
-                        params["placement_from"] = _placement_key(skewed)
+                                          {"config": placement_key(skewed)}))
+                        params["placement_from"] = placement_key(skewed)
                     elif knob is not None and needs_placement:
                         if replace:
                             cells.append(Cell("placements", "placement",
-                                              {"config": _placement_key(cfg)}))
+                                              {"config": placement_key(cfg)}))
                         else:
-                            params["placement_from"] = _placement_key(place_cfg)
+                            params["placement_from"] = placement_key(place_cfg)
                     tags = {"base": base_conv.name, "knob": knob or "base",
                             "value": value if knob is not None else None}
                     cells.append(Cell(_FIGURE, "bench", params, tags))

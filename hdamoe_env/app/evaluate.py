@@ -79,7 +79,7 @@ def resolve_placement(env_kwargs: dict[str, Any]) -> Placement | None:
     # [decision] the one place this command resolves a placement name: swap for the single
     # name -> Placement resolver (style.md §1, baselines/store.py) when it exists
     config = _bench_config(env_kwargs, fidelity="des", steps=1)
-    trace, _ = bench._load_trace(config)
+    trace, _ = bench.load_bench_trace(config)
     placement, _ = bench.placement_store(config, trace, progress=False).get(name)
     return placement
 
@@ -325,7 +325,7 @@ def format_evaluation(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+def add_env_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     names = ("model", "mesh", "setting", "batch", "conventions", "trace", "trace_requests")
     add_run_arguments(p, names, defaults=None if defaults else dict.fromkeys(names))
     p.add_argument("--trace-seed", type=nonneg_int, default=None, help="synthetic trace seed")
@@ -344,7 +344,7 @@ def _env_cli_arguments(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                    "a tuned: method keeps its own")
 
 
-def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None
+def env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None
                           ) -> dict[str, Any]:
     kwargs = dict(base or {})
     for attr, key in (("model", "model"), ("mesh", "mesh"), ("setting", "setting"),
@@ -368,7 +368,7 @@ def _env_kwargs_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
     return kwargs
 
 
-def _seeds(text: str | None) -> list[int] | None:
+def parse_seeds(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
@@ -388,7 +388,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    "registered agent")
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
                    help="heuristic agents added to the comparison ('' for none)")
-    _env_cli_arguments(p, defaults=False)
+    add_env_arguments(p, defaults=False)
     p.add_argument("--fidelity", default="des",
                    help="comma list of fidelities (des, analytic)")
     p.add_argument("--seeds", type=int_list, default=None, help="episode seeds (default 10000,10001,10002)")
@@ -410,12 +410,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {}
     if paths:
         meta = read_meta(paths[0])
-    kwargs = _env_kwargs_from_args(args, meta.get("env_kwargs", {}))
+    kwargs = env_kwargs_from_args(args, meta.get("env_kwargs", {}))
     trace = None
     if args.trace is not None and args.trace != kwargs.get("trace", "synthetic"):
         trace = args.trace
     fidelities = [f.strip() for f in args.fidelity.split(",") if f.strip()]
-    res = evaluate(paths or None, env_kwargs=kwargs, seeds=_seeds(args.seeds), steps=args.steps,
+    res = evaluate(paths or None, env_kwargs=kwargs, seeds=parse_seeds(args.seeds), steps=args.steps,
                    fidelities=fidelities, trace=trace, baselines=baselines,
                    placement=kwargs.get("placement"), out_dir=args.out,
                    held_out=not args.no_held_out and bool(paths))

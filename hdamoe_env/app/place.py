@@ -26,7 +26,8 @@ from hdamoe_env.config.fileio import write_json
 
 __all__ = ["format_table", "run_place", "run_sweep"]
 
-_LB_CHOICES = {"bo": "bo", "local": "local", "anneal": "anneal", "random": "random"}
+#: ``--lb-method`` values -> the Link-Balance optimiser of ``PlaceConfig.lb_method``.
+LB_CHOICES = {"bo": "bo", "local": "local", "anneal": "anneal", "random": "random"}
 
 
 def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
@@ -36,7 +37,7 @@ def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
         trace_skew=args.trace_skew, conventions=args.conventions, rho_mem=rho_mem,
         nb_mode=args.nb_mode,
         time_limit_s=args.time_limit, mip_gap=args.mip_gap, solver=args.solver,
-        lb_method=_LB_CHOICES[args.lb_method], bo_calls=args.bo_calls,
+        lb_method=LB_CHOICES[args.lb_method], bo_calls=args.bo_calls,
         lb_objective=args.lb_objective, hop_latency_ns=args.hop_latency_ns,
         guard=None if args.no_guard else "tp", seed=args.seed)
 

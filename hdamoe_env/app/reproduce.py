@@ -135,10 +135,10 @@ def _bench_config(params: Mapping[str, Any], cache_dir: str | None) -> Any:
 
 def _placement_dir_of(params: Mapping[str, Any], cache_dir: str | None) -> str:
     """Compute (or find cached) the quick placements of a configuration; return the directory."""
-    from hdamoe_env.app.bench import _load_trace, placement_store
+    from hdamoe_env.app.bench import load_bench_trace, placement_store
 
     config = _bench_config(params, cache_dir)
-    trace, _ = _load_trace(config)
+    trace, _ = load_bench_trace(config)
     store = placement_store(config, trace, progress=False)
     store.get("node_link")
     return str(store.pipeline_dir)
@@ -264,23 +264,28 @@ METHODS_MATCHED = ("hda-moe@q99", "hda-moe@q95")
 METHODS_PARETO = ("hda-moe@s0.0625", "hda-moe@s0.25")
 
 
-def _mixtral_trace(mixtral_dir: str | None, category: str = "reasoning") -> str | None:
+def mixtral_trace_path(mixtral_dir: str | None, category: str = "reasoning") -> str | None:
+    """Return the path of the reference Mixtral trace of ``category``, or None if absent."""
     if mixtral_dir is None:
         return None
     path = Path(mixtral_dir) / f"experts_{category}_mixtral.json"
     return str(path) if path.exists() else None
 
 
-def _cfg(model: str, trace: str, setting: str, batch: int, conventions: str = "faithful",
-         mesh: str = "4x8", topology: str = "mesh", steps: int = 8,
-         **extra: Any) -> dict[str, Any]:
+def bench_cfg(model: str, trace: str, setting: str, batch: int, conventions: str = "faithful",
+              mesh: str = "4x8", topology: str = "mesh", steps: int = 8,
+              **extra: Any) -> dict[str, Any]:
+    """Return one bench configuration of the grids (model, trace, setting, batch, ...) as a dict.
+
+    ``extra`` adds or overrides fields (e.g. ``env_kwargs``); shared with ``crossover``.
+    """
     cfg = {"model": model, "trace": trace, "setting": setting, "batch": batch,
            "conventions": conventions, "mesh": mesh, "topology": topology, "steps": steps}
     cfg.update(extra)
     return cfg
 
 
-def _placement_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def placement_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a bench configuration the placements depend on."""
     keys = ("model", "trace", "setting", "conventions", "mesh", "topology", "trace_requests",
             "trace_skew")  # trace_skew: only present (and keyed) when != 1
@@ -317,24 +322,24 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
         needs = placement and any(m not in ("tp", "ep") for m in methods)
         if needs:
             src = placement_from if placement_from is not None else cfg
-            cells.append(Cell("placements", "placement", {"config": _placement_key(src)}))
+            cells.append(Cell("placements", "placement", {"config": placement_key(src)}))
         params: dict[str, Any] = {"config": cfg, "methods": list(methods), "seeds": seeds}
         if keep:
             params["keep"] = list(keep)
         if placement_from is not None:
-            params["placement_from"] = _placement_key(placement_from)
+            params["placement_from"] = placement_key(placement_from)
         cells.append(Cell(figure, "bench", params, dict(tags)))
 
     if suite == "tiny":
-        bench("fig10_end_to_end", _cfg("deepseek-v2-lite", "synthetic", "5/50", 8, steps=1,
-                                       trace_requests=16), ("tp", "ep"), placement=False)
-        bench("fig10_end_to_end", _cfg("deepseek-v2-lite", "synthetic", "2.5/75", 8, steps=1,
-                                       trace_requests=16), ("tp", "ep"), placement=False)
+        bench("fig10_end_to_end", bench_cfg("deepseek-v2-lite", "synthetic", "5/50", 8, steps=1,
+                                            trace_requests=16), ("tp", "ep"), placement=False)
+        bench("fig10_end_to_end", bench_cfg("deepseek-v2-lite", "synthetic", "2.5/75", 8, steps=1,
+                                            trace_requests=16), ("tp", "ep"), placement=False)
         return dedupe_cells(cells)
 
     ds = ("deepseek-v2-lite", "synthetic")
     models = [ds]
-    mixtral = _mixtral_trace(mixtral_dir)
+    mixtral = mixtral_trace_path(mixtral_dir)
     if mixtral is not None:
         models.append(("mixtral-8x7b", mixtral))
     if full:
@@ -353,16 +358,17 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
                     keep = ("link_busy_us",) if headline else ()
                     methods = METHODS_E2E + METHODS_MATCHED + (METHODS_PARETO if headline
                                                                else ())
-                    bench("fig10_end_to_end", _cfg(model, trace, setting, batch, conv,
-                                                   steps=steps), methods, keep=keep)
+                    bench("fig10_end_to_end", bench_cfg(model, trace, setting, batch, conv,
+                                                        steps=steps), methods, keep=keep)
     # Fig. 11: mesh size at 5/50; Fig. 12: topology at 32 endpoints (5 TFLOPS assumed, §13)
     scale_models = models if full else [ds]
     for model, trace in scale_models:
         for mesh in ("4x4", "8x8"):
-            bench("fig11_mesh", _cfg(model, trace, "5/50", 128, mesh=mesh, steps=steps),
+            bench("fig11_mesh", bench_cfg(model, trace, "5/50", 128, mesh=mesh, steps=steps),
                   ("tp", "ep", "hybrid", "hd-moe", "hda-moe"))
         for topo in ("torus", "fattree"):
-            bench("fig12_topology", _cfg(model, trace, "5/50", 128, topology=topo, steps=steps),
+            bench("fig12_topology",
+                  bench_cfg(model, trace, "5/50", 128, topology=topo, steps=steps),
                   ("tp", "ep", "hybrid", "hd-moe", "hda-moe"))
     # Fig. 20: memory cap (DeepSeek, 5/50, B = 128)
     cells.append(Cell("fig20_memory_cap", "sweep_mem", {
@@ -377,20 +383,20 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
         (ds[0], "synthetic", {"trace_seed": s}, f"synthetic seed {s}") for s in (1, 2, 3)]
     if full and mixtral is not None:
         for category in ("extraction", "humanities", "roleplay", "stem", "writing"):
-            path = _mixtral_trace(mixtral_dir, category)
+            path = mixtral_trace_path(mixtral_dir, category)
             if path is not None:
                 runtime.append(("mixtral-8x7b", path, {}, category))
     for setting, k_b in (("5/50", 2), ("2.5/75", 5)):
         for model, trace, env_kwargs, category in runtime:
             src_trace = mixtral if model == "mixtral-8x7b" else "synthetic"
-            src = _cfg(model, src_trace, setting, 128)
-            cfg = _cfg(model, trace, setting, dyn_batch, steps=steps, k_b=k_b,
-                       env_kwargs=env_kwargs)
+            src = bench_cfg(model, src_trace, setting, 128)
+            cfg = bench_cfg(model, trace, setting, dyn_batch, steps=steps, k_b=k_b,
+                            env_kwargs=env_kwargs)
             bench("fig21_dynamic", cfg, ("node-link", "hd-moe"), placement_from=src,
                   tags={"category": category, "k_b": k_b})
     # Fig. 22: gating vs batch (DeepSeek, 2.5/75)
     for batch in ((1, 2, 4, 8, 32, 64, 128) if full else (1, 4, 8, 32, 128)):
-        bench("fig22_gating_batch", _cfg(ds[0], "synthetic", "2.5/75", batch, steps=steps),
+        bench("fig22_gating_batch", bench_cfg(ds[0], "synthetic", "2.5/75", batch, steps=steps),
               ("node-link", "hd-moe", "agent:hardware-aware-gating", "hda-moe"))
     # Fig. 24: sensitivity to r_comp (r_comm = 0) and r_comm (r_comp = -3e4), DeepSeek 2.5/75
     # B = 32; published units (w = 2·h·I), converted to the profile in the env (÷ m)
@@ -398,8 +404,8 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
     r_comms = (0.0, -0.01, -0.03, -0.06, -0.1) + ((-0.2,) if full else ())
     sweep = [(rc, 0.0, "r_comp") for rc in r_comps] + [(-3e4, rm, "r_comm") for rm in r_comms]
     for r_comp, r_comm, axis in sweep:
-        cfg = _cfg(ds[0], "synthetic", "2.5/75", 32, steps=steps,
-                   env_kwargs={"gating_coefficients_published": [r_comp, r_comm]})
+        cfg = bench_cfg(ds[0], "synthetic", "2.5/75", 32, steps=steps,
+                        env_kwargs={"gating_coefficients_published": [r_comp, r_comm]})
         bench("fig24_sensitivity", cfg, ("node-link", "hda-moe"),
               tags={"r_comp": r_comp, "r_comm": r_comm, "axis": axis})
     return dedupe_cells(cells)

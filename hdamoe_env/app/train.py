@@ -26,8 +26,8 @@ from agents.learned.train import to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app.methods import parse_method
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
-from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, _env_cli_arguments, _env_kwargs_from_args,
-                                     _seeds, evaluate, held_out_evaluation, resolve_placement)
+from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, add_env_arguments, env_kwargs_from_args,
+                                     parse_seeds, evaluate, held_out_evaluation, resolve_placement)
 from hdamoe_env.app.plots import plot_seed_curves
 from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.progress import stage
@@ -50,7 +50,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         ``p``.
     """
     p.add_argument("--algo", default="maskable-ppo", choices=ALGORITHMS, help="RL algorithm")
-    _env_cli_arguments(p, defaults=True)
+    add_env_arguments(p, defaults=True)
     p.add_argument("--timesteps", type=positive_int, default=None,
                    help="total env steps (default: n_timesteps of --hyperparams, else 10000)")
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
@@ -164,17 +164,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     quality = _quality(args)                     # checked before any work
     hyperparams, timesteps, n_envs, normalize = _train_settings(args)
-    env_kwargs = _env_kwargs_from_args(args)
+    env_kwargs = env_kwargs_from_args(args)
     baselines = [b.strip() for b in args.eval_baselines.split(",") if b.strip()]
     for b in baselines:
         if b.startswith("tuned:"):
             parse_method(b)                # a bad tuned file fails before training
-    seeds = list(dict.fromkeys(_seeds(args.seeds) or [])) or None
+    seeds = list(dict.fromkeys(parse_seeds(args.seeds) or [])) or None
     if seeds is not None and args.seed != 0:
         raise ConfigError(f"--seed {args.seed} with --seeds {args.seeds}: expected only one of "
                           "them; add the seed to --seeds")
     per_seed_eval = None if args.no_eval or seeds else held_out_evaluation(
-        seeds=_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
+        seeds=parse_seeds(args.eval_seeds), steps=args.eval_steps, trace=args.eval_trace,
         baselines=baselines, learning_curve=not args.no_tensorboard)
     _check_replica_placement(args.replica_shares, env_kwargs)      # before resolving it
     placement = resolve_placement(env_kwargs)
@@ -192,7 +192,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if seeds is not None and not args.no_eval:
         line = stage("held-out evaluation of every seed")
         try:
-            res = evaluate([str(out) for _, out in runs], seeds=_seeds(args.eval_seeds),
+            res = evaluate([str(out) for _, out in runs], seeds=parse_seeds(args.eval_seeds),
                            steps=args.eval_steps, trace=args.eval_trace, baselines=baselines,
                            out_dir=args.out)
         finally:

@@ -156,7 +156,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
         predictor=args.predictor, max_broadcast=args.max_broadcast,
         placement_dir=args.placement_dir, cache_dir=args.cache_dir,
         placement_seed=args.place_seed, env_kwargs=env_kwargs)
-    trace, _ = bench._load_trace(config)
+    trace, _ = bench.load_bench_trace(config)
     placement, artifact = bench.placement_store(config, trace, progress=not args.no_progress
                                                 ).get(args.placement.replace("-", "_"))
     base = {**config.env_arguments(), "trace": trace, "placement": placement}
@@ -181,12 +181,12 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     eval_kwargs = dict(base)
     if args.eval_trace is not None:
         eval_config = config.with_run(trace=args.eval_trace)
-        eval_kwargs["trace"], _ = bench._load_trace(eval_config)
+        eval_kwargs["trace"], _ = bench.load_bench_trace(eval_config)
         split = f"eval trace {args.eval_trace!r}"
     elif isinstance(args.trace, str) and args.trace == "synthetic":
         seed = args.trace_seed + HELD_OUT_TRACE_OFFSET
         eval_config = dataclasses.replace(config, env_kwargs={"trace_seed": seed})
-        eval_kwargs["trace"], _ = bench._load_trace(eval_config)
+        eval_kwargs["trace"], _ = bench.load_bench_trace(eval_config)
         eval_kwargs["trace_seed"] = seed
         split = f"synthetic, trace_seed {seed} (training: {args.trace_seed})"
     else:

@@ -2,9 +2,9 @@
 
 What lives here: the typed errors of the package (``errors``), the frozen model / hardware /
 topology specs and their presets (``specs``, paper-model.md §2–3), the convention profiles
-(``profiles``, §4), atomic file writes and JSON helpers (``fileio``), the bounded process-wide
-cache helper (``cache``) and the one run configuration resolved at the boundary (``run``).
-Nothing here simulates anything.
+(``profiles``, §4), atomic file writes and JSON helpers (``fileio``) and the one bounded
+process-wide cache helper every memo table of the package uses (``cache``: ``BoundedCache``,
+the registry ``CACHES``, ``clear_caches``). Nothing here simulates anything.
 
 May import: traces
 """

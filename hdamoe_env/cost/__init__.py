@@ -1,8 +1,9 @@
 """The cost model: closed-form compute and communication terms of one MoE layer.
 
 What lives here: the expert phase, TP all-reduce and the analytic estimator of Eq. 2
-(``perf``, paper-model.md §5), the non-MoE term (``nonmoe``, §5.3), the α–β broadcast time and
-the pre-broadcast budget (``broadcast``, §10.3) and the unit checks they share (``units``).
+(``perf``, paper-model.md §5), the non-MoE term (``nonmoe``, §5.3), the α–β broadcast time,
+the pre-broadcast budget and the plan of a layer (``broadcast``: ``broadcast_plan``,
+``broadcast_slots``, §10.3–10.4) and the unit and shape checks they share (``units``).
 
 May import: hdamoe_env.config, hdamoe_env.noc
 """

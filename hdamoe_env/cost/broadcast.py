@@ -3,25 +3,31 @@
 The time budget a layer offers for broadcasting the next layer's hot experts (``layer``:
 t_nm + t_comp of the layer; ``hd``: the conference formula of §10.3, Q14), the pipelined α–β
 model of broadcasting m experts' weights (payload S, depth H, start-up α per message, link
-bandwidth), and the number of broadcast slots k_b that fit the budget. Pure functions in SI
-units, scalar or array arguments, as in :mod:`hdamoe_env.cost.perf`. The DES of the same traffic is
-``scheduling.simulate_broadcast``.
+bandwidth), the number of broadcast slots k_b that fit the budget, and the plan of one layer
+that puts them together (``BroadcastPlan``, ``broadcast_plan``, ``broadcast_slots``). Pure
+functions in SI units, scalar or array arguments, as in :mod:`hdamoe_env.cost.perf`. The DES of
+the same traffic is ``hdamoe_env.noc.broadcast.simulate_broadcast``; which experts are
+broadcast is ``hdamoe_env.decisions.broadcast.priority_broadcast``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.cost.nonmoe import _generic_terms
-from hdamoe_env.cost.perf import FloatOrArray, _batch, _out, _positive, expert_bytes
+from hdamoe_env.cost.nonmoe import generic_terms
+from hdamoe_env.cost.perf import expert_bytes
+from hdamoe_env.cost.units import FloatOrArray, as_output, check_tokens, check_positive
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
-__all__ = ["HD_BUDGET_CTX_LEN", "broadcast_time_chunked", "broadcast_chunk", "broadcast_time", "broadcast_payload", "broadcast_depth", "hd_budget", "broadcast_budget", "num_broadcast"]
+__all__ = ["HD_BUDGET_CTX_LEN", "BroadcastPlan", "broadcast_budget", "broadcast_chunk",
+           "broadcast_depth", "broadcast_payload", "broadcast_plan", "broadcast_slots",
+           "broadcast_time", "broadcast_time_chunked", "hd_budget", "num_broadcast"]
 
 #: L_ctx of the conference pre-broadcast budget formula (§10.3, Q14).
 HD_BUDGET_CTX_LEN = 1024
@@ -57,9 +63,9 @@ def broadcast_time_chunked(
         Seconds, broadcast shape of ``c`` and ``m``.
     """
     chunk = np.asarray(c, dtype=np.float64)
-    beta = 1.0 / _positive("bw", bw)
+    beta = 1.0 / check_positive("bw", bw)
     count = np.asarray(m, dtype=np.float64)
-    return _out(alpha * (H + S / chunk) + beta * count * (S + chunk * H))
+    return as_output(alpha * (H + S / chunk) + beta * count * (S + chunk * H))
 
 
 def broadcast_chunk(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -> FloatOrArray:
@@ -75,9 +81,9 @@ def broadcast_chunk(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -
     Returns:
         Bytes, shape of ``m``.
     """
-    beta = 1.0 / _positive("bw", bw)
+    beta = 1.0 / check_positive("bw", bw)
     count = np.asarray(m, dtype=np.float64)
-    return _out(np.sqrt(alpha * S / (beta * count * H)))
+    return as_output(np.sqrt(alpha * S / (beta * count * H)))
 
 
 def broadcast_time(m: ArrayLike, S: float, H: float, alpha: float, bw: float) -> FloatOrArray:
@@ -95,10 +101,10 @@ def broadcast_time(m: ArrayLike, S: float, H: float, alpha: float, bw: float) ->
     Returns:
         Seconds, shape of ``m``.
     """
-    beta = 1.0 / _positive("bw", bw)
+    beta = 1.0 / check_positive("bw", bw)
     count = np.asarray(m, dtype=np.float64)
     time = alpha * H + beta * count * S + 2.0 * np.sqrt(alpha * beta * count * S * H)
-    return _out(np.where(count > 0, time, 0.0))
+    return as_output(np.where(count > 0, time, 0.0))
 
 
 def broadcast_payload(model: ModelSpec, conv: Conventions) -> float:
@@ -171,12 +177,12 @@ def hd_budget(
     Returns:
         Seconds, shape of ``B``.
     """
-    batch = _batch(B)
-    flops, nbytes = _generic_terms(model, batch, float(ctx_len))
+    batch = check_tokens(B)
+    flops, nbytes = generic_terms(model, batch, float(ctx_len))
     h, inter = model.hidden_size, model.expert_intermediate
     flops = flops + 2 * model.top_k * batch * inter * h  # the MoE FFN of the layer (2·h·I)
     nodes = hw.num_nodes
-    return _out(flops / (nodes * hw.compute_flops) + nbytes / (nodes * hw.mem_bw_Bps))
+    return as_output(flops / (nodes * hw.compute_flops) + nbytes / (nodes * hw.mem_bw_Bps))
 
 
 def broadcast_budget(
@@ -214,7 +220,7 @@ def broadcast_budget(
             "bc_budget='layer' needs the layer's t_nm_s and t_comp_s (static "
             "evaluator at the current B); pass both, or use bc_budget='hd'"
         )
-    return _out(np.asarray(t_nm_s, np.float64) + np.asarray(t_comp_s, np.float64))
+    return as_output(np.asarray(t_nm_s, np.float64) + np.asarray(t_comp_s, np.float64))
 
 
 def num_broadcast(
@@ -247,3 +253,70 @@ def num_broadcast(
     fits = np.asarray(broadcast_time(counts, S, H, alpha, bw)) < budget_s
     # Number of leading fits (T_bc* is monotone, so this equals fits.sum()).
     return int(max_m if fits.all() else np.argmin(fits))
+
+
+# --------------------------------------------------------------------------------------------
+# §10.3–10.4 The plan of one layer: budget, k_b, payload, depth, chunk size
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastPlan:
+    """The pre-broadcast budget of a layer and what fits into it (§10.3–10.4).
+
+    Attributes:
+        budget_s: Time the broadcast may hide behind, seconds.
+        k_b: Number of experts that fit, max{m : T_bc*(m) < budget}, capped at ``max_m``.
+        payload_bytes: S, bytes per expert.
+        depth_hops: H, pipeline depth.
+        chunk_bytes: c*(k_b) (c*(1) when k_b = 0), bytes.
+        time_s: T_bc*(k_b), seconds (0 when k_b = 0).
+    """
+
+    budget_s: float
+    k_b: int
+    payload_bytes: float
+    depth_hops: float
+    chunk_bytes: float
+    time_s: float
+
+
+def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch: int,
+                   topology_diameter: int | None, t_nm_prev: float | None,
+                   t_comp_prev: float | None, max_m: int) -> BroadcastPlan:
+    """Return the budget, k_b, payload, depth and chunk size of a pre-broadcast (§10.3–10.4).
+
+    Args:
+        model: The model (S from h, I).
+        hw: The hardware (D, C, BW, BW_mem).
+        conv: The conventions (``bc_budget``, ``bc_payload``, ``bc_depth``, ``broadcast_alpha_s``).
+        batch: Tokens per decode step B.
+        topology_diameter: Diameter in hops (``bc_depth="diameter"``).
+        t_nm_prev: t_nm of the layer the broadcast hides behind (``bc_budget="layer"``), s.
+        t_comp_prev: Its expert phase (static evaluator at B), s.
+        max_m: Cap on k_b (e.g. the env's ``max_broadcast``, at most E).
+
+    Returns:
+        The plan.
+    """
+    budget = float(broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
+    S = broadcast_payload(model, conv)
+    H = broadcast_depth(conv, hw.num_nodes, topology_diameter)
+    alpha, bw = conv.broadcast_alpha_s, hw.link_bw_Bps
+    k_b = num_broadcast(budget, S, H, alpha, bw, max_m)
+    chunk = float(broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
+    time = float(broadcast_time(k_b, S, H, alpha, bw))
+    return BroadcastPlan(budget, k_b, S, H, chunk, time)
+
+
+def broadcast_slots(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch: int,
+                    topology_diameter: int | None, t_nm_prev: float | None,
+                    t_comp_prev: float | None, max_m: int) -> int:
+    """Return k_b, the number of experts pre-broadcast for one layer (§10.3).
+
+    ``paper*`` (``bc_budget="hd"``): the HD budget formula, the same for every layer;
+    ``faithful`` (``"layer"``): t_nm(l−1) + t_comp(l−1). k_b = max{m : T_bc*(m) < budget} with
+    the α–β model at the optimal chunk size. See ``broadcast_plan`` for the arguments.
+    """
+    return broadcast_plan(model, hw, conv, batch, topology_diameter, t_nm_prev, t_comp_prev,
+                          max_m).k_b

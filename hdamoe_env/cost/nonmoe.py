@@ -18,7 +18,8 @@ from numpy.typing import ArrayLike
 
 from hdamoe_env.noc import collectives
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.cost.perf import FloatArray, FloatOrArray, _batch, _out, tp_allreduce_time
+from hdamoe_env.cost.perf import tp_allreduce_time
+from hdamoe_env.cost.units import FloatArray, FloatOrArray, as_output, check_tokens
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 from hdamoe_env.noc.topology import Topology
@@ -101,7 +102,7 @@ def _journal_terms(model: ModelSpec, B: FloatArray, L: float) -> tuple[FloatArra
     return flops, nbytes
 
 
-def _generic_terms(model: ModelSpec, B: FloatArray, L: float) -> tuple[FloatArray, FloatArray]:
+def generic_terms(model: ModelSpec, B: FloatArray, L: float) -> tuple[FloatArray, FloatArray]:
     """Return (FLOPs, bytes) of one layer by the conference generic formula (§5.3.2)."""
     h = float(model.hidden_size)
     I = float(model.expert_intermediate)  # noqa: E741 - the paper's symbol
@@ -151,7 +152,7 @@ def _combine(
 ) -> NonMoeTime:
     """Build a ``NonMoeTime`` with a serial or roofline total."""
     total = (np.maximum(compute, memory) if roofline else compute + memory) + comm
-    return NonMoeTime(_out(compute), _out(memory), _out(comm), _out(total))
+    return NonMoeTime(as_output(compute), as_output(memory), as_output(comm), as_output(total))
 
 
 def _arch_roofline(conv: Conventions) -> bool:
@@ -192,15 +193,15 @@ def nonmoe_allreduce_time(
     Returns:
         Seconds, shape of ``B``.
     """
-    batch = _batch(B)
+    batch = check_tokens(B)
     if not conv.nonmoe_allreduce:
-        return _out(np.zeros_like(batch))
+        return as_output(np.zeros_like(batch))
     if conv.tp_allreduce == "best" and topology is not None:
         alpha, hop = conv.msg_alpha_s, hw.hop_latency_for(conv)
         times = [collectives.best_allreduce(topology, float(b) * model.hidden_size * conv.b_psum,
                                             alpha_s=alpha, hop_latency_s=hop).time_s
                  for b in batch.reshape(-1)]
-        return _out(np.array(times, dtype=np.float64).reshape(batch.shape))
+        return as_output(np.array(times, dtype=np.float64).reshape(batch.shape))
     return tp_allreduce_time(model, hw, conv, batch, bw_end_Bps=bw_end_Bps)
 
 
@@ -245,13 +246,13 @@ def nonmoe_time(
         raise ConfigError(
             f"layer must be in 0..{model.num_moe_layers - 1} for model {model.key!r}, got {layer}"
         )
-    batch = _batch(B)
+    batch = check_tokens(B)
     ctx = float(conv.nonmoe_ctx_len)
     if conv.nonmoe == "journal":
         flops, nbytes = _journal_terms(model, batch, ctx)
         roofline = False
     elif conv.nonmoe == "generic":
-        flops, nbytes = _generic_terms(model, batch, ctx)
+        flops, nbytes = generic_terms(model, batch, ctx)
         roofline = False
     else:
         flops, nbytes = _arch_terms(model, conv, batch, layer, float(model.shared_intermediate))
@@ -289,7 +290,7 @@ def dense_layer_time(
     Returns:
         One dense layer's ``NonMoeTime`` (seconds).
     """
-    batch = _batch(B)
+    batch = check_tokens(B)
     h = float(model.hidden_size)
     weights = float(model.attn_weight_elements)
     core_flops = model.core_flops_per_ctx_token * conv.nonmoe_ctx_len
@@ -328,7 +329,7 @@ def lm_head_time(
     Returns:
         The LM head's ``NonMoeTime`` (seconds).
     """
-    batch = _batch(B)
+    batch = check_tokens(B)
     weights = float(model.vocab_size) * model.hidden_size
     nodes = hw.num_nodes
     compute = 2.0 * batch * weights / (nodes * hw.compute_flops)
@@ -362,7 +363,7 @@ def nonmoe_step_time(
     Returns:
         Seconds, shape of ``B``.
     """
-    batch = _batch(B)
+    batch = check_tokens(B)
     per_layer: dict[bool, FloatArray] = {}  # t_nm depends on the layer only via its attention
     total = np.zeros_like(batch)
     for layer in range(model.num_moe_layers):
@@ -377,6 +378,6 @@ def nonmoe_step_time(
         total = total + model.num_dense_layers * np.asarray(dense, np.float64)
     if conv.include_lm_head:
         total = total + np.asarray(lm_head_time(model, hw, conv, batch).total_s, np.float64)
-    return _out(total)
+    return as_output(total)
 
 

@@ -9,7 +9,8 @@ Implements paper-model.md:
 * §5.5 — the analytic communication estimator (Eq. 2), static (groups) and sampled (tokens);
 * §5.6 — the TP all-reduce (constant or ring);
 * §7.3 — R_cc and the Node-Balance TP-ratio cap (constraint 11);
-* §10.3–10.4 — the pre-broadcast closed forms live in :mod:`hdamoe_env.broadcast`.
+* §10.3–10.4 — the pre-broadcast closed forms live in :mod:`hdamoe_env.cost.broadcast`;
+* the unit and shape checks shared by these modules live in :mod:`hdamoe_env.cost.units`.
 
 Assumptions (the paper's, §5.1): the non-MoE work of a layer is split evenly over the D nodes;
 there are no efficiency factors; phases are serial, rooflines apply only inside a compute phase.
@@ -22,9 +23,6 @@ array of the same shape. The deterministic check values of paper-model.md §14 a
 
 from __future__ import annotations
 
-import math
-from typing import TypeAlias
-
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -32,6 +30,8 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 from hdamoe_env.config.run import RUN_DEFAULTS
+from hdamoe_env.cost.units import (FloatArray, FloatOrArray, as_output, check_tokens,
+                                   check_positive)
 
 __all__ = [
     "analytic_comm_sampled",
@@ -52,32 +52,6 @@ __all__ = [
     "tp_expert_compute_time",
     "tp_ratio_cap",
 ]
-
-FloatArray: TypeAlias = NDArray[np.float64]
-FloatOrArray: TypeAlias = float | NDArray[np.float64]
-
-
-
-def _out(x: FloatArray | np.floating | float) -> FloatOrArray:
-    """Return a Python float for 0-d results, else the array itself."""
-    arr = np.asarray(x, dtype=np.float64)
-    return float(arr) if arr.ndim == 0 else arr
-
-
-def _batch(B: ArrayLike) -> FloatArray:
-    """Convert a batch size (scalar or array, tokens) to float64 and check it is >= 0."""
-    b = np.asarray(B, dtype=np.float64)
-    if not np.all(np.isfinite(b)) or np.any(b < 0):
-        raise ConfigError(f"batch size B must be finite and >= 0, got {B!r}")
-    return b
-
-
-def _positive(name: str, value: float) -> float:
-    """Check that a rate or size is a finite positive number."""
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite positive number, got {value!r}")
-    return float(value)
-
 
 def _nodes(hw: HardwareSpec, num_nodes: int | None) -> int:
     """Return D: ``num_nodes`` if given, else the hardware's node count."""
@@ -158,7 +132,7 @@ def gemm_tile_time(tokens: ArrayLike, columns: ArrayLike, model: ModelSpec, hw: 
     cols = np.ceil(np.maximum(c / conv.tile_cols - 1e-9, 0.0)) * conv.tile_cols
     runs = (t > 0) & (c > 0)
     per_gemm = rows * cols * (2.0 * model.hidden_size / hw.compute_flops) + conv.gemm_overhead_s
-    return _out(np.where(runs, conv.expert_matrices * per_gemm, 0.0))
+    return as_output(np.where(runs, conv.expert_matrices * per_gemm, 0.0))
 
 
 def tiled_node_compute(P: ArrayLike, tokens: ArrayLike, active: ArrayLike, model: ModelSpec,
@@ -205,7 +179,7 @@ def expected_active(f: ArrayLike, B: ArrayLike) -> FloatArray:
         a, shape of ``f`` broadcast against ``B``, in [0, 1].
     """
     freq = np.clip(np.asarray(f, dtype=np.float64), 0.0, 1.0)
-    return 1.0 - (1.0 - freq) ** _batch(B)
+    return 1.0 - (1.0 - freq) ** check_tokens(B)
 
 
 def expert_compute_times(
@@ -290,7 +264,7 @@ def t_comp(compute_s: ArrayLike, stream_s: ArrayLike) -> FloatOrArray:
         Seconds; a float for [D] inputs, else shape [...].
     """
     per_node = np.maximum(np.asarray(compute_s, np.float64), np.asarray(stream_s, np.float64))
-    return _out(per_node.max(axis=-1))
+    return as_output(per_node.max(axis=-1))
 
 
 def t_comp_static(
@@ -317,7 +291,7 @@ def t_comp_static(
         Seconds; a float for one layer, else shape [...].
     """
     freq = np.asarray(f, dtype=np.float64)
-    batch = float(_batch(B))
+    batch = float(check_tokens(B))
     compute, stream = expert_compute_times(
         P, freq * batch, model, hw, conv, active=expected_active(freq, batch)
     )
@@ -370,7 +344,8 @@ def tp_expert_compute_time(
         Seconds, shape of ``B``.
     """
     nodes = _nodes(hw, num_nodes)
-    return _out(model.top_k * _batch(B) * expert_flops(model, conv) / (nodes * hw.compute_flops))
+    return as_output(model.top_k * check_tokens(B) * expert_flops(model, conv)
+                     / (nodes * hw.compute_flops))
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,14 +382,14 @@ def tp_allreduce_time(
     Returns:
         Seconds, shape of ``B``.
     """
-    batch = _batch(B)
-    bw = _positive("bw_end_Bps", hw.link_bw_Bps if bw_end_Bps is None else bw_end_Bps)
+    batch = check_tokens(B)
+    bw = check_positive("bw_end_Bps", hw.link_bw_Bps if bw_end_Bps is None else bw_end_Bps)
     h = model.hidden_size
     if conv.tp_allreduce == "const":
-        return _out(conv.tp_const * batch * h / bw)
+        return as_output(conv.tp_const * batch * h / bw)
     nodes = _nodes(hw, num_nodes)
     step_s = conv.msg_alpha_s + hw.hop_latency_for(conv)
-    return _out(2 * (nodes - 1) * (batch * h * conv.b_psum / (nodes * bw) + step_s))
+    return as_output(2 * (nodes - 1) * (batch * h * conv.b_psum / (nodes * bw) + step_s))
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,8 +462,8 @@ def analytic_comm_static(
     touch = _touch_matrix(holders, groups, "groups")  # [G, D]
     if freq.shape != (touch.shape[0],):
         raise ConfigError(f"f_g must have shape [G] = ({touch.shape[0]},), got {freq.shape}")
-    volume = float(_batch(B)) * h * (freq @ touch)
-    bw = _positive("bw_end_Bps", bw_end_Bps)
+    volume = float(check_tokens(B)) * h * (freq @ touch)
+    bw = check_positive("bw_end_Bps", bw_end_Bps)
     return float(kappa_a * volume.max(initial=0.0) / bw), volume
 
 
@@ -519,7 +494,7 @@ def analytic_comm_sampled(
     holders = _support_matrix(support)
     touch = _touch_matrix(holders, token_sets, "token_sets")  # [T, D]
     volume = float(h) * touch.sum(axis=0, dtype=np.float64)
-    bw = _positive("bw_end_Bps", bw_end_Bps)
+    bw = check_positive("bw_end_Bps", bw_end_Bps)
     return float(kappa_a * volume.max(initial=0.0) / bw), volume
 
 
@@ -557,12 +532,12 @@ def r_cc(
         The dimensionless ratio.
     """
     nodes = _nodes(hw, num_nodes)
-    batch = _positive("B", float(B))
+    batch = check_positive("B", float(B))
     compute = float(tp_expert_compute_time(model, hw, conv, batch, num_nodes=nodes))
     if conv.is_paper:
         # [decision] kappa_a rather than a literal 4: identical in paper*, and it keeps the
         # denominator equal to the profile's analytic estimate of TP (§5.6).
-        bw = _positive("bw_end_Bps", hw.link_bw_Bps if bw_end_Bps is None else bw_end_Bps)
+        bw = check_positive("bw_end_Bps", hw.link_bw_Bps if bw_end_Bps is None else bw_end_Bps)
         comm = conv.kappa_a * batch * model.hidden_size / bw
     else:
         comm = float(tp_allreduce_time(model, hw, conv, batch, bw_end_Bps, num_nodes=nodes))
@@ -613,5 +588,5 @@ def min_shards(f: ArrayLike, cap: float) -> NDArray[np.int64]:
     Returns:
         Integer shard counts, shape of ``f`` (at least 1).
     """
-    need = np.ceil(np.asarray(f, dtype=np.float64) / _positive("cap", cap))
+    need = np.ceil(np.asarray(f, dtype=np.float64) / check_positive("cap", cap))
     return np.maximum(need, 1).astype(np.int64)

@@ -18,25 +18,27 @@ Implements paper-model.md §11 (paper §V-D):
 * §11.8 — diagnostics: normalised gating entropy and top margin s_(1) − s_(k+1).
 
 The loop over rows is inherent to the algorithm (row t's penalties depend on the choices of rows
-< t). It runs in a numba kernel (``_greedy_kernel``, compiled once and cached on disk like the DES
-kernel); the pure-Python loop it replaced is kept as ``_greedy_reference``, the oracle the tests
-compare it with for exact equality. The penalties are computed once per row from the state
-before the row (``new_nodes`` additionally updates the covered nodes after each of the k picks).
-Pure functions, numpy and numba only (style.md §2).
+< t). It runs in numba kernels (:mod:`hdamoe_env.decisions.gating_kernels`, compiled once and
+cached on disk like the DES kernel); the pure-Python loop they replaced lives with the tests
+(``tests/hdamoe_env/gating_reference.py``), the oracle they are compared with for exact
+equality. This module holds the public API, the argument checks, the candidate sort, the
+placement tables the kernels read and the statistics. The penalties are computed once per row
+from the state before the row (``new_nodes`` additionally updates the covered nodes after each
+of the k picks). Pure functions, numpy and numba only (style.md §2).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from numba import njit
 from numpy.typing import ArrayLike, NDArray
 
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.decisions.gating_kernels import (all_finite, fused_kernel, greedy_kernel,
+                                                 ids_in_range, kept_counts, sort_rows)
 
 __all__ = [
     "COEFFICIENTS",
@@ -136,7 +138,7 @@ class _Candidates:
     """Candidate experts of every row sorted by original score (best first).
 
     ``ids``/``vals`` hold a prefix of ``prefix`` columns (all candidates when the input is small);
-    ``full_row(t)`` returns the complete sorted row for the rare rows whose scan needs more.
+    the rare rows whose scan needs more are sorted whole from ``raw_ids``/``raw_vals``.
     """
 
     ids: NDArray[np.int64]           # [B, W] prefix, sorted
@@ -144,11 +146,6 @@ class _Candidates:
     width: int                       # candidates per row in total (after the window)
     raw_ids: NDArray[np.int64] | None
     raw_vals: NDArray[np.float64]
-
-    def full_row(self, t: int) -> tuple[list[int], list[float]]:
-        order = np.argsort(-self.raw_vals[t], kind="stable")[:self.width]
-        ids = order if self.raw_ids is None else self.raw_ids[t][order]
-        return ids.tolist(), self.raw_vals[t][order].tolist()
 
 
 def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_experts: int,
@@ -166,7 +163,7 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
                               f"same shape [B, C], got {ids_in.shape} ({ids_in.dtype}) and "
                               f"{vals.shape}")
         raw_ids = np.ascontiguousarray(ids_in, dtype=np.int64)     # no copy when int64
-        if raw_ids.size and not _ids_in_range(raw_ids, num_experts):
+        if raw_ids.size and not ids_in_range(raw_ids, num_experts):
             raise ConfigError(f"candidate ids must lie in [0, E={num_experts}), got range "
                               f"[{raw_ids.min()}, {raw_ids.max()}]")
     else:
@@ -175,7 +172,7 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
             raise ConfigError(f"scores must have shape [B, E={num_experts}], got {vals.shape}")
         raw_ids = None
     vals = np.ascontiguousarray(vals)
-    if not _all_finite(vals):
+    if not all_finite(vals):
         raise ConfigError("scores must be finite")
     num_rows, total = vals.shape
     if not (isinstance(k, int | np.integer) and 1 <= k <= total):
@@ -189,7 +186,7 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
         top = np.argpartition(-vals, prefix - 1, axis=1)[:, :prefix]
         sub = np.take_along_axis(vals, top, axis=1)
     else:                                # every candidate: one compiled stable sort per row
-        ids_sorted, vals_sorted = _sort_rows(
+        ids_sorted, vals_sorted = sort_rows(
             vals, np.empty((0, 0), dtype=np.int64) if raw_ids is None else raw_ids,
             raw_ids is not None)
         return _Candidates(ids_sorted, vals_sorted, total, raw_ids, vals)
@@ -200,50 +197,6 @@ def _candidates(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int, num_exp
     pre_ids = pos if raw_ids is None else np.take_along_axis(raw_ids, pos, axis=1)
     return _Candidates(np.ascontiguousarray(pre_ids, dtype=np.int64),
                        np.ascontiguousarray(pre_vals), total, raw_ids, vals)
-
-
-@njit(cache=True)
-def _ids_in_range(ids: NDArray[np.int64], num_experts: int) -> bool:
-    """Return whether every id lies in [0, E) (one pass, no temporaries)."""
-    for v in ids.ravel():
-        if v < 0 or v >= num_experts:
-            return False
-    return True
-
-
-@njit(cache=True)
-def _all_finite(vals: NDArray[np.float64]) -> bool:
-    """Return whether every value is finite (one pass, no temporaries)."""
-    for v in vals.ravel():
-        if not np.isfinite(v):
-            return False
-    return True
-
-
-@njit(cache=True)
-def _sort_rows(vals: NDArray[np.float64], raw_ids: NDArray[np.int64], has_ids: bool
-               ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """Sort every row by decreasing score, stably (= ``np.argsort(-vals, kind="stable")``)."""
-    num_rows, width = vals.shape
-    ids = np.empty((num_rows, width), dtype=np.int64)
-    out = np.empty((num_rows, width))
-    order = np.empty(width, dtype=np.int64)
-    for t in range(num_rows):
-        if width <= 32:                  # insertion sort: stable, no allocation
-            for j in range(width):
-                v = vals[t, j]
-                q = j
-                while q > 0 and vals[t, order[q - 1]] < v:
-                    order[q] = order[q - 1]
-                    q -= 1
-                order[q] = j
-        else:
-            order[:] = np.argsort(-vals[t], kind="mergesort")
-        for j in range(width):
-            p = order[j]
-            out[t, j] = vals[t, p]
-            ids[t, j] = raw_ids[t, p] if has_ids else p
-    return ids, out
 
 
 def gating_diagnostics(scores: ArrayLike, k: int) -> tuple[float, float]:
@@ -308,38 +261,6 @@ def penalties(P_layer: ArrayLike, counts: ArrayLike, w_flops: float, compute_flo
     return comp, (P > 0).sum(axis=1).astype(np.float64)
 
 
-# ------------------------------------------------------------------------------ placement tables
-
-_Holders = list[list[tuple[int, float, float]]]
-_PREPARED: dict[tuple[bytes, float], tuple[_Holders, list[float], list[int],
-                                         NDArray[np.float64]]] = {}
-
-
-def _prepared(P: NDArray[np.float64], w: float
-              ) -> tuple[_Holders, list[float], list[int], NDArray[np.float64]]:
-    """Return per-expert holders [(node, P_ic·w, P_ic)], |nodes(i)|, node bitmasks and P·w.
-
-    Cached by the placement's bytes: a layer's placement is reused for every decode step.
-    """
-    key = (P.tobytes(), w)
-    hit = _PREPARED.get(key)
-    if hit is not None:
-        return hit
-    Pw = P * w
-    rows, cols = np.nonzero(P > 0)
-    holders: _Holders = [[] for _ in range(P.shape[0])]
-    for i, c, wc, share in zip(rows.tolist(), cols.tolist(), Pw[rows, cols].tolist(),
-                               P[rows, cols].tolist(), strict=True):
-        holders[i].append((c, wc, share))
-    dispersion = [float(len(h)) for h in holders]
-    masks = [sum(1 << c for c, _, _ in h) for h in holders]
-    if len(_PREPARED) >= 256:
-        _PREPARED.clear()
-    hit = (holders, dispersion, masks, Pw)
-    _PREPARED[key] = hit
-    return hit
-
-
 # ------------------------------------------------------------------------------ the algorithm
 
 
@@ -377,7 +298,7 @@ def hardware_aware_gating(
 
     Cost: one pass over the rows (inherent: row t depends on the choices of rows < t); per row
     only the candidates that can still enter the top-k are evaluated (exact pruning, see
-    ``_scan_row``).
+    ``gating_kernels.scan_row``).
 
     Args:
         scores: float [B, E] router probabilities of the step's rows (batch order), or a pair
@@ -471,23 +392,19 @@ def _greedy(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: flo
             ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
     """Run the row loop (compiled kernel); return sets, raw weights and positions, each [B, k].
 
-    Makes exactly the decisions of :func:`_greedy_reference` (same floating-point operations in
-    the same order, same tie-breaking), checked by ``tests/hdamoe_env/test_gating.py``.
+    Makes exactly the decisions of the pure-Python oracle ``greedy_reference`` (same
+    floating-point operations in the same order, same tie-breaking), checked by
+    ``tests/hdamoe_env/test_gating.py`` against ``tests/hdamoe_env/gating_reference.py``.
     """
     Pw, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
     loads = _initial_loads(cands, k, Pw, include_future, initial_counts)
     raw_ids = (np.empty((0, 0), dtype=np.int64) if cands.raw_ids is None
                else np.ascontiguousarray(cands.raw_ids))
-    return _greedy_kernel(
+    return greedy_kernel(
         cands.ids, cands.vals, int(cands.width), raw_ids, cands.raw_ids is not None,
         np.ascontiguousarray(cands.raw_vals), k, loads, h_ptr, h_node, h_wc, h_share,
         dispersion, float(rc), float(rm), 1.0 / C, int(protect),
         COMP_PENALTIES.index(comp_penalty), comm_penalty == "new_nodes", bool(include_future))
-
-
-#: Use the one-call compiled path of :func:`_fused_gating` when it applies (tests switch it off
-#: to compare with the general path).
-_FUSED = True
 
 
 def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
@@ -499,11 +416,12 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
 
     Applies to int64/float64 candidate pairs ``(ids, scores)`` of at most 4k + 4
     columns (sorted whole, no prefix), no window, no ``initial_counts``/``include_future``, no
-    diagnostics and non-zero coefficients. It validates, sorts (:func:`_sort_rows`), runs the
-    greedy (:func:`_greedy_kernel`) and counts the kept ranks in one kernel call and returns
-    exactly what the general path returns (tested field by field).
+    diagnostics and non-zero coefficients. It validates, sorts (``gating_kernels.sort_rows``),
+    runs the greedy (``greedy_kernel``) and counts the kept ranks in one kernel call
+    (``fused_kernel``) and returns exactly what the general path returns (tested field by field:
+    the tests replace this function by one that returns None).
     """
-    if not (_FUSED and isinstance(scores, tuple) and len(scores) == 2 and window is None
+    if not (isinstance(scores, tuple) and len(scores) == 2 and window is None
             and initial_counts is None and not include_future and not diagnostics
             and (rc != 0 or rm != 0)):
         return None
@@ -515,9 +433,9 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
         return None
     ids, vals = np.ascontiguousarray(ids), np.ascontiguousarray(vals)
     _, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
-    out = _fused_kernel(ids, vals, P.shape[0], P.shape[1], k, h_ptr, h_node, h_wc, h_share,
-                        dispersion, rc, rm, 1.0 / C, protect, COMP_PENALTIES.index(comp_penalty),
-                        comm_penalty == "new_nodes")
+    out = fused_kernel(ids, vals, P.shape[0], P.shape[1], k, h_ptr, h_node, h_wc, h_share,
+                       dispersion, rc, rm, 1.0 / C, protect, COMP_PENALTIES.index(comp_penalty),
+                       comm_penalty == "new_nodes")
     if out is None:                    # invalid ids or scores: the general path raises
         return None
     sets, weights, positions, sorted_ids, sorted_vals, kept, changed = out
@@ -531,70 +449,20 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
                        float("nan"), (kept, changed))
 
 
-@njit(cache=True)
-def _fused_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], num_experts: int,
-                  num_nodes: int, k: int,
-                  h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
-                  h_wc: NDArray[np.float64], h_share: NDArray[np.float64],
-                  dispersion: NDArray[np.float64], rc: float, rm: float, inv_c: float,
-                  protect: int, mode: int, new_nodes: bool) -> Any:
-    """Validate, sort, gate and count in one call (:func:`_fused_gating`); None if invalid."""
-    if not _ids_in_range(ids, num_experts) or not _all_finite(vals):
-        return None
-    sorted_ids, sorted_vals = _sort_rows(vals, ids, True)
-    width = ids.shape[1]
-    loads = np.zeros(num_nodes)
-    sets, weights, positions = _greedy_kernel(
-        sorted_ids, sorted_vals, width, ids, True, vals, k, loads, h_ptr, h_node, h_wc,
-        h_share, dispersion, rc, rm, inv_c, protect, mode, new_nodes, False)
-    kept, changed = _kept_counts(positions)
-    return sets, weights, positions, sorted_ids, sorted_vals, kept, changed
+_PreparedArrays = tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64],
+                        NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+#: Holder tables by (placement bytes, w). One entry per distinct layer placement gated: a bench
+#: run needs one per layer and method (a few hundred), the whole test suite 714 (measured), so
+#: 1024 never evicts either working set.
+_PREPARED_ARRAYS: BoundedCache[tuple[bytes, float], _PreparedArrays] = BoundedCache(
+    1024, name="hdamoe_env.decisions.gating.prepared_arrays")
 
 
-def _greedy_reference(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: float,
-                      rc: float, rm: float, comp_penalty: str, comm_penalty: str, protect: int,
-                      include_future: bool, initial_counts: ArrayLike | None
-                      ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
-    """The pure-Python row loop: the oracle of :func:`_greedy` (tests only)."""
-    holders, dispersion, masks, Pw = _prepared(P, w)
-    loads_arr = _initial_loads(cands, k, Pw, include_future, initial_counts)
-    state = _RowState(loads_arr.tolist(), holders, dispersion, masks, rc, rm, 1.0 / C, k,
-                      protect, COMP_PENALTIES.index(comp_penalty), comm_penalty == "new_nodes")
-    id_rows = cands.ids.tolist()
-    val_rows = cands.vals.tolist()
-    width = cands.width
-    sets: list[list[int]] = []
-    weights: list[list[float]] = []
-    positions: list[list[int]] = []
-    for t in range(len(id_rows)):
-        cand, sv = id_rows[t], val_rows[t]
-        if include_future:
-            state.remove(cand[:k])
-        picks = state.scan(cand, sv, width)
-        if picks is None:                      # the prefix was not enough: use the whole row
-            cand, sv = cands.full_row(t)
-            picks = state.scan(cand, sv, width)
-            assert picks is not None
-        state.add([cand[p] for p in picks])
-        sets.append([cand[p] for p in picks])
-        weights.append([sv[p] for p in picks])
-        positions.append(picks)
-    return (np.array(sets, dtype=np.int64), np.array(weights, dtype=np.float64),
-            np.array(positions, dtype=np.int64))
-
-
-_PREPARED_ARRAYS: dict[tuple[bytes, float], tuple[NDArray[np.float64], NDArray[np.int64],
-                                                  NDArray[np.int64], NDArray[np.float64],
-                                                  NDArray[np.float64], NDArray[np.float64]]] = {}
-
-
-def _prepared_arrays(P: NDArray[np.float64], w: float
-                     ) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64],
-                                NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+def _prepared_arrays(P: NDArray[np.float64], w: float) -> _PreparedArrays:
     """Return P·w, the holders of every expert as CSR arrays (ptr, node, P_ic·w, P_ic), |nodes(i)|.
 
-    The same holders, in the same (node) order, as :func:`_prepared`; cached by the placement's
-    bytes.
+    Holders in (expert, node) order; cached by the placement's bytes (a layer's placement is
+    reused for every decode step).
     """
     key = (P.tobytes(), w)
     hit = _PREPARED_ARRAYS.get(key)
@@ -606,371 +474,8 @@ def _prepared_arrays(P: NDArray[np.float64], w: float
     np.cumsum(np.bincount(rows, minlength=P.shape[0]), out=ptr[1:])
     hit = (Pw, ptr, cols.astype(np.int64), np.ascontiguousarray(Pw[rows, cols]),
            np.ascontiguousarray(P[rows, cols]), np.diff(ptr).astype(np.float64))
-    if len(_PREPARED_ARRAYS) >= 256:
-        _PREPARED_ARRAYS.clear()
-    _PREPARED_ARRAYS[key] = hit
+    _PREPARED_ARRAYS.put(key, hit)
     return hit
-
-
-@njit(cache=True)
-def _base_score(i: int, s: float, loads: NDArray[np.float64], peak: float,
-                h_ptr: NDArray[np.int64], h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
-                h_share: NDArray[np.float64], dispersion: NDArray[np.float64], rc: float,
-                rm: float, inv_c: float, mode: int, new_nodes: bool) -> float:
-    """``_RowState.base``: s + r_comp·ΔT_comp(i) (+ r_comm·|nodes(i)| unless ``new_nodes``)."""
-    if mode == 0:
-        top = -np.inf
-        for j in range(h_ptr[i], h_ptr[i + 1]):
-            v = loads[h_node[j]] + h_wc[j]
-            if v > top:
-                top = v
-        comp = top - peak if top > peak else 0.0
-    elif mode == 1:
-        comp = 0.0
-        for j in range(h_ptr[i], h_ptr[i + 1]):
-            v = loads[h_node[j]] + h_wc[j]
-            if v > comp:
-                comp = v
-    else:
-        comp = 0.0
-        for j in range(h_ptr[i], h_ptr[i + 1]):
-            comp += h_share[j] * (loads[h_node[j]] + h_wc[j])
-    a = s + rc * comp * inv_c
-    return a if new_nodes else a + rm * dispersion[i]
-
-
-@njit(cache=True)
-def _scan_row(cand: NDArray[np.int64], sv: NDArray[np.float64], width: int, k: int,
-              loads: NDArray[np.float64], peak: float, h_ptr: NDArray[np.int64],
-              h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
-              h_share: NDArray[np.float64], dispersion: NDArray[np.float64], rc: float,
-              rm: float, inv_c: float, protect: int, mode: int, prune: bool, offset: float,
-              out: NDArray[np.int64], top_a: NDArray[np.float64],
-              top_p: NDArray[np.int64]) -> bool:
-    """``_RowState.scan`` (dispersion penalty); False when ``cand`` is a too-short prefix.
-
-    ``top_a``/``top_p`` [k] are work buffers: −a ascending with its position (= best first).
-    """
-    held = 0
-    kth = -np.inf
-    rc_c = rc * inv_c
-    stop = min(width, sv.shape[0])
-    pos = 0
-    broke = False
-    while pos < stop:
-        s = sv[pos]
-        if pos < protect:
-            a = np.inf
-        else:
-            if prune and s + offset <= kth:
-                broke = True
-                break
-            i = cand[pos]
-            if mode == 0:
-                best = -np.inf
-                for j in range(h_ptr[i], h_ptr[i + 1]):
-                    v = loads[h_node[j]] + h_wc[j]
-                    if v > best:
-                        best = v
-                a = s + rm * dispersion[i]
-                if best > peak:
-                    a += rc_c * (best - peak)
-            else:
-                a = _base_score(i, s, loads, peak, h_ptr, h_node, h_wc, h_share, dispersion,
-                                rc, rm, inv_c, mode, False)
-        na = -a
-        if held < k or na < top_a[k - 1] or (na == top_a[k - 1] and pos < top_p[k - 1]):
-            n = held if held < k else k - 1          # insert (na, pos) into the sorted prefix
-            q = n
-            while q > 0 and (top_a[q - 1] > na or (top_a[q - 1] == na and top_p[q - 1] > pos)):
-                top_a[q] = top_a[q - 1]
-                top_p[q] = top_p[q - 1]
-                q -= 1
-            top_a[q] = na
-            top_p[q] = pos
-            if held < k:
-                held += 1
-            if held == k:
-                kth = -top_a[k - 1]
-        pos += 1
-    if not broke and stop < width:
-        return False
-    for q in range(k):
-        out[q] = top_p[q]
-    return True
-
-
-@njit(cache=True)
-def _scan_row_new_nodes(cand: NDArray[np.int64], sv: NDArray[np.float64], width: int, k: int,
-                        loads: NDArray[np.float64], peak: float, h_ptr: NDArray[np.int64],
-                        h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
-                        h_share: NDArray[np.float64], dispersion: NDArray[np.float64],
-                        rc: float, rm: float, inv_c: float, protect: int, mode: int,
-                        prune: bool, covered: NDArray[np.bool_], out: NDArray[np.int64],
-                        bases: NDArray[np.float64], taken: NDArray[np.bool_]) -> bool:
-    """``_RowState._scan_new_nodes``; False when ``cand`` is a too-short prefix.
-
-    ``bases``/``taken`` are work buffers of at least ``min(width, len(sv))`` entries.
-    """
-    taken[:] = False
-    n_bases = 0
-    covered[:] = False
-    for pick in range(k):
-        best_a = -np.inf
-        best_pos = -1
-        for pos in range(n_bases):
-            if not taken[pos]:
-                i = cand[pos]
-                fresh = 0
-                for j in range(h_ptr[i], h_ptr[i + 1]):
-                    if not covered[h_node[j]]:
-                        fresh += 1
-                a = bases[pos] + rm * fresh
-                if a > best_a:
-                    best_a = a
-                    best_pos = pos
-        while n_bases < width:
-            pos = n_bases
-            if pos == sv.shape[0]:
-                return False
-            if prune and best_pos >= 0 and pos >= protect and sv[pos] <= best_a:
-                break
-            i = cand[pos]
-            if pos < protect:
-                b = np.inf
-            else:
-                b = _base_score(i, sv[pos], loads, peak, h_ptr, h_node, h_wc, h_share,
-                                dispersion, rc, rm, inv_c, mode, True)
-            bases[pos] = b
-            n_bases += 1
-            fresh = 0
-            for j in range(h_ptr[i], h_ptr[i + 1]):
-                if not covered[h_node[j]]:
-                    fresh += 1
-            a = b + rm * fresh
-            if a > best_a:
-                best_a = a
-                best_pos = pos
-        out[pick] = best_pos
-        taken[best_pos] = True
-        i = cand[best_pos]
-        for j in range(h_ptr[i], h_ptr[i + 1]):
-            covered[h_node[j]] = True
-    return True
-
-
-@njit(cache=True)
-def _greedy_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], width: int,
-                   raw_ids: NDArray[np.int64], has_raw_ids: bool, raw_vals: NDArray[np.float64],
-                   k: int, loads: NDArray[np.float64], h_ptr: NDArray[np.int64],
-                   h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
-                   h_share: NDArray[np.float64], dispersion: NDArray[np.float64], rc: float,
-                   rm: float, inv_c: float, protect: int, mode: int, new_nodes: bool,
-                   include_future: bool
-                   ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
-    """The row loop of :func:`_greedy_reference` (``_RowState``), compiled."""
-    num_rows = ids.shape[0]
-    sets = np.empty((num_rows, k), dtype=np.int64)
-    weights = np.empty((num_rows, k))
-    positions = np.empty((num_rows, k), dtype=np.int64)
-    loads = loads.copy()
-    peak = loads.max() if loads.shape[0] else -np.inf
-    prune = rc <= 0 and rm <= 0
-    offset = 0.0
-    if not new_nodes and dispersion.shape[0]:
-        offset = rm * dispersion.min()
-    covered = np.zeros(loads.shape[0], dtype=np.bool_)
-    picks = np.empty(k, dtype=np.int64)
-    top_a = np.empty(k)
-    top_p = np.empty(k, dtype=np.int64)
-    n_buf = max(width, ids.shape[1])
-    bases = np.empty(n_buf)
-    taken = np.zeros(n_buf, dtype=np.bool_)
-    for t in range(num_rows):
-        cand = ids[t]
-        sv = vals[t]
-        if include_future:                                  # remove the row's own choices
-            for q in range(k):
-                i = cand[q]
-                for j in range(h_ptr[i], h_ptr[i + 1]):
-                    loads[h_node[j]] -= h_wc[j]
-            peak = loads.max()
-        for _attempt in range(2):
-            if new_nodes:
-                ok = _scan_row_new_nodes(cand, sv, width, k, loads, peak, h_ptr, h_node, h_wc,
-                                         h_share, dispersion, rc, rm, inv_c, protect, mode,
-                                         prune, covered, picks, bases, taken)
-            else:
-                ok = _scan_row(cand, sv, width, k, loads, peak, h_ptr, h_node, h_wc, h_share,
-                               dispersion, rc, rm, inv_c, protect, mode, prune, offset, picks,
-                               top_a, top_p)
-            if ok:
-                break
-            # the prefix was not enough: the whole row, sorted stably (``_Candidates.full_row``)
-            order = np.argsort(-raw_vals[t], kind="mergesort")[:width]
-            sv = raw_vals[t][order]
-            cand = raw_ids[t][order] if has_raw_ids else order.astype(np.int64)
-        for q in range(k):
-            p = picks[q]
-            i = cand[p]
-            sets[t, q] = i
-            weights[t, q] = sv[p]
-            positions[t, q] = p
-            for j in range(h_ptr[i], h_ptr[i + 1]):
-                v = loads[h_node[j]] + h_wc[j]
-                loads[h_node[j]] = v
-                if v > peak:
-                    peak = v
-    return sets, weights, positions
-
-
-class _RowState:
-    """Running node loads L_c of the step and the per-row scan (plain Python over small lists).
-
-    Exact pruning: with r_comp <= 0 and r_comm <= 0 every penalty term is <= 0, so
-    a_i <= s_i + r_comm·min_j |nodes(j)|; candidates are scanned in original-score order, and once
-    k candidates are held a candidate whose bound does not exceed the k-th best adjusted score can
-    never enter (ties go to the better original rank), so the scan stops. It typically touches
-    k + a few candidates.
-    """
-
-    def __init__(self, loads: list[float], holders: _Holders, dispersion: list[float],
-                 masks: list[int], rc: float, rm: float, inv_c: float, k: int, protect: int,
-                 mode: int, new_nodes: bool) -> None:
-        self.loads = loads
-        self.peak = max(loads)
-        self.holders, self.dispersion, self.masks = holders, dispersion, masks
-        self.rc, self.rm, self.inv_c, self.k, self.protect = rc, rm, inv_c, k, protect
-        self.mode, self.new_nodes = mode, new_nodes
-        self.prune = rc <= 0 and rm <= 0
-        # Tighter bound for the pruning: a_i <= s_i + r_comm·min_i |nodes(i)| (r_comm <= 0).
-        self.offset = 0.0 if new_nodes else rm * min(dispersion, default=0.0)
-
-    def remove(self, experts: list[int]) -> None:
-        """Subtract one token of each expert (``include_future``: the row's original choices)."""
-        loads = self.loads
-        for i in experts:
-            for c, wc, _ in self.holders[i]:
-                loads[c] -= wc
-        self.peak = max(loads)
-
-    def add(self, experts: list[int]) -> None:
-        """Add one token of each chosen expert to the running loads."""
-        loads = self.loads
-        peak = self.peak
-        for i in experts:
-            for c, wc, _ in self.holders[i]:
-                v = loads[c] + wc
-                loads[c] = v
-                if v > peak:
-                    peak = v
-        self.peak = peak
-
-    def base(self, i: int, s: float) -> float:
-        """Return s + r_comp·ΔT_comp(i) (+ r_comm·|nodes(i)| unless ``new_nodes``)."""
-        loads = self.loads
-        if self.mode == 0:                     # marginal_max: increase of the critical path
-            top = -math.inf
-            for c, wc, _ in self.holders[i]:
-                v = loads[c] + wc
-                if v > top:
-                    top = v
-            comp = top - self.peak if top > self.peak else 0.0
-        elif self.mode == 1:                   # host_finish: finish time of i's busiest host
-            comp = 0.0
-            for c, wc, _ in self.holders[i]:
-                v = loads[c] + wc
-                if v > comp:
-                    comp = v
-        else:                                  # host_load_mean: share-weighted host load
-            comp = 0.0
-            for c, wc, share in self.holders[i]:
-                comp += share * (loads[c] + wc)
-        a = s + self.rc * comp * self.inv_c
-        return a if self.new_nodes else a + self.rm * self.dispersion[i]
-
-    def scan(self, cand: list[int], sv: list[float], width: int) -> list[int] | None:
-        """Return the chosen positions (best adjusted first), or None if ``cand`` is too short."""
-        if self.new_nodes:
-            return self._scan_new_nodes(cand, sv, width)
-        k, protect, prune = self.k, self.protect, self.prune
-        inline = self.mode == 0              # marginal_max + dispersion: inlined ``base``
-        loads, holders, dispersion = self.loads, self.holders, self.dispersion
-        peak, rc_c, rm, offset = self.peak, self.rc * self.inv_c, self.rm, self.offset
-        top: list[tuple[float, int]] = []    # (−a, pos) ascending = best first
-        held = 0
-        kth = -math.inf
-        stop = min(width, len(sv))
-        pos = 0
-        while pos < stop:
-            s = sv[pos]
-            if pos < protect:
-                a = math.inf
-            else:
-                if prune and s + offset <= kth:
-                    break
-                i = cand[pos]
-                if inline:
-                    best = -math.inf
-                    for c, wc, _ in holders[i]:
-                        v = loads[c] + wc
-                        if v > best:
-                            best = v
-                    a = s + rm * dispersion[i]
-                    if best > peak:
-                        a += rc_c * (best - peak)
-                else:
-                    a = self.base(i, s)
-            key = (-a, pos)
-            if held < k:
-                bisect.insort(top, key)
-                held += 1
-                if held == k:
-                    kth = -top[-1][0]
-            elif key < top[-1]:
-                top.pop()
-                bisect.insort(top, key)
-                kth = -top[-1][0]
-            pos += 1
-        else:
-            if stop < width:                 # ran off a prefix without a decision
-                return None
-        return [p for _, p in top]
-
-    def _scan_new_nodes(self, cand: list[int], sv: list[float], width: int) -> list[int] | None:
-        """Choose k candidates one at a time with ΔT_comm = |nodes(i) \\ covered| (§11.4).
-
-        ``covered`` are the nodes of the picks so far; candidates are evaluated lazily in
-        original order (a candidate whose original score does not exceed the best adjusted
-        score so far cannot win the pick, by the same bound as ``scan``).
-        """
-        rm, masks = self.rm, self.masks
-        bases: list[float] = []
-        taken: set[int] = set()
-        covered = 0
-        picks: list[int] = []
-        for _ in range(self.k):
-            best_a, best_pos = -math.inf, -1
-            for pos, b in enumerate(bases):
-                if pos not in taken:
-                    a = b + rm * (masks[cand[pos]] & ~covered).bit_count()
-                    if a > best_a:
-                        best_a, best_pos = a, pos
-            while len(bases) < width:
-                pos = len(bases)
-                if pos == len(sv):
-                    return None
-                if self.prune and best_pos >= 0 and pos >= self.protect and sv[pos] <= best_a:
-                    break
-                b = math.inf if pos < self.protect else self.base(cand[pos], sv[pos])
-                bases.append(b)
-                a = b + rm * (masks[cand[pos]] & ~covered).bit_count()
-                if a > best_a:
-                    best_a, best_pos = a, pos
-            picks.append(best_pos)
-            taken.add(best_pos)
-            covered |= masks[cand[best_pos]]
-        return picks
 
 
 def _statistics(sets: NDArray[np.int64], weights: NDArray[np.float64],
@@ -989,7 +494,7 @@ def _statistics(sets: NDArray[np.int64], weights: NDArray[np.float64],
                             margin)
     # counts are exact integers, so count / B equals the mean of the bool arrays bit for bit
     kept_per_rank, changed_rows = (counts if counts is not None else
-                                   _kept_counts(np.ascontiguousarray(positions, dtype=np.int64)))
+                                   kept_counts(np.ascontiguousarray(positions, dtype=np.int64)))
     replaced_per_rank = 1.0 - kept_per_rank / num_rows
     top_mass = float(orig_vals.sum())
     return GatingResult(
@@ -1000,25 +505,3 @@ def _statistics(sets: NDArray[np.int64], weights: NDArray[np.float64],
         score_mass_kept=float(raw_weights.sum()) / top_mass if top_mass > 0 else 1.0,
         replaced_per_rank=replaced_per_rank,
         entropy=entropy, top_margin=margin)
-
-
-@njit(cache=True)
-def _kept_counts(positions: NDArray[np.int64]) -> tuple[NDArray[np.float64], int]:
-    """Return per original rank r < k the rows that kept it, and the rows whose set changed.
-
-    Candidate positions are original ranks, so rank r is kept iff position r was chosen.
-    """
-    num_rows, k = positions.shape
-    kept = np.zeros(k)
-    changed = 0
-    for t in range(num_rows):
-        n_kept = 0
-        for r in range(k):
-            for q in range(k):
-                if positions[t, q] == r:
-                    kept[r] += 1.0
-                    n_kept += 1
-                    break
-        if n_kept < k:
-            changed += 1
-    return kept, changed

@@ -8,9 +8,10 @@ index 0 = off, §11). :class:`ActionLayout` encodes and decodes such actions and
 ``action_masks()`` vector per dimension.
 
 With a placement that has redundant experts (``Placement.replicas``) the env appends one more
-dimension, the index of the replica dispatch rule in ``replica_rules`` (``scheduling``'s
-``dispatch_replicas``); without replicas ``replica_rules`` is empty and the layout is exactly the
-one above. Index helpers: ``rule_slot``, ``level_slot``, ``replica_slot``.
+dimension, the index of the replica dispatch rule in ``replica_rules``
+(``hdamoe_env.decisions.dispatch.dispatch_replicas``); without replicas ``replica_rules`` is
+empty and the layout is exactly the one above. Index helpers: ``rule_slot``, ``level_slot``,
+``replica_slot``.
 
 The layout is data about the env, so it lives in the core: the public wrappers
 (``hdamoe_env.env.wrappers``) and every agent (``agents.base`` re-exports it) read it. numpy only.

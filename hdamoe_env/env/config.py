@@ -25,7 +25,8 @@ from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.run import RUN_DEFAULTS, RunSpec
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
 from hdamoe_env.decisions.gating import COMM_PENALTIES, COMP_PENALTIES
-from hdamoe_env.decisions.scheduling import DISPATCH_RULES, REPLICA_RULES
+from hdamoe_env.decisions.dispatch import DISPATCH_RULES, REPLICA_RULES
+from hdamoe_env.decisions.prediction import PREDICTORS
 from hdamoe_env.sim.evaluator import FIDELITIES
 from hdamoe_env.sim.placement import Placement
 from hdamoe_env.sim.sources import check_skew_applies, load_trace
@@ -38,7 +39,6 @@ __all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MO
 RUN_FIELDS = ("model", "setting", "mesh", "topology", "batch", "conventions", "trace",
               "trace_requests", "trace_skew")
 
-PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
 INVALID_ACTION_MODES = ("raise", "coerce")
 DUPLICATE_MODES = ("raise", "ignore")
 RENDER_MODES = ("ansi",)
@@ -76,7 +76,7 @@ class EnvConfig:
         predictor: ``"noisy_oracle"``, ``"oracle"``, ``"trace"`` or ``"frequency"``.
         max_broadcast: Pre-broadcast slots in the action.
         gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
-        dispatch_rules: Dispatch rules offered (subset of ``scheduling.DISPATCH_RULES``).
+        dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
         reward_scale: None (reward relative to TP) or seconds.
         render_mode: None or ``"ansi"``.
         hardware: Full ``HardwareSpec``.

@@ -2,11 +2,17 @@
 
 The env translates actions into simulator decisions and results into observations, reward and
 ``info`` (style.md R1, R10). The physics lives below it: routing and batching in ``traces``; the
-online decisions — gating, dispatch, pre-broadcast traffic, broadcast plans and the excess
-charge — in ``simulator.DecisionEvaluator`` (built on ``hdamoe_env.decisions.gating`` and
-``hdamoe_env.decisions.scheduling``); the per-layer latency in ``hdamoe_env.sim.evaluator.LayerEvaluator``;
-the DES in ``hdamoe_env.noc.des`` / ``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``.
-Registered as ``hdamoe_env/HdMoE-v0``.
+trace, its router scores and a decode step's candidates in ``hdamoe_env.sim.sources``; the
+next-layer predictors in ``hdamoe_env.decisions.prediction``; the online decisions — gating,
+dispatch, pre-broadcast traffic, broadcast plans and slots and the excess charge — in
+``hdamoe_env.sim.online.DecisionEvaluator`` (built on ``hdamoe_env.decisions``,
+``hdamoe_env.noc.broadcast`` and ``hdamoe_env.cost.broadcast``); placement checks in
+``MoESimulator``; the γ fit of the analytic twin and its cache in ``hdamoe_env.sim.calibrate``;
+the per-layer latency in ``hdamoe_env.sim.evaluator.LayerEvaluator``; the DES in
+``hdamoe_env.noc.des`` / ``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``. Registered
+as ``hdamoe_env/HdMoE-v0``. The module is longer than 700 lines because ``HdMoeEnv``'s class
+and ``__init__`` docstrings are the env's manual (Gymnasium's headings and every argument, about
+300 lines); the code is under 600.
 """
 
 from __future__ import annotations
@@ -23,14 +29,15 @@ import numpy as np
 from gymnasium import spaces
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.sim import calibrate
-from hdamoe_env.decisions import gating
-from hdamoe_env.decisions import scheduling
-from hdamoe_env.env.config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
 from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.cost.broadcast import BroadcastPlan
+from hdamoe_env.decisions import dispatch, gating
+from hdamoe_env.decisions.prediction import StepPredictor
+from hdamoe_env.env.config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
+from hdamoe_env.sim import calibrate, sources
 from hdamoe_env.sim.placement import Placement, placement_by_name, tensor_parallel
 from hdamoe_env.sim.simulator import LayerResult, MoESimulator, check_trace
-from traces import RoutingTrace, batching, synthetic
+from traces import RoutingTrace, batching
 
 __all__ = ["ENV_ID", "INVALID_ACTION_MODES", "PREDICTORS", "EnvConfig", "HdMoeEnv"]
 
@@ -38,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 ENV_ID = "hdamoe_env/HdMoE-v0"
 
-_GAMMA_CACHE: dict[str, NDArray[np.float64]] = {}
+
 class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     """MoE decode on a 3D near-memory-processing chip, one MoE layer per step (HDA-MoE online).
 
@@ -71,7 +78,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     pairs (§10.6). A gating level multiplies the default (r_comp, r_comm) of §11.7 (0 = plain
     top-k). A placement with redundant experts (``Placement.replicas``) adds the last
     dimension: the rule that sends each token of a replicated expert to one of its copies
-    (``scheduling.dispatch_replicas``; ``replica_rules``, index 0 = ``replica_rule``); without
+    (``dispatch.dispatch_replicas``; ``replica_rules``, index 0 = ``replica_rule``); without
     replicas the space is exactly the one above.
 
     Masks (``action_masks()``, repeated in ``info["action_mask"]``; the flat concatenation of the
@@ -109,7 +116,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     clipped to 1 and is 0 at layer 0. ``replicas`` is [E·D] row-major with
     ``flatten_replicas=True``. With redundant experts ``replicas`` is the fraction of expert i's
     weights held by node c (P_ic, or 1 on a replica node) and ``node_load`` splits a replicated
-    expert's predicted tokens evenly over its copies (``scheduling.replica_expected_shares``);
+    expert's predicted tokens evenly over its copies (``dispatch.replica_expected_shares``);
     without replicas both are as before.
 
     ## Rewards
@@ -168,13 +175,13 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 path to a placement ``.npz`` (``hdamoe place``).
             steps_per_episode: Decode steps per episode.
             fidelity: ``"des"`` (default) or ``"analytic"`` (γ-calibrated twin; γ per layer is
-                fitted lazily on the placement with ``calibrate.fit_gammas`` and cached).
+                fitted lazily on the placement with ``calibrate.twin_gammas`` and cached).
             predictor: Next-layer predictor (§10.2): ``"noisy_oracle"`` (default targets of
                 traces.md §7.6, or ``predictor_accuracy``), ``"oracle"``, ``"trace"`` (recorded
                 ``pred_ids``) or ``"frequency"`` (long-term f_i·B).
             max_broadcast: Pre-broadcast slots in the action (k_b is capped by it).
             gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
-            dispatch_rules: Dispatch rules offered (subset of ``scheduling.DISPATCH_RULES``).
+            dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
             reward_scale: None: reward = −latency / TP latency of the layer; a float s:
                 −latency / s (seconds).
             render_mode: None or ``"ansi"``.
@@ -258,9 +265,6 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         check_trace(self.sim, self.trace)
         self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
                          else self.trace.topk_ids)
-        if predictor == "trace" and self.trace.pred_ids is None:
-            raise ConfigError("predictor='trace' needs a trace with recorded pred_ids; use "
-                              "predictor='noisy_oracle' or a trace with predictions")
         self._trace_seed = int(config.trace_seed)
         self._scored: RoutingTrace | None = None
         self._cand_key: int | None = None
@@ -270,6 +274,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         if rows.size == 0:
             raise ConfigError(f"view {view!r} of the trace has no rows")
         self._freqs = np.stack([self.trace.layer_frequencies(layer, rows) for layer in range(L)])
+        # --- predictor (§10.2; checks that "trace" has recorded predictions)
+        self._pred_acc = config.accuracies()
+        self._predictor = StepPredictor(predictor, self._freqs, self.top_k, self.batch,
+                                        self._pred_acc, recorded=self.trace.pred_ids)
 
         # --- placement
         placement = config.placement
@@ -299,13 +307,6 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
             P, 1.0 / D) else self.sim.evaluator(tensor_parallel(L, E, D), self.batch))
         self._dense_s = self.sim.dense_time(self.batch)
-
-        # --- predictor
-        acc = config.accuracies()
-        self._pred_acc = acc
-        self._sampler = scheduling.AliasSampler(np.maximum(self._freqs / self.top_k, 1e-12))
-        self._layer_rows = np.repeat(np.arange(1, L), self.batch)
-        self._row_acc = np.repeat(acc[1:], self.batch) if L > 1 else np.zeros(0)
 
         # --- γ of the analytic twin
         self._gammas: NDArray[np.float64] | None = (
@@ -377,7 +378,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     def _bind_decisions(self) -> None:
         """Build the placement-dependent physics: decision evaluator, broadcast plans, k_b."""
-        config, L, E = self.config, self.num_layers, self.num_experts
+        config = self.config
         self.decisions = self.sim.decision_evaluator(
             self.placement, self.batch, freqs=self._freqs, max_broadcast=self.max_broadcast,
             bc_max_messages=config.bc_max_messages, gating_coefficients=self.gating_coefficients,
@@ -392,12 +393,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.w_flops = self.decisions.w_flops
         self.compute_flops = self.decisions.compute_flops
         self.plans = self.decisions.plans
-        kb = np.array([0] + [p.k_b for p in self.plans[1:] if p is not None], dtype=np.int64)
-        if config.k_b is not None:                           # validated by EnvConfig
-            manual = np.broadcast_to(np.asarray(config.k_b, dtype=np.int64), (L,)).copy()
-            kb = np.minimum(manual, min(self.max_broadcast, E))
-            kb[0] = 0                                        # §10.3: no broadcast at layer 0
-        self.k_b = kb
+        self.k_b = self.decisions.broadcast_slots(config.k_b)   # k_b validated by EnvConfig
         self._budget_s = np.array(self.decisions.budgets_s)
 
     def _bind_views(self) -> None:
@@ -427,7 +423,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     def set_replica_fractions(self, fractions: ArrayLike | None) -> None:
         """Route the next step's redundant-expert tokens by per-copy fractions (rule ``shares``).
 
-        For the next ``step`` only, the replica dispatch uses ``scheduling.dispatch_replicas``
+        For the next ``step`` only, the replica dispatch uses ``dispatch.dispatch_replicas``
         with ``rule="shares"`` and these fractions instead of the action's replica rule
         (``info["replica_rule"]`` = ``"shares"``). Column 0 is the primary copy, column 1 + c
         the replica on cluster c (ignored where there is none; renormalised over the expert's
@@ -449,7 +445,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               "(Placement.replicas), e.g. the 'eplb' placement")
         fr = np.asarray(fractions, dtype=np.float64)
         shape = (self.num_experts, 1 + self.num_nodes)
-        if fr.shape != shape or not scheduling.valid_fractions(fr):
+        if fr.shape != shape or not dispatch.valid_fractions(fr):
             raise ConfigError(f"replica fractions must be finite, >= 0 (or a whole row NaN: "
                               f"least-loaded), of shape {shape} [experts, primary + one column "
                               f"per cluster]; got shape {fr.shape}")
@@ -481,10 +477,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               f"layer {self._layer}); call it between decode steps")
         if not (math.isfinite(charge_s) and charge_s >= 0):
             raise ConfigError(f"charge_s={charge_s!r} must be a finite number of seconds >= 0")
-        if not isinstance(placement, Placement):
-            raise ConfigError(f"replace_placement needs a Placement, got "
-                              f"{type(placement).__name__}")
-        self.sim.check_placement(placement)
+        placement = self.sim.check_replacement(placement)
         if placement.has_replicas != bool(self.replica_rules):
             raise ConfigError("the new placement " + ("has" if placement.has_replicas else
                               "lacks") + " redundant experts but the env's action space was "
@@ -774,57 +767,26 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         """
         key = self._decode_step                      # reset() clears the key
         if self._cand_key != key or self._cand_step is None:
-            rows = self._rows[self._decode_step]
-            trace = self._scored_trace()
-            assert trace.cand_ids is not None and trace.cand_scores is not None
-            self._cand_step = (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
-                               np.ascontiguousarray(trace.cand_scores[:, rows],
-                                                    dtype=np.float64))
+            self._cand_step = sources.step_candidates(self._scored_trace(),
+                                                      self._rows[self._decode_step])
             self._cand_key = key
         return self._cand_step[0][layer], self._cand_step[1][layer]
 
     def _scored_trace(self) -> RoutingTrace:
         """Return the trace with router candidates, synthesising scores once if it has none."""
         if self._scored is None:
-            if self.trace.cand_ids is not None:
-                self._scored = self.trace
-            else:
-                logger.info("trace %s has no router scores: synthesising them (traces.md §7.5); "
-                            "gating results are indicative only", self.trace.trace_id)
-                self._scored = synthetic.synthesize_scores(
-                    self.trace, np.random.default_rng(self._trace_seed))
+            self._scored = sources.with_router_scores(self.trace, self._trace_seed)
+            if self._scored is not self.trace:
                 self.score_kind = "synthetic"
         return self._scored
 
     def _gamma(self, layer: int) -> float:
+        """Return γ of the analytic twin for ``layer`` (fitted lazily, §5.5)."""
         if self._gammas is None:
-            self._gammas = self._fit_gammas()
+            self._gammas = calibrate.twin_gammas(self.sim, self.placement, self.trace,
+                                                 self._routing, self.view, self.batch,
+                                                 self._gamma_seed)
         return float(self._gammas[layer])
-
-    def _fit_gammas(self) -> NDArray[np.float64]:
-        P = self.placement.P
-        L, D = self.num_layers, self.num_nodes
-        if np.allclose(P, 1.0 / D):
-            return np.zeros(L)                     # TP layers never use γ
-        digest = hashlib.sha256()
-        digest.update(json.dumps(self.sim.describe(), sort_keys=True).encode())
-        digest.update(P.tobytes())
-        digest.update(self.placement.pi.tobytes())
-        if self.placement.replicas is not None:
-            digest.update(self.placement.replicas.tobytes())
-        digest.update(f"{self.trace.trace_id}|{self.view}|{self.batch}|{self._gamma_seed}"
-                      .encode())
-        key = digest.hexdigest()
-        hit = _GAMMA_CACHE.get(key)
-        if hit is None:
-            rows = self.trace.view(self.view)
-            per_layer = [self._routing[layer, rows].astype(np.int64) for layer in range(L)]
-            fits = calibrate.fit_gammas(self.sim, self.placement, per_layer, self.batch,
-                                        self._gamma_seed)
-            hit = np.array([f.gamma for f in fits])
-            logger.info("fitted gamma per layer for the analytic twin: %s", hit.round(3))
-            _GAMMA_CACHE[key] = hit
-        return hit
 
     def _report_twin(self, info: dict[str, Any], res: LayerResult, twin: LayerResult) -> None:
         """Report the other fidelity's result and the analytic twin's error vs the DES."""
@@ -840,36 +802,11 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
         Only the per-expert counts n̂_i enter the observation; layer 0 has no prediction.
         """
-        L, B, k, E = self.num_layers, self.batch, self.top_k, self.num_experts
-        pred: NDArray[np.int64] | None
-        if self.predictor == "noisy_oracle":
-            pred = np.full((L, B, k), -1, dtype=np.int64)
-            if L > 1:
-                flat = scheduling.noisy_oracle_sets(
-                    self._sets[1:].reshape(-1, k), self._row_acc, self._sampler, self.np_random,
-                    layer_of_row=self._layer_rows)
-                pred[1:] = flat.reshape(L - 1, B, k)
-        elif self.predictor == "oracle":
-            pred = self._sets.copy()
-            pred[0] = -1
-        elif self.predictor == "trace":
-            assert self.trace.pred_ids is not None
-            pred = self.trace.pred_ids[:, self._rows[self._decode_step]].astype(np.int64)
-            pred[0] = -1
-        else:
-            pred = None
-        if pred is None:                                     # frequency: long-term f_i·B
-            counts = self._freqs * B
-            counts[0] = 0.0
-        else:
-            valid = pred >= 0
-            keys = np.where(valid, pred + (np.arange(L) * E)[:, None, None], L * E)
-            counts = np.bincount(keys.ravel(), minlength=L * E + 1)[:L * E].reshape(
-                L, E).astype(np.float64)
-        self._pred_all = pred
-        self._pred_counts_all = counts
+        out = self._predictor.predict(self._sets, self._rows[self._decode_step], self.np_random)
+        self._pred_all = out.sets
+        self._pred_counts_all = counts = out.counts
         node = np.matmul(self._node_scale_all, counts[:, :, None])[:, :, 0]          # [L, D]
-        self._obs_pred = np.minimum(counts / B, 1.0).astype(np.float32)
+        self._obs_pred = np.minimum(counts / self.batch, 1.0).astype(np.float32)
         self._obs_node = np.minimum(node, float(self.num_nodes)).astype(np.float32)
 
     def _observation(self) -> dict[str, NDArray[np.float32]]:
@@ -936,13 +873,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         if not 0 <= decode_step < self.episode_steps:
             raise ConfigError(f"decode_step={decode_step} is out of range; expected 0 <= "
                               f"decode_step < {self.episode_steps} (call reset() first)")
-        rows = self._rows[decode_step]
-        trace = self._scored_trace()
-        assert trace.cand_ids is not None and trace.cand_scores is not None
-        return (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
-                np.ascontiguousarray(trace.cand_scores[:, rows], dtype=np.float64))
+        return sources.step_candidates(self._scored_trace(), self._rows[decode_step])
 
-    def plan(self, layer: int | None = None) -> scheduling.BroadcastPlan | None:
+    def plan(self, layer: int | None = None) -> BroadcastPlan | None:
         """Return the pre-broadcast plan (budget, k_b, chunk, T_bc*) of a layer (None: layer 0)."""
         return self.plans[self._layer if layer is None else layer]
 

@@ -290,7 +290,7 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
     copy and splits the rest evenly over its replica nodes (experts without a replica ignore
     it). The wrapper turns it into per-copy fractions (:func:`replica_share_fractions`) and calls
     ``HdMoeEnv.set_replica_fractions`` before each step, so the replica dispatch runs the
-    ``shares`` rule (``scheduling.dispatch_replicas``; the action's own replica-rule dimension
+    ``shares`` rule (``dispatch.dispatch_replicas``; the action's own replica-rule dimension
     is then ignored). Every value is legal (the added dimensions are never masked).
 
     With ``rule_value=True`` each dimension has K + 2 values: 0 leaves the expert's tokens to

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import _check_scalar, _des_kernel, _prepare
+from hdamoe_env.noc.des import des_kernel
+from hdamoe_env.noc.messages import check_scalar, prepare_messages
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.topology import Topology
 
@@ -38,7 +40,6 @@ __all__ = ["ALGORITHMS", "AllReduce", "allreduce_time", "best_allreduce", "defau
            "ring_allreduce_des"]
 
 ALGORITHMS = ("ring", "biring", "ring2d")
-_CACHE_TOPOLOGIES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
     Raises:
         ConfigError: Invalid ring, size, chunks or latency.
     """
-    size = _check_scalar("size_bytes", size_bytes)
+    size = check_scalar("size_bytes", size_bytes)
     order = default_ring(topology) if ring is None else np.asarray(ring, dtype=np.int64)
     order = order.reshape(-1)
     p = order.size
@@ -131,16 +132,16 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         return 0.0
     src = order
     dst = np.roll(order, -1)
-    prep = _prepare(topology, src, dst, np.full(p, size / p), None, "fifo", hop_latency_s,
-                    None, chunks)
+    prep = prepare_messages(topology, src, dst, np.full(p, size / p), None, "fifo",
+                            hop_latency_s, None, chunks)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     rank = np.zeros(routes.size, dtype=np.int64)
     t = 0.0
     for _ in range(2 * (p - 1)):
         ready = np.full(routes.size, t)
-        t, _busy, _finish = _des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
-                                        topology.route_links, topology.link_bw_Bps,
-                                        prep.hop_latency, False)
+        t, _busy, _finish = des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
+                                       topology.route_links, topology.link_bw_Bps,
+                                       prep.hop_latency, False)
     return float(t)
 
 
@@ -164,14 +165,14 @@ def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64],
     """Return the time of one collective step: all messages start at α on idle links."""
     if src.size == 0 or size <= 0:
         return 0.0
-    prep = _prepare(topology, src, dst, np.full(src.size, size), None, "fifo", hop_latency_s,
-                    None, 1)
+    prep = prepare_messages(topology, src, dst, np.full(src.size, size), None, "fifo",
+                            hop_latency_s, None, 1)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     ready = np.full(routes.size, alpha_s)
     rank = np.zeros(routes.size, dtype=np.int64)
-    t, _busy, _finish = _des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
-                                    topology.route_links, topology.link_bw_Bps,
-                                    prep.hop_latency, False)
+    t, _busy, _finish = des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
+                                   topology.route_links, topology.link_bw_Bps,
+                                   prep.hop_latency, False)
     return float(t)
 
 
@@ -202,7 +203,11 @@ def _schedule(topology: Topology, algorithm: str, size: float
                       f"{list(ALGORITHMS)}")
 
 
-_cache: dict[int, tuple[Topology, dict[tuple[str, float, float, float], float]]] = {}
+#: All-reduce times by (topology id, algorithm, bytes, α, hop latency); a value keeps its topology
+#: (checked by identity, so a reused id can never hit). A run needs a few per batch size and
+#: topology, the whole test suite 71 (measured), so 4096 never evicts either working set.
+_TIMES: BoundedCache[tuple[int, str, float, float, float], tuple[Topology, float]] = BoundedCache(
+    4096, name="hdamoe_env.noc.collectives.allreduce_time")
 
 
 def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring", *,
@@ -222,27 +227,22 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
     Raises:
         ConfigError: Unknown algorithm, or a negative or non-finite size or latency.
     """
-    size = _check_scalar("size_bytes", size_bytes)
-    alpha = _check_scalar("alpha_s", alpha_s)
-    hop = _check_scalar("hop_latency_s", hop_latency_s)
+    size = check_scalar("size_bytes", size_bytes)
+    alpha = check_scalar("alpha_s", alpha_s)
+    hop = check_scalar("hop_latency_s", hop_latency_s)
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
                           f"{list(ALGORITHMS)}")
-    entry = _cache.get(id(topology))
+    key = (id(topology), algorithm, size, alpha, hop)
+    entry = _TIMES.get(key)
     if entry is None or entry[0] is not topology:
-        if len(_cache) >= _CACHE_TOPOLOGIES:
-            _cache.clear()
-        entry = _cache[id(topology)] = (topology, {})
-    key = (algorithm, size, alpha, hop)
-    hit = entry[1].get(key)
-    if hit is None:
         if topology.num_endpoints <= 1 or size == 0:
             hit = 0.0
         else:
             hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop)
                             for count, src, dst, part in _schedule(topology, algorithm, size))
-        entry[1][key] = hit
-    return hit
+        entry = _TIMES.put(key, (topology, hit))
+    return entry[1]
 
 
 def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.0,

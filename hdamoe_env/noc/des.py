@@ -2,7 +2,8 @@
 
 Implements paper-model.md §6.3 (event loop) on the topologies of ``hdamoe_env.noc.topology`` (§6.1).
 MoE task generation (§6.2) lives in ``hdamoe_env.noc.linksim``; the ring all-reduce on the DES
-(§5.6) in ``hdamoe_env.noc.collectives``.
+(§5.6) in ``hdamoe_env.noc.collectives``; the validation and chunk expansion of message lists
+that every entry shares in ``hdamoe_env.noc.messages``.
 
 Model (§6.3). Fluid store-and-forward: a message occupies one directed link at a time, the next
 hop starts when the whole message has crossed the previous one, per-hop time = size / bandwidth
@@ -21,7 +22,7 @@ in the same order):
 
 * the production kernel (numba ``@njit(cache=True)``): events of equal time grouped in buckets
   (linked lists), a binary heap of buckets and a hash table from time to open bucket
-  (``_des_core``), per-link ``busy_until`` and ``busy_time`` arrays;
+  (``des_core``), per-link ``busy_until`` and ``busy_time`` arrays;
 * ``simulate_messages_oracle``: a small pure-Python interval calendar (per-link reserved intervals,
   earliest-gap search at or after the ready time, heap of plain tuples), i.e. the reference
   semantics of §6.3 "Equivalence with the reference"; it exists for tests and benchmarks.
@@ -40,18 +41,20 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.noc.messages import TIE_BREAKS, PreparedMessages, prepare_messages
 from hdamoe_env.noc.topology import Topology
 
 __all__ = [
     "TIE_BREAKS",
     "DesResult",
+    "count_trailing_zeros",
+    "des_core",
+    "des_kernel",
     "link_load_bound",
     "simulate_messages",
     "simulate_messages_oracle",
 ]
 
-TIE_BREAKS = ("fifo", "ref")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,17 +75,6 @@ class DesResult:
 
 # --------------------------------------------------------------------------------------------
 # compiled kernel
-
-
-# ref tie key = dense rank of size_rank * (num_routes + 1) + route_rank: the limit keeps that
-# product far below 2**63
-_MAX_REF_MESSAGES = 1 << 22
-
-
-def _check_ref_size(tie_ref: bool, num_messages: int) -> None:
-    if tie_ref and num_messages > _MAX_REF_MESSAGES:
-        raise ConfigError(f"tie_break='ref' supports at most {_MAX_REF_MESSAGES} messages per DES "
-                          f"run, got {num_messages}; use tie_break='fifo' or fewer chunks")
 
 
 @njit(cache=True)
@@ -111,8 +103,8 @@ def _float_bits(typingctx: Any, x: Any) -> Any:
 
 
 @intrinsic
-def _count_trailing_zeros(typingctx: Any, x: Any) -> Any:
-    """Index of the lowest set bit of a non-zero uint64 (LLVM ``cttz``)."""
+def count_trailing_zeros(typingctx: Any, x: Any) -> Any:
+    """Return the index of the lowest set bit of a non-zero uint64 (LLVM ``cttz``; jitted code)."""
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
     return types.uint64(types.uint64), codegen
@@ -165,7 +157,7 @@ def _stable_sort_by_key(run: NDArray[np.int64], count: int, key: NDArray[np.int6
 
 
 @njit(cache=True)
-def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
+def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     pos: NDArray[np.int64], stop: NDArray[np.int64], msg_size: NDArray[np.float64],
     msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
     route_links: NDArray[np.int32], link_bw: NDArray[np.float64], hop_latency: float,
@@ -403,120 +395,26 @@ def _des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
 
 
 @njit(cache=True)
-def _des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
-                msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
-                route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
-                link_bw: NDArray[np.float64], hop_latency: float,
-                tie_ref: bool) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
-    """Compiled entry of ``simulate_messages``: returns (makespan, busy [L], finish [M])."""
+def des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
+               msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
+               route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
+               link_bw: NDArray[np.float64], hop_latency: float,
+               tie_ref: bool) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
+    """Run the DES on prepared messages; return (makespan, busy [L], finish [M]).
+
+    The compiled entry of ``simulate_messages`` (and of the collectives' rounds). ``msg_route``
+    [M] is each message's route id into ``route_ptr``/``route_links`` (the topology's CSR
+    routes), ``msg_size`` [M] bytes, ``msg_ready`` [M] release times, ``msg_rank`` [M] the tie
+    key ranks, ``link_bw`` [L] B/s; see ``des_core`` for the event loop.
+    """
     busy = np.zeros(link_bw.shape[0])
     finish = np.zeros(msg_route.shape[0])
-    makespan = _des_core(route_ptr[msg_route], route_ptr[msg_route + 1], msg_size, msg_ready,
-                         msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish)
+    makespan = des_core(route_ptr[msg_route], route_ptr[msg_route + 1], msg_size, msg_ready,
+                        msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish)
     return makespan, busy, finish
 
 
-# --------------------------------------------------------------------------------------------
-# input handling shared by the kernel and the oracle
-
-
-def _tie_code(tie_break: str) -> bool:
-    if tie_break not in TIE_BREAKS:
-        raise unknown_name("tie_break", tie_break, TIE_BREAKS)
-    return tie_break == "ref"
-
-
-def _check_scalar(name: str, value: float) -> float:
-    v = float(value)
-    if not (np.isfinite(v) and v >= 0):
-        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-    return v
-
-
-def _check_chunks(chunks: int) -> int:
-    if isinstance(chunks, bool) or not isinstance(chunks, int | np.integer) or chunks < 1:
-        raise ConfigError(f"chunks must be an integer >= 1, got {chunks!r}")
-    return int(chunks)
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """Validated, chunk-expanded messages (M·chunks rows, message-major)."""
-
-    num_input: int
-    src: NDArray[np.int64]
-    dst: NDArray[np.int64]
-    size: NDArray[np.float64]
-    ready: NDArray[np.float64]
-    keys: NDArray[np.int64]        # [M'] int keys or [M', K] tuple keys
-    tie_ref: bool
-    hop_latency: float
-    chunks: int
-
-
-def _prepare(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
-             ready_s: ArrayLike | None, tie_break: str, hop_latency_s: float,
-             flow_keys: ArrayLike | None, chunks: int) -> _Prepared:
-    tie_ref = _tie_code(tie_break)
-    hop = _check_scalar("hop_latency_s", hop_latency_s)
-    chunks = _check_chunks(chunks)
-    s = np.asarray(src)
-    d = np.asarray(dst)
-    z = np.asarray(size_bytes, dtype=np.float64)
-    if s.ndim != 1 or d.ndim != 1 or z.ndim != 1:
-        raise ConfigError(f"src, dst and size_bytes must be 1-D arrays [M]; got shapes {s.shape}, "
-                          f"{d.shape}, {z.shape}")
-    m = s.shape[0]
-    if d.shape[0] != m or z.shape[0] != m:
-        raise ConfigError(f"src, dst and size_bytes must have equal lengths; got {m}, "
-                          f"{d.shape[0]}, {z.shape[0]}")
-    if m and not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(d.dtype, np.integer)):
-        raise ConfigError(f"src and dst must be integer endpoint ids, got dtypes {s.dtype}, "
-                          f"{d.dtype}")
-    s = s.astype(np.int64)
-    d = d.astype(np.int64)
-    n = topology.num_endpoints
-    for name, arr in (("src", s), ("dst", d)):
-        bad = np.flatnonzero((arr < 0) | (arr >= n))
-        if bad.size:
-            raise ConfigError(f"{name}[{bad[0]}]={arr[bad[0]]} is not an endpoint id; expected "
-                              f"0 <= {name} < {n}")
-    bad = np.flatnonzero(~(np.isfinite(z) & (z >= 0)))
-    if bad.size:
-        raise ConfigError(f"size_bytes[{bad[0]}]={z[bad[0]]!r} must be finite and >= 0")
-    if ready_s is None:
-        ready = np.zeros(m)
-    else:
-        ready = np.asarray(ready_s, dtype=np.float64)
-        if ready.ndim == 0:
-            ready = np.full(m, float(ready))
-        if ready.shape != (m,):
-            raise ConfigError(f"ready_s must have shape [{m}], got {ready.shape}")
-        bad = np.flatnonzero(~(np.isfinite(ready) & (ready >= 0)))
-        if bad.size:
-            raise ConfigError(f"ready_s[{bad[0]}]={ready[bad[0]]!r} must be finite and >= 0")
-    if flow_keys is None:
-        keys = np.arange(m, dtype=np.int64)  # [decision] default key = message index
-    else:
-        keys = np.asarray(flow_keys)
-        if keys.shape[:1] != (m,) or keys.ndim not in (1, 2) or (
-                m and not np.issubdtype(keys.dtype, np.integer)):
-            raise ConfigError(f"flow_keys must be an integer array [{m}] or [{m}, K], got shape "
-                              f"{keys.shape} and dtype {keys.dtype}")
-        keys = keys.astype(np.int64)
-    if chunks > 1:
-        s = np.repeat(s, chunks)
-        d = np.repeat(d, chunks)
-        z = np.repeat(z / chunks, chunks)
-        ready = np.repeat(ready, chunks)
-        chunk_idx = np.tile(np.arange(chunks, dtype=np.int64), m)
-        keys2 = keys.reshape(m, -1)
-        keys = np.column_stack([np.repeat(keys2, chunks, axis=0), chunk_idx])
-    _check_ref_size(tie_ref, m * chunks)
-    return _Prepared(m, s, d, z, ready, keys, tie_ref, hop, chunks)
-
-
-def _per_message(finish: NDArray[np.float64], prep: _Prepared) -> NDArray[np.float64]:
+def _per_message(finish: NDArray[np.float64], prep: PreparedMessages) -> NDArray[np.float64]:
     if prep.chunks == 1:
         return finish
     return finish.reshape(prep.num_input, prep.chunks).max(axis=1)
@@ -549,13 +447,13 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
         ConfigError: Mismatched lengths, endpoint ids out of range, negative or non-finite sizes
             or ready times, an unknown tie rule, a negative hop latency or ``chunks < 1``.
     """
-    prep = _prepare(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
-                    flow_keys, chunks)
+    prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
+                            flow_keys, chunks)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     rank = topology.route_lex_rank[routes] if prep.tie_ref else np.zeros(routes.size, np.int64)
-    makespan, busy, finish = _des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
-                                         topology.route_links, topology.link_bw_Bps,
-                                         prep.hop_latency, prep.tie_ref)
+    makespan, busy, finish = des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
+                                        topology.route_links, topology.link_bw_Bps,
+                                        prep.hop_latency, prep.tie_ref)
     return DesResult(float(makespan), busy, _per_message(finish, prep))
 
 
@@ -583,8 +481,8 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
     (§6.3 "Equivalence with the reference"); the ``ref`` tie-break compares the routes' link-label
     lists directly. Arguments as ``simulate_messages``.
     """
-    prep = _prepare(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
-                    flow_keys, chunks)
+    prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
+                            flow_keys, chunks)
     num = prep.src.shape[0]
     routes: list[list[int]] = []
     for i in range(num):
@@ -650,7 +548,7 @@ def link_load_bound(topology: Topology, src: ArrayLike, dst: ArrayLike, size_byt
     Returns:
         The bound in seconds (0 for no messages).
     """
-    prep = _prepare(topology, src, dst, size_bytes, None, "fifo", 0.0, flow_keys, 1)
+    prep = prepare_messages(topology, src, dst, size_bytes, None, "fifo", 0.0, flow_keys, 1)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     start = topology.route_ptr[routes]
     length = topology.route_ptr[routes + 1] - start

@@ -6,7 +6,7 @@ the topologies of ``hdamoe_env.noc.topology`` (§6.1), simulated with the §6.3 
 
 ``simulate_layer_comm`` is the production path for one MoE layer: message generation, route
 selection (flow key = (layer, task id, source endpoint, chunk index), §6.1) and both DES runs
-happen inside one compiled call (``_layer_kernel``, which calls the DES core ``des._des_core``
+happen inside one compiled call (``_layer_kernel``, which calls the DES core ``des.des_core``
 directly). ``layer_messages`` + ``des.simulate_messages`` with ``layer_flow_keys`` is the same
 computation, step by step (tests pin the equality).
 """
@@ -21,14 +21,9 @@ import numpy as np
 from numba import njit
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import (
-    _check_chunks,
-    _check_ref_size,
-    _check_scalar,
-    _count_trailing_zeros,
-    _des_core,
-    _tie_code,
-)
+from hdamoe_env.noc.des import count_trailing_zeros, des_core
+from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.noc.topology import Topology
 
@@ -175,7 +170,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
             x = touch[w]
             while x:
                 pair_tok[npairs] = t
-                pair_cl[npairs] = (w << 6) + np.int64(_count_trailing_zeros(x))
+                pair_cl[npairs] = (w << 6) + np.int64(count_trailing_zeros(x))
                 npairs += 1
                 x &= x - np.uint64(1)
     # sizes, ready times and endpoints are the same in every phase: build them once
@@ -217,8 +212,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                 if tie_ref:
                     msg_rank[m] = route_rank[r]
                 m += 1
-        makespan_out[p] = _des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
-                                    link_bw, hop_latency, tie_ref, busy_out[p], finish)
+        makespan_out[p] = des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
+                                   link_bw, hop_latency, tie_ref, busy_out[p], finish)
         count_out[p] = num_msg
     return True
 
@@ -488,7 +483,9 @@ def _fast_layer_inputs(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask:
     return ts, size, hm, ag, p, np.zeros((ts.shape[0], 0), dtype=np.int64)
 
 
-_PHASE_CODES: dict[tuple[str, ...], NDArray[np.int64]] = {}  # validated phase tuple -> codes
+#: Kernel codes by validated phase tuple (at most a handful exist; 16 never evicts).
+_PHASE_CODES: BoundedCache[tuple[str, ...], NDArray[np.int64]] = BoundedCache(
+    16, name="hdamoe_env.noc.linksim.phase_codes")
 
 
 def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
@@ -502,7 +499,7 @@ def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
             raise ConfigError(f"phases must not repeat, got {list(phase_names)}")
         codes = np.array([PHASES.index(x) for x in phase_names], dtype=np.int64)
         codes.setflags(write=False)
-        _PHASE_CODES[phase_names] = codes
+        _PHASE_CODES.put(phase_names, codes)
     return codes
 
 
@@ -564,7 +561,7 @@ def layer_flow_keys(layer: int, task_id: ArrayLike, src_ep: ArrayLike,
     task = np.asarray(task_id, dtype=np.int64).reshape(-1)
     src = np.asarray(src_ep, dtype=np.int64).reshape(-1)
     cols = [np.full(task.size, int(layer), dtype=np.int64), task, src]
-    if _check_chunks(chunks) == 1:
+    if check_chunks(chunks) == 1:
         cols.append(np.zeros(task.size, dtype=np.int64))
     return np.column_stack(cols)
 
@@ -605,9 +602,9 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     Raises:
         ConfigError: Invalid shapes, ids, phases, tie rule, latency or chunk count.
     """
-    tie_ref = _tie_code(tie_break)
-    hop = _check_scalar("hop_latency_s", hop_latency_s)
-    chunks = _check_chunks(chunks)
+    tie_ref = tie_break_is_ref(tie_break)
+    hop = check_scalar("hop_latency_s", hop_latency_s)
+    chunks = check_chunks(chunks)
     phase_names = tuple(phases)
     codes = _phase_codes(phase_names)
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
@@ -623,7 +620,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                                   topology.num_endpoints)
         if not _run_layer_kernel(arrays, *args):
             raise ConfigError("layer inputs failed validation")  # not reached: see above
-    alpha = _check_scalar("alpha_s", alpha_s)
+    alpha = check_scalar("alpha_s", alpha_s)
     if alpha > 0:
         makespan = np.where(makespan > 0, makespan + alpha, makespan)
     return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
@@ -635,7 +632,7 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...], chunks: int, layer: int,
                       counts: NDArray[np.int64]) -> bool:
     """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
     ts, size, hm, ag, p, ex = arrays
-    _check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
+    check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
     return _layer_kernel(ts, hm, ex, ag, p, size, chunks, layer, topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,

@@ -43,7 +43,6 @@ kernel can compare two routes with one integer comparison.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
 
@@ -523,9 +523,17 @@ TOPOLOGIES: dict[str, Callable[[TopologySpec, HardwareSpec], Topology]] = {
 }
 
 
-@functools.lru_cache(maxsize=64)
+#: Built topologies by (spec, hardware): a run uses one or a few, the whole test suite 28
+#: (measured), so 64 never evicts either working set.
+_BUILT: BoundedCache[tuple[TopologySpec, HardwareSpec], Topology] = BoundedCache(
+    64, name="hdamoe_env.noc.topology.make_topology")
+
+
 def _cached_build(spec: TopologySpec, hw: HardwareSpec) -> Topology:
-    return TOPOLOGIES[spec.kind](spec, hw)
+    hit = _BUILT.get((spec, hw))
+    if hit is None:
+        hit = _BUILT.put((spec, hw), TOPOLOGIES[spec.kind](spec, hw))
+    return hit
 
 
 def make_topology(spec: TopologySpec | str, hw: HardwareSpec) -> Topology:

@@ -1,9 +1,12 @@
 """The simulator: placements, trace sources, the layer evaluator and the step simulator.
 
 What lives here: ``Placement`` arrays and their files (``placement``, paper-model.md §7), the
-trace by name (``sources``), the one layer-latency evaluator (``evaluator``: expert phase plus
-DES or analytic communication), ``MoESimulator`` (``simulator``), the γ fit of the analytic
-twin with its cache (``calibrate``, §5.5). It knows nothing of RL.
+trace by name, its router scores and a decode step's candidates (``sources``), the one
+layer-latency evaluator (``evaluator``: expert phase plus DES or analytic communication),
+``MoESimulator`` with its placement checks (``simulator``), layers under online decisions —
+gating, pre-broadcast, dispatch, broadcast slots (``online``: ``DecisionEvaluator``,
+§10–11) — and the γ fit of the analytic twin with its cache (``calibrate``, §5.5). It knows
+nothing of RL.
 
 May import: hdamoe_env.config, hdamoe_env.noc, hdamoe_env.cost, hdamoe_env.decisions, traces
 """

@@ -6,25 +6,42 @@ Eq. 2 (sampled form). ``paper*``: batch sizes 256, 258, …, 638, y = combine DE
 least squares (intercept discarded). ``faithful``: 64 batch sizes evenly spaced in [B/2, 2B],
 y = dispatch + combine DES, least squares through the origin. γ must be refitted whenever the
 topology, mesh size or bandwidth changes.
+
+``twin_gammas`` is the fit the analytic twin of the env uses: γ per layer on the run's own
+placement and trace, fitted once per process and kept in a bounded cache keyed by everything
+the fit reads (simulator, placement, trace, view, batch, seed).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env.noc import linksim
-from hdamoe_env.cost import perf
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.cost import perf
+from hdamoe_env.noc import linksim
 from hdamoe_env.sim.placement import Placement
+from traces import RoutingTrace
 
 if TYPE_CHECKING:  # calibrate sits below the simulator (style.md §2); it only reads attributes
     from hdamoe_env.sim.simulator import MoESimulator
 
-__all__ = ["GammaFit", "fit_gamma", "fit_gammas", "gamma_batch_sizes"]
+__all__ = ["GammaFit", "fit_gamma", "fit_gammas", "gamma_batch_sizes", "twin_gammas"]
+
+logger = logging.getLogger(__name__)
+
+#: γ per layer by the digest of everything ``twin_gammas`` reads. One entry per analytic
+#: configuration (placement, trace, batch, seed) of the process: a bench run fits one per
+#: method, the whole test suite 11 (measured), so 256 never evicts (a value is L floats).
+_GAMMA_CACHE: BoundedCache[str, NDArray[np.float64]] = BoundedCache(
+    256, name="hdamoe_env.sim.calibrate.twin_gammas")
 
 
 @dataclass(frozen=True)
@@ -129,3 +146,50 @@ def fit_gammas(sim: MoESimulator, placement: Placement, rows_per_layer: list[NDA
     streams = np.random.SeedSequence(seed).spawn(len(rows_per_layer))
     return [fit_gamma(sim, placement, layer, rows, batch, np.random.default_rng(ss))
             for layer, (rows, ss) in enumerate(zip(rows_per_layer, streams, strict=True))]
+
+
+def twin_gammas(sim: MoESimulator, placement: Placement, trace: RoutingTrace,
+                routing: NDArray[np.integer], view: str, batch: int, seed: int
+                ) -> NDArray[np.float64]:
+    """Return γ per layer of the analytic twin for a run's placement and trace (cached).
+
+    A placement whose every share is 1/D (TP) never uses γ: zeros, without a fit. Otherwise
+    ``fit_gammas`` on the placement itself with the rows of ``view``, fitted once per process:
+    the result is cached by a digest of the simulator's configuration, the placement's arrays
+    (P, pi, replicas), the trace id, the view, the batch size and the seed, and a hit returns
+    the very array the fit returned.
+
+    Args:
+        sim: Simulator (model, hardware, topology, profile).
+        placement: The run's placement.
+        trace: The run's trace (its id and view rows).
+        routing: int [L, T, k] the expert sets the simulator executes (the trace's original
+            top-k where it records one).
+        view: Trace view of the fitting rows (``RoutingTrace.view``).
+        batch: Operating batch size B.
+        seed: Seed of the fit (``fit_gammas``).
+
+    Returns:
+        float64 [L] γ per layer. Shared with the cache: read it, never modify it.
+    """
+    P = placement.P
+    L, D = placement.num_layers, placement.num_nodes
+    if np.allclose(P, 1.0 / D):
+        return np.zeros(L)                     # TP layers never use γ
+    digest = hashlib.sha256()
+    digest.update(json.dumps(sim.describe(), sort_keys=True).encode())
+    digest.update(P.tobytes())
+    digest.update(placement.pi.tobytes())
+    if placement.replicas is not None:
+        digest.update(placement.replicas.tobytes())
+    digest.update(f"{trace.trace_id}|{view}|{batch}|{seed}".encode())
+    key = digest.hexdigest()
+    hit = _GAMMA_CACHE.get(key)
+    if hit is None:
+        rows = trace.view(view)
+        per_layer = [routing[layer, rows].astype(np.int64) for layer in range(L)]
+        fits = fit_gammas(sim, placement, per_layer, batch, seed)
+        hit = np.array([f.gamma for f in fits])
+        logger.info("fitted gamma per layer for the analytic twin: %s", hit.round(3))
+        _GAMMA_CACHE.put(key, hit)
+    return hit

@@ -10,7 +10,7 @@ are computed once; ``evaluate`` does no input validation (the public entry
 ``MoESimulator.layer_sampled`` validates, then calls the same code).
 
 Redundant experts (``Placement.replicas``): ``evaluate`` runs the replica dispatch of
-``scheduling.dispatch_replicas`` on the layer's shares (after any broadcast dispatch the caller
+``dispatch.dispatch_replicas`` on the layer's shares (after any broadcast dispatch the caller
 passed in ``P_layer``/``extra_*``) and charges its work, streaming and extra holders like the
 broadcast replicas; without replicas nothing changes.
 
@@ -32,7 +32,7 @@ from hdamoe_env.noc import collectives
 from hdamoe_env.noc import linksim
 from hdamoe_env.cost import nonmoe
 from hdamoe_env.cost import perf
-from hdamoe_env.decisions import scheduling
+from hdamoe_env.decisions import dispatch
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.sim.placement import Placement
 from hdamoe_env.config.profiles import Conventions
@@ -299,13 +299,13 @@ class LayerEvaluator:
                           rule: str = "least_loaded", P_layer: NDArray[np.float64] | None = None,
                           extra_compute_s: NDArray[np.float64] | None = None,
                           fractions: NDArray[np.float64] | None = None
-                          ) -> scheduling.DispatchResult | None:
-        """Run the replica dispatch of one layer (``scheduling.dispatch_replicas``).
+                          ) -> dispatch.DispatchResult | None:
+        """Run the replica dispatch of one layer (``dispatch.dispatch_replicas``).
 
         Args:
             layer: MoE layer index.
             token_sets: int64 [B, k] the executed sets.
-            rule: One of ``scheduling.REPLICA_RULES``.
+            rule: One of ``dispatch.REPLICA_RULES``.
             P_layer: The layer's shares after a broadcast dispatch (broadcast rows zeroed;
                 those experts are not replica-dispatched), or None for the placement's.
             extra_compute_s: The broadcast dispatch's work per node, seconds; it enters the
@@ -321,7 +321,7 @@ class LayerEvaluator:
             return None
         if rule == "nearest" and self._hops is None:
             self._hops = self.sim.topology.hop_counts()
-        return scheduling.dispatch_replicas(
+        return dispatch.dispatch_replicas(
             token_sets, const.P if P_layer is None else P_layer, const.replicas, self.w_flops,
             rule=rule, fractions=fractions, hops=self._hops, pi=const.pi,
             initial_flops=(None if extra_compute_s is None
@@ -338,7 +338,7 @@ class LayerEvaluator:
                  extra_stream_s: NDArray[np.float64] | None = None,
                  extra_s: float = 0.0, replica_rule: str = "least_loaded",
                  replica_fractions: NDArray[np.float64] | None = None,
-                 replica_dispatch: scheduling.DispatchResult | None = None) -> LayerResult:
+                 replica_dispatch: dispatch.DispatchResult | None = None) -> LayerResult:
         """Evaluate one layer of one decode step (arguments as ``MoESimulator.layer_sampled``).
 
         With redundant experts in the layer, the replica dispatch (``dispatch_replicas`` with
@@ -358,7 +358,7 @@ class LayerEvaluator:
             extra_compute_s: float [D] dispatched replica work per cluster, seconds.
             extra_stream_s: float [D] replica weight streaming per cluster, seconds.
             extra_s: Other time charged to the layer (broadcast excess), seconds.
-            replica_rule: Replica dispatch rule (``scheduling.REPLICA_RULES``), layers with
+            replica_rule: Replica dispatch rule (``dispatch.REPLICA_RULES``), layers with
                 replicas only.
             replica_fractions: float [E, 1 + D] per-copy fractions (``replica_rule="shares"``).
             replica_dispatch: A replica dispatch already computed for these inputs (the

@@ -10,7 +10,8 @@ optional ``replicas[l, i, c]`` marks a *whole* extra copy of expert ``i`` on clu
 expert then has ``1 + Σ_c replicas[l, i, c]`` copies: the primary one described by the shares
 ``P[l, i, :]`` (one node for a whole expert, several for a sharded one) and every replica node.
 Every step each token of the expert is computed by exactly one copy, chosen by a replica
-dispatch rule (``scheduling``); a replica node never also holds a share of the same expert.
+dispatch rule (``hdamoe_env.decisions.dispatch``); a replica node never also holds a share of
+the same expert.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """MoE decode-step simulator: composes the closed forms of ``perf`` with the NoC DES of ``linksim``.
 
 The per-layer sampled evaluator (one implementation, cached constants) is
-``hdamoe_env.sim.evaluator.LayerEvaluator``; ``MoESimulator.layer_sampled`` is its validating public
-entry and ``MoESimulator.step`` runs it over all layers.
+``hdamoe_env.sim.evaluator.LayerEvaluator``; ``MoESimulator.layer_sampled`` is its validating
+public entry and ``MoESimulator.step`` runs it over all layers. Layers under online decisions
+(gating, pre-broadcast, dispatch) are evaluated by ``hdamoe_env.sim.online.DecisionEvaluator``
+(``MoESimulator.decision_evaluator``).
 
 Implements paper-model.md §5.1 (serial composition TBT = Σ_l [t_nm(l) + t_comp(l) +
 t_comm_moe(l)]), §5.4 (communication by placement type), §5.7 (static and sampled evaluators) and
@@ -15,20 +17,17 @@ uses the γ-calibrated estimator of Eq. 2–3 instead (γ per layer from ``calib
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.cost import nonmoe
-from hdamoe_env.cost import broadcast as prebroadcast
 from hdamoe_env.noc import collectives
 from hdamoe_env.cost import perf
-from hdamoe_env.decisions import scheduling
+from hdamoe_env.decisions.dispatch import REPLICA_RULES
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.sim.evaluator import (
     FIDELITIES,
@@ -37,6 +36,7 @@ from hdamoe_env.sim.evaluator import (
     is_tensor_parallel,
     simulate_moe_comm,
 )
+from hdamoe_env.sim.online import DecisionEvaluator
 from hdamoe_env.sim.placement import Placement, check_memory
 from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec, get_model
@@ -45,8 +45,6 @@ from traces import RoutingTrace, batching
 
 __all__ = [
     "FIDELITIES",
-    "DecidedLayer",
-    "DecisionEvaluator",
     "Evaluation",
     "LayerEvaluator",
     "LayerResult",
@@ -134,6 +132,24 @@ class MoESimulator:
             check_memory(placement, self.model, self.hw, self.conv,
                          reserved_bytes=self.nonexpert_weight_bytes_per_node())
 
+    def check_replacement(self, new: object) -> Placement:
+        """Validate ``new`` as a placement that replaces the current one mid-run (a rebalance).
+
+        Args:
+            new: The replacement; it must be a ``Placement`` of this model and mesh.
+
+        Returns:
+            ``new``, validated by ``check_placement``.
+
+        Raises:
+            ConfigError: Not a ``Placement``, or shape, share or tile-grid problems.
+            InfeasibleError: A node's weights exceed its DRAM capacity.
+        """
+        if not isinstance(new, Placement):
+            raise ConfigError(f"replace_placement needs a Placement, got {type(new).__name__}")
+        self.check_placement(new)
+        return new
+
     def nonexpert_weight_bytes_per_node(self) -> float:
         """Return attention, shared-expert and dense-layer weight bytes per node (split over D)."""
         m = self.model
@@ -207,7 +223,7 @@ class MoESimulator:
 
         A placement with redundant experts (``Placement.replicas``) has the tokens of every
         replicated expert dispatched to one copy each by ``replica_rule``
-        (``scheduling.dispatch_replicas``), after any broadcast described by ``P_layer`` and the
+        (``dispatch.dispatch_replicas``), after any broadcast described by ``P_layer`` and the
         ``extra_*`` arguments.
 
         Args:
@@ -223,7 +239,7 @@ class MoESimulator:
             extra_compute_s: float [D] extra expert FLOP time per cluster (dispatch of replicas).
             extra_stream_s: float [D] extra weight-streaming time per cluster.
             extra_s: Other time charged to the layer.
-            replica_rule: ``scheduling.REPLICA_RULES`` entry (layers with replicas).
+            replica_rule: ``dispatch.REPLICA_RULES`` entry (layers with replicas).
             replica_fractions: float [E, 1 + D] per-copy fractions (``replica_rule="shares"``).
 
         Returns:
@@ -233,8 +249,8 @@ class MoESimulator:
             ConfigError: Bad sets, an unknown replica rule, or zeroed rows without their work.
         """
         token_sets = self._check_sets(token_sets, "token_sets", 2)
-        if replica_rule not in scheduling.REPLICA_RULES:
-            raise unknown_name("replica rule", replica_rule, scheduling.REPLICA_RULES)
+        if replica_rule not in REPLICA_RULES:
+            raise unknown_name("replica rule", replica_rule, REPLICA_RULES)
         if extra_compute_s is None and P_layer is not None:
             # Rows zeroed by a caller without compensating work would silently drop FLOPs.
             counts = np.bincount(token_sets.ravel(), minlength=self.model.num_experts)
@@ -328,16 +344,16 @@ class MoESimulator:
             rng: Generator for aggregator draws.
             fidelity: ``"des"`` or ``"analytic"``.
             gammas: γ per layer for the analytic twin.
-            replica_rule: Dispatch rule of redundant experts (``scheduling.REPLICA_RULES``
+            replica_rule: Dispatch rule of redundant experts (``dispatch.REPLICA_RULES``
                 without ``"shares"``, which needs per-step fractions); placements with
                 ``replicas`` only.
 
         Raises:
             ConfigError: Bad sets or an unknown replica rule.
         """
-        if replica_rule not in scheduling.REPLICA_RULES or replica_rule == "shares":
+        if replica_rule not in REPLICA_RULES or replica_rule == "shares":
             raise unknown_name("replica rule of a whole step", replica_rule,
-                               [r for r in scheduling.REPLICA_RULES if r != "shares"])
+                               [r for r in REPLICA_RULES if r != "shares"])
         step_sets = np.asarray(step_sets)
         if step_sets.shape[0] != self.model.num_moe_layers:
             raise ConfigError(f"step_sets has {step_sets.shape[0]} layers, model "
@@ -374,207 +390,6 @@ class MoESimulator:
         return StepResult(layers, self.dense_time(batch),
                           {"evaluator": "static", "fidelity": "des",
                            "placement": placement.method})
-
-
-# ------------------------------------------------------------------------------- online decisions
-@dataclass(frozen=True, eq=False)
-class DecidedLayer:
-    """One MoE layer evaluated with online decisions (§10–11) and what the decisions did.
-
-    Attributes:
-        result: The layer's latency (``t_extra_s`` holds the charged broadcast excess).
-        token_sets: int64 [B, k] the sets executed (after gating).
-        gating: The gating result, or None without gating.
-        dispatch: Where the (token, broadcast expert) pairs ran, or None without broadcast.
-        broadcast: The simulated pre-broadcast traffic, or None without broadcast.
-        link_busy_s: float64 [num_links] busy time of the MoE messages plus the broadcast
-            traffic, or None (TP or analytic layer without broadcast).
-        twin: The layer evaluated with the other fidelity (its own random stream), or None.
-        replica: Where the tokens of the redundant experts ran (``dispatch_replicas``), or
-            None for a layer without replicas.
-    """
-
-    result: LayerResult
-    token_sets: NDArray[np.int64]
-    gating: gating_mod.GatingResult | None
-    dispatch: scheduling.DispatchResult | None
-    broadcast: scheduling.BroadcastResult | None
-    link_busy_s: NDArray[np.float64] | None
-    twin: LayerResult | None
-    replica: scheduling.DispatchResult | None = None
-
-
-class DecisionEvaluator:
-    """Evaluate MoE layers under online decisions: gating, pre-broadcast and dispatch (§10–11).
-
-    The physics behind the env's actions, for one placement at one batch size: hardware-aware
-    gating of the router candidates (§11), dispatch of the (token, broadcast expert) pairs
-    (§10.6–10.7), the pre-broadcast traffic on the NoC (§10.8, cached per (layer, experts)), the
-    charge of a broadcast exceeding its budget (``bc_charge_excess``), then the layer latency by
-    the simulator's ``LayerEvaluator``. The per-layer broadcast plans (budget, k_b, chunk size,
-    §10.3–10.4) are computed once, in ``plans``. Random draws: only the aggregator draws of the
-    evaluation (``rng``), then those of the twin (``twin_rng``).
-
-    Args:
-        sim: The simulator.
-        placement: The placement of all layers.
-        batch: Tokens per decode step B.
-        freqs: float [L, E] long-term activation frequencies f_i (the static expert phase of
-            the layer a broadcast hides behind, §10.3).
-        max_broadcast: Cap on k_b (the env's slots).
-        bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
-        gating_coefficients: (r_comp, r_comm) at gating level 1.
-        gating_options: Keyword arguments of ``gating.hardware_aware_gating`` (penalties,
-            protect_top, candidate_window, include_future, renormalize, diagnostics).
-    """
-
-    def __init__(self, sim: MoESimulator, placement: Placement, batch: int, *,
-                 freqs: NDArray[np.float64], max_broadcast: int, bc_max_messages: int = 20_000,
-                 gating_coefficients: tuple[float, float] = (0.0, 0.0),
-                 gating_options: dict[str, Any] | None = None) -> None:
-        model, hw, conv = sim.model, sim.hw, sim.conv
-        self.sim, self.placement, self.conv = sim, placement, conv
-        self.batch = int(batch)
-        # [decision] where a policy needs expected shares (the broadcast budget's static expert
-        # phase, the gating penalties), redundant experts count as an even split over their
-        # copies (``scheduling.replica_expected_shares``); exactly P without replicas
-        self.expected_shares = scheduling.replica_expected_shares(placement.P,
-                                                                  placement.replicas)
-        self.evaluator = sim.evaluator(placement, batch)
-        self.w_flops = perf.expert_flops(model, conv)
-        self.compute_flops = hw.compute_flops
-        self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
-                         if conv.weight_streaming else 0.0)
-        # replicas run whole experts (I columns) under the tile model (docs/PHYSICS.md §4)
-        self.replica_time: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None = (
-            functools.partial(_replica_time, model=model, hw=hw, conv=conv)
-            if conv.tiled else None)
-        self.bc_payload = prebroadcast.broadcast_payload(model, conv)
-        self.bc_depth = prebroadcast.broadcast_depth(conv, hw.num_nodes, sim.topology.diameter)
-        # §10.3: the broadcast for layer l hides behind layer l - 1 (none for layer 0)
-        cap = min(int(max_broadcast), model.num_experts)
-        self.plans: list[scheduling.BroadcastPlan | None] = [None]
-        for layer in range(1, placement.num_layers):
-            nm_prev = sim.nonmoe(self.batch, layer - 1)   # its all-reduce uses the links
-            t_nm_prev = nm_prev.total_s - nm_prev.comm_s
-            t_comp_prev = float(perf.t_comp_static(self.expected_shares[layer - 1],
-                                                   freqs[layer - 1],
-                                                   self.batch, model, hw, conv))
-            self.plans.append(scheduling.broadcast_plan(
-                model, hw, conv, self.batch, sim.topology.diameter, float(t_nm_prev),
-                t_comp_prev, cap))
-        self.budgets_s = [0.0] + [p.budget_s for p in self.plans[1:] if p is not None]
-        self.bc_max_messages = int(bc_max_messages)
-        self.gating_coefficients = gating_coefficients
-        self.gating_options = dict(gating_options or {})
-        self._bc_cache: dict[tuple[int, tuple[int, ...]], scheduling.BroadcastResult] = {}
-        self._trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
-
-    def gate(self, layer: int, candidates: tuple[NDArray[Any], NDArray[Any]],
-             level: float) -> gating_mod.GatingResult:
-        """Re-rank the router candidates of one layer by hardware-aware gating (§11).
-
-        Args:
-            layer: MoE layer index.
-            candidates: (ids int [B, k + J], scores float [B, k + J]) router candidates.
-            level: Multiplier of ``gating_coefficients``.
-        """
-        r_comp, r_comm = self.gating_coefficients
-        return gating_mod.hardware_aware_gating(
-            candidates, self.sim.model.top_k, self.expected_shares[layer], self.w_flops,
-            self.compute_flops, level * r_comp, level * r_comm, **self.gating_options)
-
-    def broadcast_traffic(self, layer: int, broadcast: Sequence[int]
-                          ) -> scheduling.BroadcastResult:
-        """Return the simulated pre-broadcast of ``broadcast`` for ``layer`` (§10.8, cached)."""
-        key = (layer, tuple(broadcast))
-        hit = self._bc_cache.get(key)
-        if hit is None:
-            conv, hw = self.conv, self.sim.hw
-            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload, self.bc_depth,
-                                               conv.broadcast_alpha_s, hw.link_bw_Bps))
-            if chunk <= 0:  # α = 0: c* -> 0; simulate a fine but finite pipeline [decision]
-                chunk = self.bc_payload / _ZERO_ALPHA_CHUNKS
-            hit = scheduling.simulate_broadcast(
-                self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
-                chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
-                hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
-                max_messages=self.bc_max_messages, trees=self._trees)
-            if len(self._bc_cache) >= 4096:
-                self._bc_cache.clear()
-            self._bc_cache[key] = hit
-        return hit
-
-    def evaluate(self, layer: int, token_sets: NDArray[np.int64], *,
-                 rng: np.random.Generator, broadcast: Sequence[int] = (),
-                 dispatch_rule: str = "least_loaded", gating_level: float = 0.0,
-                 candidates: tuple[NDArray[Any], NDArray[Any]] | None = None,
-                 fidelity: str = "des", gamma: float | None = None,
-                 twin_rng: np.random.Generator | None = None,
-                 replica_rule: str = "least_loaded",
-                 replica_fractions: NDArray[np.float64] | None = None) -> DecidedLayer:
-        """Evaluate one layer of one decode step with its online decisions.
-
-        Redundant experts of the placement: the broadcast experts are dispatched first
-        (everyone holds them); the tokens of the other replicated experts then go to one copy
-        each by ``replica_rule`` (``LayerEvaluator.dispatch_replicas``, loads including the
-        broadcast dispatch), and the two dispatches' work, streaming and holders add up.
-
-        Args:
-            layer: MoE layer index.
-            token_sets: int64 [B, k] the router's sets (batch order), well-formed.
-            rng: Generator of the aggregator draws.
-            broadcast: Pre-broadcast experts, distinct, in broadcast order.
-            dispatch_rule: ``scheduling.DISPATCH_RULES`` entry.
-            gating_level: 0 = plain top-k; otherwise gate ``candidates`` at this level.
-            candidates: Router candidates of the B rows (needed when ``gating_level > 0``).
-            fidelity: ``"des"`` or ``"analytic"``.
-            gamma: γ of the layer (analytic fidelity, and the twin).
-            twin_rng: When given, also evaluate the other fidelity with this generator.
-            replica_rule: ``scheduling.REPLICA_RULES`` entry (layers with replicas).
-            replica_fractions: float [E, 1 + D] per-copy fractions (``"shares"``).
-
-        Returns:
-            The layer result and the decisions' details.
-        """
-        sets = token_sets
-        gated = None
-        if gating_level > 0:
-            assert candidates is not None, "gating needs the router candidates"
-            gated = self.gate(layer, candidates, gating_level)
-            sets = gated.sets
-        dispatch = bres = None
-        P_layer = extra_holders = extra_compute = extra_stream = None
-        extra_s = 0.0
-        if broadcast:
-            dispatch = scheduling.dispatch_broadcast(
-                sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
-                ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
-                stream_s=self.stream_s, tile_time=self.replica_time)
-            P_layer, extra_holders = dispatch.P_layer, dispatch.extra_holders
-            extra_compute, extra_stream = dispatch.extra_compute_s, dispatch.extra_stream_s
-            bres = self.broadcast_traffic(layer, broadcast)
-            if self.conv.bc_charge_excess:          # §10.3: time beyond the budget is exposed
-                extra_s = max(0.0, bres.makespan_s - self.budgets_s[layer])
-        replica = self.evaluator.dispatch_replicas(
-            layer, sets, rule=replica_rule, P_layer=P_layer, extra_compute_s=extra_compute,
-            fractions=replica_fractions)
-        kwargs: dict[str, Any] = dict(P_layer=P_layer, extra_holders=extra_holders,
-                                      extra_compute_s=extra_compute,
-                                      extra_stream_s=extra_stream, extra_s=extra_s)
-        if replica is not None:
-            kwargs["replica_dispatch"] = replica
-        res = self.evaluator.evaluate(layer, sets, rng=rng, fidelity=fidelity,
-                                      gamma=gamma if fidelity == "analytic" else None, **kwargs)
-        busy = res.link_busy_s
-        if bres is not None:
-            busy = bres.link_busy_s if busy is None else busy + bres.link_busy_s
-        twin = None
-        if twin_rng is not None:
-            other = "analytic" if fidelity == "des" else "des"
-            twin = self.evaluator.evaluate(layer, sets, rng=twin_rng, fidelity=other,
-                                           gamma=gamma, **kwargs)
-        return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin, replica)
 
 
 # ------------------------------------------------------------------------------- trace evaluation
@@ -623,17 +438,6 @@ def _summarise(method: str, evaluator: str, results: list[StepResult], num_links
                 busy += lr.link_busy_s
     return Evaluation(method, evaluator, float(tbts.mean()), float(tbts.std()), layer_means,
                       breakdown, len(results), busy / len(results), meta)
-
-
-#: Chunks per broadcast expert when the broadcast start-up α is 0 (c* of §10.4 would be 0).
-_ZERO_ALPHA_CHUNKS = 256
-
-
-def _replica_time(tokens: NDArray[np.float64], *, model: ModelSpec, hw: HardwareSpec,
-                  conv: Conventions) -> NDArray[np.float64]:
-    """Return the tile-model seconds of whole-expert replicas with ``tokens`` tokens each."""
-    return np.asarray(perf.gemm_tile_time(tokens, model.expert_intermediate, model, hw, conv),
-                      dtype=np.float64)
 
 
 def _refuse_static_replicas(placement: Placement) -> None:

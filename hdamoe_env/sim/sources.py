@@ -8,29 +8,44 @@ offset) or a canonical ``.npz`` file (traces.md §5). Every caller — the env, 
 and the placement pipeline — loads through ``load_trace``; where they differ (number of rows,
 predictions) the difference is an explicit argument at the call site.
 
+The router scores gating needs are trace data too: ``with_router_scores`` returns a trace that
+carries router candidates, synthesising them (traces.md §7.5) for a trace that records none, and
+``step_candidates`` gathers the candidates of one decode step's rows.
+
 The core converts a ``ModelSpec`` into the plain numbers ``traces`` needs here, at the boundary
 (style.md §2).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, TraceFormatError
 from hdamoe_env.config.run import check_trace_skew
 from hdamoe_env.config.specs import ModelSpec
 from traces import RoutingTrace, load, read_reference_json, synthetic
 
-__all__ = ["GENERIC_GENERATOR", "check_skew_applies", "check_trace_skew", "load_trace"]
+__all__ = ["GENERIC_GENERATOR", "check_skew_applies", "check_trace_skew", "load_trace",
+           "step_candidates", "with_router_scores"]
+
+logger = logging.getLogger(__name__)
 
 #: Generic expert-level generator parameters for models without fitted ones [decision].
 GENERIC_GENERATOR: dict[str, float] = {"zipf_s": 0.7, "gamma": 0.1, "kappa": 150.0,
                                        "kappa_block": 160.0}
 
-_TRACE_CACHE: dict[tuple[Any, ...], RoutingTrace] = {}
-_CACHE_SIZE = 16
+#: Synthetic traces by (model shape, generator arguments, skew). A bench run uses one or two,
+#: the whole test suite 29 (measured), so 32 never evicts either working set while bounding
+#: memory (a DeepSeek-sized trace of 8192 rows with scores is about 18 MB).
+_TRACE_CACHE: BoundedCache[tuple[Any, ...], RoutingTrace] = BoundedCache(
+    32, name="hdamoe_env.sim.sources.synthetic_traces")
 
 
 def _synthetic(model: ModelSpec, seed: int, requests: int | None, tokens: int | None,
@@ -53,10 +68,7 @@ def _synthetic(model: ModelSpec, seed: int, requests: int | None, tokens: int | 
                                    seed=seed, predictor=predictor, params=params,
                                    J=min(model.top_k, model.num_experts - model.top_k),
                                    skew=skew)
-    if len(_TRACE_CACHE) >= _CACHE_SIZE:
-        _TRACE_CACHE.clear()
-    _TRACE_CACHE[key] = trace
-    return trace
+    return _TRACE_CACHE.put(key, trace)
 
 
 def check_skew_applies(spec: Any, skew: float) -> None:
@@ -137,3 +149,42 @@ def load_trace(spec: str | os.PathLike[str] | RoutingTrace, model: ModelSpec | N
         return _from_file(Path(spec), model)
     raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
                       f"{type(spec).__name__}")
+
+
+def with_router_scores(trace: RoutingTrace, seed: int) -> RoutingTrace:
+    """Return ``trace`` if it records router candidates, else a copy with synthesised ones.
+
+    Gating re-ranks the router's candidates; a trace of expert ids alone (a reference trace, or
+    a synthetic one generated without scores) gets scores consistent with its sets from
+    ``traces.synthetic.synthesize_scores`` (traces.md §7.5; ``meta["score_kind"]`` =
+    ``"synthetic"``), and gating results on it are indicative only.
+
+    Args:
+        trace: The routing trace.
+        seed: Seed of the score synthesis (``np.random.default_rng(seed)``).
+
+    Returns:
+        A trace with ``cand_ids`` and ``cand_scores``.
+    """
+    if trace.cand_ids is not None:
+        return trace
+    logger.info("trace %s has no router scores: synthesising them (traces.md §7.5); "
+                "gating results are indicative only", trace.trace_id)
+    return synthetic.synthesize_scores(trace, np.random.default_rng(seed))
+
+
+def step_candidates(trace: RoutingTrace, rows: NDArray[np.integer]
+                    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Return the router candidates of one decode step's rows, every layer at once.
+
+    Args:
+        trace: A trace with router candidates (``with_router_scores``).
+        rows: int [B] the step's trace rows (batch order).
+
+    Returns:
+        (ids int64 [L, B, k + J], scores float64 [L, B, k + J]), C-contiguous: the arrays
+        gating works on.
+    """
+    assert trace.cand_ids is not None and trace.cand_scores is not None
+    return (np.ascontiguousarray(trace.cand_ids[:, rows], dtype=np.int64),
+            np.ascontiguousarray(trace.cand_scores[:, rows], dtype=np.float64))

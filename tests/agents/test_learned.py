@@ -227,10 +227,10 @@ def test_cli_parsers(env_kwargs, tmp_path, capsys):
     args = parser.parse_args(["train", "--algo", "ppo", "--timesteps", "64", "--k-b", "2",
                               "--batch", "8", "--hp", "n_steps=32", "--out", str(tmp_path)])
     assert args.func is train_app.cmd_train and train_app._parse_hp(args.hp) == {"n_steps": 32}
-    assert evaluate_app._env_kwargs_from_args(args)["k_b"] == 2
-    assert "gating_protect_top" not in evaluate_app._env_kwargs_from_args(args)
+    assert evaluate_app.env_kwargs_from_args(args)["k_b"] == 2
+    assert "gating_protect_top" not in evaluate_app.env_kwargs_from_args(args)
     args_p = parser.parse_args(["train", "--gating-protect-top", "1", "--out", str(tmp_path)])
-    assert evaluate_app._env_kwargs_from_args(args_p)["gating_protect_top"] == 1
+    assert evaluate_app.env_kwargs_from_args(args_p)["gating_protect_top"] == 1
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--gating-protect-top", "-1", "--out", str(tmp_path)])
     _train(env_kwargs, tmp_path, timesteps=64)

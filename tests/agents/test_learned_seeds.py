@@ -105,7 +105,7 @@ def test_t_interval_by_hand():
 
 def test_seeds_train_and_evaluate_together(env_kwargs, tmp_path, monkeypatch, capsys):
     """--seeds 0,1 with 2 SubprocVecEnv copies: OUT/seed<k>/ each loadable, one joint evaluation."""
-    monkeypatch.setattr(train_app, "_env_kwargs_from_args",
+    monkeypatch.setattr(train_app, "env_kwargs_from_args",
                         lambda args, base=None: dict(env_kwargs))
     hp = Path(tmp_path / "hp.yml")
     hp.write_text("maskable-ppo:\n  n_steps: 32\n  batch_size: 32\n  n_epochs: 1\n  gamma: 0.0\n")

@@ -113,15 +113,15 @@ def test_warm_starts_are_feasible(nb_model):
                                 bw_end_Bps=1e12, rho_mem=1.0)
     assert coeffs.load_cap < f.max()                  # whole-expert EP violates (11)
     tp = nb.tp_start(4, 4)
-    assert nb._feasible(tp, coeffs)
+    assert nb.is_feasible(tp, coeffs)
     ep = np.eye(4)
-    assert not nb._feasible(ep, coeffs)
+    assert not nb.is_feasible(ep, coeffs)
     repaired = nb.repair_placement(ep, coeffs)
-    assert nb._feasible(repaired, coeffs)
+    assert nb.is_feasible(repaired, coeffs)
     assert np.allclose(repaired.sum(axis=1), 1)
     res = nb.node_balance(f, GROUPS, GFREQ, model=nb_model, hw=hw, conv=conv, gamma=0.5,
                           batch=128, bw_end_Bps=1e12, rho_mem=1.0, ep_start=ep, time_limit_s=20)
-    assert nb._feasible(res.P_layer, coeffs)
+    assert nb.is_feasible(res.P_layer, coeffs)
     assert res.record["warm_start"]["source"] in ("tp", "ep-repaired", "heuristic")
 
 
@@ -227,7 +227,7 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     raise an error that says to use a finer tile."""
     import dataclasses
 
-    from baselines.node_balance.model import _membership, _wrap_start
+    from baselines.node_balance.model import membership, wrap_start
 
     f = np.array([0.55, 0.45, 0.45, 0.55])
     hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=1.0, link_bw_gbps=1000.0)
@@ -254,7 +254,7 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
     tight = dataclasses.replace(coeffs, mem_cap=np.array([1.1, 1.1, 1.1, 0.74]))
     with pytest.raises(InfeasibleError, match=r"tile grid \(unit 1/8\).*finer tile"):
         nb.repair_placement(np.eye(4), tight)
-    wrap = _wrap_start(coeffs, _membership(GROUPS, 4), GFREQ)
+    wrap = wrap_start(coeffs, membership(GROUPS, 4), GFREQ)
     assert _units(wrap, 8) < 1e-12
 
 

@@ -17,7 +17,7 @@ from baselines.node_balance.model import nb_coefficients, repair_placement
 from baselines.node_balance.milp import node_balance
 from baselines.pipeline import _tasks
 from baselines.pipeline_config import PlaceConfig, load_trace
-from baselines.pipeline_layer import _simulator
+from baselines.pipeline_layer import layer_simulator
 from baselines.static import hybrid_layer
 from hdamoe_env.sim.placement import Placement, check_tile_grid, off_grid, share_unit
 
@@ -27,7 +27,7 @@ GAMMA = 1.0   # a representative γ: communication and compute both matter in th
 @pytest.fixture(scope="module")
 def deepseek():
     cfg = PlaceConfig.create(model="deepseek")
-    sim = _simulator(cfg)
+    sim = layer_simulator(cfg)
     trace = load_trace(cfg)
     return cfg, sim, trace
 

@@ -227,7 +227,7 @@ def test_trace_skew_reaches_records_keys_and_the_placement_cache(tmp_path):
     sharp = _config(tmp_path, trace_skew=2.0)
     res = run_bench(sharp, ["tp", "node-link"], [0], progress=False)
     assert {r["trace_skew"] for r in res.records} == {2.0}
-    trace, _ = bench._load_trace(sharp)
+    trace, _ = bench.load_bench_trace(sharp)
     assert trace.meta["generator"]["skew"] == 2.0
     assert sharp.run_key(trace.trace_id) != base.run_key(trace.trace_id)
     # the key of a τ = 1 configuration does not mention the knob (runs made before it exist)

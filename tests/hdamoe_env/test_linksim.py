@@ -11,6 +11,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.collectives import default_ring, ring_allreduce_des
 from hdamoe_env.noc.des import link_load_bound, simulate_messages, simulate_messages_oracle
 from hdamoe_env.noc.linksim import (
+    HolderTable,
     choose_aggregators,
     layer_flow_keys,
     layer_messages,
@@ -18,6 +19,7 @@ from hdamoe_env.noc.linksim import (
 )
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
 from hdamoe_env.noc.topology import make_topology, stable_hash
+from hdamoe_env.sim.placement import expert_parallel
 
 HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
 HW22 = HardwareSpec(mesh_shape=(2, 2), link_bw_gbps=1.0)  # 1 byte per ns
@@ -401,7 +403,7 @@ def test_replica_messages_go_to_the_chosen_copy_only():
     expert 3's holder, node 3, and the only combine message per token is 2 -> 3 (dispatch: 3 ->
     2); the primary node 0 sends and receives nothing.
     """
-    from hdamoe_env.decisions.scheduling import dispatch_replicas
+    from hdamoe_env.decisions.dispatch import dispatch_replicas
 
     topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
     reps = np.zeros((4, 4), dtype=bool)
@@ -421,3 +423,54 @@ def test_replica_messages_go_to_the_chosen_copy_only():
     # without the replica the tokens' expert-0 messages come from the primary, node 0
     src0, _, _, _ = linksim.layer_messages(sets, 1.0, np.eye(4) > 0, agg, pi)
     assert src0.tolist() == [0, 0]
+
+
+# ------------------------------------------------------------------------------ aggregators
+def _naive_aggregators(sets, support, rule, rng):
+    """Loop-by-token reference of §6.2 step 2 with the same vectorised draw calls."""
+    valid = [[bool(support[e].any()) for e in row] for row in sets.tolist()]
+    if rule == "first":
+        experts = [min(e for e, ok in zip(row, v) if ok) for row, v in zip(sets.tolist(), valid)]
+    else:
+        u = rng.integers(0, np.array([sum(v) for v in valid]))
+        experts = [[e for e, ok in zip(row, v) if ok][int(x)]
+                   for row, v, x in zip(sets.tolist(), valid, u)]
+    holders = [np.flatnonzero(support[e]) for e in experts]
+    if rule == "uniform":
+        v = rng.integers(0, np.array([h.size for h in holders]))
+        return np.array([h[int(x)] for h, x in zip(holders, v)])
+    return np.array([h[0] for h in holders])
+
+
+@pytest.mark.parametrize("rule", ["uniform", "ref", "first"])
+def test_aggregators_match_naive_reference(rng, rule):
+    P = expert_parallel(1, 16, 8, rng).P[0]
+    P[3] = [0.25, 0.25, 0.5, 0, 0, 0, 0, 0]
+    sets = np.stack([rng.permutation(16)[:4] for _ in range(50)])
+    ref = _naive_aggregators(sets, P > 0, rule, np.random.default_rng(5))
+    got = choose_aggregators(sets, HolderTable.from_shares(P), rule, np.random.default_rng(5))
+    np.testing.assert_array_equal(ref, got)
+    np.testing.assert_array_equal(
+        got, choose_aggregators(sets, P > 0, rule, np.random.default_rng(5)))
+    zero = P.copy()
+    zero[[1, 2]] = 0.0                                   # broadcast rows zeroed
+    ok = ~np.isin(sets, [1, 2]).all(axis=1)
+    ref = _naive_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5))
+    got = choose_aggregators(sets[ok], HolderTable.from_shares(zero), rule,
+                             np.random.default_rng(5))
+    np.testing.assert_array_equal(ref, got)
+    np.testing.assert_array_equal(
+        got, choose_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5)))
+
+
+def test_aggregators_for_holderless_tokens():
+    P = np.array([[0.0, 0.0], [0.0, 1.0]])
+    sets = np.array([[0, 0], [0, 1]])
+    extra = np.array([[1, -1], [-1, -1]])
+    agg = choose_aggregators(sets, HolderTable.from_shares(P), "uniform",
+                             np.random.default_rng(0), extra)
+    assert agg.tolist() == [1, 1]
+    assert choose_aggregators(sets, P > 0, "uniform", np.random.default_rng(0),
+                              extra).tolist() == [1, 1]
+    with pytest.raises(ConfigError, match="holder"):
+        choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))

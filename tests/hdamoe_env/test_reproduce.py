@@ -41,7 +41,7 @@ def test_quick_suite_covers_every_study_once(tmp_path: Path) -> None:
                       for c in cells if c.kind == "placement"}
     for c in cells:
         if c.kind == "bench" and set(c.params["methods"]) - {"tp", "ep"}:
-            src = c.params.get("placement_from") or reproduce._placement_key(c.params["config"])
+            src = c.params.get("placement_from") or reproduce.placement_key(c.params["config"])
             assert json.dumps(src, sort_keys=True) in placement_keys, c.label
 
 

@@ -183,7 +183,7 @@ def test_dram_capacity_is_checked(ds_trace):  # §3 node DRAM capacity, §7.3 (1
 
 def test_decision_evaluator_composes_dispatch_broadcast_and_excess(tiny_model, tiny_hw):
     # §10.3 (excess charge), §10.6 (dispatch), §10.8 (broadcast traffic)
-    from hdamoe_env.decisions import scheduling
+    from hdamoe_env.decisions import dispatch as dispatch_mod
 
     sim = MoESimulator(tiny_model, tiny_hw, "mesh", get_profile("faithful"))
     ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
@@ -194,8 +194,8 @@ def test_decision_evaluator_composes_dispatch_broadcast_and_excess(tiny_model, t
     ref = sim.layer_sampled(ep, 1, sets, rng=np.random.default_rng(4))
     assert plain.result.total_s == ref.total_s and plain.broadcast is None
     out = dec.evaluate(1, sets, rng=np.random.default_rng(4), broadcast=[2])
-    d = scheduling.dispatch_broadcast(sets, ep.P[1], [2], dec.w_flops,
-                                      compute_flops=dec.compute_flops, stream_s=dec.stream_s)
+    d = dispatch_mod.dispatch_broadcast(sets, ep.P[1], [2], dec.w_flops,
+                                        compute_flops=dec.compute_flops, stream_s=dec.stream_s)
     excess = max(0.0, out.broadcast.makespan_s - dec.budgets_s[1])
     manual = sim.layer_sampled(ep, 1, sets, rng=np.random.default_rng(4), P_layer=d.P_layer,
                                extra_holders=d.extra_holders, extra_compute_s=d.extra_compute_s,
@@ -225,7 +225,7 @@ def _hot_case(tiny_model):
 
 def test_replica_halves_the_busiest_node_in_the_simulator(tiny_model, tiny_hw):
     """Fluid tiles: node compute = tokens·w/C. EP: [8, 4, 4, 0]·w/C (busiest 8); with the
-    replica and least_loaded: [4, 4, 4, 4]·w/C (test_scheduling works the greedy out): 2x."""
+    replica and least_loaded: [4, 4, 4, 4]·w/C (test_dispatch works the greedy out): 2x."""
     model, ep, rep, sets = _hot_case(tiny_model)
     sim = MoESimulator(model, tiny_hw, "mesh", get_profile(FLUID))
     w_c = 6 * 64 * 128 / tiny_hw.compute_flops                    # m·2·h·I / C, m = 3
@@ -297,7 +297,7 @@ def test_decision_evaluator_composes_broadcast_and_replicas(tiny_model, tiny_hw)
     """Broadcast expert 2 and replicated experts 0 (node of no share) and 2: expert 2 goes
     through the broadcast dispatch only; the replica dispatch of expert 0 runs on the zeroed
     shares with the broadcast work as initial loads, and the merge equals the evaluation."""
-    from hdamoe_env.decisions import scheduling
+    from hdamoe_env.decisions import dispatch as dispatch_mod
 
     sim = MoESimulator(tiny_model, tiny_hw, "mesh", get_profile("faithful"))
     ep = expert_parallel(2, 4, 4, np.random.default_rng(0))
@@ -315,7 +315,7 @@ def test_decision_evaluator_composes_broadcast_and_replicas(tiny_model, tiny_hw)
     bc = out.dispatch
     rd = dec.evaluator.dispatch_replicas(1, sets, rule="round_robin", P_layer=bc.P_layer,
                                          extra_compute_s=bc.extra_compute_s)
-    m = scheduling.merge_dispatch(bc, rd)
+    m = dispatch_mod.merge_dispatch(bc, rd)
     excess = max(0.0, out.broadcast.makespan_s - dec.budgets_s[1])
     manual = sim.evaluator(ep, 8).evaluate(
         1, sets, rng=np.random.default_rng(4), P_layer=m.P_layer, extra_holders=m.extra_holders,

@@ -8,7 +8,7 @@ import pytest
 from hdamoe_env.config.errors import ConfigError, TraceFormatError
 from hdamoe_env.sim.sources import load_trace
 from hdamoe_env.config.specs import get_model
-from traces import save, synthetic
+from traces import RoutingTrace, save, synthetic
 
 
 def test_synthetic_equals_the_generator_and_is_cached():
@@ -57,3 +57,21 @@ def test_synthetic_skew_is_part_of_the_cache_key_and_checked(tiny_model):
     with pytest.raises(ConfigError, match="generated with skew 1"):
         load_trace(base, model, skew=1.5)
     assert load_trace(sharp, model, skew=1.5) is sharp      # a loaded trace of that skew
+
+
+def test_router_scores_are_kept_or_synthesised_and_gathered_per_step():
+    from hdamoe_env.sim.sources import step_candidates, with_router_scores
+
+    scored = load_trace("synthetic", get_model("mixtral-8x7b"), seed=1, requests=2)
+    assert scored.cand_ids is not None and with_router_scores(scored, 0) is scored
+    bare = RoutingTrace(topk_ids=scored.topk_ids, req_id=scored.req_id, pos=scored.pos,
+                        phase=scored.phase, keep=scored.keep, meta={"E": scored.num_experts})
+    made = with_router_scores(bare, 4)
+    assert made.meta["score_kind"] == "synthetic"
+    again = with_router_scores(bare, 4)
+    np.testing.assert_array_equal(made.cand_scores, again.cand_scores)    # seeded
+    rows = np.array([3, 0, 2])
+    ids, vals = step_candidates(made, rows)
+    assert ids.dtype == np.int64 and vals.dtype == np.float64 and ids.flags.c_contiguous
+    np.testing.assert_array_equal(ids, made.cand_ids[:, rows])
+    np.testing.assert_array_equal(vals, made.cand_scores[:, rows])

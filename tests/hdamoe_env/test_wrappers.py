@@ -389,7 +389,7 @@ def test_replica_shares_over_the_ranked_wrapper():
 def test_share_fractions_rule_value_and_nan_rows_follow_least_loaded():
     """rule_value: value 0 = an all-NaN row (the least-loaded rule), v >= 1 = (v - 1)/K on the
     primary; the dispatch of an all-NaN fractions matrix equals the least-loaded rule's."""
-    from hdamoe_env.decisions import scheduling
+    from hdamoe_env.decisions import dispatch as dispatch_mod
     from hdamoe_env.env.wrappers import replica_share_fractions
 
     reps = np.array([[False, True, False], [False, False, False]])
@@ -400,12 +400,12 @@ def test_share_fractions_rule_value_and_nan_rows_follow_least_loaded():
     assert replica_share_fractions(np.array([2, 0]), reps, 2)[0].tolist() == [1.0, 0.0, 0.0, 0.0]
     P = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     sets = np.array([[0, 1]] * 5 + [[0, 1]] * 3)
-    ll = scheduling.dispatch_replicas(sets, P, reps, 1.0, rule="least_loaded")
-    nan = scheduling.dispatch_replicas(sets, P, reps, 1.0, rule="shares",
-                                       fractions=np.full((2, 4), np.nan))
+    ll = dispatch_mod.dispatch_replicas(sets, P, reps, 1.0, rule="least_loaded")
+    nan = dispatch_mod.dispatch_replicas(sets, P, reps, 1.0, rule="shares",
+                                         fractions=np.full((2, 4), np.nan))
     np.testing.assert_array_equal(ll.nodes, nan.nodes)
     np.testing.assert_array_equal(ll.extra_compute_s, nan.extra_compute_s)
     with pytest.raises(ConfigError, match="NaN"):
         bad = np.zeros((2, 4))
         bad[0, 1] = np.nan                                   # a partly NaN row is refused
-        scheduling.dispatch_replicas(sets, P, reps, 1.0, rule="shares", fractions=bad)
+        dispatch_mod.dispatch_replicas(sets, P, reps, 1.0, rule="shares", fractions=bad)

@@ -1,0 +1,243 @@
+"""Next-layer expert prediction: which experts the tokens of the next layer will need.
+
+Implements paper-model.md §10.2 with the noisy-oracle semantics of traces.md §7.6: exact
+O(1) sampling of experts by popularity (``AliasSampler``), a fast, exact, vectorised noisy
+oracle (``noisy_oracle_sets``) and the predictors a run chooses from (``PREDICTORS``,
+``StepPredictor``: every layer of a decode step, each prediction made at the previous layer).
+The predicted per-expert counts feed the pre-broadcast selection
+(``hdamoe_env.decisions.broadcast``) and the env's observation. Pure numpy; every random draw
+comes from the ``rng`` argument (style.md R7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from hdamoe_env.config.errors import ConfigError, unknown_name
+
+__all__ = ["PREDICTORS", "AliasSampler", "StepPrediction", "StepPredictor", "noisy_oracle_sets"]
+
+#: Next-layer predictors (§10.2): ``noisy_oracle`` (the actual sets kept with an accuracy per
+#: layer, traces.md §7.6), ``oracle`` (the actual sets), ``trace`` (sets recorded in the trace,
+#: ``pred_ids``) and ``frequency`` (no sets: the long-term counts f_i·B).
+PREDICTORS = ("noisy_oracle", "oracle", "trace", "frequency")
+
+
+class AliasSampler:
+    """Exact O(1) sampling of experts ∝ popularity p_l (Walker/Vose alias tables, one per layer).
+
+    Args:
+        shares: float [E] or [L, E] non-negative popularity (each row with a positive sum).
+    """
+
+    def __init__(self, shares: ArrayLike) -> None:
+        p = np.atleast_2d(np.asarray(shares, dtype=np.float64))
+        if p.ndim != 2 or (p < 0).any() or not (p.sum(axis=1) > 0).all():
+            raise ConfigError("shares must be a non-negative [E] or [L, E] array with positive "
+                              "row sums")
+        self.num_layers, self.num_experts = p.shape
+        self.prob = np.ones(p.shape)
+        self.alias = np.tile(np.arange(self.num_experts), (self.num_layers, 1))
+        for layer in range(self.num_layers):
+            self._build(layer, p[layer] / p[layer].sum())
+
+    def _build(self, layer: int, p: NDArray[np.float64]) -> None:
+        scaled = (p * self.num_experts).tolist()
+        small = [i for i, v in enumerate(scaled) if v < 1.0]
+        large = [i for i, v in enumerate(scaled) if v >= 1.0]
+        prob, alias = self.prob[layer], self.alias[layer]
+        while small and large:
+            s_i, l_i = small.pop(), large.pop()
+            prob[s_i] = scaled[s_i]
+            alias[s_i] = l_i
+            scaled[l_i] = scaled[l_i] + scaled[s_i] - 1.0
+            (small if scaled[l_i] < 1.0 else large).append(l_i)
+        for i in small + large:                       # numerical leftovers: probability 1
+            prob[i] = 1.0
+
+    def sample(self, layers: NDArray[np.int64] | None, size: int, rng: np.random.Generator
+               ) -> NDArray[np.int64]:
+        """Return int64 [R, size] experts drawn ∝ p of each row's layer.
+
+        Args:
+            layers: int64 [R] layer of every row (zeros for 1-D shares); None draws one row of
+                layer 0.
+            size: Draws per row.
+            rng: Generator. One uniform per draw: its integer part (× E) picks the column, its
+                fraction flips the column's coin.
+        """
+        rows = 1 if layers is None else layers.size
+        v = rng.random((rows, size)) * self.num_experts
+        col = v.astype(np.int64)
+        np.minimum(col, self.num_experts - 1, out=col)
+        coin = v - col
+        flat = col if layers is None else col + (layers * self.num_experts)[:, None]
+        keep = coin < self.prob.ravel().take(flat)
+        return np.where(keep, col, self.alias.ravel().take(flat))
+
+
+def noisy_oracle_sets(actual: NDArray[np.int64], acc: float | NDArray[np.float64],
+                      sampler: AliasSampler, rng: np.random.Generator, *,
+                      layer_of_row: NDArray[np.int64] | None = None, oversample: int = 3
+                      ) -> NDArray[np.int64]:
+    """Predict sets with a noisy oracle (traces.md §7.6 semantics, vectorised).
+
+    Every expert of a row's actual set is kept with probability acc and otherwise replaced by an
+    expert drawn ∝ p_l from those not in the actual set, never twice in a row. Rejection
+    sampling, exact: in every round each pending replaced slot draws ``oversample`` candidates
+    ∝ p and takes the first not in the actual set nor among the row's accepted replacements;
+    when two pending slots of a row pick the same expert the earlier slot keeps it and the other
+    draws again. The expected overlap |S ∩ Ŝ|/k is exactly acc. Rows of several layers can be
+    predicted in one call.
+
+    Args:
+        actual: int64 [N, k] actual sets.
+        acc: Accuracy in [0, 1], scalar or float [N] per row.
+        sampler: Popularity sampler (one layer, or per layer with ``layer_of_row``).
+        rng: Generator.
+        layer_of_row: int64 [N] layer of every row (default: layer 0 of the sampler).
+        oversample: Candidates drawn per pending slot and round.
+
+    Returns:
+        int64 [N, k] predicted sets.
+    """
+    num_rows, top_k = actual.shape
+    pred = actual.copy()
+    accuracy = np.asarray(acc, dtype=np.float64)
+    replace = rng.random((num_rows, top_k)) >= (accuracy if accuracy.ndim == 0
+                                                 else accuracy[:, None])
+    rows, cols = np.nonzero(replace)                  # row-major: slots in column order
+    if rows.size == 0:
+        return pred
+    num_experts = sampler.num_experts
+    lay = (np.zeros(rows.size, dtype=np.int64) if layer_of_row is None
+           else np.asarray(layer_of_row, dtype=np.int64)[rows])
+    pred[rows, cols] = -1
+    pending = np.arange(rows.size)
+    small = num_experts <= 64
+    one = np.uint64(1)
+    if small:                                         # forbidden experts as row bitmasks
+        forbid = np.bitwise_or.reduce(np.left_shift(one, actual.astype(np.uint64)), axis=1)
+    for _ in range(64):
+        r = rows[pending]
+        cand = sampler.sample(lay[pending], oversample, rng)               # [P, m]
+        # Forbidden: the actual set and the replacements accepted so far.
+        if small:
+            member = (np.right_shift(forbid[r][:, None], cand.astype(np.uint64)) & one) \
+                .astype(bool)
+        else:
+            taken = np.concatenate([actual[r], pred[r]], axis=1)
+            member = (taken[:, None, :] == cand[:, :, None]).any(axis=2)
+        ok = ~member.all(axis=1)
+        pick = cand[np.arange(pending.size), np.argmax(~member, axis=1)]
+        key = np.where(ok, r * num_experts + pick, -1 - np.arange(pending.size))
+        order = np.argsort(key, kind="stable")       # stable: the earlier slot of a row wins
+        dup = np.zeros(pending.size, dtype=bool)
+        dup[order[1:]] = key[order][1:] == key[order][:-1]
+        accept = ok & ~dup
+        pred[r[accept], cols[pending[accept]]] = pick[accept]
+        if small:
+            np.bitwise_or.at(forbid, r[accept], np.left_shift(one, pick[accept].astype(
+                np.uint64)))
+        pending = pending[~accept]
+        if pending.size == 0:
+            return pred
+    for slot in pending.tolist():                    # pathological popularity: uniform fallback
+        t = int(rows[slot])
+        allowed = np.setdiff1d(np.arange(num_experts), np.concatenate([actual[t], pred[t]]))
+        pred[t, int(cols[slot])] = int(rng.choice(allowed))
+    return pred
+
+
+@dataclass(frozen=True, eq=False)
+class StepPrediction:
+    """The predictions of one decode step, every layer predicted at the layer before it.
+
+    Attributes:
+        sets: int64 [L, B, k] predicted expert sets (−1 at layer 0, which has no prediction),
+            or None for the ``frequency`` predictor (counts only).
+        counts: float64 [L, E] predicted tokens per expert n̂_i (0 at layer 0).
+    """
+
+    sets: NDArray[np.int64] | None
+    counts: NDArray[np.float64]
+
+
+class StepPredictor:
+    """Predict the expert sets and counts of every layer of a decode step (§10.2).
+
+    Args:
+        predictor: One of ``PREDICTORS``.
+        freqs: float [L, E] long-term activation frequencies f_i of every layer (the
+            popularity the noisy oracle draws replacements from, ∝ f_i / k, and the
+            ``frequency`` predictor's counts f_i·B).
+        top_k: k.
+        batch: Tokens per decode step B.
+        accuracies: float [L] noisy-oracle accuracy per layer (entry 0 unused).
+        recorded: int [L, T, k] predicted sets recorded in the trace (``pred_ids``; the
+            ``trace`` predictor only).
+
+    Raises:
+        ConfigError: Unknown predictor, or ``"trace"`` without recorded predictions.
+    """
+
+    def __init__(self, predictor: str, freqs: ArrayLike, top_k: int, batch: int,
+                 accuracies: ArrayLike, recorded: NDArray[np.integer] | None = None) -> None:
+        if predictor not in PREDICTORS:
+            raise unknown_name("predictor", predictor, PREDICTORS)
+        if predictor == "trace" and recorded is None:
+            raise ConfigError("predictor='trace' needs a trace with recorded pred_ids; use "
+                              "predictor='noisy_oracle' or a trace with predictions")
+        self.predictor = predictor
+        self.freqs = np.asarray(freqs, dtype=np.float64)
+        self.num_layers, self.num_experts = self.freqs.shape
+        self.top_k, self.batch = int(top_k), int(batch)
+        self.recorded = recorded
+        acc = np.asarray(accuracies, dtype=np.float64)
+        L = self.num_layers
+        self.sampler = AliasSampler(np.maximum(self.freqs / self.top_k, 1e-12))
+        self.layer_rows = np.repeat(np.arange(1, L), self.batch)
+        self.row_acc = np.repeat(acc[1:], self.batch) if L > 1 else np.zeros(0)
+
+    def predict(self, sets: NDArray[np.int64], rows: NDArray[np.int64],
+                rng: np.random.Generator) -> StepPrediction:
+        """Predict layers 1..L−1 of one decode step (layer 0 has no prediction).
+
+        Args:
+            sets: int64 [L, B, k] the step's actual expert sets.
+            rows: int [B] the step's trace rows (the ``trace`` predictor reads them).
+            rng: Generator of the noisy oracle's draws (one ``noisy_oracle_sets`` call covering
+                every predicted layer; the other predictors draw nothing).
+
+        Returns:
+            The predicted sets and per-expert counts.
+        """
+        L, B, k, E = self.num_layers, self.batch, self.top_k, self.num_experts
+        pred: NDArray[np.int64] | None
+        if self.predictor == "noisy_oracle":
+            pred = np.full((L, B, k), -1, dtype=np.int64)
+            if L > 1:
+                flat = noisy_oracle_sets(sets[1:].reshape(-1, k), self.row_acc, self.sampler,
+                                         rng, layer_of_row=self.layer_rows)
+                pred[1:] = flat.reshape(L - 1, B, k)
+        elif self.predictor == "oracle":
+            pred = sets.copy()
+            pred[0] = -1
+        elif self.predictor == "trace":
+            assert self.recorded is not None
+            pred = self.recorded[:, rows].astype(np.int64)
+            pred[0] = -1
+        else:
+            pred = None
+        if pred is None:                                     # frequency: long-term f_i·B
+            counts = self.freqs * B
+            counts[0] = 0.0
+        else:
+            valid = pred >= 0
+            keys = np.where(valid, pred + (np.arange(L) * E)[:, None, None], L * E)
+            counts = np.bincount(keys.ravel(), minlength=L * E + 1)[:L * E].reshape(
+                L, E).astype(np.float64)
+        return StepPrediction(pred, counts)

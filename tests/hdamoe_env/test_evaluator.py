@@ -1,0 +1,53 @@
+"""The cached layer evaluator (``hdamoe_env.sim.evaluator.LayerEvaluator``) equals the
+simulator's one-off ``layer_sampled`` and its TP totals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.cost import perf
+from hdamoe_env.decisions.dispatch import dispatch_broadcast
+from hdamoe_env.sim.evaluator import LayerEvaluator
+from hdamoe_env.sim.placement import expert_parallel, tensor_parallel
+from hdamoe_env.sim.simulator import MoESimulator
+
+
+# ------------------------------------------------------------------------------ layer evaluator
+@pytest.mark.parametrize("profile", ["faithful", "paper"])
+def test_evaluator_equals_layer_sampled(profile, tiny_model, tiny_hw, rng):
+    sim = MoESimulator(tiny_model, tiny_hw, conventions=profile)
+    pl = expert_parallel(tiny_model.num_moe_layers, 4, 4, rng)
+    ev = LayerEvaluator(sim, pl, 16)
+    sets = np.stack([rng.permutation(4)[:2] for _ in range(16)])
+    for fid, gamma in (("des", None), ("analytic", 0.37)):
+        a = sim.layer_sampled(pl, 1, sets, rng=np.random.default_rng(3), fidelity=fid,
+                              gamma=gamma)
+        b = ev.evaluate(1, sets, rng=np.random.default_rng(3), fidelity=fid, gamma=gamma)
+        for name in ("t_nm_s", "t_comp_s", "t_dispatch_s", "t_combine_s", "t_comm_moe_s",
+                     "total_s", "mode"):
+            assert getattr(a, name) == getattr(b, name), name
+        if a.link_busy_s is not None:
+            np.testing.assert_array_equal(a.link_busy_s, b.link_busy_s)
+    d = dispatch_broadcast(sets, pl.P[1], [int(sets[0, 0])], perf.expert_flops(tiny_model,
+                           sim.conv), compute_flops=tiny_hw.compute_flops, stream_s=1e-7)
+    kw = dict(P_layer=d.P_layer, extra_holders=d.extra_holders, extra_compute_s=d.extra_compute_s,
+              extra_stream_s=d.extra_stream_s, extra_s=2e-7)
+    a = sim.layer_sampled(pl, 1, sets, rng=np.random.default_rng(3), **kw)
+    b = ev.evaluate(1, sets, rng=np.random.default_rng(3), **kw)
+    assert a.total_s == b.total_s and a.t_extra_s == b.t_extra_s == 2e-7
+
+
+def test_evaluator_tp_and_tp_totals(tiny_model, tiny_hw, rng):
+    sim = MoESimulator(tiny_model, tiny_hw)
+    tp = tensor_parallel(tiny_model.num_moe_layers, 4, 4)
+    ev = LayerEvaluator(sim, tp, 16)
+    step = np.stack([np.stack([rng.permutation(4)[:2] for _ in range(16)]) for _ in range(2)])
+    totals = ev.tp_totals(step)
+    for layer in range(2):
+        ref = sim.layer_sampled(tp, layer, step[layer], rng=rng)
+        assert ref.mode == "tp"
+        assert totals[layer] == pytest.approx(ref.total_s, rel=1e-12)
+    with pytest.raises(ConfigError, match="TP"):
+        LayerEvaluator(sim, expert_parallel(2, 4, 4, rng), 16).tp_totals(step)
