@@ -103,7 +103,7 @@ class PlaceConfig(RunFields):
             "model": run.model_key(), "mesh": list(run.mesh_shape), "setting": run.setting,
             "batch": run.batch, "topology": run.topology.kind, "trace": run.trace,
             "trace_requests": run.trace_requests, "trace_seed": self.trace_seed}
-        if run.trace_skew != 1.0:  # the default stays out: cache keys of older runs hold
+        if run.trace_skew != 1.0:  # τ = 1 stays out (CHANGELOG: compatibility)
             d["trace_skew"] = run.trace_skew
         d["view"] = self.view
         d["conventions"] = profile_key(run.conventions)

@@ -1,4 +1,4 @@
-"""Try bad inputs as a careful user would and count the outcomes (issue 15's table).
+"""Try bad inputs as a careful user would and count the outcomes (typed error, one line, exit 2).
 
 Every input runs in-process under a time limit, inside a fresh temporary directory (nothing
 outside it is touched). Outcomes:
@@ -191,7 +191,7 @@ def _run_case(fn: Callable[[Path], Any], timeout: float) -> tuple[str, str]:
     import traces.errors
     from hdamoe_env.config.errors import HdMoeError
 
-    # the package's typed errors (before issue 15 the trace errors had their own base)
+    # the package's typed errors (every trace error is an HdMoeError too)
     typed = (HdMoeError, traces.errors.TraceFormatError, traces.errors.UnknownNameError)
 
     with tempfile.TemporaryDirectory(prefix="hdamoe-bad-") as name:

@@ -71,3 +71,51 @@ def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
             assert mask.size == int(np.sum(env.action_space.nvec))
             parts = np.split(mask.astype(np.int8), np.cumsum(env.action_space.nvec)[:-1])
             obs, *_ = env.step(env.action_space.sample(mask=tuple(parts)))
+
+
+def _documented_names():
+    """Yield (file, dotted name) for every project import and dotted reference in the docs.
+
+    Sources: ``import`` / ``from ... import`` lines in README.md, docs/**/*.md and examples/, and
+    backticked dotted names such as ``hdamoe_env.noc.des.simulate_messages`` in the Markdown.
+    """
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", *sorted((root / "docs").rglob("*.md")),
+             *sorted((root / "examples").rglob("*.py"))]
+    packages = "hdamoe_env|agents|baselines|traces"
+    for path in files:
+        text = path.read_text()
+        for m in re.finditer(rf"^\s*from ((?:{packages})[\w.]*) import ([\w, ()]+)", text, re.M):
+            for item in m.group(2).strip("() ").split(","):
+                if item.split():
+                    yield path.name, f"{m.group(1)}.{item.split()[0].strip('()')}"
+        for m in re.finditer(rf"^\s*import ((?:{packages})[\w.]*)", text, re.M):
+            yield path.name, m.group(1)
+        if path.suffix == ".md":
+            for m in re.finditer(rf"`((?:{packages})(?:\.\w+)+)", text):
+                yield path.name, m.group(1)
+
+
+def test_every_documented_import_and_dotted_name_resolves():
+    """README, docs and examples name only modules and attributes that exist."""
+    import importlib
+
+    missing = []
+    for where, dotted in sorted(set(_documented_names())):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(f"{where}: {dotted}")
+            break
+        else:
+            missing.append(f"{where}: {dotted}")
+    assert not missing, "\n".join(missing)

@@ -252,3 +252,13 @@ def test_core_has_no_heavy_module_level_imports():
             if top and imported.split(".")[0] in HEAVY:
                 problems.append(f"{mod} imports {imported} at module level")
     assert not problems, "\n".join(problems)
+
+
+def test_architecture_doc_table_matches_the_rooms():
+    """docs/ARCHITECTURE.md's "Who may import whom" table says what the docstrings say."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    rows = re.findall(r"^\| `([\w.]+)` \| (.+?) \|$", text, flags=re.M)
+    doc = {room: (None if cell.strip() == "everything" else
+                  set() if cell.strip() == "nothing" else set(re.findall(r"`([\w.]+)`", cell)))
+           for room, cell in rows}
+    assert doc == room_tables()

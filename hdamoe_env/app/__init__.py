@@ -1,10 +1,12 @@
 """The application layer: the ``hdamoe`` commands, their output, and the experiment drivers.
 
-What lives here: the command-line parsers and ``main`` (``cli``, ``argtypes``), the benchmark
-runner and its records (``bench``, ``records``, ``progress``, ``tb``, ``plots``), experiment
-grids (``reproduce``, ``report``, ``crossover``, ``claims``), and the commands that compose
-agents and baselines (``place``, ``train``, ``tune``, ``record``, ``model_gating``,
-``matched``, ``simbench``, ``envbench``). Nothing imports it.
+What lives here: the command-line parsers, pre-flight checks and ``main`` (``cli``), option
+types and the generated run options (``argtypes``), logging and memory limits (``logs``,
+``limits``); one module per command (``simulate``, ``simbench``, ``tracetools``, ``record``,
+``bench`` with ``methods``, ``envbench``, ``place``, ``train``, ``evaluate``, ``tune``,
+``reproduce``, ``crossover``); their output (``records``, ``progress``, ``tb``, ``plots``,
+``report``, ``claims``) and helpers of the gating commands (``matched``, ``model_gating``).
+Nothing imports it.
 
 May import: everything (hdamoe_env and its sub-packages, agents, baselines, traces)
 """

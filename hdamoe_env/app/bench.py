@@ -31,10 +31,6 @@ and artifact, trace id and trace skew τ, setting, batch, and the mean busy time
 link per decode step (for the congestion heat map).
 
 Env throughput (``hdamoe bench-env``) is measured by :mod:`hdamoe_env.app.envbench`.
-
-This module is longer than 700 lines because its docstring is the bench manual (methods,
-placements, episodes, record fields) and the runner, its configuration and the placement and
-agent resolution serve that one command.
 """
 
 from __future__ import annotations
@@ -164,7 +160,7 @@ class BenchConfig(RunFields):
             "placement_seed": self.placement_seed,
             "env_kwargs": {k: self.env_kwargs[k] for k in sorted(self.env_kwargs)},
         }
-        if self.trace_skew != 1.0:  # τ = 1 keeps the keys of runs made before the knob existed
+        if self.trace_skew != 1.0:  # τ = 1 stays out of the key (CHANGELOG: compatibility)
             payload["trace_skew"] = self.trace_skew
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -4,7 +4,9 @@ What lives here: the typed errors of the package (``errors``), the frozen model 
 topology specs and their presets (``specs``, paper-model.md §2–3), the convention profiles
 (``profiles``, §4), atomic file writes and JSON helpers (``fileio``) and the one bounded
 process-wide cache helper every memo table of the package uses (``cache``: ``BoundedCache``,
-the registry ``CACHES``, ``clear_caches``). Nothing here simulates anything.
+the registry ``CACHES``, ``clear_caches``) and the one run configuration: every option of a run
+declared once and resolved once at the boundary (``run``: ``RUN_OPTIONS``, ``RunSpec``).
+Nothing here simulates anything.
 
 May import: traces
 """

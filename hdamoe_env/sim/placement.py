@@ -387,7 +387,7 @@ def placement_by_name(name: str | os.PathLike[str], model: ModelSpec, num_nodes:
 def share_unit(model: ModelSpec, conv: Conventions) -> float:
     """Return the share unit u = tile_cols / I: one PE-array tile of an expert's columns.
 
-    A placement share P[l, i, c] must be a whole number of units (issue 13, PHYSICS.md): with
+    A placement share P[l, i, c] must be a whole number of units (docs/PHYSICS.md, tile grid): with
     ``tile_cols`` = 64, DeepSeek-V2-Lite (I = 1408) has u = 1/22, Mixtral (I = 14336) 1/224,
     Qwen2-57B (I = 2560) 1/40, Qwen3.5-35B (I = 512) 1/8. ``tile_cols`` = 1 (``paper*``) gives
     u = 1/I, effectively continuous. [decision] When the tile does not divide I the expert has
