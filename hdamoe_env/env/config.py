@@ -56,7 +56,7 @@ def _positive_int(name: str, value: Any, minimum: int, what: str) -> int:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """Every argument of ``HdMoeEnv``, resolved and validated (see ``HdMoeEnv.__init__``).
+    """Every argument of ``HdMoeEnv``, resolved and validated: the one place each is documented.
 
     After construction ``model`` is a ``ModelSpec``, ``hardware`` a ``HardwareSpec`` (built from
     ``setting`` and ``mesh`` when not given), ``topology`` a ``TopologySpec`` and ``conventions``
@@ -70,27 +70,36 @@ class EnvConfig:
             ``hdamoe_env.config.run.RunSpec.resolve``, whose defaults and meaning are declared
             once in ``RUN_OPTIONS``; ``setting`` and ``mesh`` are ignored when ``hardware`` is
             given. ``EnvConfig.from_run(run, ...)`` takes an already resolved ``RunSpec``.
-        placement: ``"tp"``, ``"ep"``, a ``Placement`` or a path to a placement ``.npz``.
+        placement: ``"tp"``, ``"ep"`` (seeded by ``placement_seed``), a ``Placement`` or a
+            path to a placement ``.npz`` (``hdamoe place``).
         steps_per_episode: Decode steps per episode.
-        fidelity: ``"des"`` or ``"analytic"``.
-        predictor: ``"noisy_oracle"``, ``"oracle"``, ``"trace"`` or ``"frequency"``.
-        max_broadcast: Pre-broadcast slots in the action.
+        fidelity: ``"des"`` (default) or ``"analytic"`` (γ-calibrated twin; γ per layer is
+            fitted lazily on the placement with ``calibrate.twin_gammas`` and cached).
+        predictor: Next-layer predictor (§10.2): ``"noisy_oracle"`` (default targets of
+            traces.md §7.6, or ``predictor_accuracy``), ``"oracle"``, ``"trace"`` (recorded
+            ``pred_ids``) or ``"frequency"`` (long-term f_i·B).
+        max_broadcast: Pre-broadcast slots in the action (k_b is capped by it).
         gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
         dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
-        reward_scale: None (reward relative to TP) or seconds.
+        reward_scale: None: reward = −latency / TP latency of the layer; a float s:
+            −latency / s (seconds).
         render_mode: None or ``"ansi"``.
-        hardware: Full ``HardwareSpec``.
+        hardware: Full ``HardwareSpec`` (overrides ``setting`` and ``mesh``).
         trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
         trace_seed: Seed of the synthetic trace and of score synthesis.
-        batch_mode: Decode-step formation (default: the profile's ``batch_mode``).
-        batch_options: Extra options of the batching mode.
-        view: Trace view.
+        batch_mode: Decode-step formation (default: the profile's ``batch_mode``,
+            ``"streams"``, cycling).
+        batch_options: Extra options of the batching mode (e.g. ``{"cycle": False}`` for
+            ``streams``, which can then run out of requests: the episode is truncated).
+        view: Trace view (``"content"``).
         placement_seed: Seed of the EP placement.
-        measure_twin_error: Also evaluate the other fidelity every step.
+        measure_twin_error: Also evaluate the other fidelity each step and report
+            ``info["twin_error"]`` (relative error of the analytic twin vs the DES).
         gammas: γ per layer (skips the fit).
         gamma_seed: Seed of the γ fit.
         predictor_accuracy: Noisy-oracle accuracy (scalar or per layer).
-        gating_coefficients: (r_comp, r_comm) at level 1, or None for the §11.7 defaults.
+        gating_coefficients: (r_comp, r_comm) at level 1 in the profile's units (default
+            §11.7, r_comp divided by the profile's m).
         gating_protect_top: Never drop a token's m best original experts.
         gating_comp_penalty: ``"marginal_max"``, ``"host_finish"`` or ``"host_load_mean"``.
         gating_comm_penalty: ``"dispersion"`` or ``"new_nodes"``.
@@ -98,15 +107,18 @@ class EnvConfig:
         gating_include_future: Count later rows' original choices in the penalties.
         k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
         bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
-        invalid_action: ``"coerce"`` (default: masked slot values become "none" and repeated
-            experts count once, listed in ``info["coerced"]``) or ``"raise"`` (strict:
-            ``InvalidAction``). Out-of-space actions raise in both modes.
-        duplicates: ``"raise"`` or ``"ignore"``.
-        flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector.
-        replica_rule: Default dispatch rule of redundant experts (placements with
-            ``replicas``): action index 0 of the replica-rule dimension.
-        replica_rules: Replica rules offered in the action (placements with ``replicas``),
-            subset of ``ENV_REPLICA_RULES``; the env orders them ``replica_rule`` first.
+        invalid_action: ``"coerce"`` (default: masked values become "none", duplicates
+            count once, both listed in ``info["coerced"]``) or ``"raise"`` (strict
+            ``InvalidAction``; see Action Space).
+        duplicates: ``"raise"`` (default) or ``"ignore"``: with ``invalid_action="raise"``,
+            whether an expert repeated in a later slot raises or counts once
+            (``invalid_action="coerce"`` implies ``"ignore"``).
+        flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector (row-major) instead of
+            [E, D]; SB3's ``check_env`` warns about 2-D observations.
+        replica_rule: Default rule for the tokens of redundant experts (placements with
+            ``replicas``; ``"least_loaded"``): index 0 of the replica-rule dimension.
+        replica_rules: Replica rules offered in the action (``ENV_REPLICA_RULES`` =
+            least_loaded, nearest, round_robin).
     """
 
     model: str | ModelSpec = RUN_DEFAULTS.model

@@ -11,8 +11,9 @@ dispatch, pre-broadcast traffic, broadcast plans and slots and the excess charge
 the per-layer latency in ``hdamoe_env.sim.evaluator.LayerEvaluator``; the DES in
 ``hdamoe_env.noc.des`` / ``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``. Registered
 as ``hdamoe_env/HdMoE-v0``. The module is longer than 700 lines because ``HdMoeEnv``'s class
-and ``__init__`` docstrings are the env's manual (Gymnasium's headings and every argument, about
-300 lines); the code is under 600.
+docstring is the env's manual (Gymnasium's headings: spaces, reward, episode end, version
+history; about 130 lines) and the action decoding with its masks and coercion belongs to the
+env; the arguments are documented once, in ``EnvConfig``.
 """
 
 from __future__ import annotations
@@ -159,69 +160,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         Args:
             config: The configuration; None builds it from ``kwargs``. With both, ``kwargs``
                 replace fields of ``config`` (``dataclasses.replace``).
-            **kwargs: The fields of ``EnvConfig``:
-
-        Keyword Args:
-            model: Model preset id or ``ModelSpec``.
-            setting: Compute/bandwidth label "TFLOPS/GBps" (ignored when ``hardware`` is given).
-            mesh: Mesh shape "XxY" or (X, Y) (ignored when ``hardware`` is given).
-            topology: ``"mesh"``, ``"torus"``, ``"fattree"`` or a ``TopologySpec``.
-            batch: Tokens per decode step B.
-            conventions: Profile name or ``Conventions`` (``"faithful"`` default).
-            trace: ``"synthetic"`` (generated, traces.md §7), a ``RoutingTrace``, or a path to a
-                canonical ``.npz`` trace (or a reference ``.json``).
-            trace_requests: Requests of the synthetic trace (default 32).
-            placement: ``"tp"``, ``"ep"`` (seeded by ``placement_seed``), a ``Placement`` or a
-                path to a placement ``.npz`` (``hdamoe place``).
-            steps_per_episode: Decode steps per episode.
-            fidelity: ``"des"`` (default) or ``"analytic"`` (γ-calibrated twin; γ per layer is
-                fitted lazily on the placement with ``calibrate.twin_gammas`` and cached).
-            predictor: Next-layer predictor (§10.2): ``"noisy_oracle"`` (default targets of
-                traces.md §7.6, or ``predictor_accuracy``), ``"oracle"``, ``"trace"`` (recorded
-                ``pred_ids``) or ``"frequency"`` (long-term f_i·B).
-            max_broadcast: Pre-broadcast slots in the action (k_b is capped by it).
-            gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
-            dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
-            reward_scale: None: reward = −latency / TP latency of the layer; a float s:
-                −latency / s (seconds).
-            render_mode: None or ``"ansi"``.
-            hardware: Full ``HardwareSpec`` (overrides ``setting`` and ``mesh``).
-            trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
-            trace_seed: Seed of the synthetic trace and of score synthesis.
-            trace_skew: Skew power τ of the synthetic trace's expert popularity (p ← p^τ;
-                1 = the fitted generator; finite and > 0; synthetic traces only).
-            batch_mode: Decode-step formation (default: the profile's ``batch_mode``,
-                ``"streams"``, cycling).
-            batch_options: Extra options of the batching mode (e.g. ``{"cycle": False}`` for
-                ``streams``, which can then run out of requests: the episode is truncated).
-            view: Trace view (``"content"``).
-            placement_seed: Seed of the EP placement.
-            measure_twin_error: Also evaluate the other fidelity each step and report
-                ``info["twin_error"]`` (relative error of the analytic twin vs the DES).
-            gammas: γ per layer (skips the fit).
-            gamma_seed: Seed of the γ fit.
-            predictor_accuracy: Noisy-oracle accuracy (scalar or per layer).
-            gating_coefficients: (r_comp, r_comm) at level 1 in the profile's units (default
-                §11.7, r_comp divided by the profile's m).
-            gating_protect_top: Never drop a token's m best original experts.
-            gating_comp_penalty: ``"marginal_max"``, ``"host_finish"`` or ``"host_load_mean"``.
-            gating_comm_penalty: ``"dispersion"`` or ``"new_nodes"``.
-            gating_candidate_window: Only original ranks < k + J may enter.
-            gating_include_future: Count later rows' original choices in the penalties.
-            k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
-            bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
-            invalid_action: ``"coerce"`` (default: masked values become "none", duplicates
-                count once, both listed in ``info["coerced"]``) or ``"raise"`` (strict
-                ``InvalidAction``; see Action Space).
-            duplicates: ``"raise"`` (default) or ``"ignore"``: with ``invalid_action="raise"``,
-                whether an expert repeated in a later slot raises or counts once
-                (``invalid_action="coerce"`` implies ``"ignore"``).
-            flatten_replicas: Give ``replicas`` as a 1-D [E·D] vector (row-major) instead of
-                [E, D]; SB3's ``check_env`` warns about 2-D observations.
-            replica_rule: Default rule for the tokens of redundant experts (placements with
-                ``replicas``; ``"least_loaded"``): index 0 of the replica-rule dimension.
-            replica_rules: Replica rules offered in the action (``ENV_REPLICA_RULES`` =
-                least_loaded, nearest, round_robin).
+            **kwargs: The fields of ``EnvConfig``, each documented in its ``Attributes``
+                (the run's fields — model, chip, NoC, profile, B, trace — in
+                ``hdamoe_env.config.run.RUN_OPTIONS``).
 
         Raises:
             ConfigError: Any invalid argument (the message names it and the valid values).
