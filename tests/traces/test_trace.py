@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trace_helpers import make_trace
 
 import traces
+from tests.traces.trace_helpers import make_trace
 from traces import RoutingTrace, TraceFormatError
 
 

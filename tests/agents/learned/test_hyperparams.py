@@ -23,7 +23,7 @@ from hdamoe_env.app import plots, records, tb
 from hdamoe_env.app import train as train_app
 from hdamoe_env.config.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "hyperparams" / "maskable-ppo.yml"
 
 

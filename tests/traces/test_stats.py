@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from trace_helpers import make_trace
 
 import traces
+from tests.traces.trace_helpers import make_trace
 from traces import stats
 
 

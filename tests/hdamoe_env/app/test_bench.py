@@ -192,7 +192,7 @@ def test_bench_quick_pipeline_prints_no_solver_banner_on_stdout(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
            "PYTHONPATH": str(root)}
     proc = subprocess.run(

@@ -2,9 +2,9 @@
 
 ``greedy_reference`` is the loop ``hdamoe_env.decisions.gating_kernels.greedy_kernel``
 replaced: plain Python over small lists (``RowState``), holders prepared as lists of tuples
-(``prepared``). It exists only to check the kernel, so it lives with the tests
-(``test_gating.py`` imports it as ``gating_reference``: pytest puts this directory on
-``sys.path``). The kernel must make exactly its decisions: the same floating-point operations
+(``prepared``). It exists only to check the kernel, so it lives with the tests, which import it
+as ``tests.hdamoe_env.decisions.gating_reference`` (``tests`` is a namespace package on pytest's
+``pythonpath``). The kernel must make exactly its decisions: the same floating-point operations
 in the same order and the same tie-breaking.
 """
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import gating_reference  # tests/hdamoe_env/gating_reference.py: the pure-Python oracle
 import numpy as np
 import pytest
 
@@ -12,6 +11,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.decisions.gating import (COMP_PENALTIES, default_coefficients, gating_diagnostics,
                                          hardware_aware_gating, penalties)
 from hdamoe_env.sim.placement import expert_parallel
+from tests.hdamoe_env.decisions import gating_reference  # the pure-Python oracle
 
 # §14.8 item 5
 P5 = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 1.0]])

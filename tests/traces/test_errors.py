@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import traces
-from trace_helpers import make_trace, write_json
+from tests.traces.trace_helpers import make_trace, write_json
 from traces.errors import HdMoeError, TraceFormatError, UnknownNameError
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trace_helpers import write_json
 
 import traces
+from tests.traces.trace_helpers import write_json
 from traces import RoutingTrace, TraceFormatError
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from hdamoe_env.app import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _driver():
