@@ -1,4 +1,5 @@
-"""Tests of hdamoe_env.noc.collectives: TP all-reduce algorithms on the DES (paper-model.md §5.6).
+"""Tests of hdamoe_env.noc.collectives: TP all-reduce algorithms on the DES (paper-model.md §5.6),
+and the ring all-reduce on the default one-hop ring.
 
 Hand-worked values (docs/PHYSICS.md α–β model), 4×8 mesh, 50 GB/s per directed link, B = 128,
 hop latency 2 ns. The all-reduced size is S = B·h·b_psum: DeepSeek-V2-Lite (h = 2048)
@@ -28,23 +29,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.profiles import PROFILES
+from hdamoe_env.config.specs import MODEL_PRESETS, HardwareSpec, hardware_from_setting
 from hdamoe_env.cost import perf
 from hdamoe_env.noc.collectives import (
     ALGORITHMS,
     _folded,
     allreduce_time,
     best_allreduce,
+    default_ring,
     ring_allreduce_des,
 )
-from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.config.profiles import PROFILES
-from hdamoe_env.config.specs import MODEL_PRESETS, hardware_from_setting
 from hdamoe_env.noc.topology import make_topology
 
 HW = hardware_from_setting("5/50", "4x8")
 MESH = make_topology("mesh", HW)
 MIB = 2**20
 HOP = 2e-9
+HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
 EXPECTED_US = {  # S -> {algorithm: (α = 0, α = 100 ns)}
     MIB // 2: {"ring": (20.44016, 26.64016), "biring": (10.28208, 16.48208),
                "ring2d": (40.71232, 42.71232)},
@@ -111,3 +114,44 @@ def test_folded_ring_and_errors():
     with pytest.raises(ConfigError, match="alpha_s"):
         allreduce_time(MESH, 1.0, "ring", alpha_s=-1.0)
     assert np.isfinite(allreduce_time(MESH, 1.0, "biring"))
+
+
+# --- ring all-reduce (§5.6) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["mesh", "torus"])
+def test_ring_allreduce_closed_form(kind):
+    topo = make_topology(kind, HW48)
+    ring = default_ring(topo)
+    assert sorted(ring.tolist()) == list(range(32))
+    nxt = np.roll(ring, -1)
+    assert all(len(topo.route(int(a), int(b))) == 1 for a, b in zip(ring, nxt, strict=True))
+    size = 128 * 2048 * 2.0
+    closed = 2 * 31 / 32 * size / 50e9
+    assert ring_allreduce_des(topo, size) == pytest.approx(closed, rel=1e-9)
+    lat = ring_allreduce_des(topo, size, hop_latency_s=5e-9, chunks=2)
+    assert lat >= closed
+
+
+@pytest.mark.parametrize("kind,shape", [("mesh", (3, 4)), ("mesh", (2, 5)), ("torus", (3, 5)),
+                                        ("torus", (5, 3)), ("torus", (1, 5)), ("mesh", (4, 1))])
+def test_default_ring_is_one_hop_cycle(kind, shape):
+    topo = make_topology(kind, HardwareSpec(mesh_shape=shape))
+    ring = default_ring(topo)
+    assert sorted(ring.tolist()) == list(range(topo.num_endpoints))
+    nxt = np.roll(ring, -1)
+    hops = [len(topo.route(int(a), int(b))) for a, b in zip(ring, nxt, strict=True)]
+    if shape == (4, 1):   # a mesh line has no Hamiltonian cycle: only the closing step is long
+        assert hops == [1, 1, 1, 3]
+    else:
+        assert hops == [1] * topo.num_endpoints
+
+
+def test_ring_fattree():
+    fat = make_topology("fattree", HW48)
+    assert default_ring(fat).tolist() == list(range(32))
+    size = 1e6
+    assert ring_allreduce_des(fat, size) >= 2 * 31 / 32 * size / 50e9
+    assert ring_allreduce_des(fat, size, ring=[5]) == 0.0
+    with pytest.raises(ConfigError):
+        ring_allreduce_des(fat, size, ring=[1, 1])
