@@ -1,4 +1,5 @@
-"""Benchmark harness and its figures on a tiny configuration (bench.py, plots.py; §9, §13)."""
+"""Tests of hdamoe_env.app.bench: the benchmark harness on a tiny configuration (§9, §13) —
+records, resume, caches, the ``bench`` command and its parser."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hdamoe_env.app import bench, envbench, plots, records
+from hdamoe_env.app import bench, envbench, records
 from hdamoe_env.app.cli import build_parser
 from hdamoe_env.app.bench import BenchConfig, run_bench
 from hdamoe_env.app.methods import DEFAULT_METHODS, parse_method
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
-from hdamoe_env.noc.topology import make_topology
+from hdamoe_env.config.specs import ModelSpec
 
 TINY = ModelSpec(key="tiny", name="tiny", num_moe_layers=2, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
@@ -28,18 +28,6 @@ def _config(tmp_path, **kw):
                 env_kwargs={"trace_tokens": 256})
     args.update(kw)
     return BenchConfig.create(**args)
-
-
-def test_parse_method():
-    assert parse_method("hd-moe").placement == "node_link"
-    assert parse_method("hda_moe").agent == "hda-moe"
-    spec = parse_method("agent:greedy-prebroadcast@ep")
-    assert (spec.placement, spec.agent) == ("ep", "greedy-prebroadcast")
-    assert parse_method("agent:runs/ppo.zip").agent == "runs/ppo.zip"
-    with pytest.raises(ConfigError, match="did you mean 'hybrid'"):
-        parse_method("hybird")
-    with pytest.raises(ConfigError):
-        parse_method("agent:noop@ring")
 
 
 def test_bench_records_resume_and_cache(tmp_path, monkeypatch):
@@ -77,17 +65,6 @@ def test_bench_records_resume_and_cache(tmp_path, monkeypatch):
     assert "TBT/TP" in records.format_bench_table(more.records)
 
 
-def test_summary_speedups():
-    recs = [{"method": m, "seed": s, "tbt_us": t, "tbt_std_us": 0.0, "breakdown_us": {},
-             "decision_ms_per_step": 0.1, "gating": None}
-            for m, t in (("tp", 10.0), ("ep", 8.0), ("hd-moe", 5.0)) for s in (0, 1)]
-    rows = {r["method"]: r for r in records.summarise(recs)}
-    assert rows["hd-moe"]["speedup_over_tp"] == pytest.approx(2.0)
-    assert rows["hd-moe"]["speedup_over_ep"] == pytest.approx(1.6)
-    assert rows["ep"]["tbt_over_tp"] == pytest.approx(0.8)
-    assert "speedup_over_hybrid" not in rows["tp"]
-
-
 def test_placement_dir_is_used(tmp_path):
     from hdamoe_env.sim.placement import tensor_parallel
 
@@ -107,51 +84,6 @@ def test_parser_defaults():
     assert args.batch == 128 and args.methods.split(",") == list(DEFAULT_METHODS)
     assert args.func is bench.cmd_bench
     assert parser.parse_args(["bench-env"]).func is envbench.cmd_bench_env
-
-
-# ------------------------------------------------------------------ figures (plots.py)
-
-def _plot_records(num_links):
-    rng = np.random.default_rng(0)
-    out = []
-    for method, tbt in (("tp", 10.0), ("ep", 8.0), ("hd-moe", 6.0)):
-        for seed in (0, 1):
-            out.append({"method": method, "seed": seed, "tbt_us": tbt + seed,
-                        "breakdown_us": {"compute_us": 3.0, "communication_us": tbt - 4,
-                                         "memory_us": 0.5, "extra_us": 0.5},
-                        "link_busy_us": None if method == "tp" else
-                        rng.random(num_links).tolist(),
-                        "model": "tiny", "mesh": "2x3", "setting": "1/1", "batch": 8})
-    return out
-
-
-def _png(path):
-    assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.parametrize("kind", ["mesh", "torus", "fattree"])
-def test_write_plots(tmp_path, kind):
-    pytest.importorskip("matplotlib")
-    if kind == "fattree":
-        spec = TopologySpec(kind=kind, pods=2, leaves_per_pod=2, endpoints_per_leaf=2,
-                            aggs_per_pod=1, core_switches=1)
-        hw = HardwareSpec(mesh_shape=(2, 4))
-    else:
-        spec, hw = TopologySpec(kind=kind), HardwareSpec(mesh_shape=(2, 3))
-    topo = make_topology(spec, hw)
-    paths = plots.write_plots(_plot_records(topo.num_links), tmp_path, topology=topo,
-                              heatmap_method="hd-moe")
-    assert [p.name for p in paths] == ["normalised_tbt.png", "breakdown.png",
-                                       "link_heatmap_hd-moe.png"]
-    for p in paths:
-        _png(p)
-
-
-def test_heatmap_checks_the_link_count(tmp_path):
-    pytest.importorskip("matplotlib")
-    topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
-    with pytest.raises(ValueError, match="one value per directed link"):
-        plots.plot_link_heatmap(topo, np.zeros(3), tmp_path / "x.png")
 
 
 def test_cmd_bench_prints_the_table_and_writes_outputs(tmp_path, capsys):
@@ -207,19 +139,6 @@ def test_bench_quick_pipeline_prints_no_solver_banner_on_stdout(tmp_path):
     for banner in ("HiGHS", "Running", "Copyright", "THIRD_PARTY"):
         assert banner not in proc.stdout, proc.stdout[:500]
         assert banner not in proc.stderr, proc.stderr[:500]             # nor anywhere (no -v)
-
-
-def test_bench_env_reports_gating_random_masked_and_agent_rates():
-    res = envbench.bench_env(seconds=0.05, model="mixtral-8x7b", mesh="2x2", setting="1/1",
-                             batch=8)
-    for fid in ("des", "analytic"):
-        for suffix in ("", "_gating", "_random_masked", "_hda_moe"):
-            assert res[f"env_{fid}{suffix}_steps_per_s"] > 0
-        assert res[f"ratio_{fid}_gating_on_vs_off"] > 0
-    assert "gating_on_vs_off" in res["pass"]
-    table = envbench.format_bench_env(res)
-    assert "gating on (level 1)" in table and "random masked actions" in table
-    assert "HDA-MoE agent" in table
 
 
 def test_trace_skew_reaches_records_keys_and_the_placement_cache(tmp_path):

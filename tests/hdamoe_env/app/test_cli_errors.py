@@ -139,3 +139,12 @@ def test_usage_errors_are_one_line(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hdamoe simulate: error: argument --steps")
+
+
+def test_cli_rejects_a_bad_quality_target_in_one_line(capsys):
+    from hdamoe_env.app.cli import main
+
+    assert main(["bench", "--methods", "tp,hda-moe@qx", "--steps", "1", "--seeds", "0",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'hda-moe@qx'" in err and "hda-moe@qNN" in err

@@ -1,0 +1,20 @@
+"""Tests of hdamoe_env.app.records: the summary table of bench records (speed-ups over TP and EP)
+and the Student-t interval of several seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hdamoe_env.app import records
+
+
+def test_summary_speedups():
+    recs = [{"method": m, "seed": s, "tbt_us": t, "tbt_std_us": 0.0, "breakdown_us": {},
+             "decision_ms_per_step": 0.1, "gating": None}
+            for m, t in (("tp", 10.0), ("ep", 8.0), ("hd-moe", 5.0)) for s in (0, 1)]
+    rows = {r["method"]: r for r in records.summarise(recs)}
+    assert rows["hd-moe"]["speedup_over_tp"] == pytest.approx(2.0)
+    assert rows["hd-moe"]["speedup_over_ep"] == pytest.approx(1.6)
+    assert rows["ep"]["tbt_over_tp"] == pytest.approx(0.8)
+    assert "speedup_over_hybrid" not in rows["tp"]
