@@ -1,4 +1,5 @@
-"""Convention profiles (paper-model.md §4): derived profiles travel as names."""
+"""Tests of hdamoe_env.config.profiles: the convention profiles (paper-model.md §4) — preset
+knobs, validation, derived profiles and the names they travel as."""
 
 from __future__ import annotations
 
@@ -50,3 +51,31 @@ def test_alpha_beta_knobs_round_trip_and_validate():
     assert pinned.broadcast_alpha_s == 0.0 == pinned.msg_alpha_s
     with pytest.raises(ConfigError, match="msg_alpha_s must be a finite number >= 0"):
         get_profile("faithful", msg_alpha_s=-1e-9)
+
+
+def test_tile_cols_must_be_positive():
+    with pytest.raises(ConfigError, match="tile_cols"):
+        PROFILES["faithful"].derive(tile_cols=0)
+
+
+def test_profiles_knobs():  # §4.1
+    f, p, hd = PROFILES["faithful"], PROFILES["paper"], PROFILES["paper-hd"]
+    assert (f.expert_matrices, f.b_msg, f.kappa_a, f.moe_comm) == (3, 2, 2.0, "dispatch+combine")
+    assert (p.expert_matrices, p.b_msg, p.kappa_a, p.moe_comm) == (1, 1, 4.0, "2xcombine")
+    assert (p.tp_const, hd.tp_const) == (16.0, 8.0)
+    assert (p.nonmoe, p.nonmoe_ctx_len, hd.nonmoe, hd.nonmoe_ctx_len) == ("journal", 64,
+                                                                          "generic", 1024)
+    assert p.is_paper and hd.is_paper and not f.is_paper
+
+
+def test_derived_profile_records_overrides():
+    conv = get_profile("faithful", b_msg=1)
+    assert conv.name == "faithful+b_msg=1" and conv.b_msg == 1
+    assert get_profile("faithful", b_msg=2) is PROFILES["faithful"]
+    with pytest.raises(ConfigError, match="did you mean 'b_msg'"):
+        get_profile("faithful", b_mgs=1)
+    with pytest.raises(ConfigError, match="aggregator"):
+        get_profile("faithful", aggregator="nearest")
+    with pytest.raises(ConfigError, match="unknown convention profile"):
+        get_profile("papr")
+    assert conv.to_dict()["knobs_sha256"] != PROFILES["faithful"].to_dict()["knobs_sha256"]

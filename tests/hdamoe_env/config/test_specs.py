@@ -1,11 +1,14 @@
-"""Specs and profiles: presets (paper-model.md §2–4), validation, round trips, derived names."""
+"""Tests of hdamoe_env.config.specs: model and hardware presets (paper-model.md §2–3), parsing,
+validation with typed errors, round trips."""
+
+from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
+from hdamoe_env.config.errors import ConfigError, HdMoeError
+from hdamoe_env.config.profiles import PROFILES, Conventions
 from hdamoe_env.config.specs import (HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec,
                                      TopologySpec, get_model, hardware_from_setting, parse_mesh,
                                      parse_setting)
@@ -73,29 +76,19 @@ def test_topology_spec_rejects_unknown_kind():
         TopologySpec(kind="torrus")
 
 
-def test_profiles_knobs():  # §4.1
-    f, p, hd = PROFILES["faithful"], PROFILES["paper"], PROFILES["paper-hd"]
-    assert (f.expert_matrices, f.b_msg, f.kappa_a, f.moe_comm) == (3, 2, 2.0, "dispatch+combine")
-    assert (p.expert_matrices, p.b_msg, p.kappa_a, p.moe_comm) == (1, 1, 4.0, "2xcombine")
-    assert (p.tp_const, hd.tp_const) == (16.0, 8.0)
-    assert (p.nonmoe, p.nonmoe_ctx_len, hd.nonmoe, hd.nonmoe_ctx_len) == ("journal", 64,
-                                                                          "generic", 1024)
-    assert p.is_paper and hd.is_paper and not f.is_paper
-
-
-def test_derived_profile_records_overrides():
-    conv = get_profile("faithful", b_msg=1)
-    assert conv.name == "faithful+b_msg=1" and conv.b_msg == 1
-    assert get_profile("faithful", b_msg=2) is PROFILES["faithful"]
-    with pytest.raises(ConfigError, match="did you mean 'b_msg'"):
-        get_profile("faithful", b_mgs=1)
-    with pytest.raises(ConfigError, match="aggregator"):
-        get_profile("faithful", aggregator="nearest")
-    with pytest.raises(ConfigError, match="unknown convention profile"):
-        get_profile("papr")
-    assert conv.to_dict()["knobs_sha256"] != PROFILES["faithful"].to_dict()["knobs_sha256"]
-
-
 def test_specs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         HardwareSpec().compute_tflops = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("call", [
+    lambda: __import__("hdamoe_env.config.specs", fromlist=["x"]).hardware_from_setting("5/50", 32),
+    lambda: __import__("hdamoe_env.config.specs", fromlist=["x"]).hardware_from_setting("5/50",
+                                                                               (4, 8, 2)),
+    lambda: __import__("hdamoe_env.config.specs", fromlist=["x"]).hardware_from_setting("5/50",
+                                                                               (4.5, 8)),
+])
+def test_hardware_from_setting_is_typed(call):
+    """Reproducers 12 and 14: TypeError / silent 4x8 before."""
+    with pytest.raises(HdMoeError, match="mesh"):
+        call()

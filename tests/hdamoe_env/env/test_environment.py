@@ -10,13 +10,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import hdamoe_env
-from hdamoe_env.env.environment import HdMoeEnv
-from hdamoe_env.config.errors import ConfigError, InvalidAction
-from hdamoe_env.sim.placement import expert_parallel
+import hdamoe_env  # registers the ids
+from hdamoe_env.config.errors import ConfigError, HdMoeError, InvalidAction
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
-from traces import RoutingTrace
-from traces import save as save_trace
+from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.sim.placement import expert_parallel
+from traces import RoutingTrace, save as save_trace
 
 TINY = ModelSpec(key="tiny3", name="tiny3", num_moe_layers=3, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
@@ -480,30 +479,6 @@ def test_deepseek_smoke():
         assert env.k_b.tolist() == [0] * 26           # faithful budget < T_bc*(1) at B = 128
 
 
-def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-model.md §4
-    import dataclasses
-
-    from hdamoe_env.env.environment import EnvConfig, HdMoeEnv
-    from hdamoe_env.config.profiles import Conventions, get_profile
-    from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
-
-    kwargs = dict(batch=8, steps_per_episode=1, conventions="paper", k_b=1)
-    a = HdMoeEnv(**kwargs)
-    cfg = EnvConfig(**kwargs)
-    b = HdMoeEnv(cfg)
-    assert isinstance(cfg.model, ModelSpec) and isinstance(cfg.hardware, HardwareSpec)
-    assert isinstance(cfg.topology, TopologySpec) and isinstance(cfg.conventions, Conventions)
-    assert b.config is cfg and a.config == cfg
-    assert a.config_digest() == b.config_digest()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.batch = 4  # type: ignore[misc]
-    derived = get_profile("paper").derive(chunks=2)
-    c = HdMoeEnv(cfg, conventions=derived)
-    assert c.conv is derived and c.sim.conv is derived
-    with pytest.raises(ConfigError, match="batch must be a positive integer"):
-        EnvConfig(batch=0)
-
-
 @pytest.mark.parametrize("env_id", sorted(hdamoe_env.REGISTERED_ENVS))
 def test_registered_variants(env_id):
     kwargs, max_steps = hdamoe_env.REGISTERED_ENVS[env_id]
@@ -612,3 +587,65 @@ def test_replace_placement_between_decode_steps_charges_the_next_layer():
         make(placement="ep").replace_placement(pl)
     with pytest.raises(ConfigError, match="charge_s"):
         make(placement=pl).replace_placement(pl, charge_s=-1.0)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"view": "foo"}, {"trace_seed": -1}, {"placement_seed": "x"}, {"k_b": 100},
+    {"trace_requests": 0}, {"trace_tokens": 0}, {"batch": True},
+])
+def test_env_arguments_are_typed(kwargs):
+    """Reproducers 12 and 14: raw errors or silent clipping/fallbacks before."""
+    from hdamoe_env.env.environment import HdMoeEnv
+
+    with pytest.raises(HdMoeError):
+        HdMoeEnv(model="mixtral-8x7b", mesh="2x2", steps_per_episode=1, **kwargs)
+
+
+# ------------------------------------------- the registered env with no kwargs and RL tooling
+ENV_ID = "hdamoe_env/HdMoE-v0"
+
+
+def test_gymnasium_check_env_on_default_registered_env():
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(gym.make(ENV_ID).unwrapped)
+
+
+def test_sb3_check_env_on_default_registered_env():
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_checker import check_env
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(gym.make(ENV_ID), warn=True)
+    # only the 2-D replicas observation earns a warning; never an error
+    assert all("unconventional shape" in str(w.message) for w in caught)
+
+
+def test_random_actions_of_the_space_step_the_default_env():
+    env = gym.make(ENV_ID)
+    env.action_space.seed(0)
+    env.reset(seed=0)
+    coerced = 0
+    for _ in range(30):
+        _, reward, term, trunc, info = env.step(env.action_space.sample())
+        assert np.isfinite(reward)
+        coerced += len(info["coerced"])
+        if term or trunc:
+            env.reset()
+    assert coerced > 0                        # the raw space holds masked values; none raised
+
+
+def test_plain_ppo_and_evaluate_policy_on_default_env():
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    env = Monitor(gym.make(ENV_ID))
+    model = PPO("MultiInputPolicy", env, n_steps=32, batch_size=32, n_epochs=1, seed=0,
+                device="cpu").learn(64)
+    mean, std = evaluate_policy(model, env, n_eval_episodes=1)
+    assert np.isfinite(mean) and mean < 0 and std == 0.0

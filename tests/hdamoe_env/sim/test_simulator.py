@@ -1,15 +1,13 @@
 """Simulator composition (paper-model.md §5.1, §5.4, §5.7) pinned to §14 check values."""
 
-
 import numpy as np
 import pytest
 
-from hdamoe_env.sim.calibrate import fit_gamma, fit_gammas
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
 from hdamoe_env.config.profiles import get_profile
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
+from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
 from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
-from hdamoe_env.config.specs import ModelSpec, hardware_from_setting
 from traces import synthetic
 
 US = 1e6
@@ -140,34 +138,6 @@ def test_trace_model_mismatch_is_clear(ds_trace):
     sim_ds = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50", "4x4"))
     with pytest.raises(ConfigError, match="hardware has 16 nodes"):
         evaluate_static(sim_ds, tensor_parallel(26, 64, 32), ds_trace, 128)
-
-
-def test_analytic_twin_and_gamma(ds_trace):  # §5.5
-    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"))
-    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
-    rows = ds_trace.topk_ids[0][ds_trace.view("content")]
-    fit = fit_gamma(sim, ep, 0, rows, 128, np.random.default_rng(1))
-    assert fit.method == "origin" and fit.x_s.size == 64
-    assert 0 < fit.gamma < 5 and fit.correlation > 0.5
-    again = fit_gamma(sim, ep, 0, rows, 128, np.random.default_rng(1))
-    assert again.gamma == fit.gamma
-    sets = ds_trace.topk_ids[0][:128]
-    rng = np.random.default_rng(2)
-    des = sim.layer_sampled(ep, 0, sets, rng=rng)
-    twin = sim.layer_sampled(ep, 0, sets, rng=rng, fidelity="analytic", gamma=fit.gamma)
-    assert twin.mode == "analytic" and twin.t_comm_moe_s > 0
-    assert abs(twin.t_comm_moe_s - des.t_comm_moe_s) / des.t_comm_moe_s < 0.5
-    with pytest.raises(ConfigError, match="needs gamma"):
-        sim.layer_sampled(ep, 0, sets, rng=rng, fidelity="analytic")
-
-
-def test_paper_gamma_fit_uses_ols_and_paper_batches(ds_trace):
-    sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh",
-                       get_profile("paper", gamma_paper_batches=(256, 320, 16)))
-    ep = expert_parallel(26, 64, 32, np.random.default_rng(0))
-    rows = [ds_trace.topk_ids[layer][ds_trace.view("content")] for layer in range(2)]
-    fits = fit_gammas(sim, ep, rows, 128, seed=0)
-    assert [f.method for f in fits] == ["ols", "ols"] and fits[0].x_s.size == 4
 
 
 def test_dram_capacity_is_checked(ds_trace):  # §3 node DRAM capacity, §7.3 (10)
@@ -322,3 +292,25 @@ def test_decision_evaluator_composes_broadcast_and_replicas(tiny_model, tiny_hw)
         extra_compute_s=m.extra_compute_s, extra_stream_s=m.extra_stream_s, extra_s=excess)
     assert out.result.total_s == manual.total_s
     assert out.result.t_comp_s == manual.t_comp_s
+
+
+def _deepseek_layer_placement(row):
+    model = get_model("deepseek")
+    P = np.zeros((model.num_moe_layers, model.num_experts, 32))
+    P[:, :, :] = 0.0
+    P[:, np.arange(64), np.arange(64) // 2] = 1.0                  # EP: 2 whole experts a node
+    if row is not None:
+        P[3, 17] = row
+    return Placement(P=P, pi=np.tile(np.arange(32), (model.num_moe_layers, 1)))
+
+
+def test_simulator_check_placement_enforces_the_grid():
+    from hdamoe_env.sim.simulator import MoESimulator
+
+    row = np.zeros(32)
+    row[5], row[6] = 53 / 1408, 1355 / 1408
+    p = _deepseek_layer_placement(row)
+    hw = HardwareSpec(mesh_shape=(4, 8))
+    with pytest.raises(ConfigError, match="tile unit 1/22"):
+        MoESimulator("deepseek", hw, conventions="faithful").check_placement(p)
+    MoESimulator("deepseek", hw, conventions="paper").check_placement(p)
