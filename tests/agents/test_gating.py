@@ -1,25 +1,13 @@
-"""Dispatch and hardware-aware gating agents (paper-model.md §10.6, §11)."""
+"""Tests of agents.gating: the hardware-aware gating agent (paper-model.md §11) — its default
+level, the predicted-imbalance switch and the routing it changes in the env."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from agents import HardwareAwareGatingAgent, LeastLoadedDispatchAgent
+from agents import HardwareAwareGatingAgent
 from agents.gating import predicted_imbalance
-from hdamoe_env.config.errors import ConfigError
-
-
-def test_dispatch_agent_only_chooses_the_rule(make_tiny_env):
-    env = make_tiny_env()
-    obs, _ = env.reset(seed=0)
-    for rule in env.dispatch_rules:
-        action, _ = LeastLoadedDispatchAgent.from_env(env, rule=rule).predict(obs)
-        assert (action[:env.max_broadcast] == env.num_experts).all()
-        assert env.dispatch_rules[action[-2]] == rule
-        assert action[-1] == 0
-    with pytest.raises(ConfigError):
-        LeastLoadedDispatchAgent(num_experts=4, rule="random")
 
 
 def test_gating_agent_default_level_is_one(make_tiny_env):
