@@ -18,16 +18,17 @@ from hdamoe_env.config.errors import ConfigError, HdMoeError, IntegrityError  # 
 SMALL_PPO = {"n_steps": 64, "batch_size": 32, "n_epochs": 2}
 
 
-def _train(env_kwargs, out, timesteps=128, **kw):
-    kw.setdefault("hyperparams", SMALL_PPO)
-    return learned_train.train("maskable-ppo", env_kwargs, timesteps, out_dir=out,
-                               checkpoint_every=128, tensorboard=False, **kw)
+def _train(env_kwargs, out, algo="maskable-ppo", timesteps=256, **kw):
+    kw.setdefault("hyperparams", SMALL_PPO if "ppo" in algo else None)
+    kw.setdefault("tensorboard", False)
+    return learned_train.train(algo, env_kwargs, timesteps, out_dir=out, checkpoint_every=128,
+                               **kw)
 
 
 @pytest.fixture
 def trained(env_kwargs, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    _train(env_kwargs, out)
+    _train(env_kwargs, out, timesteps=128)
     return out
 
 
@@ -101,4 +102,4 @@ def test_resume_refuses_other_hyperparameters_and_stale_checkpoints(env_kwargs, 
 def test_typed_hyperparameters(env_kwargs, tmp_path):
     """Reproducer 8: --hp n_steps=abc is a typed error, not a TypeError inside SB3."""
     with pytest.raises(ConfigError, match="n_steps='abc'"):
-        _train(env_kwargs, tmp_path, hyperparams={**SMALL_PPO, "n_steps": "abc"})
+        _train(env_kwargs, tmp_path, timesteps=128, hyperparams={**SMALL_PPO, "n_steps": "abc"})
