@@ -1,8 +1,9 @@
-"""Learned agents: train (agents/learned/train.py), save, load (agents/learned/policy.py), evaluate
-(hdamoe_env/app/train.py), resume, determinism, threads.
+"""Tests of agents.learned.train: training, saving and held-out evaluation, resume (and what it
+refuses), other algorithms and action modes, determinism, threads, replica shares, the quality
+reward, typed hyperparameters.
 
-Tiny configuration: the L = 2, E = 4 model of ``conftest.py`` on a 2×2 mesh with k_b = 2 forced,
-2 decode steps per episode (4 env steps); a few hundred training steps take a few seconds.
+Tiny configuration: the L = 2, E = 4 model of ``tests/conftest.py`` on a 2×2 mesh with k_b = 2
+forced, 2 decode steps per episode (4 env steps); a few hundred training steps take a few seconds.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import pytest
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-from agents.learned import policy as learned
-from agents.learned import envs as learned_envs
-from agents.learned import hyperparams as learned_hp
-from agents.learned import train as learned_train
+from agents.learned import envs as learned_envs  # noqa: E402
+from agents.learned import hyperparams as learned_hp  # noqa: E402
+from agents.learned import policy as learned  # noqa: E402
+from agents.learned import train as learned_train  # noqa: E402
 from hdamoe_env.app import evaluate as evaluate_app  # noqa: E402
 from hdamoe_env.app import train as train_app  # noqa: E402
 from hdamoe_env.config.errors import ConfigError  # noqa: E402
@@ -100,14 +101,6 @@ def _plugins(path):
                 yield value.metadata.plugin_data.plugin_name
 
 
-def test_bench_resolves_learned_agent(env_kwargs, tmp_path, make_tiny_env):
-    from hdamoe_env.app.methods import resolve_agent
-
-    _train(env_kwargs, tmp_path, timesteps=128)
-    agent = resolve_agent(str(tmp_path / "model.zip"), make_tiny_env())
-    assert isinstance(agent, learned.LearnedAgent) and agent.vecnorm is not None
-
-
 def test_resume_continues_step_count(env_kwargs, tmp_path):
     _train(env_kwargs, tmp_path, timesteps=128)
     first = learned.latest_checkpoint(tmp_path)
@@ -133,34 +126,6 @@ def test_other_algorithms_and_action_modes(env_kwargs, tmp_path, algo, mode, mak
     env = make_tiny_env()
     obs, _ = env.reset(seed=0)
     env.step(agent.predict(obs, action_masks=env.action_masks())[0])
-
-
-def test_ranked_action_translation():
-    from agents.base import ActionLayout
-    from hdamoe_env.env.wrappers import ranked_candidates, ranked_mask, ranked_to_full
-
-    lay = ActionLayout(4, 2)
-    pred = np.array([0.1, 0.5, 0.0, 0.3])
-    full_mask = np.concatenate([[True, True, True, False, True], [True, True, True, True, True],
-                                np.ones(3 + 4, dtype=bool)])
-    # expert 3 is masked, expert 2 has no predicted load: candidates are 1 then 0
-    assert ranked_candidates(pred, full_mask[:4], 3).tolist() == [1, 0]
-    rmask = ranked_mask(full_mask, lay, 3, pred)
-    assert rmask[:4].tolist() == [True, True, False, True]
-    full = ranked_to_full(np.array([0, 3, 2, 1]), lay, 3, pred, full_mask)
-    assert full.tolist() == [1, 4, 2, 1]
-
-
-def test_deterministic_evaluation(env_kwargs, tmp_path):
-    _train(env_kwargs, tmp_path, timesteps=128)
-    kw = dict(seeds=[5, 6], steps=2, fidelities=["des"], baselines=["noop"])
-    a = evaluate_app.evaluate(tmp_path, **kw)
-    b = evaluate_app.evaluate(tmp_path, **kw)
-    def tbt(res):
-        return [(r["method"], r["seed"], r["tbt_steps_us"]) for r in res["records"]]
-
-    assert tbt(a) == tbt(b)
-    assert any(r["method"] == "learned" for r in a["records"])
 
 
 def test_same_seed_same_policy(env_kwargs, tmp_path):
@@ -216,82 +181,10 @@ def test_bad_arguments(env_kwargs, tmp_path):
         learned.load_agent(tmp_path / "missing")
 
 
-def test_cli_parsers(env_kwargs, tmp_path, capsys):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers()
-    train_app.add_train_arguments(sub.add_parser("train")).set_defaults(func=train_app.cmd_train)
-    evaluate_app.add_evaluate_arguments(sub.add_parser("evaluate")).set_defaults(
-        func=evaluate_app.cmd_evaluate)
-    args = parser.parse_args(["train", "--algo", "ppo", "--timesteps", "64", "--k-b", "2",
-                              "--batch", "8", "--hp", "n_steps=32", "--out", str(tmp_path)])
-    assert args.func is train_app.cmd_train and train_app._parse_hp(args.hp) == {"n_steps": 32}
-    assert evaluate_app.env_kwargs_from_args(args)["k_b"] == 2
-    assert "gating_protect_top" not in evaluate_app.env_kwargs_from_args(args)
-    args_p = parser.parse_args(["train", "--gating-protect-top", "1", "--out", str(tmp_path)])
-    assert evaluate_app.env_kwargs_from_args(args_p)["gating_protect_top"] == 1
-    with pytest.raises(SystemExit):
-        parser.parse_args(["train", "--gating-protect-top", "-1", "--out", str(tmp_path)])
-    _train(env_kwargs, tmp_path, timesteps=64)
-    args = parser.parse_args(["evaluate", "--agent", f"{tmp_path},greedy-hda", "--baselines",
-                              "noop", "--seeds", "1", "--steps", "1", "--fidelity", "des"])
-    assert evaluate_app.cmd_evaluate(args) == 0
-    text = capsys.readouterr().out
-    assert "learned" in text and "hda-moe" in text and "noop" in text
-
-
 @pytest.mark.slow
 def test_subproc_vec_env(env_kwargs, tmp_path):
     _train(env_kwargs, tmp_path, timesteps=256, n_envs=2)
     assert json.loads((tmp_path / "learned.json").read_text())["n_envs"] == 2
-
-
-def test_residual_action_mode(env_kwargs, tmp_path, make_tiny_env):
-    """Residual action: value 0 = HDA-MoE's action; an untrained (biased) policy acts like it."""
-    from agents import ActionLayout, HDAMoEAgent
-
-    env = make_tiny_env(flatten_replicas=True)
-    from agents.wrappers import ResidualHDA
-
-    design = ResidualHDA.from_env(env)
-    ref = HDAMoEAgent.from_env(make_tiny_env())
-    obs, _ = env.reset(seed=0)
-    obs, *_ = env.step(ActionLayout.from_env(env).noop())                    # reach layer 1
-    choice = design.choose(obs, env.action_masks())
-    obs2 = dict(obs, replicas=obs["replicas"].reshape(4, -1))
-    expected = ref.predict(obs2, action_masks=env.action_masks())[0]
-    assert design.to_full(np.zeros(3, dtype=np.int64), choice).tolist() == expected.tolist()
-    keep = choice.slots[0]
-    assert len(keep) == 2 and choice.mask[:4].tolist() == [True, True, True, choice.slots[3] is not None]
-    assert design.to_full(np.array([1, 0, 0]), choice)[:2].tolist() == [keep[0], 4]
-    assert design.to_full(np.array([2, 1, 1]), choice).tolist()[:2] == [4, 4]
-    if choice.slots[3] is not None:                  # swap: the next greedy pick replaces the last
-        swapped = design.to_full(np.array([3, 0, 0]), choice)[:2].tolist()
-        assert swapped[0] == keep[0] and swapped[1] not in keep
-    assert design.to_full(np.array([2, 1, 1]), choice)[-1] == (int(expected[-1]) + 1) % 4
-    # timesteps=0: the saved policy is the biased initialisation, i.e. exactly HDA-MoE
-    _train(env_kwargs, tmp_path, timesteps=0, action_mode="residual")
-    meta = json.loads((tmp_path / "learned.json").read_text())
-    assert meta["action_mode"] == "residual" and meta["layout"]["num_nodes"] == 4
-    agent = learned.load_agent(tmp_path, env=make_tiny_env())
-    unbound = learned.load_agent(tmp_path)                  # reference rebuilt from learned.json
-    strict = make_tiny_env()
-    obs, _ = strict.reset(seed=5)
-    done = False
-    while not done:
-        act = agent.predict(obs, action_masks=strict.action_masks())[0]
-        assert act.tolist() == ref.predict(obs, action_masks=strict.action_masks())[0].tolist()
-        assert unbound.predict(obs, action_masks=strict.action_masks())[0].tolist() == act.tolist()
-        obs, _, term, trunc, _ = strict.step(act)
-        done = term or trunc
-    # and it trains (resume keeps the mode) and runs on the bench's strict env
-    _train(env_kwargs, tmp_path / "t", timesteps=128, action_mode="residual")
-    from hdamoe_env.app.methods import resolve_agent
-
-    agent = resolve_agent(str(tmp_path / "t"), make_tiny_env())
-    obs, _ = strict.reset(seed=6)
-    strict.step(agent.predict(obs, action_masks=strict.action_masks())[0])
 
 
 def test_quality_reward_plumbing(env_kwargs):
@@ -322,20 +215,6 @@ def test_quality_reward_plumbing(env_kwargs):
                               dual_step=50.0)
     assert train_app._quality(args) == {"target": 0.99, "weight": 5.0, "lagrangian": False,
                                         "dual_step": 50.0}
-
-
-# ------------------------------------------------------------------- replica routing shares
-def _forced_shares(agent, value):
-    """Make the agent's model answer share value ``value`` for every expert (inner part kept)."""
-    real = agent.model.predict
-
-    def predict(obs, **kw):
-        action, state = real(obs, **kw)
-        action = np.array(action, copy=True)
-        action[..., action.shape[-1] - agent.layout.num_experts:] = value
-        return action, state
-
-    agent.model.predict = predict
 
 
 def _shares_run(env_kwargs, out, placement, mode, timesteps=192, **kw):
@@ -385,71 +264,6 @@ def test_replica_shares_train_save_load_apply(env_kwargs, tmp_path, make_tiny_en
         learned.load_agent(tmp_path, env=make_tiny_env(placement=ep))
 
 
-def test_replica_shares_change_the_dispatch(env_kwargs, tmp_path, make_tiny_env,
-                                            replicated_placements):
-    """All-primary shares (v = K) give the expert phase of the placement without the replica,
-    step by step; all-replica shares (v = 0) move expert 0's tokens and change it (the physics
-    of ReplicaSharesWrapper, applied by the loaded agent on its bound env)."""
-    ep, rep = replicated_placements
-    _shares_run(env_kwargs, tmp_path, rep, "full", timesteps=128)
-
-    def episode(value):
-        env = make_tiny_env(placement=rep)
-        agent = learned.load_agent(tmp_path, env=env)
-        _forced_shares(agent, value)
-        plain = make_tiny_env(placement=ep)
-        obs, _ = env.reset(seed=5)
-        plain.reset(seed=5)
-        comp, comp_plain, done = [], [], False
-        while not done:
-            action, _ = agent.predict(obs, action_masks=env.action_masks())
-            assert agent.last_replica_shares.tolist() == [value] * 4
-            obs, _, term, trunc, info = env.step(action)
-            _, _, _, _, ref = plain.step(action[:-1])              # without the replica rule
-            comp.append(info["t_comp_us"])
-            comp_plain.append(ref["t_comp_us"])
-            done = term or trunc
-        return np.array(comp), np.array(comp_plain)
-
-    primary, plain = episode(2)
-    np.testing.assert_allclose(primary, plain, rtol=1e-12)
-    moved, plain = episode(0)
-    assert not np.allclose(moved, plain, rtol=1e-9)
-
-
-def test_replica_shares_batched_predict_and_bench(env_kwargs, tmp_path, make_tiny_env,
-                                                  replicated_placements):
-    """Bound to one env, a shares agent refuses a batch of observations (the fractions are per
-    env); unbound it answers a batch (shares in last_replica_shares, not applied). The bench
-    binds the agent to the env it acts on, so an episode there runs the shares rule."""
-    from hdamoe_env.app import bench, methods
-
-    _, rep = replicated_placements
-    _shares_run(env_kwargs, tmp_path, rep, "full", timesteps=64)
-    env = make_tiny_env(placement=rep)
-    obs, _ = env.reset(seed=0)
-    batch = {k: np.stack([v, v]) for k, v in obs.items()}
-    masks = np.stack([env.action_masks()] * 2)
-    with pytest.raises(ConfigError, match="one observation at a time"):
-        learned.load_agent(tmp_path, env=env).predict(batch, action_masks=masks)
-    unbound = learned.load_agent(tmp_path)
-    actions, _ = unbound.predict(batch, action_masks=masks)
-    assert actions.shape == (2, *env.action_space.shape)
-    assert unbound.last_replica_shares.shape == (2, 4)
-    agent = methods.resolve_agent(str(tmp_path), env)
-    seen = []
-    real_step = env.step
-
-    def step(action):
-        out = real_step(action)
-        seen.append(out[4]["replica_rule"])
-        return out
-
-    env.step = step
-    measured = bench.run_episode(env, agent, seed=1)
-    assert measured["decode_steps"] == 2 and set(seen) == {"shares"}
-
-
 def test_replica_shares_refused_without_replicas(env_kwargs, tmp_path, capsys):
     """--replica-shares on a placement without redundant experts: one ConfigError naming it
     and pointing at eplb (API and CLI, exit 2, one line); 0 and negative K fail at parse time."""
@@ -475,44 +289,32 @@ def test_replica_shares_refused_without_replicas(env_kwargs, tmp_path, capsys):
         assert "error: argument --replica-shares" in err[0]
 
 
-@pytest.mark.parametrize("shares", [None, 2])
-def test_residual_on_a_replica_placement(env_kwargs, tmp_path, make_tiny_env,
-                                         replicated_placements, shares):
-    """Residual mode on a placement with redundant experts (the env has a trailing replica-rule
-    dimension): the saved layout carries the replica rules, so the agent loads on that env, and
-    the untrained (keep-biased) policy is exactly HDA-MoE, bound or rebuilt from learned.json.
-    With shares, value 0 of every share dimension (the least-loaded rule) is biased too, so the
-    bound untrained policy dispatches exactly as the env's default rule: the same latency, step
-    by step, as HDA-MoE on an env without shares."""
-    from agents import HDAMoEAgent
+@pytest.fixture
+def trained(env_kwargs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    _train(env_kwargs, out, timesteps=128)
+    return out
 
-    _, rep = replicated_placements
-    kwargs = dict(env_kwargs, placement="eplb")
-    _train(kwargs, tmp_path, timesteps=0, action_mode="residual", replica_shares=shares,
-           placement=rep)
-    env = make_tiny_env(placement=rep)
-    agent = learned.load_agent(tmp_path, env=env)
-    unbound = learned.load_agent(tmp_path)
-    assert unbound.layout.nvec.tolist() == env.action_space.nvec.tolist()
-    ref = HDAMoEAgent.from_env(env)
-    bias = agent.model.policy.action_net.bias.detach().numpy()
-    n_res = int(sum(agent.residual_design().nvec))
-    assert bias.size == n_res + (16 if shares else 0)               # 4 experts × (K + 2)
-    if shares:
-        share_bias = bias[n_res:].reshape(4, 4)
-        assert np.all(share_bias[:, 0] > share_bias[:, 1:].max())    # value 0 (the rule) kept
-    plain = make_tiny_env(placement=rep)
-    obs, _ = env.reset(seed=5)
-    plain.reset(seed=5)
-    done = False
-    while not done:
-        act = agent.predict(obs, action_masks=env.action_masks())[0]
-        assert act.tolist() == ref.predict(obs, action_masks=env.action_masks())[0].tolist()
-        assert unbound.predict(obs, action_masks=env.action_masks())[0].tolist() == act.tolist()
-        if shares:
-            assert agent.last_replica_shares.tolist() == [0, 0, 0, 0]
-        obs, _, term, trunc, info = env.step(act)
-        _, _, _, _, ref_info = plain.step(act)
-        assert info["total_us"] == ref_info["total_us"]              # the default dispatch
-        assert info["replica_rule"] == ("shares" if shares else ref_info["replica_rule"])
-        done = term or trunc
+
+@pytest.mark.parametrize("change", [{"setting": "2/1"}, {"batch": 16}])
+def test_resume_refuses_another_env(env_kwargs, trained, change):
+    """Reproducer 13: --resume with --setting 10/25 or --batch 64 is refused, naming the field."""
+    before = (trained / "learned.json").read_text()
+    with pytest.raises(ConfigError, match="another env or hyperparameters.*" + next(iter(change))):
+        _train({**env_kwargs, **change}, trained, timesteps=256, resume=True)
+    assert (trained / "learned.json").read_text() == before
+
+
+def test_resume_refuses_other_hyperparameters_and_stale_checkpoints(env_kwargs, trained):
+    with pytest.raises(ConfigError, match="hp.n_epochs"):
+        _train(env_kwargs, trained, timesteps=256, resume=True,
+               hyperparams={**SMALL_PPO, "n_epochs": 3})
+    (trained / "checkpoints" / "ckpt_128.json").unlink()      # a checkpoint of unknown origin
+    with pytest.raises(ConfigError, match="no readable"):
+        _train(env_kwargs, trained, timesteps=256, resume=True)
+
+
+def test_typed_hyperparameters(env_kwargs, tmp_path):
+    """Reproducer 8: --hp n_steps=abc is a typed error, not a TypeError inside SB3."""
+    with pytest.raises(ConfigError, match="n_steps='abc'"):
+        _train(env_kwargs, tmp_path, timesteps=128, hyperparams={**SMALL_PPO, "n_steps": "abc"})

@@ -4,10 +4,12 @@ topology) and the learning curves of several training seeds.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from hdamoe_env.app import plots
+from hdamoe_env.app import plots, tb
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
 from hdamoe_env.noc.topology import make_topology
 
@@ -53,3 +55,18 @@ def test_heatmap_checks_the_link_count(tmp_path):
     topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
     with pytest.raises(ValueError, match="one value per directed link"):
         plots.plot_link_heatmap(topo, np.zeros(3), tmp_path / "x.png")
+
+
+def test_seed_curves_plot_every_seed(tmp_path, monkeypatch):
+    """One PNG with a curve per seed; None (no file) when no seed logged scalars."""
+    pytest.importorskip("matplotlib")
+    logged = {"seed0": {"latency/tbt_us": [(0, 10.0), (64, 9.0)]},
+              "seed1": {"latency/tbt_us": [(0, 11.0), (64, 8.5)],
+                        "rollout/ep_rew_mean": [(64, -3.0)]}}
+    monkeypatch.setattr(tb, "read_scalars", lambda d: logged.get(Path(d).name, {}))
+    dirs = {0: tmp_path / "seed0", 1: tmp_path / "seed1"}
+    png = plots.plot_seed_curves(tmp_path, dirs)
+    assert png == tmp_path / "learning_curves.png" and png.stat().st_size > 1000
+    assert plots.plot_seed_curves(tmp_path, {2: tmp_path / "seed2"},
+                                  path=tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()

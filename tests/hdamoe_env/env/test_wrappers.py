@@ -14,9 +14,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
+from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.env.wrappers import (FlattenReplicasWrapper, RankedBroadcastWrapper,
                                      ranked_candidates)
 
@@ -409,3 +409,19 @@ def test_share_fractions_rule_value_and_nan_rows_follow_least_loaded():
         bad = np.zeros((2, 4))
         bad[0, 1] = np.nan                                   # a partly NaN row is refused
         dispatch_mod.dispatch_replicas(sets, P, reps, 1.0, rule="shares", fractions=bad)
+
+
+def test_ranked_action_translation():
+    from agents.base import ActionLayout
+    from hdamoe_env.env.wrappers import ranked_candidates, ranked_mask, ranked_to_full
+
+    lay = ActionLayout(4, 2)
+    pred = np.array([0.1, 0.5, 0.0, 0.3])
+    full_mask = np.concatenate([[True, True, True, False, True], [True, True, True, True, True],
+                                np.ones(3 + 4, dtype=bool)])
+    # expert 3 is masked, expert 2 has no predicted load: candidates are 1 then 0
+    assert ranked_candidates(pred, full_mask[:4], 3).tolist() == [1, 0]
+    rmask = ranked_mask(full_mask, lay, 3, pred)
+    assert rmask[:4].tolist() == [True, True, False, True]
+    full = ranked_to_full(np.array([0, 3, 2, 1]), lay, 3, pred, full_mask)
+    assert full.tolist() == [1, 4, 2, 1]
