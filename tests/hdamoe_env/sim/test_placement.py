@@ -1,13 +1,17 @@
 """Placements: TP/EP constructors (§9.1–9.2), validation, memory checks (§7.3), storage (§7.7)."""
 
+from __future__ import annotations
+
+import json
+
 import numpy as np
 import pytest
 
-from hdamoe_env.config.errors import ConfigError, InfeasibleError
-from hdamoe_env.sim.placement import (Placement, check_memory, expert_parallel,
-                                      import_reference_layers, node_weight_bytes, tensor_parallel)
+from hdamoe_env.config.errors import ConfigError, HdMoeError, InfeasibleError
 from hdamoe_env.config.profiles import PROFILES
 from hdamoe_env.config.specs import HardwareSpec, get_model
+from hdamoe_env.sim.placement import (Placement, check_memory, expert_parallel,
+                                      import_reference_layers, node_weight_bytes, tensor_parallel)
 
 
 def test_tp_rows_and_shape():
@@ -238,3 +242,15 @@ def test_replicas_save_load_roundtrip(tmp_path):
     assert plain.replicas is None
     with np.load(tmp_path / "p.npz") as data:               # no replicas: still version 1
         assert '"format_version": 1' in bytes(data["meta"]).decode()
+
+
+def test_float_pi_is_refused(tmp_path):
+    """Reproducer 14: a float ``pi`` is not truncated silently."""
+    meta = np.frombuffer(json.dumps({"format": "hdamoe-placement", "format_version": 1}).encode(),
+                         np.uint8)
+    path = tmp_path / "p.npz"
+    np.savez(path, P=np.full((1, 2, 2), 0.5), pi=np.array([[0.0, 1.7]]), meta=meta)
+    with pytest.raises(HdMoeError, match="pi"):
+        Placement.load(path)
+    with pytest.raises(HdMoeError, match="non-integer"):
+        Placement(P=np.full((1, 2, 2), 0.5), pi=np.array([[0.0, 1.7]]))
