@@ -1,5 +1,4 @@
-"""The residual action over HDA-MoE (agents/wrappers.py; file named test_agent_* like its siblings,
-so that its basename does not clash with tests/hdamoe_env/test_wrappers.py).
+"""Tests of agents.wrappers: the residual action over HDA-MoE.
 
 Pins that ``ResidualHDAWrapper`` is an importable ``gymnasium.Wrapper`` whose all-zero action is
 HDA-MoE's decision of every layer (paper-model.md §10–11): the wrapped episode equals the greedy

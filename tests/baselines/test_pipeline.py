@@ -87,7 +87,7 @@ def test_resume_refuses_a_changed_configuration(cfg, trace, tmp_path, make_trace
     other = make_trace(2, 4, 2, 300, seed=2)
     with pytest.raises(ConfigError, match="trace_id"):
         run_pipeline(cfg, tmp_path, trace=other, resume=True)
-    # without --resume the other configuration's run is refused too (issue 15 #1) ...
+    # without --resume the other configuration's run is refused too (never overwritten) ...
     with pytest.raises(ConfigError, match="another configuration.*--force"):
         run_pipeline(changed, tmp_path, trace=trace, layers="1")
     assert (tmp_path / "layer_000.json").exists()

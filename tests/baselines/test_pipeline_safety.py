@@ -30,7 +30,7 @@ def trace(make_trace):
 
 
 def test_extending_a_finished_run_keeps_its_layers(cfg, trace, tmp_path):
-    """Reproducer 1: a finished run + another --layers selection extends, never deletes."""
+    """A finished run + another --layers selection extends, never deletes."""
     run_pipeline(cfg, tmp_path, trace=trace, layers="0")
     before = (tmp_path / "layer_000.npz").read_bytes()
     res = run_pipeline(cfg, tmp_path, trace=trace, layers="1")
@@ -40,7 +40,7 @@ def test_extending_a_finished_run_keeps_its_layers(cfg, trace, tmp_path):
 
 
 def test_unrelated_directory_is_refused_and_force_deletes_nothing(cfg, trace, tmp_path):
-    """Reproducer 2: a non-empty unrelated directory is refused; --force only moves files aside."""
+    """A non-empty unrelated directory is refused; --force only moves files aside."""
     (tmp_path / "layer_007.json").write_text("my notes")
     (tmp_path / "run.json").write_text('{"mine": true}')
     (tmp_path / "placement.npz").write_bytes(b"precious")
@@ -77,7 +77,7 @@ def test_files_follow_the_umask(cfg, trace, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "flip", "meta"])
 def test_damaged_layer_or_placement_is_recomputed_or_refused(cfg, trace, tmp_path, damage):
-    """Reproducer 6: damaged files give typed errors; a resumed run recomputes damaged layers."""
+    """Damaged files give typed errors; a resumed run recomputes damaged layers."""
     run_pipeline(cfg, tmp_path, trace=trace)
     path = tmp_path / "placement.npz"
     data = path.read_bytes()

@@ -38,7 +38,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_pool_workers_die_with_their_parent(tmp_path, sig):
-    """Reproducer 5: `kill -9` (or Ctrl-C) of the parent leaves no pool worker behind."""
+    """`kill -9` (or Ctrl-C) of the parent leaves no pool worker behind."""
     import signal
     import subprocess
     import sys

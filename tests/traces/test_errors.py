@@ -1,5 +1,6 @@
-"""Issue 15: the trace readers raise the package's typed errors (reproducers 7, 12, 15) and
-write files with the usual permissions."""
+"""Tests of traces.errors as the trace readers raise them: malformed reference JSON (layer keys,
+ids, layer counts), out-of-range scores and unreadable files are typed errors; saved traces get
+the usual permissions."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ def test_one_base_class():
 
 @pytest.mark.parametrize("key", ["\u0661", "\u00b2", "\uff11", " 1", "+1"])
 def test_non_ascii_layer_keys_are_refused(tmp_path, key):
-    """Reproducer 7: '١' (Arabic-Indic one) passed str.isdigit() and then raised KeyError."""
+    """A non-ASCII digit such as '١' (Arabic-Indic one) passes str.isdigit() but is no layer key."""
     path = write_json(tmp_path, "t.json", {"0": [[0, 1]], key: [[1, 2]]})
     with pytest.raises(TraceFormatError, match="decimal layer key"):
         traces.read_reference_json(path, E=4, k=2)
 
 
 def test_json_true_is_not_an_expert_id(tmp_path):
-    """Reproducer 15: `true` was read as expert 1."""
+    """A JSON `true` is refused, not read as expert 1."""
     path = write_json(tmp_path, "t.json", {"0": [[0, 1], [True, 2]], "1": [[0, 1], [2, 3]]})
     with pytest.raises(TraceFormatError, match="row 1: id True is not an integer"):
         traces.read_reference_json(path, E=4, k=2)
@@ -39,7 +40,7 @@ def test_json_true_is_not_an_expert_id(tmp_path):
 
 @pytest.mark.parametrize("layers", [4, 33])
 def test_layer_count_must_match_the_model(tmp_path, layers):
-    """Reproducer 15: `convert --model mixtral-8x7b` wrote 4- or 33-layer traces."""
+    """`convert --model mixtral-8x7b` refuses a 4- or 33-layer file instead of writing it."""
     doc = {str(i): [[0, 1], [2, 3]] for i in range(layers)}
     path = write_json(tmp_path, "t.json", doc)
     with pytest.raises(TraceFormatError, match=f"has {layers} MoE layers.*model has 32"):
@@ -53,7 +54,8 @@ def test_layer_count_must_match_the_model(tmp_path, layers):
 
 @pytest.mark.parametrize("bad", [-0.5, 1e30])
 def test_softmax_scores_outside_0_1_are_refused(tmp_path, bad):
-    """Reproducer 15: negative or 1e30 scores in a 'softmax_all' trace loaded and drove gating."""
+    """Negative or 1e30 scores in a 'softmax_all' trace are refused at load (they would drive
+    gating)."""
     ids = np.array([[[0, 1], [2, 3]]], dtype=np.int16)
     cand = np.array([[[0, 1, 2], [2, 3, 0]]], dtype=np.int16)
     scores = np.array([[[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]]], dtype=np.float32)

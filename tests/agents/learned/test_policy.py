@@ -38,7 +38,7 @@ def trained(env_kwargs, tmp_path_factory):
 
 
 def test_no_pickle_and_sha_recorded(trained):
-    """Reproducer 4: statistics are plain arrays; learned.json records the model SHA-256."""
+    """Normalisation statistics are plain arrays; learned.json records the model SHA-256."""
     meta = json.loads((trained / "learned.json").read_text())
     assert meta["model_sha256"] == learned.file_sha256(trained / "model.zip")
     assert not list(trained.rglob("*.pkl"))
@@ -62,7 +62,7 @@ def test_statistics_match_sb3_normalisation(trained, make_tiny_env):
 
 
 def test_replaced_model_is_refused_before_loading(trained, tmp_path):
-    """Reproducer 4: a crafted model.zip is not opened (no code runs); typed refusal."""
+    """A replaced model.zip is not opened (no code runs); typed refusal."""
     marker = tmp_path / "marker"
     (trained / "model.zip").write_bytes(b"PK\x05\x06" + b"\0" * 18)
     with pytest.raises(IntegrityError, match="SHA-256"):
@@ -77,7 +77,7 @@ def test_legacy_pickle_statistics_are_refused(trained):
 
 
 def test_garbage_agent_file_is_a_typed_error(tmp_path):
-    """Reproducer 10: `evaluate --agent garbage.npz` / garbage zip → typed error."""
+    """A garbage agent file (`evaluate --agent garbage.npz` / a garbage zip) → typed error."""
     bad = tmp_path / "garbage.zip"
     bad.write_bytes(b"not a zip at all")
     with pytest.raises(HdMoeError):

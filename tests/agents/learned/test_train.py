@@ -298,7 +298,7 @@ def trained(env_kwargs, tmp_path_factory):
 
 @pytest.mark.parametrize("change", [{"setting": "2/1"}, {"batch": 16}])
 def test_resume_refuses_another_env(env_kwargs, trained, change):
-    """Reproducer 13: --resume with --setting 10/25 or --batch 64 is refused, naming the field."""
+    """--resume with another --setting or --batch is refused, naming the field."""
     before = (trained / "learned.json").read_text()
     with pytest.raises(ConfigError, match="another env or hyperparameters.*" + next(iter(change))):
         _train({**env_kwargs, **change}, trained, timesteps=256, resume=True)
@@ -315,6 +315,6 @@ def test_resume_refuses_other_hyperparameters_and_stale_checkpoints(env_kwargs, 
 
 
 def test_typed_hyperparameters(env_kwargs, tmp_path):
-    """Reproducer 8: --hp n_steps=abc is a typed error, not a TypeError inside SB3."""
+    """--hp n_steps=abc is a typed error, not a TypeError inside SB3."""
     with pytest.raises(ConfigError, match="n_steps='abc'"):
         _train(env_kwargs, tmp_path, timesteps=128, hyperparams={**SMALL_PPO, "n_steps": "abc"})

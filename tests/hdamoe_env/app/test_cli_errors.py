@@ -1,6 +1,5 @@
-"""Issue 15: CLI values validated at parse time, output paths checked before work, one-line
-errors with exit code 2, memory pre-flight, typed Python-API errors (reproducers 3, 8, 9, 11,
-12, 14)."""
+"""The CLI's errors: values validated at parse time, output paths checked before any work,
+one-line errors with exit code 2, a memory pre-flight, unexpected exceptions as one line."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ def _run(argv, capsys):
     ["simulate", "--batch", "0"],
 ])
 def test_bad_values_fail_at_parse_time(argv, capsys):
-    """Reproducers 8 and 14: argparse prints one usage error and exits 2 before any work."""
+    """argparse prints one usage error and exits 2 before any work."""
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
@@ -39,7 +38,7 @@ def test_bad_values_fail_at_parse_time(argv, capsys):
 
 
 def test_memory_estimate_refuses_a_huge_batch(capsys):
-    """Reproducer 11: --batch 10000000 is refused up front with the estimate."""
+    """--batch 10000000 is refused up front with the estimate."""
     code, err = _run(["simulate", "--batch", "10000000", "--steps", "1", "--requests", "8"],
                      capsys)
     assert code == 2 and len(err) == 1 and "GiB" in err[0] and "--batch" in err[0]
@@ -53,7 +52,7 @@ def test_memory_estimate_refuses_a_huge_trace(tmp_path, capsys):
 
 @pytest.mark.parametrize("make", ["dir_as_file", "missing_parent", "file_as_dir"])
 def test_output_paths_checked_before_work(tmp_path, capsys, make):
-    """Reproducer 9: directories as files, missing/file parents → one line, exit 2."""
+    """Directories as files, missing/file parents → one line, exit 2."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
     argv = {"dir_as_file": ["simulate", "--json", str(tmp_path)],
@@ -65,7 +64,7 @@ def test_output_paths_checked_before_work(tmp_path, capsys, make):
 
 
 def test_json_is_never_truncated(tmp_path, capsys):
-    """Reproducer 3: an existing --json file is not replaced without --resume."""
+    """An existing --json file is not replaced without --resume."""
     path = tmp_path / "records.json"
     path.write_text(json.dumps([{"method": "tp", "seed": s} for s in range(16)]))
     code, err = _run(["bench", "--json", str(path), "--methods", "tp", "--seeds", "0"], capsys)
@@ -79,7 +78,8 @@ def test_json_is_never_truncated(tmp_path, capsys):
 
 
 def test_fresh_train_into_an_old_directory_is_refused(tmp_path, capsys):
-    """Reproducer 13: a fresh train would mix with stale checkpoints of an older run."""
+    """A fresh train into a directory with an older run's checkpoints is refused (they would
+    mix)."""
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt_5000.zip").write_bytes(b"old")
     code, err = _run(["train", "--out", str(tmp_path), "--timesteps", "8"], capsys)

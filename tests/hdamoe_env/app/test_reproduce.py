@@ -1,4 +1,4 @@
-"""``hdamoe reproduce``: suites, cells, resume, backends (issue 6)."""
+"""Tests of hdamoe_env.app.reproduce (``hdamoe reproduce``): suites, cells, resume, backends."""
 
 from __future__ import annotations
 

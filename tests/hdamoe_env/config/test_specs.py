@@ -89,6 +89,7 @@ def test_specs_are_frozen():
                                                                                (4.5, 8)),
 ])
 def test_hardware_from_setting_is_typed(call):
-    """Reproducers 12 and 14: TypeError / silent 4x8 before."""
+    """A mesh that is no pair of positive integers is a typed error (not a TypeError, not a silent
+    4x8)."""
     with pytest.raises(HdMoeError, match="mesh"):
         call()

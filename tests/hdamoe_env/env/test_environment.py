@@ -1,5 +1,6 @@
-"""The Gymnasium environment (issue #4): API conformance, masks, invalid actions, determinism,
-vector envs, pre-broadcast traffic, gating protection, fidelities."""
+"""Tests of hdamoe_env.env.environment, the Gymnasium environment: API conformance, masks,
+invalid actions, determinism, vector envs, pre-broadcast traffic, gating protection, fidelities,
+typed constructor errors, and the registered env with no kwargs under the standard RL tooling."""
 
 from __future__ import annotations
 
@@ -594,7 +595,7 @@ def test_replace_placement_between_decode_steps_charges_the_next_layer():
     {"trace_requests": 0}, {"trace_tokens": 0}, {"batch": True},
 ])
 def test_env_arguments_are_typed(kwargs):
-    """Reproducers 12 and 14: raw errors or silent clipping/fallbacks before."""
+    """Bad constructor arguments are typed errors (not raw errors, silent clipping or fallbacks)."""
     from hdamoe_env.env.environment import HdMoeEnv
 
     with pytest.raises(HdMoeError):

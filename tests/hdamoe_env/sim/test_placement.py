@@ -160,7 +160,7 @@ def _deepseek_layer_placement(row):
 
 
 def test_placement_refuses_a_sliver_share():
-    """53 of 1408 columns (0.0376) is not a whole tile of 64 columns (issue 13)."""
+    """53 of 1408 columns (0.0376) is not a whole tile of 64 columns: refused under faithful."""
     from hdamoe_env.sim.placement import check_tile_grid
 
     row = np.zeros(32)
@@ -245,7 +245,7 @@ def test_replicas_save_load_roundtrip(tmp_path):
 
 
 def test_float_pi_is_refused(tmp_path):
-    """Reproducer 14: a float ``pi`` is not truncated silently."""
+    """A float ``pi`` is refused, not truncated silently."""
     meta = np.frombuffer(json.dumps({"format": "hdamoe-placement", "format_version": 1}).encode(),
                          np.uint8)
     path = tmp_path / "p.npz"
