@@ -25,7 +25,8 @@ from hdamoe_env.config.fileio import (
     write_json,
 )
 
-needs_non_root = pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")
+needs_non_root = pytest.mark.skipif(os.geteuid() == 0,
+                                    reason="root may write into read-only directories")
 
 
 def _mode(path) -> int:
