@@ -27,7 +27,7 @@ Search: every grid point is screened on a few samples, all with the same seed (c
 numbers, so differences between points are not sampling noise); the best points are re-scored on
 more samples of a second seed and the lowest objective wins. The provisional and chosen values are
 then evaluated on a third (held-out) seed with more samples; those numbers are the ``achieved``
-values written to the parameters and pinned by ``tests/traces/test_trace_calibration.py``. For
+values written to the parameters and pinned by ``tests/traces/test_synthetic.py``. For
 context the table also shows random-row samples (the same row count drawn at random from a long
 multi-request trace — reuse is undefined there) and the long-run statistics of that long trace (the
 skew a long workload sees).

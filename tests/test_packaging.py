@@ -1,4 +1,4 @@
-"""Packaging metadata (issue 14): SPDX license with its file, classifiers, authors."""
+"""Packaging metadata: SPDX license with its file, classifiers, authors."""
 
 from __future__ import annotations
 

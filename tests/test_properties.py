@@ -1,4 +1,4 @@
-"""Issue 15: property-based robustness — trace readers, the placement loader, CLI value parsers
+"""Property-based robustness: trace readers, the placement loader, CLI value parsers
 and env actions raise nothing outside the package's error classes.
 
 50 examples each in the default suite; the 500-example runs are marked ``slow``.

@@ -6,7 +6,7 @@ Gated-DeltaNet layers, DeepSeek's dense layer 0, the optional LM head and the op
 all-reduce (on in ``faithful``: the split work's collective, docs/PHYSICS.md). Assumption (the
 paper's, §5.1): the non-MoE work of a layer is split evenly over the D nodes. Pure functions,
 SI units, scalar or array batch sizes, as in :mod:`hdamoe_env.cost.perf` (whose argument checks this
-module shares). Pinned by ``tests/hdamoe_env/test_perf.py`` (paper-model.md §14).
+module shares). Pinned by ``tests/hdamoe_env/cost/test_nonmoe.py`` (paper-model.md §14).
 """
 
 from __future__ import annotations

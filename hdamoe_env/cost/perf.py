@@ -18,7 +18,7 @@ Every function is pure (no state, no randomness). Inputs and outputs are SI: sec
 FLOP, B/s, FLOP/s; hidden-vector volumes of the estimator are in elements. Functions of the batch
 size B (or of the broadcast count m) accept a scalar or an array and return a Python float or an
 array of the same shape. The deterministic check values of paper-model.md §14 are pinned by
-``tests/hdamoe_env/test_perf.py``.
+``tests/hdamoe_env/cost/test_perf.py``.
 """
 
 from __future__ import annotations

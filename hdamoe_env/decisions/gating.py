@@ -20,7 +20,7 @@ Implements paper-model.md §11 (paper §V-D):
 The loop over rows is inherent to the algorithm (row t's penalties depend on the choices of rows
 < t). It runs in numba kernels (:mod:`hdamoe_env.decisions.gating_kernels`, compiled once and
 cached on disk like the DES kernel); the pure-Python loop they replaced lives with the tests
-(``tests/hdamoe_env/gating_reference.py``), the oracle they are compared with for exact
+(``tests/hdamoe_env/decisions/gating_reference.py``), the oracle they are compared with for exact
 equality. This module holds the public API, the argument checks, the candidate sort, the
 placement tables the kernels read and the statistics. The penalties are computed once per row
 from the state before the row (``new_nodes`` additionally updates the covered nodes after each
@@ -394,7 +394,8 @@ def _greedy(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: flo
 
     Makes exactly the decisions of the pure-Python oracle ``greedy_reference`` (same
     floating-point operations in the same order, same tie-breaking), checked by
-    ``tests/hdamoe_env/test_gating.py`` against ``tests/hdamoe_env/gating_reference.py``.
+    ``tests/hdamoe_env/decisions/test_gating_kernels.py`` against the reference module
+    ``tests/hdamoe_env/decisions/gating_reference.py``.
     """
     Pw, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
     loads = _initial_loads(cands, k, Pw, include_future, initial_counts)

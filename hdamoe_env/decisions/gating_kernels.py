@@ -9,7 +9,7 @@ of it in one call for the env's common case (``fused_kernel``). Every kernel is 
 and cached on disk (``cache=True``), like the DES kernel.
 
 They make exactly the decisions of the pure-Python oracle kept with the tests
-(``tests/hdamoe_env/gating_reference.py``): the same floating-point operations in the same
+(``tests/hdamoe_env/decisions/gating_reference.py``): the same floating-point operations in the same
 order and the same tie-breaking; the tests compare the two for exact equality. The public
 entry point and the argument checks are in :mod:`hdamoe_env.decisions.gating`; a kernel trusts
 its arguments (CSR holder arrays from ``gating._prepared_arrays``, candidates sorted best first).

@@ -1,4 +1,5 @@
-"""EPLB redundant experts (baselines/eplb.py, eplb_dynamic.py); values worked out by hand."""
+"""Tests of baselines.eplb: EPLB redundant experts (replica counts, slots, packing, placement);
+values worked out by hand."""
 
 from __future__ import annotations
 
@@ -13,12 +14,9 @@ from baselines.eplb import (
     expected_node_load,
     replicate,
 )
-from baselines.eplb_dynamic import Move, apply_moves, eplb_dynamic, plan_moves, simulate_moves
-from baselines.store import PlacementStore, StoreConfig
-from hdamoe_env.config.errors import ConfigError, InfeasibleError
+from hdamoe_env.config.errors import InfeasibleError
 from hdamoe_env.sim.placement import Placement, check_memory, expert_parallel
 from hdamoe_env.config.profiles import get_profile
-from hdamoe_env.noc.topology import make_topology
 
 SKEWED = [8.0, 4.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
 
@@ -142,92 +140,3 @@ def test_deterministic(rng):
     np.testing.assert_array_equal(a.counts, b.counts)
 
 
-def test_dynamic_no_moves_when_loads_constant():
-    steps = np.tile(np.array(SKEWED), (12, 1))
-    sched = eplb_dynamic(steps, period=4, num_nodes=4, slots_per_node=3)
-    assert sched.starts == (0, 4, 8) and len(sched.placements) == 3
-    assert all(m == () for m in sched.moves)
-    np.testing.assert_array_equal(sched.placements[0].P, sched.placements[2].P)
-
-
-def test_dynamic_moves_turn_old_into_new(rng):
-    steps = rng.gamma(0.3, size=(9, 2, 12)) * 10
-    sched = eplb_dynamic(steps, period=3, num_nodes=6, slots_per_node=3,
-                         initial_loads=np.ones((2, 12)), mode="full")
-    for k, moves in enumerate(sched.moves):
-        old, new = sched.results[k].holds, sched.results[k + 1].holds
-        assert len(moves) == int((new & ~old).sum())
-        np.testing.assert_array_equal(apply_moves(old, moves, old & ~new), new)
-        # relabelling never does worse than the raw EPLB labels
-        raw = eplb(steps[3 * k:3 * k + 3].sum(axis=0), 6, 3).holds
-        assert len(moves) <= int((raw & ~old).sum())
-
-
-def test_dynamic_incremental_moves_only_what_changed():
-    """E = 4, D = 4, S = 2; uniform start: 2 copies each, nodes {0,2} {0,2} {1,3} {1,3}.
-
-    The window then sees loads [10, 1, 1, 1]: replication of 8 copies (cap 4 per expert) gives
-    counts [4, 2, 1, 1] (expert 0: 10 → 5 → 3.33 → 2.5 per copy, then capped; expert 1 next).
-    Expert 2 drops its copy on node 0 (the most loaded holder, ties: lower id), expert 3 on
-    node 2; expert 0 takes node 2's free slot; node 0's free slot holds expert 0 already, so
-    expert 1 moves from node 3 to node 0 and expert 0 takes node 3: 3 moves (no 2-move
-    solution exists from this start). Nodes {0,1} {0,2} {0,1} {0,3} with per-copy loads 2.5,
-    0.5, 1, 1: max 3.5 (before: 10 + 1 = 11 per node holding expert 0, window loads ÷ 2).
-    """
-    start = np.ones((1, 4))
-    steps = np.tile(np.array([10.0, 1.0, 1.0, 1.0]), (6, 1))
-    sched = eplb_dynamic(steps, period=2, num_nodes=4, slots_per_node=2, initial_loads=start)
-    old, new = sched.results[0].holds[0], sched.results[1].holds[0]
-    assert old.sum(axis=1).tolist() == [2, 2, 2, 2]
-    assert new.sum(axis=1).tolist() == [4, 2, 1, 1]
-    assert new.sum(axis=0).max() <= 2
-    assert [(m.expert, m.dst) for m in sched.moves[0]] == [(0, 2), (0, 3), (1, 0)]
-    assert sched.moves[1] == ()                                # steady loads: nothing moves
-    w = np.array([10.0, 1, 1, 1]) / new.sum(axis=1)
-    assert (w @ new).max() == pytest.approx(3.5)
-    full = eplb_dynamic(steps, period=2, num_nodes=4, slots_per_node=2, initial_loads=start,
-                        mode="full")
-    assert len(full.moves[0]) >= len(sched.moves[0])
-    with pytest.raises(ConfigError, match="rebalance mode"):
-        eplb_dynamic(steps, period=2, num_nodes=4, slots_per_node=2, mode="sticky")
-
-
-def test_move_cost_on_the_noc(hw22):
-    """One 1 MB expert between neighbours of a 2x2 mesh at 1 GB/s: 1 ms; two disjoint: 1 ms."""
-    topo = make_topology("mesh", hw22)
-    one = simulate_moves(topo, [Move(0, 0, 0, 1)], 1e6)
-    assert one.makespan_s == pytest.approx(1e-3)
-    two = simulate_moves(topo, [Move(0, 0, 0, 1), Move(0, 1, 2, 3)], 1e6)
-    assert two.makespan_s == pytest.approx(1e-3)
-    assert simulate_moves(topo, [], 1e6).makespan_s == 0.0
-    moves = plan_moves(np.array([[[1, 0, 0, 0]]], bool), np.array([[[1, 0, 0, 1]]], bool))
-    assert moves == [Move(0, 0, 0, 3)]
-
-
-def test_store_resolves_eplb(nb_model, hw22, make_trace):
-    trace = make_trace(2, 4, 2, 200)
-    store = PlacementStore(StoreConfig.create(model=nb_model, mesh="2x2", setting="1/1",
-                                       eplb_rho_mem=2.0), trace)
-    pl, artifact = store.get("eplb")
-    assert artifact is None and pl.method == "eplb"
-    assert (pl.copies().sum(axis=1) == 8).all()               # D·S = 4·2 physical experts
-    check_memory(pl, nb_model, hw22, get_profile("faithful"), rho_mem=2.0)
-    assert store.get("eplb")[0] is pl                         # kept in memory
-
-
-def test_place_method_eplb_cli(tmp_path, capsys):
-    """Mixtral (E=8) on a 2x2 mesh, rho_mem 1.5: S = floor(1.5·8/4) = 3, 12 physical experts."""
-    from hdamoe_env.app.cli import main as hdamoe_main
-
-    argv = ["place", "--model", "mixtral", "--mesh", "2x2", "--requests", "2", "--method",
-            "eplb", "--rho-mem", "1.5", "--layers", "0-1", "--out", str(tmp_path)]
-    assert hdamoe_main(argv) == 0
-    out = capsys.readouterr().out
-    assert "EPLB max/mean" in out and "S=3" in out and "12 physical experts" in out
-    pl = Placement.load(tmp_path / "placement_eplb.npz")
-    assert pl.method == "eplb" and (pl.copies().sum(axis=1) == 12).all()
-    assert hdamoe_main(argv) == 2                              # refuses to overwrite
-    assert "already exists" in capsys.readouterr().err
-    # whole copies of 8 experts on 32 nodes do not fit rho_mem 1.5: one-line typed error
-    assert hdamoe_main([*argv[:4], "4x8", *argv[5:-1], str(tmp_path / "b")]) == 2
-    assert "rho_mem >= 4" in capsys.readouterr().err

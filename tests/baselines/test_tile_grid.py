@@ -1,4 +1,5 @@
-"""Shard granularity (issue 13): Node Balance (MILP, heuristic) and the hybrid on DeepSeek-V2-Lite.
+"""Shard granularity on the tile grid: Node Balance (MILP, heuristic) and the hybrid on
+DeepSeek-V2-Lite.
 
 Synthetic trace, 4×8 mesh, 5 TFLOPS / 50 GB/s, B = 128, ``faithful`` (tile_cols = 64, so
 u = 64/1408 = 1/22): no output share may be off the grid (uniform TP rows are the documented

@@ -1,0 +1,211 @@
+"""Hardware-aware gating (paper-model.md §11): pinned values, invariants, brute-force agreement."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.decisions.gating import (COMP_PENALTIES, default_coefficients, gating_diagnostics,
+                                         hardware_aware_gating, penalties)
+from hdamoe_env.sim.placement import expert_parallel
+
+# §14.8 item 5
+P5 = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 1.0]])
+S5 = np.array([[0.40, 0.25, 0.22, 0.13]])
+
+
+def test_check_value_14_8_item5_penalties():
+    dT, disp = penalties(P5, [2, 0, 1, 0], w_flops=1e-6, compute_flops=1.0)
+    np.testing.assert_allclose(dT, [1e-6, 0.5e-6, 0, 0], atol=1e-18)
+    np.testing.assert_array_equal(disp, [1, 2, 1, 1])
+    a = S5[0] + (-1e5) * dT + (-0.04) * disp
+    np.testing.assert_allclose(a, [0.26, 0.12, 0.18, 0.09], atol=1e-12)
+
+
+def test_check_value_14_8_item5_selection():
+    res = hardware_aware_gating(S5, 2, P5, 1e-6, 1.0, -1e5, -0.04, initial_counts=[2, 0, 1, 0])
+    assert set(res.sets[0].tolist()) == {0, 2}
+    assert res.sets[0].tolist() == [0, 2]                 # ordered by adjusted score
+    np.testing.assert_allclose(res.weights[0], [0.40, 0.22])   # original probabilities
+    assert res.changed_fraction == 1.0 and res.top1_retention == 1.0
+    np.testing.assert_allclose(res.replaced_per_rank, [0.0, 1.0])
+    assert res.score_mass_kept == pytest.approx(0.62 / 0.65)
+
+
+def _scores(rng, B=32, E=16, conc=0.3):
+    return rng.dirichlet(np.full(E, conc), size=B)
+
+
+def test_zero_coefficients_change_nothing(rng):
+    P = expert_parallel(1, 16, 4, rng).P[0]
+    s = _scores(rng)
+    res = hardware_aware_gating(s, 4, P, 1e7, 1e12, 0.0, 0.0)
+    top = np.argsort(-s, axis=1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(res.sets, top)
+    np.testing.assert_array_equal(res.orig_sets, top)
+    assert res.changed_fraction == 0 and res.top1_retention == 1 and res.score_mass_kept == 1
+    ids = np.argsort(-s, axis=1)[:, :8]
+    cand = hardware_aware_gating((ids[:, ::-1], np.take_along_axis(s, ids, 1)[:, ::-1]), 4, P,
+                                 1e7, 1e12, 0.0, 0.0)
+    np.testing.assert_array_equal(cand.sets, top)         # positions never trusted (§11.5)
+
+
+def test_protect_top_never_drops_top1(rng):
+    P = expert_parallel(1, 16, 4, rng).P[0]
+    s = _scores(rng, B=64)
+    free = hardware_aware_gating(s, 4, P, 1e7, 1e12, -1e6, -0.5)
+    assert free.top1_retention < 1.0                       # strong penalties do replace top-1
+    res = hardware_aware_gating(s, 4, P, 1e7, 1e12, -1e6, -0.5, protect_top=1)
+    assert res.top1_retention == 1.0
+    assert (res.sets == res.orig_sets[:, :1]).any(axis=1).all()
+    assert res.replaced_per_rank[0] == 0.0
+
+
+def test_sequential_greedy_balances_a_hot_expert():
+    E, D = 4, 4
+    P = np.eye(E, D)
+    s = np.tile([0.5, 0.2, 0.15, 0.15], (8, 1))          # every row prefers expert 0
+    res = hardware_aware_gating(s, 1, P, 1.0, 1.0, -0.5, 0.0)
+    counts = np.bincount(res.sets.ravel(), minlength=E)
+    assert res.sets[0, 0] == 0              # empty chip: every expert raises the peak equally
+    assert res.sets[1, 0] == 1              # expert 0's node is now the bottleneck
+    np.testing.assert_array_equal(counts, [2, 2, 2, 2])
+    ungated = hardware_aware_gating(s, 1, P, 1.0, 1.0, 0.0, 0.0)
+    assert (ungated.sets == 0).all()
+
+
+def _brute_force(scores, k, P, w, C, rc, rm, comp="marginal_max", protect=0, future=False,
+                 n0=None):
+    """Reference greedy: every expert, every row, numpy penalties, no pruning."""
+    B, E = scores.shape
+    n = np.zeros(E) if n0 is None else np.array(n0, dtype=float)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    if future:
+        np.add.at(n, order[:, :k].ravel(), 1)
+    out = []
+    for t in range(B):
+        if future:
+            n[order[t, :k]] -= 1
+        dT, disp = penalties(P, n, w, C, comp_penalty=comp)
+        cand = order[t]
+        a = scores[t, cand] + rc * dT[cand] + rm * disp[cand]
+        a[:protect] = np.inf
+        pick = cand[np.argsort(-a, kind="stable")[:k]]
+        out.append(pick)
+        n[pick] += 1
+    return np.array(out)
+
+
+@pytest.mark.parametrize("comp", COMP_PENALTIES)
+@pytest.mark.parametrize("protect,future", [(0, False), (1, False), (0, True)])
+def test_pruned_greedy_matches_brute_force(rng, comp, protect, future):
+    E, D, k = 16, 4, 3
+    P = expert_parallel(1, E, D, rng).P[0]
+    P[0] = 0.25                                            # one TP-split expert
+    P[1] = [0.5, 0.5, 0, 0]
+    s = _scores(rng, B=40, E=E)
+    w, C = 2e6, 1e12
+    rc, rm = -2e4, -0.01
+    n0 = rng.integers(0, 3, E)
+    res = hardware_aware_gating(s, k, P, w, C, rc, rm, comp_penalty=comp, protect_top=protect,
+                                include_future=future, initial_counts=None if future else n0)
+    ref = _brute_force(s, k, P, w, C, rc, rm, comp, protect, future, None if future else n0)
+    np.testing.assert_array_equal(res.sets, ref)
+
+
+def test_new_nodes_matches_sequential_reference(rng):
+    E, D, k = 12, 4, 3
+    P = expert_parallel(1, E, D, rng).P[0]
+    P[2] = [0.5, 0.5, 0, 0]
+    s = _scores(rng, B=20, E=E)
+    w, C, rc, rm = 2e6, 1e12, -2e4, -0.05
+    res = hardware_aware_gating(s, k, P, w, C, rc, rm, comm_penalty="new_nodes")
+    n = np.zeros(E)
+    holders = P > 0
+    for t in range(s.shape[0]):
+        dT, _ = penalties(P, n, w, C)
+        order = np.argsort(-s[t], kind="stable")
+        base = s[t, order] + rc * dT[order]
+        covered = np.zeros(D, dtype=bool)
+        picks = []
+        for _ in range(k):
+            new = (holders[order] & ~covered).sum(axis=1)
+            a = np.where(np.isin(np.arange(E), picks), -np.inf, base + rm * new)
+            j = int(np.argmax(a))
+            picks.append(j)
+            covered |= holders[order[j]]
+        chosen = order[picks]
+        assert res.sets[t].tolist() == chosen.tolist()
+        n[chosen] += 1
+
+
+def test_candidate_window_equals_candidate_form(rng):
+    E, D, k, J = 16, 4, 3, 2
+    P = expert_parallel(1, E, D, rng).P[0]
+    s = _scores(rng, B=24, E=E)
+    full = hardware_aware_gating(s, k, P, 2e6, 1e12, -3e4, -0.02, candidate_window=J)
+    ids = np.argsort(-s, axis=1, kind="stable")[:, :k + J]
+    cand = hardware_aware_gating((ids, np.take_along_axis(s, ids, 1)), k, P, 2e6, 1e12, -3e4,
+                                 -0.02)
+    np.testing.assert_array_equal(full.sets, cand.sets)
+    # only original ranks < k + J can enter
+    assert np.isin(full.sets, ids).all()
+
+
+def test_weights_follow_the_model_rule(rng):
+    P = expert_parallel(1, 16, 4, rng).P[0]
+    s = _scores(rng)
+    raw = hardware_aware_gating(s, 4, P, 2e6, 1e12, -3e4, -0.02)
+    np.testing.assert_allclose(raw.weights, np.take_along_axis(s, raw.sets, 1))
+    norm = hardware_aware_gating(s, 4, P, 2e6, 1e12, -3e4, -0.02, renormalize=True)
+    np.testing.assert_allclose(norm.weights.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(norm.sets, raw.sets)
+
+
+def test_diagnostics():
+    uniform = np.full((3, 8), 1 / 8)
+    ent, margin = gating_diagnostics(uniform, 2)
+    assert ent == pytest.approx(1.0) and margin == pytest.approx(0.0)
+    peaked = np.array([[0.7, 0.1, 0.1, 0.1]])
+    ent, margin = gating_diagnostics(peaked, 1)
+    assert 0 < ent < 1 and margin == pytest.approx(0.6)
+    res = hardware_aware_gating(peaked, 1, np.eye(4), 1.0, 1.0, 0.0, 0.0)
+    assert res.top_margin == pytest.approx(0.6) and res.entropy == pytest.approx(ent)
+
+
+def test_errors():
+    with pytest.raises(ConfigError, match="computation penalty"):
+        hardware_aware_gating(S5, 2, P5, 1.0, 1.0, -1.0, 0.0, comp_penalty="nope")
+    with pytest.raises(ConfigError, match="protect_top"):
+        hardware_aware_gating(S5, 2, P5, 1.0, 1.0, -1.0, 0.0, protect_top=3)
+    with pytest.raises(ConfigError, match="shape"):
+        hardware_aware_gating(S5[:, :3], 2, P5, 1.0, 1.0, -1.0, 0.0)
+    with pytest.raises(ConfigError, match="finite"):
+        hardware_aware_gating(np.array([[np.nan, 0.2, 0.3, 0.5]]), 2, P5, 1.0, 1.0, 0.0, 0.0)
+
+
+def test_default_coefficients():
+    (rc, rm), src = default_coefficients("deepseek-v2-lite", "5/50", expert_matrices=3)
+    assert (rc, rm) == (-1.5e4, -0.015) and src == "deepseek-v2-lite"
+    assert default_coefficients("deepseek-v2-lite", "10/25")[0] == (-4.5e4, -0.02)
+    (rc, rm), src = default_coefficients("qwen3.5-35b-a3b", "5/50")
+    assert (rc, rm) == (-1.3e5, -0.001) and "unknown" in src
+    assert default_coefficients("mixtral-8x7b", "2.5/75")[0] == (-1.16e6, -0.03)
+
+
+def test_decision_time_deepseek_batch():
+    """B = 128, E = 64, k = 6 (target <= 1 ms on an idle core; loose bound for shared CI)."""
+    rng = np.random.default_rng(0)
+    P = expert_parallel(1, 64, 32, rng).P[0]
+    s = rng.dirichlet(np.full(64, 0.3), size=128)
+    args = (s, 6, P, 6 * 2048 * 1408, 5e12, -1.5e4, -0.015)
+    hardware_aware_gating(*args)
+    t0 = time.process_time()
+    for _ in range(5):
+        hardware_aware_gating(*args)
+    assert (time.process_time() - t0) / 5 < 0.02
+
+

@@ -1,0 +1,209 @@
+"""Tests of hdamoe_env.noc.des: the discrete-event message simulator (paper-model.md §6.3) —
+hand-calculated makespans and link busy times (§14.8 items 1–3), the compiled kernel against the
+pure-Python oracle, tie rules, the link-load lower bound and input validation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.specs import HardwareSpec, TopologySpec
+from hdamoe_env.noc.des import link_load_bound, simulate_messages, simulate_messages_oracle
+from hdamoe_env.noc.topology import make_topology
+
+HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
+HW22 = HardwareSpec(mesh_shape=(2, 2), link_bw_gbps=1.0)  # 1 byte per ns
+
+
+def mesh22():
+    return make_topology("mesh", HW22)
+
+
+def busy_of(topo, result, a, b):
+    return result.link_busy_s[topo.link_id(a, b)]
+
+
+def assert_same(a, b):
+    assert a.makespan_s == b.makespan_s
+    assert np.array_equal(a.link_busy_s, b.link_busy_s)
+    assert np.array_equal(a.finish_s, b.finish_s)
+
+
+# --- §14.8 items 1–3 and other hand calculations ----------------------------------------
+
+
+def test_single_flow_4x8():  # §14.8 item 1
+    topo = make_topology("mesh", HW48)
+    res = simulate_messages(topo, [0], [31], [2048.0])
+    assert res.makespan_s == pytest.approx(409.6e-9, rel=1e-12)
+    assert np.count_nonzero(res.link_busy_s) == 10
+    assert_same(res, simulate_messages_oracle(topo, [0], [31], [2048.0]))
+
+
+def test_three_flows_2x2():  # §14.8 item 2
+    topo = mesh22()
+    for tie in ("fifo", "ref"):
+        res = simulate_messages(topo, [0, 1, 2], [3, 3, 3], [1000.0] * 3, tie_break=tie)
+        assert res.makespan_s == pytest.approx(2e-6, rel=1e-12)
+        assert busy_of(topo, res, 0, 2) == pytest.approx(1e-6)
+        assert busy_of(topo, res, 2, 3) == pytest.approx(2e-6)
+        assert busy_of(topo, res, 1, 3) == pytest.approx(1e-6)
+        assert res.link_busy_s.sum() == pytest.approx(4e-6)
+
+
+def test_opposite_directions_do_not_interfere():  # §14.8 item 3
+    res = simulate_messages(mesh22(), [0, 1], [1, 0], [1000.0, 1000.0])
+    assert res.makespan_s == pytest.approx(1e-6, rel=1e-12)
+
+
+def test_two_flow_contention_mesh():
+    # (0,0)->(0,1) and (1,0)->(0,1) via (0,0): second waits for the first on link (0,0)->(0,1)
+    topo = mesh22()
+    res = simulate_messages(topo, [0, 2], [1, 1], [1000.0, 500.0])
+    assert res.finish_s.tolist() == pytest.approx([1e-6, 1.5e-6])
+    assert busy_of(topo, res, 0, 1) == pytest.approx(1.5e-6)
+
+
+def test_torus_wrap_flow_and_contention():
+    topo = make_topology("torus", HW48)
+    hop = 2048.0 / 50e9
+    res = simulate_messages(topo, [0], [7], [2048.0])        # wrap-around, one hop
+    assert res.makespan_s == pytest.approx(hop, rel=1e-12)
+    # (0,6)->(0,0) (2 hops via (0,7)) and (0,7)->(0,0) share the wrap link (0,7)->(0,0)
+    res = simulate_messages(topo, [6, 7], [0, 0], [2048.0, 2048.0])
+    assert res.finish_s.tolist() == pytest.approx([2 * hop, hop])
+    assert res.link_busy_s[topo.link_id(7, 0)] == pytest.approx(2 * hop)
+
+
+def test_fattree_flows_and_tiers():
+    spec = TopologySpec(kind="fattree", bw_el_gbps=10.0, bw_la_gbps=20.0, bw_ac_gbps=40.0,
+                        oversubscription=2.0)
+    topo = make_topology(spec, HW48)
+    s = 1000.0
+    res = simulate_messages(topo, [0], [31], [s])
+    assert res.makespan_s == pytest.approx(2 * s / 10e9 + 2 * s / 20e9 + 2 * s / 20e9)
+    res = simulate_messages(topo, [0], [1], [s])                         # same leaf
+    assert res.makespan_s == pytest.approx(2 * s / 10e9)
+    # same pod, keys 0 and 1 pick aggs 0 and 1; both end on leaf (0,1) -> endpoint 2
+    flat = make_topology("fattree", HW48)
+    d = s / 50e9
+    res = simulate_messages(flat, [0, 1], [2, 2], [s, s], flow_keys=[0, 1])
+    assert res.finish_s.tolist() == pytest.approx([4 * d, 5 * d])
+    assert res.link_busy_s[flat.link_id(flat.num_endpoints + 1, 2)] == pytest.approx(2 * d)
+
+
+def test_empty_route_chunks_and_hop_latency():
+    topo = make_topology("mesh", HW48)
+    res = simulate_messages(topo, [3, 0], [3, 1], [100.0, 0.0], ready_s=[5e-6, 1e-6])
+    assert res.finish_s.tolist() == [5e-6, 1e-6] and res.makespan_s == 5e-6
+    empty = simulate_messages(topo, [], [], [])
+    assert empty.makespan_s == 0.0 and empty.finish_s.shape == (0,)
+    # 4 chunks pipelined over 3 hops: (3 + 4 - 1) * (S/4)/BW
+    res = simulate_messages(topo, [0], [3], [4096.0], chunks=4)
+    assert res.makespan_s == pytest.approx(6 * 1024 / 50e9, rel=1e-12)
+    assert res.finish_s.shape == (1,)
+    res = simulate_messages(topo, [0], [31], [2048.0], hop_latency_s=1e-9)
+    assert res.makespan_s == pytest.approx(10 * (2048 / 50e9 + 1e-9), rel=1e-12)
+
+
+# --- kernel == oracle ----------------------------------------------------------------------
+
+ORACLE_TOPOLOGIES = [("mesh", (2, 2)), ("mesh", (4, 4)), ("mesh", (4, 8)), ("torus", (4, 4)),
+                     ("torus", (2, 4)), ("torus", (3, 5)), ("fattree", (4, 8))]
+
+
+def random_case(rng, topo):
+    n = topo.num_endpoints
+    m = int(rng.integers(1, 40))
+    src = rng.integers(0, n, m)
+    dst = rng.integers(0, n, m)
+    size = rng.choice([256.0, 512.0, 1000.0, 4096.0, 0.0], m, p=[0.3, 0.3, 0.2, 0.15, 0.05])
+    kwargs = {"tie_break": str(rng.choice(["fifo", "ref"]))}
+    if rng.random() < 0.5:
+        kwargs["ready_s"] = rng.choice([0.0, 1e-8, 2.048e-8, 5e-8], m)
+    if rng.random() < 0.3:
+        kwargs["hop_latency_s"] = float(rng.choice([1e-9, 3.3e-9]))
+    if rng.random() < 0.3:
+        kwargs["chunks"] = int(rng.integers(2, 4))
+    choice = rng.integers(0, 3)
+    if choice == 1:
+        kwargs["flow_keys"] = rng.integers(0, 50, m)
+    elif choice == 2:
+        kwargs["flow_keys"] = rng.integers(0, 50, (m, 3))
+    return src, dst, size, kwargs
+
+
+def test_kernel_equals_oracle_random():
+    rng = np.random.default_rng(2024)
+    cases = 0
+    for kind, shape in ORACLE_TOPOLOGIES:
+        topo = make_topology(kind, HardwareSpec(mesh_shape=shape, link_bw_gbps=50.0))
+        for _ in range(32):
+            src, dst, size, kwargs = random_case(rng, topo)
+            fast = simulate_messages(topo, src, dst, size, **kwargs)
+            slow = simulate_messages_oracle(topo, src, dst, size, **kwargs)
+            assert_same(fast, slow)
+            cases += 1
+    assert cases >= 200
+
+
+def test_tie_rules():
+    topo = mesh22()
+    # same route, both ready at 0: fifo keeps insertion order, ref serves the smaller first
+    args = ([0, 0], [1, 1], [1000.0, 200.0])
+    fifo = simulate_messages(topo, *args, tie_break="fifo")
+    ref = simulate_messages(topo, *args, tie_break="ref")
+    assert fifo.finish_s.tolist() == pytest.approx([1.0e-6, 1.2e-6])
+    assert ref.finish_s.tolist() == pytest.approx([1.2e-6, 0.2e-6])
+    # equal sizes meeting on link (1,0)->(1,1) at t = 1 us: A = (0,0)->(1,1) was pushed there
+    # after B = (1,0)->(1,1) (initial event), but A's route is lexicographically smaller
+    args = ([0, 2], [3, 3], [1000.0, 1000.0])
+    ready = [0.0, 1e-6]
+    fifo = simulate_messages(topo, *args, ready, tie_break="fifo")
+    ref = simulate_messages(topo, *args, ready, tie_break="ref")
+    assert fifo.finish_s.tolist() == pytest.approx([3e-6, 2e-6])
+    assert ref.finish_s.tolist() == pytest.approx([2e-6, 3e-6])
+    for tie in ("fifo", "ref"):
+        assert_same(simulate_messages(topo, *args, ready, tie_break=tie),
+                    simulate_messages_oracle(topo, *args, ready, tie_break=tie))
+
+
+def test_makespan_at_least_link_load_bound():
+    rng = np.random.default_rng(7)
+    for kind, shape in ORACLE_TOPOLOGIES:
+        topo = make_topology(kind, HardwareSpec(mesh_shape=shape))
+        for _ in range(8):
+            m = int(rng.integers(1, 300))
+            src, dst = rng.integers(0, topo.num_endpoints, (2, m))
+            size = rng.uniform(0, 5000, m)
+            keys = rng.integers(0, 100, (m, 2))
+            bound = link_load_bound(topo, src, dst, size, flow_keys=keys)
+            res = simulate_messages(topo, src, dst, size, flow_keys=keys)
+            assert res.makespan_s >= bound * (1 - 1e-12)
+            assert res.link_busy_s.max() <= bound * (1 + 1e-12)
+    assert link_load_bound(mesh22(), [1], [1], [5.0]) == 0.0
+
+
+# --- input validation ----------------------------------------------------------------------
+
+
+def test_message_validation():
+    topo = mesh22()
+    with pytest.raises(ConfigError, match="equal lengths"):
+        simulate_messages(topo, [0, 1], [1], [1.0, 1.0])
+    with pytest.raises(ConfigError, match=r"dst\[1\]=4"):
+        simulate_messages(topo, [0, 1], [1, 4], [1.0, 1.0])
+    with pytest.raises(ConfigError, match="size_bytes"):
+        simulate_messages(topo, [0], [1], [-1.0])
+    with pytest.raises(ConfigError, match="'lifo'"):
+        simulate_messages(topo, [0], [1], [1.0], tie_break="lifo")
+    with pytest.raises(ConfigError, match="ready_s"):
+        simulate_messages(topo, [0], [1], [1.0], ready_s=[-1.0])
+    with pytest.raises(ConfigError, match="hop_latency_s"):
+        simulate_messages_oracle(topo, [0], [1], [1.0], hop_latency_s=-1.0)
+    with pytest.raises(ConfigError, match="chunks"):
+        simulate_messages(topo, [0], [1], [1.0], chunks=0)
+    with pytest.raises(ConfigError, match="flow_keys"):
+        simulate_messages(topo, [0], [1], [1.0], flow_keys=[1, 2])

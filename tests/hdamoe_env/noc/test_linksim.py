@@ -1,0 +1,252 @@
+"""Tests of hdamoe_env.noc.linksim: task generation, aggregators and one layer's dispatch and
+combine traffic on the DES (paper-model.md §6.2, §14.8 item 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hdamoe_env.noc import linksim
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.noc.des import simulate_messages, simulate_messages_oracle
+from hdamoe_env.noc.linksim import (
+    HolderTable,
+    choose_aggregators,
+    layer_flow_keys,
+    layer_messages,
+    simulate_layer_comm,
+)
+from hdamoe_env.config.specs import HardwareSpec, TopologySpec
+from hdamoe_env.noc.topology import make_topology, stable_hash
+from hdamoe_env.sim.placement import expert_parallel
+
+HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
+HW22 = HardwareSpec(mesh_shape=(2, 2), link_bw_gbps=1.0)  # 1 byte per ns
+
+
+def mesh22():
+    return make_topology("mesh", HW22)
+
+
+def assert_same(a, b):
+    assert a.makespan_s == b.makespan_s
+    assert np.array_equal(a.link_busy_s, b.link_busy_s)
+    assert np.array_equal(a.finish_s, b.finish_s)
+
+
+# --- task generation (§6.2) and §14.8 item 4 ---------------------------------------------
+
+
+STATIC_SETS = np.array([[0, 1], [2, 3], [0, 3]])
+STATIC_F = np.array([0.5, 0.3, 0.2])
+
+
+@pytest.mark.parametrize("b_msg,combine_ns,dispatch_ns", [(1, 700.0, None), (2, 1400.0, 1000.0)])
+def test_static_task_set_2x2(b_msg, combine_ns, dispatch_ns):  # §14.8 item 4
+    topo = mesh22()
+    holders = np.eye(4, dtype=bool)
+    pi = np.arange(4)
+    agg = choose_aggregators(STATIC_SETS, holders, "first", np.random.default_rng(0))
+    assert agg.tolist() == [0, 2, 0]
+    msg = STATIC_F * 10 * 100 * b_msg
+    src, dst, size, task = layer_messages(STATIC_SETS, msg, holders, agg, pi)
+    assert src.tolist() == [1, 3, 3] and dst.tolist() == [0, 2, 0]
+    assert size.tolist() == pytest.approx([500.0 * b_msg, 300.0 * b_msg, 200.0 * b_msg])
+    assert task.tolist() == [0, 1, 2]
+    comm = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg)
+    assert comm.combine_s == pytest.approx(combine_ns * 1e-9, rel=1e-12)
+    if dispatch_ns is not None:
+        assert comm.dispatch_s == pytest.approx(dispatch_ns * 1e-9, rel=1e-12)
+    assert comm.num_messages == (3, 3)
+    assert comm.link_busy_s.shape == (2, topo.num_links)
+    # byte-hops per phase: 500 + 300 + 2 * 200 = 1200 (times b_msg), 1 byte per ns
+    assert comm.link_busy_total_s.sum() == pytest.approx(2 * 1200 * b_msg * 1e-9)
+    assert comm.total_s == comm.dispatch_s + comm.combine_s
+    only = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, phases=("combine",))
+    assert only.combine_s == comm.combine_s
+    # α–β start-up (docs/PHYSICS.md): every message ready at α = the same run shifted by α
+    shifted = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, alpha_s=1e-7)
+    assert shifted.combine_s == pytest.approx(comm.combine_s + 1e-7, rel=1e-12)
+    assert shifted.dispatch_s == pytest.approx(comm.dispatch_s + 1e-7, rel=1e-12)
+    assert np.array_equal(shifted.link_busy_s, comm.link_busy_s)
+    ready = simulate_messages(topo, src, dst, size, ready_s=np.full(3, 1e-7))
+    assert shifted.combine_s == pytest.approx(ready.makespan_s, rel=1e-12)
+    with pytest.raises(ConfigError, match="dispatch"):
+        _ = only.dispatch_s
+
+
+def test_layer_comm_equals_message_path_and_oracle():
+    rng = np.random.default_rng(11)
+    for kind in ("mesh", "torus", "fattree"):
+        topo = make_topology(kind, HW48)
+        for trial in range(4):
+            e, k, t = 16, 3, 12
+            holders = rng.random((e, 32)) < 0.08
+            holders[np.arange(e), rng.integers(0, 32, e)] = True
+            sets = np.array([rng.choice(e, k, replace=False) for _ in range(t)])
+            pi = rng.permutation(32)
+            agg = choose_aggregators(sets, holders, "uniform", rng)
+            extra = rng.integers(-1, 32, (t, 2)) if trial % 2 else None
+            msg = rng.choice([512.0, 1024.0], t)
+            chunks = 1 + trial // 2
+            tie = "ref" if trial % 2 else "fifo"
+            comm = simulate_layer_comm(topo, sets, msg, holders, pi, agg, tie_break=tie,
+                                       layer=3, extra_holders=extra, chunks=chunks,
+                                       hop_latency_s=1e-9 * trial)
+            for p, direction in enumerate(("dispatch", "combine")):
+                src, dst, size, task = layer_messages(sets, msg, holders, agg, pi, extra,
+                                                      direction=direction)
+                keys = layer_flow_keys(3, task, src, chunks)
+                kw = dict(tie_break=tie, flow_keys=keys, chunks=chunks,
+                          hop_latency_s=1e-9 * trial)
+                fast = simulate_messages(topo, src, dst, size, **kw)
+                assert comm.makespan_s[p] == fast.makespan_s
+                assert np.array_equal(comm.link_busy_s[p], fast.link_busy_s)
+                assert comm.num_messages[p] == src.size * chunks
+                assert_same(fast, simulate_messages_oracle(topo, src, dst, size, **kw))
+
+
+def test_numba_flow_hash_matches_stable_hash():
+    rng = np.random.default_rng(5)
+    for a, b, c, d in rng.integers(0, 2**31, (50, 4)):
+        assert int(linksim._flow_hash4(a, b, c, d)) == stable_hash((a, b, c, d))
+
+
+def test_aggregator_rules():
+    rng = np.random.default_rng(3)
+    holders = np.zeros((4, 4), dtype=bool)
+    holders[0, [1, 3]] = True          # expert 0 TP-split over clusters 1 and 3
+    holders[1, 2] = True
+    holders[3, 0] = True               # expert 2 has no holder
+    sets = np.tile([2, 0, 1], (400, 1))
+    first = choose_aggregators(sets, holders, "first", rng)
+    assert np.all(first == 1)          # smallest held expert 0 -> lowest holder 1
+    ref = choose_aggregators(sets, holders, "ref", rng)
+    assert set(ref.tolist()) == {1, 2}  # expert 2 is re-drawn; lowest holders only
+    uni = choose_aggregators(sets, holders, "uniform", rng)
+    assert set(uni.tolist()) == {1, 2, 3}
+    assert 0.2 < np.mean(uni == 2) < 0.8
+    with pytest.raises(ConfigError, match="token 1"):
+        choose_aggregators(np.array([[0, 1], [2, 2]]), holders, "ref", rng)
+    with pytest.raises(ConfigError, match="did you mean 'uniform'"):
+        choose_aggregators(sets, holders, "unifrom", rng)
+
+
+def test_determinism_same_seed():
+    topo = make_topology("fattree", HW48)
+    holders = np.zeros((64, 32), dtype=bool)
+    holders[np.arange(64), np.arange(64) // 2] = True
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        sets = np.array([rng.choice(64, 6, replace=False) for _ in range(32)])
+        agg = choose_aggregators(sets, holders, "uniform", rng)
+        pi = rng.permutation(32)
+        return agg, simulate_layer_comm(topo, sets, 4096.0, holders, pi, agg, layer=2)
+
+    (a1, c1), (a2, c2), (a3, _c3) = run(9), run(9), run(10)
+    assert np.array_equal(a1, a2) and c1.makespan_s == c2.makespan_s
+    assert np.array_equal(c1.link_busy_s, c2.link_busy_s)
+    assert not np.array_equal(a1, a3)
+
+
+def test_layer_validation():
+    topo = mesh22()
+    holders = np.eye(4, dtype=bool)
+    agg = np.array([0, 2, 0])
+    ok = (topo, STATIC_SETS, 100.0, holders, np.arange(4), agg)
+    with pytest.raises(ConfigError, match="phase"):
+        simulate_layer_comm(*ok, phases=("combine", "shuffle"))
+    with pytest.raises(ConfigError, match="permutation"):
+        simulate_layer_comm(topo, STATIC_SETS, 100.0, holders, [0, 0, 1, 2], agg)
+    with pytest.raises(ConfigError, match="expert ids"):
+        simulate_layer_comm(topo, STATIC_SETS + 4, 100.0, holders, np.arange(4), agg)
+    with pytest.raises(ConfigError, match="endpoints"):
+        simulate_layer_comm(make_topology("mesh", HW48), *ok[1:])
+    with pytest.raises(ConfigError, match="extra_holders"):
+        simulate_layer_comm(*ok, extra_holders=np.full((3, 1), 9))
+    with pytest.raises(ConfigError, match="agg"):
+        simulate_layer_comm(topo, STATIC_SETS, 100.0, holders, np.arange(4), [0, 1])
+    with pytest.raises(ConfigError, match="'ferr'"):
+        simulate_layer_comm(*ok, tie_break="ferr")
+
+
+def test_replica_messages_go_to_the_chosen_copy_only():
+    """2x2 mesh, expert i wholly on node i, expert 0 replicated on node 2; tokens (0, 3).
+
+    ``nearest`` puts expert 0 of both tokens on the replica (node 2 is 1 hop from the anchor,
+    node 3; the primary, node 0, is 2 hops). The replicated row is zeroed, so the aggregator is
+    expert 3's holder, node 3, and the only combine message per token is 2 -> 3 (dispatch: 3 ->
+    2); the primary node 0 sends and receives nothing.
+    """
+    from hdamoe_env.decisions.dispatch import dispatch_replicas
+
+    topo = make_topology(TopologySpec(kind="mesh"), HardwareSpec(mesh_shape=(2, 2)))
+    reps = np.zeros((4, 4), dtype=bool)
+    reps[0, 2] = True
+    sets = np.array([[0, 3], [0, 3]])
+    d = dispatch_replicas(sets, np.eye(4), reps, 1.0, rule="nearest", hops=topo.hop_counts())
+    agg = linksim.choose_aggregators(sets, d.P_layer > 0, "uniform", np.random.default_rng(0),
+                                     d.extra_holders)
+    assert agg.tolist() == [3, 3]
+    pi = np.arange(4)
+    src, dst, _, task = linksim.layer_messages(sets, 1.0, d.P_layer > 0, agg, pi,
+                                               d.extra_holders)
+    assert src.tolist() == [2, 2] and dst.tolist() == [3, 3] and task.tolist() == [0, 1]
+    src, dst, _, _ = linksim.layer_messages(sets, 1.0, d.P_layer > 0, agg, pi, d.extra_holders,
+                                            direction="dispatch")
+    assert src.tolist() == [3, 3] and dst.tolist() == [2, 2]
+    # without the replica the tokens' expert-0 messages come from the primary, node 0
+    src0, _, _, _ = linksim.layer_messages(sets, 1.0, np.eye(4) > 0, agg, pi)
+    assert src0.tolist() == [0, 0]
+
+
+# ------------------------------------------------------------------------------ aggregators
+def _naive_aggregators(sets, support, rule, rng):
+    """Loop-by-token reference of §6.2 step 2 with the same vectorised draw calls."""
+    valid = [[bool(support[e].any()) for e in row] for row in sets.tolist()]
+    if rule == "first":
+        experts = [min(e for e, ok in zip(row, v) if ok) for row, v in zip(sets.tolist(), valid)]
+    else:
+        u = rng.integers(0, np.array([sum(v) for v in valid]))
+        experts = [[e for e, ok in zip(row, v) if ok][int(x)]
+                   for row, v, x in zip(sets.tolist(), valid, u)]
+    holders = [np.flatnonzero(support[e]) for e in experts]
+    if rule == "uniform":
+        v = rng.integers(0, np.array([h.size for h in holders]))
+        return np.array([h[int(x)] for h, x in zip(holders, v)])
+    return np.array([h[0] for h in holders])
+
+
+@pytest.mark.parametrize("rule", ["uniform", "ref", "first"])
+def test_aggregators_match_naive_reference(rng, rule):
+    P = expert_parallel(1, 16, 8, rng).P[0]
+    P[3] = [0.25, 0.25, 0.5, 0, 0, 0, 0, 0]
+    sets = np.stack([rng.permutation(16)[:4] for _ in range(50)])
+    ref = _naive_aggregators(sets, P > 0, rule, np.random.default_rng(5))
+    got = choose_aggregators(sets, HolderTable.from_shares(P), rule, np.random.default_rng(5))
+    np.testing.assert_array_equal(ref, got)
+    np.testing.assert_array_equal(
+        got, choose_aggregators(sets, P > 0, rule, np.random.default_rng(5)))
+    zero = P.copy()
+    zero[[1, 2]] = 0.0                                   # broadcast rows zeroed
+    ok = ~np.isin(sets, [1, 2]).all(axis=1)
+    ref = _naive_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5))
+    got = choose_aggregators(sets[ok], HolderTable.from_shares(zero), rule,
+                             np.random.default_rng(5))
+    np.testing.assert_array_equal(ref, got)
+    np.testing.assert_array_equal(
+        got, choose_aggregators(sets[ok], zero > 0, rule, np.random.default_rng(5)))
+
+
+def test_aggregators_for_holderless_tokens():
+    P = np.array([[0.0, 0.0], [0.0, 1.0]])
+    sets = np.array([[0, 0], [0, 1]])
+    extra = np.array([[1, -1], [-1, -1]])
+    agg = choose_aggregators(sets, HolderTable.from_shares(P), "uniform",
+                             np.random.default_rng(0), extra)
+    assert agg.tolist() == [1, 1]
+    assert choose_aggregators(sets, P > 0, "uniform", np.random.default_rng(0),
+                              extra).tolist() == [1, 1]
+    with pytest.raises(ConfigError, match="holder"):
+        choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
