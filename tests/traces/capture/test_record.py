@@ -16,36 +16,10 @@ transformers = pytest.importorskip(
 
 import traces  # noqa: E402
 from traces.capture import record
-from traces.capture.tiny_model import ByteTokenizer, TinyModelSpec, tiny_config  # noqa: E402
+from tests.traces.capture.random_model import PROMPTS  # noqa: E402
+from traces.capture.tiny_model import ByteTokenizer  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-def _random_model(layers: int = 3, seed: int = 0):
-    spec = TinyModelSpec(hidden_size=32, intermediate_size=48, num_layers=layers, num_heads=2,
-                         num_kv_heads=1, max_positions=256)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.MixtralForCausalLM(tiny_config(spec))
-        gen = torch.Generator().manual_seed(seed)
-        for module in model.modules():   # spread the router scores: no near-ties
-            if type(module).__name__ == "MixtralTopKRouter":
-                module.weight.data = torch.randn(module.weight.shape, generator=gen)
-    model.eval()
-    return model
-
-
-@pytest.fixture(scope="module")
-def model():
-    return _random_model()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return ByteTokenizer()
-
-
-PROMPTS = ["def add(a, b):\n    return a + b\n", "import os\nprint(os.getcwd())"]
 
 
 @pytest.fixture(scope="module")
