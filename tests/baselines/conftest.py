@@ -42,3 +42,18 @@ def random_trace(num_layers: int, num_experts: int, top_k: int, tokens: int, see
 @pytest.fixture
 def make_trace():
     return random_trace
+
+
+@pytest.fixture
+def cfg(nb_model):
+    """The pipeline configuration of the tiny model on a 2x2 mesh (local-search Link Balance)."""
+    from baselines.pipeline_config import PlaceConfig
+
+    return PlaceConfig.create(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
+                              lb_method="local", bo_calls=6, time_limit_s=10, seed=5)
+
+
+@pytest.fixture
+def trace(make_trace):
+    """A 300-row skewed trace of the tiny model."""
+    return make_trace(2, 4, 2, 300, seed=1)

@@ -14,20 +14,8 @@ pytest.importorskip("pulp")
 
 from baselines.store import PLACEMENT_ARTIFACTS, PlacementStore, StoreConfig
 from baselines.pipeline import run_pipeline
-from baselines.pipeline_config import PlaceConfig
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.sim.placement import Placement
-
-
-@pytest.fixture
-def cfg(nb_model):
-    return PlaceConfig.create(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
-                       lb_method="local", bo_calls=6, time_limit_s=10, seed=5)
-
-
-@pytest.fixture
-def trace(make_trace):
-    return make_trace(2, 4, 2, 300, seed=1)
 
 
 def test_pipeline_artifacts(cfg, trace, tmp_path):

@@ -10,12 +10,6 @@ from baselines.pipeline_config import PlaceConfig, parse_layers
 from hdamoe_env.config.errors import ConfigError
 
 
-@pytest.fixture
-def cfg(nb_model):
-    return PlaceConfig.create(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
-                       lb_method="local", bo_calls=6, time_limit_s=10, seed=5)
-
-
 def test_parse_layers():
     assert parse_layers("0-3", 26) == (0, 1, 2, 3)
     assert parse_layers("0,2,5", 26) == (0, 2, 5)
@@ -27,7 +21,6 @@ def test_parse_layers():
 
 
 def test_place_config_accepts_profile_objects():  # paper-model.md §4 (derived profiles)
-    from baselines.pipeline_config import PlaceConfig
     from hdamoe_env.config.profiles import PROFILES, get_profile
 
     by_name = PlaceConfig.create(model="mixtral-8x7b", conventions="paper")
