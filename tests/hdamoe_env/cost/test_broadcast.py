@@ -14,27 +14,15 @@ import pytest
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.profiles import get_profile
-from hdamoe_env.config.specs import MODEL_PRESETS, get_model, hardware_from_setting
+from hdamoe_env.config.specs import get_model, hardware_from_setting
 from hdamoe_env.cost import broadcast as prebroadcast
 from hdamoe_env.cost.broadcast import broadcast_plan, broadcast_slots
+from tests.hdamoe_env.cost.check_values import MODELS, SETTINGS, US, close
 
 DEEPSEEK = get_model("deepseek-v2-lite")
 PAPER = get_profile("paper")
 FAITHFUL = get_profile("faithful")
-US = 1e6
-MODELS = {
-    "deepseek": MODEL_PRESETS["deepseek-v2-lite"],
-    "mixtral": MODEL_PRESETS["mixtral-8x7b"],
-    "qwen2": MODEL_PRESETS["qwen2-57b-a14b"],
-    "qwen35": MODEL_PRESETS["qwen3.5-35b-a3b"],
-}
-SETTINGS = ("2.5/75", "5/50", "10/25")
 ALPHA = 100e-9
-
-
-def close(x: float, value: float, digits: int = 2) -> bool:
-    """Whether ``x`` rounds to ``value`` at ``digits`` decimals (tie-tolerant)."""
-    return abs(x - value) <= 0.5 * 10.0**-digits + 1e-9
 
 
 # ------------------------------------------------------------------------------ §10.3–10.4, §14.7

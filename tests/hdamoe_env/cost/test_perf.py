@@ -16,30 +16,10 @@ import pytest
 from hdamoe_env.cost import nonmoe
 from hdamoe_env.cost import perf
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.config.profiles import PROFILES
-from hdamoe_env.config.specs import MODEL_PRESETS, ModelSpec, hardware_from_setting
+from hdamoe_env.config.specs import ModelSpec, hardware_from_setting
+from tests.hdamoe_env.cost.check_values import (FAITHFUL, FAITHFUL_V1, MODELS, PAPER, PAPER_HD,
+                                                   SETTINGS, US, close)
 
-US = 1e6
-MODELS = {
-    "deepseek": MODEL_PRESETS["deepseek-v2-lite"],
-    "mixtral": MODEL_PRESETS["mixtral-8x7b"],
-    "qwen2": MODEL_PRESETS["qwen2-57b-a14b"],
-    "qwen35": MODEL_PRESETS["qwen3.5-35b-a3b"],
-}
-PAPER = PROFILES["paper"]
-PAPER_HD = PROFILES["paper-hd"]
-FAITHFUL = PROFILES["faithful"]
-# faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums):
-# the profile the faithful check values of paper-model.md §14 are stated for
-FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
-                               tile_cols=1, gemm_overhead_s=0.0, tp_allreduce="ring",
-                               nonmoe_allreduce=False)
-SETTINGS = ("2.5/75", "5/50", "10/25")
-
-
-def close(x: float, value: float, digits: int = 2) -> bool:
-    """Whether ``x`` rounds to ``value`` at ``digits`` decimals (tie-tolerant)."""
-    return abs(x - value) <= 0.5 * 10.0**-digits + 1e-9
 
 
 def tp_placement(model: ModelSpec, num_nodes: int) -> np.ndarray:
