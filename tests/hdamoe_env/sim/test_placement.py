@@ -12,6 +12,7 @@ from hdamoe_env.config.profiles import PROFILES
 from hdamoe_env.config.specs import HardwareSpec, get_model
 from hdamoe_env.sim.placement import (Placement, check_memory, expert_parallel,
                                       import_reference_layers, node_weight_bytes, tensor_parallel)
+from tests.hdamoe_env.sim.sample_placements import deepseek_ep_placement
 
 
 def test_tp_rows_and_shape():
@@ -149,28 +150,18 @@ def test_snap_shares_largest_remainder_hand_cases():
         snap_shares(P, 0.0)
 
 
-def _deepseek_layer_placement(row):
-    model = get_model("deepseek")
-    P = np.zeros((model.num_moe_layers, model.num_experts, 32))
-    P[:, :, :] = 0.0
-    P[:, np.arange(64), np.arange(64) // 2] = 1.0                  # EP: 2 whole experts a node
-    if row is not None:
-        P[3, 17] = row
-    return Placement(P=P, pi=np.tile(np.arange(32), (model.num_moe_layers, 1)))
-
-
 def test_placement_refuses_a_sliver_share():
     """53 of 1408 columns (0.0376) is not a whole tile of 64 columns: refused under faithful."""
     from hdamoe_env.sim.placement import check_tile_grid
 
     row = np.zeros(32)
     row[5], row[6] = 53 / 1408, 1355 / 1408
-    p = _deepseek_layer_placement(row)
+    p = deepseek_ep_placement(row)
     p.validate()                                                   # shape-only checks pass
     p.validate(get_model("deepseek"), None, PROFILES["paper"])     # 1/1408 grid: 53 columns
     sliver = np.zeros(32)
     sliver[5], sliver[6] = 0.0380001, 0.9619999                   # paper*: continuous, no check
-    _deepseek_layer_placement(sliver).validate(get_model("deepseek"), None, PROFILES["paper"])
+    deepseek_ep_placement(sliver).validate(get_model("deepseek"), None, PROFILES["paper"])
     with pytest.raises(ConfigError, match=r"P\[3, 17, 5\] = 0\.0376 is not a multiple of the "
                                           r"tile unit 1/22 = 0\.0455 \(64 of 1408 columns\)"):
         p.validate(get_model("deepseek"), None, PROFILES["faithful"])
@@ -187,13 +178,13 @@ def test_tile_grid_accepts_tp_ep_and_on_grid_shards():
                     model, conv)
     row = np.zeros(32)
     row[5], row[6] = 7 / 22, 15 / 22
-    check_tile_grid(_deepseek_layer_placement(row), model, conv)
+    check_tile_grid(deepseek_ep_placement(row), model, conv)
     # a nearly uniform row is not TP: 1/32 everywhere except two nodes is refused
     row = np.full(32, 1 / 32)
     row[0], row[1] = 1 / 32 + 0.01, 1 / 32 - 0.01
     with pytest.raises(ConfigError, match=r"P\[3, 17, 0\]"):
-        check_tile_grid(_deepseek_layer_placement(row), model, conv)
-    check_tile_grid(_deepseek_layer_placement(snap_shares(row, 1 / 22)), model, conv)
+        check_tile_grid(deepseek_ep_placement(row), model, conv)
+    check_tile_grid(deepseek_ep_placement(snap_shares(row, 1 / 22)), model, conv)
 
 
 def _replicated():

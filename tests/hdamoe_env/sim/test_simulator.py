@@ -5,10 +5,11 @@ import pytest
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.profiles import get_profile
-from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
+from hdamoe_env.config.specs import HardwareSpec, ModelSpec, hardware_from_setting
 from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping, tensor_parallel
 from hdamoe_env.sim.simulator import MoESimulator, evaluate_sampled, evaluate_static
 from traces import synthetic
+from tests.hdamoe_env.sim.sample_placements import deepseek_ep_placement
 
 US = 1e6
 
@@ -294,22 +295,12 @@ def test_decision_evaluator_composes_broadcast_and_replicas(tiny_model, tiny_hw)
     assert out.result.t_comp_s == manual.t_comp_s
 
 
-def _deepseek_layer_placement(row):
-    model = get_model("deepseek")
-    P = np.zeros((model.num_moe_layers, model.num_experts, 32))
-    P[:, :, :] = 0.0
-    P[:, np.arange(64), np.arange(64) // 2] = 1.0                  # EP: 2 whole experts a node
-    if row is not None:
-        P[3, 17] = row
-    return Placement(P=P, pi=np.tile(np.arange(32), (model.num_moe_layers, 1)))
-
-
 def test_simulator_check_placement_enforces_the_grid():
     from hdamoe_env.sim.simulator import MoESimulator
 
     row = np.zeros(32)
     row[5], row[6] = 53 / 1408, 1355 / 1408
-    p = _deepseek_layer_placement(row)
+    p = deepseek_ep_placement(row)
     hw = HardwareSpec(mesh_shape=(4, 8))
     with pytest.raises(ConfigError, match="tile unit 1/22"):
         MoESimulator("deepseek", hw, conventions="faithful").check_placement(p)
