@@ -113,7 +113,8 @@ def _parse_requests(text: str) -> int:
         value = int(str(text).strip())
     except ValueError:
         raise ConfigError(f"requests {text!r} is not an integer; expected e.g. 32") from None
-    return check_trace_requests(value) or 0
+    check_trace_requests(value)
+    return value
 
 
 #: Every option of a run, in the order commands list them. Defaults and help live here only.
