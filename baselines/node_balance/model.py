@@ -126,7 +126,8 @@ def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: Hardwar
     B = float(batch)
     active = perf.expected_active(f, B)
     alpha = B * perf.expert_flops(model, conv) / hw.compute_flops * 1e6
-    beta = perf.expert_bytes(model, conv) / hw.mem_bw_Bps * 1e6 if conv.weight_streaming else 0.0
+    beta = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv) * 1e6
+            if conv.weight_streaming else 0.0)
     kappa = conv.kappa_a * gamma * B * model.hidden_size / bw_end_Bps * 1e6
     cap = float(perf.tp_ratio_cap(model, hw, conv, D, B, bw_end_Bps))
     if D * cap < f.sum() - 1e-9:

@@ -54,7 +54,9 @@ class Conventions:
     b_psum: int = 4                   # bytes per partial-sum element (fp32 sums, PHYSICS.md)
     weight_streaming: bool = True     # per-node roofline over active shards (Q7)
     nonmoe: str = "arch"              # "arch" §5.3.4, "journal" §5.3.1, "generic" §5.3.2
-    nonmoe_ctx_len: int = 1024        # L_ctx (arch) / L_dec (journal) / L_kv (generic)
+    nonmoe_ctx_len: int = 1226        # L_ctx (arch) / L_dec (journal) / L_kv (generic): mean
+                                      # decode-step context of the Azure 2023 conversation
+                                      # trace (cost/context.py, docs/PHYSICS.md)
     dense_layers: bool = True         # include DeepSeek's dense layer 0 as a non-MoE layer
     include_lm_head: bool = False
     nonmoe_allreduce: bool = True     # attention/shared experts split over D: one all-reduce
@@ -86,6 +88,11 @@ class Conventions:
     tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
     tile_cols: int = 64               # GEMM columns padded to a multiple; shares on a tile_cols/I grid
     gemm_overhead_s: float = 100e-9   # fixed time per GEMM (array fill/drain)
+    col_granularity: int = 8          # MAC-array column granularity: GEMM columns pad to
+                                      # min(col_granularity, tile_cols) (docs/PHYSICS.md §4)
+    # partial sums and DRAM (docs/PHYSICS.md)
+    psum_combine: bool = True         # combine messages of partial-shard holders at b_psum
+    dram_efficiency: float = 0.85     # sustained streaming-read share of peak DRAM bandwidth
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -96,7 +103,7 @@ class Conventions:
         if self.expert_matrices not in (1, 2, 3):
             raise ConfigError(f"expert_matrices must be 1, 2 or 3, got {self.expert_matrices}")
         for knob in ("b_w", "b_msg", "b_psum", "chunks", "nonmoe_ctx_len", "gamma_points",
-                     "tile_tokens", "tile_cols"):
+                     "tile_tokens", "tile_cols", "col_granularity"):
             if getattr(self, knob) < 1:
                 raise ConfigError(f"Conventions.{knob} must be >= 1, got {getattr(self, knob)}")
         if not self.kappa_a > 0 or not self.tp_const > 0:
@@ -108,12 +115,26 @@ class Conventions:
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"Conventions.{knob} must be a finite number >= 0 (seconds), "
                                   f"got {value!r}")
+        eff = self.dram_efficiency
+        if not (isinstance(eff, int | float) and math.isfinite(eff) and 0 < eff <= 1):
+            raise ConfigError(f"Conventions.dram_efficiency must be in (0, 1], got {eff!r}")
         object.__setattr__(self, "gamma_paper_batches", tuple(self.gamma_paper_batches))
+
+    @property
+    def col_pad(self) -> int:
+        """Columns a GEMM pads to: min(``col_granularity``, ``tile_cols``) (docs/PHYSICS.md §4).
+
+        [decision] A share grid (``tile_cols``) finer than the MAC array's column granularity
+        would waste columns on every shard; the array is taken to split at least as finely as
+        the placement grid, so ``tile_cols`` = 1 (the old "no column padding" spelling) still
+        means no column padding.
+        """
+        return min(self.col_granularity, self.tile_cols)
 
     @property
     def tiled(self) -> bool:
         """Whether the expert GEMMs follow the tile model (else the fluid model of §5.2)."""
-        return self.tile_tokens > 1 or self.tile_cols > 1 or self.gemm_overhead_s > 0
+        return self.tile_tokens > 1 or self.col_pad > 1 or self.gemm_overhead_s > 0
 
     @property
     def broadcast_alpha_s(self) -> float:
@@ -168,7 +189,8 @@ _PAPER = Conventions(
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
     bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
-    gemm_overhead_s=0.0, nonmoe_allreduce=False,
+    gemm_overhead_s=0.0, nonmoe_allreduce=False, col_granularity=1, psum_combine=False,
+    dram_efficiency=1.0,
 )
 
 PROFILES: dict[str, Conventions] = {

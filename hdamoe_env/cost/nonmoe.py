@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from hdamoe_env.noc import collectives
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.cost.perf import tp_allreduce_time
+from hdamoe_env.cost.perf import effective_mem_bw, tp_allreduce_time
 from hdamoe_env.cost.units import FloatArray, FloatOrArray, as_output, check_tokens
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
@@ -259,7 +259,7 @@ def nonmoe_time(
         roofline = _arch_roofline(conv)
     nodes = hw.num_nodes
     compute = flops / (nodes * hw.compute_flops)
-    memory = nbytes / (nodes * hw.mem_bw_Bps)
+    memory = nbytes / (nodes * effective_mem_bw(hw, conv))
     comm = np.asarray(nonmoe_allreduce_time(model, hw, conv, batch, bw_end_Bps, topology),
                       np.float64)
     return _combine(np.asarray(compute), np.asarray(memory), comm, roofline)
@@ -302,7 +302,7 @@ def dense_layer_time(
                       np.float64)
     return _combine(
         flops / (nodes * hw.compute_flops),
-        nbytes / (nodes * hw.mem_bw_Bps),
+        nbytes / (nodes * effective_mem_bw(hw, conv)),
         comm,
         _arch_roofline(conv),
     )
@@ -333,7 +333,8 @@ def lm_head_time(
     weights = float(model.vocab_size) * model.hidden_size
     nodes = hw.num_nodes
     compute = 2.0 * batch * weights / (nodes * hw.compute_flops)
-    memory = np.broadcast_to(conv.b_w * weights / (nodes * hw.mem_bw_Bps), batch.shape)
+    memory = np.broadcast_to(conv.b_w * weights / (nodes * effective_mem_bw(hw, conv)),
+                             batch.shape)
     return _combine(
         compute, np.asarray(memory, np.float64), np.zeros_like(batch), _arch_roofline(conv)
     )

@@ -36,6 +36,7 @@ from hdamoe_env.cost.units import (FloatArray, FloatOrArray, as_output, check_to
 __all__ = [
     "analytic_comm_sampled",
     "analytic_comm_static",
+    "effective_mem_bw",
     "expected_active",
     "expert_bytes",
     "expert_compute_times",
@@ -92,20 +93,40 @@ def expert_bytes(model: ModelSpec, conv: Conventions) -> float:
     return float(conv.expert_matrices * model.hidden_size * model.expert_intermediate * conv.b_w)
 
 
+def effective_mem_bw(hw: HardwareSpec, conv: Conventions) -> float:
+    """Return the sustained DRAM streaming bandwidth per node, BW_mem·η (docs/PHYSICS.md §5).
+
+    η = ``conv.dram_efficiency``: ``faithful`` 0.85 (row-buffer misses, refresh and bank
+    conflicts of sequential weight streaming), ``paper*`` 1 (the ideal roofline).
+
+    Args:
+        hw: The hardware (peak ``mem_bw_gbps``).
+        conv: The conventions (``dram_efficiency``).
+
+    Returns:
+        Bytes per second.
+    """
+    return hw.mem_bw_Bps * conv.dram_efficiency
+
+
 def tile_columns(P: ArrayLike, model: ModelSpec, conv: Conventions) -> FloatArray:
-    """Return the padded GEMM columns of every shard, ceil(P_ic·I / T_col)·T_col (PHYSICS.md).
+    """Return the padded GEMM columns of every shard, ceil(P_ic·I / T_c)·T_c (PHYSICS.md §4).
+
+    T_c = ``conv.col_pad`` = min(``col_granularity``, ``tile_cols``): the MAC array's column
+    granularity; ``tile_cols`` itself is the share grid of placements.
 
     Args:
         P: Placement shares P_ic, shape [..., E, D].
         model: The model (I).
-        conv: The conventions (``tile_cols``).
+        conv: The conventions (``col_granularity``, ``tile_cols``).
 
     Returns:
         Columns per shard, shape of ``P`` (0 where P_ic = 0).
     """
-    cols = np.asarray(P, dtype=np.float64) * model.expert_intermediate / conv.tile_cols
+    pad = conv.col_pad
+    cols = np.asarray(P, dtype=np.float64) * model.expert_intermediate / pad
     # 1e-9 absorbs the rounding of P·I (1/32 · 1408 is 44 exactly, 1/3 · 1407 may not be 469)
-    return np.ceil(np.maximum(cols - 1e-9, 0.0)) * conv.tile_cols
+    return np.ceil(np.maximum(cols - 1e-9, 0.0)) * pad
 
 
 def gemm_tile_time(tokens: ArrayLike, columns: ArrayLike, model: ModelSpec, hw: HardwareSpec,
@@ -113,7 +134,8 @@ def gemm_tile_time(tokens: ArrayLike, columns: ArrayLike, model: ModelSpec, hw: 
     """Return the time of the m GEMMs of one expert shard under the tile model (PHYSICS.md).
 
     Each of the m = ``expert_matrices`` GEMMs of shape (t tokens, c columns) costs
-    ceil(t/T_tok)·T_tok × ceil(c/T_col)·T_col × h × 2 FLOP at peak C plus a fixed overhead o;
+    ceil(t/T_tok)·T_tok × ceil(c/T_c)·T_c × h × 2 FLOP at peak C plus a fixed overhead o
+    (T_c = ``conv.col_pad``);
     a shard with no tokens or no columns costs nothing.
 
     Args:
@@ -121,7 +143,7 @@ def gemm_tile_time(tokens: ArrayLike, columns: ArrayLike, model: ModelSpec, hw: 
         columns: Columns c = P_ic·I of the shard (broadcastable against ``tokens``).
         model: The model (h).
         hw: The hardware (C).
-        conv: The conventions (m, ``tile_tokens``, ``tile_cols``, ``gemm_overhead_s``).
+        conv: The conventions (m, ``tile_tokens``, ``col_pad``, ``gemm_overhead_s``).
 
     Returns:
         Seconds, shape of ``tokens`` broadcast against ``columns``.
@@ -129,7 +151,7 @@ def gemm_tile_time(tokens: ArrayLike, columns: ArrayLike, model: ModelSpec, hw: 
     t = np.asarray(tokens, dtype=np.float64)
     c = np.asarray(columns, dtype=np.float64)
     rows = np.ceil(np.maximum(t / conv.tile_tokens - 1e-9, 0.0)) * conv.tile_tokens
-    cols = np.ceil(np.maximum(c / conv.tile_cols - 1e-9, 0.0)) * conv.tile_cols
+    cols = np.ceil(np.maximum(c / conv.col_pad - 1e-9, 0.0)) * conv.col_pad
     runs = (t > 0) & (c > 0)
     per_gemm = rows * cols * (2.0 * model.hidden_size / hw.compute_flops) + conv.gemm_overhead_s
     return as_output(np.where(runs, conv.expert_matrices * per_gemm, 0.0))
@@ -139,7 +161,7 @@ def tiled_node_compute(P: ArrayLike, tokens: ArrayLike, active: ArrayLike, model
                        hw: HardwareSpec, conv: Conventions) -> FloatArray:
     """Return the per-node expert compute time under the tile model (PHYSICS.md).
 
-    compute_c = Σ_i m·[ceil(n_i/T_tok)·T_tok · ceil(P_ic·I/T_col)·T_col · 2h/C + a_i·o]
+    compute_c = Σ_i m·[ceil(n_i/T_tok)·T_tok · ceil(P_ic·I/T_c)·T_c · 2h/C + a_i·o]
     over the shards c holds (P_ic > 0). With tiles of 1 and o = 0 this is Eq. 1 up to the
     rounding of n_i and P_ic·I to integers; callers use the fluid form then (``conv.tiled``).
 
@@ -194,7 +216,7 @@ def expert_compute_times(
 
     compute_c = Σ_i P_ic · n_i · F_e / C (paper Eq. 1 for one node), or with ``conv.tiled``
     (``faithful``) the tile model ``tiled_node_compute`` (PHYSICS.md);
-    stream_c  = Σ_i P_ic · a_i · W_e / BW_mem when ``conv.weight_streaming`` (``faithful``),
+    stream_c  = Σ_i P_ic · a_i · W_e / (BW_mem·η) when ``conv.weight_streaming`` (``faithful``),
     else zero (``paper*``: the weights sit in the placement-independent memory term, Q7).
 
     The static (expected) form passes n_i = f_i·B and a_i = ``expected_active(f, B)``; the
@@ -245,7 +267,7 @@ def expert_compute_times(
         return compute, np.zeros_like(compute)
     # §5.2 faithful: a node streams the weights of every shard it holds whose expert is active.
     stream = np.einsum("...ed,...e->...d", shares, act) * (
-        expert_bytes(model, conv) / hw.mem_bw_Bps
+        expert_bytes(model, conv) / effective_mem_bw(hw, conv)
     )
     return compute, stream
 

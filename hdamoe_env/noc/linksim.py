@@ -123,7 +123,8 @@ def _flow_hash4(a: int, b: int, c: int, d: int) -> np.uint64:
 def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     token_sets: NDArray[np.int64], holder_mask: NDArray[np.bool_],
     extra: NDArray[np.int64], agg: NDArray[np.int64], pi: NDArray[np.int64],
-    msg_bytes: NDArray[np.float64], chunks: int, layer: int,
+    msg_bytes: NDArray[np.float64], partial_mask: NDArray[np.bool_],
+    combine_bytes: NDArray[np.float64], chunks: int, layer: int,
     pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
     route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
     route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
@@ -135,8 +136,14 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     Messages are ordered by token, then ascending source cluster, then chunk index — the order of
     ``layer_messages`` expanded as in ``simulate_messages``. Returns False, without simulating,
     when the inputs fail ``_layer_inputs_ok`` (checking here saves a second compiled call).
+    A combine message from a cluster that holds a partial shard of any expert of its token
+    (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
+        return False
+    has_partial = partial_mask.shape[0] > 0
+    if has_partial and (partial_mask.shape != holder_mask.shape
+                        or combine_bytes.shape[0] != token_sets.shape[0]):
         return False
     num_tokens, top_k = token_sets.shape
     num_experts, num_clusters = holder_mask.shape
@@ -149,17 +156,29 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
         for c in range(num_clusters):
             if holder_mask[e, c]:
                 hbits[e, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+    pbits = np.zeros((num_experts if has_partial else 0, words), dtype=np.uint64)
+    if has_partial:
+        for e in range(num_experts):
+            for c in range(num_clusters):
+                if partial_mask[e, c]:
+                    pbits[e, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
     touch = np.empty(words, dtype=np.uint64)
+    ptouch = np.zeros(words, dtype=np.uint64)
     # (token, source cluster) pairs, token-major, ascending cluster
     pair_tok = np.empty(num_tokens * num_clusters, dtype=np.int64)
     pair_cl = np.empty(num_tokens * num_clusters, dtype=np.int64)
+    pair_psum = np.zeros(num_tokens * num_clusters, dtype=np.bool_)
     npairs = 0
     for t in range(num_tokens):
         touch[:] = 0
+        ptouch[:] = 0
         for j in range(top_k):
             e = token_sets[t, j]
             for w in range(words):
                 touch[w] |= hbits[e, w]
+            if has_partial:
+                for w in range(words):
+                    ptouch[w] |= pbits[e, w]
         for j in range(extra.shape[1]):
             c = extra[t, j]
             if c >= 0:
@@ -170,12 +189,15 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
             x = touch[w]
             while x:
                 pair_tok[npairs] = t
-                pair_cl[npairs] = (w << 6) + np.int64(count_trailing_zeros(x))
+                bit = np.int64(count_trailing_zeros(x))
+                pair_cl[npairs] = (w << 6) + bit
+                pair_psum[npairs] = (ptouch[w] >> np.uint64(bit)) & np.uint64(1) != 0
                 npairs += 1
                 x &= x - np.uint64(1)
     # sizes, ready times and endpoints are the same in every phase: build them once
     num_msg = npairs * chunks
     msg_size = np.empty(num_msg)
+    comb_size = np.empty(num_msg)
     msg_ready = np.zeros(num_msg)
     holder_ep = np.empty(npairs, dtype=np.int64)
     agg_ep = np.empty(npairs, dtype=np.int64)
@@ -184,8 +206,10 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
         holder_ep[i] = pi[pair_cl[i]]
         agg_ep[i] = pi[agg[t]]
         size = msg_bytes[t] / chunks
+        csize = combine_bytes[t] / chunks if pair_psum[i] else size
         for ch in range(chunks):
             msg_size[i * chunks + ch] = size
+            comb_size[i * chunks + ch] = csize
     pos = np.empty(num_msg, dtype=np.int64)
     stop = np.empty(num_msg, dtype=np.int64)
     msg_rank = np.zeros(num_msg, dtype=np.int64)
@@ -212,8 +236,9 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                 if tie_ref:
                     msg_rank[m] = route_rank[r]
                 m += 1
-        makespan_out[p] = des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
-                                   link_bw, hop_latency, tie_ref, busy_out[p], finish)
+        makespan_out[p] = des_core(pos, stop, comb_size if combine else msg_size, msg_ready,
+                                   msg_rank, route_links, link_bw, hop_latency, tie_ref,
+                                   busy_out[p], finish)
         count_out[p] = num_msg
     return True
 
@@ -505,8 +530,10 @@ def _phase_codes(phase_names: tuple[str, ...]) -> NDArray[np.int64]:
 
 def layer_messages(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: ArrayLike,
                    agg: ArrayLike, pi: ArrayLike, extra_holders: ArrayLike | None = None, *,
-                   direction: str = "combine") -> tuple[NDArray[np.int64], NDArray[np.int64],
-                                                        NDArray[np.float64], NDArray[np.int64]]:
+                   direction: str = "combine", partial_mask: ArrayLike | None = None,
+                   combine_bytes: ArrayLike | None = None,
+                   ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64],
+                              NDArray[np.int64]]:
     """Build the messages of one layer (§6.2), vectorised.
 
     Combine: for every token t the distinct clusters holding (a shard of) any expert of its set,
@@ -525,6 +552,9 @@ def layer_messages(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: Arr
         extra_holders: Optional int array [T, x] of further source clusters per token, -1 = none
             (e.g. pre-broadcast replicas or a dispatch node).
         direction: ``"combine"`` or ``"dispatch"``.
+        partial_mask: Optional bool [E, D] partial-shard holders (``simulate_layer_comm``):
+            their combine messages carry ``combine_bytes[t]`` bytes.
+        combine_bytes: Float array [T] (or a scalar), with ``partial_mask``.
 
     Returns:
         ``(src_ep, dst_ep, size_bytes, task_id)``, each of shape [M]; ``task_id`` is the token
@@ -546,7 +576,11 @@ def layer_messages(token_sets: ArrayLike, msg_bytes: ArrayLike, holder_mask: Arr
     agg_ep = p[ag[task]]
     task = task.astype(np.int64)
     if direction == "combine":
-        return holder_ep, agg_ep, size[task], task
+        pm, cb = _as_partial(partial_mask, combine_bytes, (ts, size, hm, ag, p, ex))
+        if pm.shape[0] == 0:
+            return holder_ep, agg_ep, size[task], task
+        partial = pm[ts].any(axis=1)[task, cluster]
+        return holder_ep, agg_ep, np.where(partial, cb[task], size[task]), task
     return agg_ep, holder_ep, size[task], task
 
 
@@ -571,7 +605,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                         phases: Sequence[str] = PHASES, tie_break: str = "fifo",
                         hop_latency_s: float = 0.0, layer: int = 0,
                         extra_holders: ArrayLike | None = None, chunks: int = 1,
-                        alpha_s: float = 0.0) -> LayerComm:
+                        alpha_s: float = 0.0, partial_mask: ArrayLike | None = None,
+                        combine_bytes: ArrayLike | None = None) -> LayerComm:
     """Simulate the MoE communication of one layer: message generation plus one DES per phase.
 
     The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
@@ -595,6 +630,11 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
             can enter the network α after it is ready. All messages of a phase are ready at
             t = 0, so the DES is the same run shifted by α: a phase's makespan grows by α
             when any message leaves its node, busy times are unchanged.
+        partial_mask: Optional bool array [E, D]: cluster c holds a partial shard of expert i
+            (0 < P_ic < 1). A combine message from such a cluster for a token with expert i
+            carries partial sums of ``combine_bytes[t]`` bytes (``psum_combine``,
+            docs/PHYSICS.md); all other messages keep ``msg_bytes[t]``. Needs ``combine_bytes``.
+        combine_bytes: Float array [T] (or a scalar) of partial-sum combine message sizes.
 
     Returns:
         Makespan, per-link busy time and message count per phase.
@@ -612,13 +652,15 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     busy = np.zeros((codes.size, topology.num_links))
     makespan = np.zeros(codes.size)
     counts = np.zeros(codes.size, dtype=np.int64)
-    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts)
     arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
+    psum = _as_partial(partial_mask, combine_bytes, arrays)
+    args = (psum, chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts)
     if arrays is None or not _run_layer_kernel(arrays, *args):
         # the slow path converts everything and raises the detailed ConfigError
         arrays = _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders,
                                   topology.num_endpoints)
-        if not _run_layer_kernel(arrays, *args):
+        psum = _as_partial(partial_mask, combine_bytes, arrays)
+        if not _run_layer_kernel(arrays, psum, *args[1:]):
             raise ConfigError("layer inputs failed validation")  # not reached: see above
     alpha = check_scalar("alpha_s", alpha_s)
     if alpha > 0:
@@ -626,14 +668,49 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
 
 
-def _run_layer_kernel(arrays: tuple[NDArray[Any], ...], chunks: int, layer: int,
-                      topology: Topology, hop: float, tie_ref: bool, codes: NDArray[np.int64],
-                      busy: NDArray[np.float64], makespan: NDArray[np.float64],
-                      counts: NDArray[np.int64]) -> bool:
+def _as_partial(partial_mask: ArrayLike | None, combine_bytes: ArrayLike | None,
+                arrays: tuple[NDArray[Any], ...] | None
+                ) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
+    """Return the kernel's (partial mask, combine sizes); a [0, D] mask when there is none.
+
+    Raises:
+        ConfigError: Only one of the two is given, or their shapes or values are invalid.
+    """
+    if partial_mask is None and combine_bytes is None:
+        return _NO_PARTIAL, _NO_SIZES
+    if partial_mask is None or combine_bytes is None:
+        raise ConfigError("partial_mask and combine_bytes must be given together")
+    pm = np.ascontiguousarray(partial_mask, dtype=np.bool_)
+    cb = np.asarray(combine_bytes, dtype=np.float64)
+    if arrays is None:  # the slow path will convert and check the other inputs first
+        return pm, np.atleast_1d(cb)
+    num_tokens = arrays[0].shape[0]
+    if cb.ndim == 0:
+        cb = np.full(num_tokens, float(cb))
+    if pm.shape != arrays[2].shape:
+        raise ConfigError(f"partial_mask must have the holder mask's shape {arrays[2].shape}, "
+                          f"got {pm.shape}")
+    if cb.shape != (num_tokens,) or (cb.size and not (np.isfinite(cb).all()
+                                                      and cb.min() >= 0)):
+        raise ConfigError(f"combine_bytes must be finite, >= 0 and of shape [T={num_tokens}], "
+                          f"got shape {cb.shape}")
+    return pm, np.ascontiguousarray(cb)
+
+
+_NO_PARTIAL = np.zeros((0, 1), dtype=np.bool_)
+_NO_SIZES = np.zeros(0, dtype=np.float64)
+
+
+def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
+                      psum: tuple[NDArray[np.bool_], NDArray[np.float64]], chunks: int,
+                      layer: int, topology: Topology, hop: float, tie_ref: bool,
+                      codes: NDArray[np.int64], busy: NDArray[np.float64],
+                      makespan: NDArray[np.float64], counts: NDArray[np.int64]) -> bool:
     """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
     ts, size, hm, ag, p, ex = arrays
     check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
-    return _layer_kernel(ts, hm, ex, ag, p, size, chunks, layer, topology.pair_route_ptr,
+    return _layer_kernel(ts, hm, ex, ag, p, size, psum[0], psum[1], chunks, layer,
+                         topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
                          busy, makespan, counts)

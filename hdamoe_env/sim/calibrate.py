@@ -27,6 +27,7 @@ from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.cost import perf
 from hdamoe_env.noc import linksim
+from hdamoe_env.sim.evaluator import partial_shards
 from hdamoe_env.sim.placement import Placement
 from traces import RoutingTrace
 
@@ -110,6 +111,8 @@ def fit_gamma(sim: MoESimulator, placement: Placement, layer: int,
     pi = placement.pi[layer]
     conv = sim.conv
     phases = ("combine",) if conv.gamma_combine_only else ("dispatch", "combine")
+    partial = partial_shards(placement.P[layer], conv)     # psum_combine (PHYSICS.md §2)
+    psum = float(sim.model.hidden_size * conv.b_psum)
     xs = np.empty(sizes.size)
     ys = np.empty(sizes.size)
     for j, b in enumerate(sizes):
@@ -121,7 +124,8 @@ def fit_gamma(sim: MoESimulator, placement: Placement, layer: int,
         comm = linksim.simulate_layer_comm(
             sim.topology, sets, np.full(sets.shape[0], sim.msg_bytes), support, pi, agg,
             phases=phases, tie_break=conv.tie_break, hop_latency_s=sim.hw.hop_latency_for(conv),
-            layer=layer, chunks=conv.chunks, alpha_s=conv.msg_alpha_s)
+            layer=layer, chunks=conv.chunks, alpha_s=conv.msg_alpha_s, partial_mask=partial,
+            combine_bytes=None if partial is None else psum)
         ys[j] = comm.combine_s + (comm.dispatch_s if "dispatch" in phases else 0.0)
     corr = float(np.corrcoef(xs, ys)[0, 1]) if xs.std() > 0 and ys.std() > 0 else float("nan")
     if conv.gamma_fit == "ols":

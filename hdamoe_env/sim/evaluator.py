@@ -45,6 +45,7 @@ __all__ = [
     "LayerResult",
     "SimulatorParts",
     "is_tensor_parallel",
+    "partial_shards",
     "simulate_moe_comm",
 ]
 
@@ -136,11 +137,33 @@ def is_tensor_parallel(P_layer: NDArray[np.float64]) -> bool:
     return bool(np.allclose(P_layer, 1.0 / P_layer.shape[1], rtol=0, atol=1e-12))
 
 
+def partial_shards(P_layer: NDArray[np.float64], conv: Conventions) -> NDArray[np.bool_] | None:
+    """Return the partial-shard holders (0 < P_ic < 1) whose combine messages carry partial sums.
+
+    ``psum_combine`` (``faithful``, docs/PHYSICS.md §2): a cluster holding part of an expert
+    sends partial sums of the expert's output, at ``b_psum`` bytes per element like TP's
+    all-reduce; a cluster holding whole experts sends finished outputs at ``b_msg``.
+
+    Args:
+        P_layer: float [E, D] shares of one layer.
+        conv: The conventions.
+
+    Returns:
+        bool [E, D], or None when the knob is off or no expert of the layer is split.
+    """
+    if not conv.psum_combine:
+        return None
+    partial = (P_layer > 0) & (P_layer < 1.0 - 1e-9)
+    return partial if partial.any() else None
+
+
 def simulate_moe_comm(sim: SimulatorParts, layer: int, token_sets: NDArray[np.int64],
                       msg_bytes: NDArray[np.float64], support: NDArray[np.bool_],
                       holders: linksim.HolderTable | NDArray[np.bool_], pi: NDArray[np.int64],
                       rng: np.random.Generator, agg: NDArray[np.int64] | None,
-                      extra_holders: NDArray[np.int64] | None,
+                      extra_holders: NDArray[np.int64] | None, *,
+                      partial: NDArray[np.bool_] | None = None,
+                      combine_bytes: NDArray[np.float64] | None = None,
                       ) -> tuple[float, float, float, NDArray[np.float64]]:
     """Simulate the MoE communication of one layer on the DES (§5.4, §6.2–6.3).
 
@@ -159,6 +182,8 @@ def simulate_moe_comm(sim: SimulatorParts, layer: int, token_sets: NDArray[np.in
         rng: Generator of the aggregator draws.
         agg: int64 [T] aggregators, or None to draw them.
         extra_holders: int64 [T, x] further holders per token (−1 = none), or None.
+        partial: bool [E, D] partial-shard holders (``partial_shards``), or None.
+        combine_bytes: float64 [T] partial-sum combine message bytes (with ``partial``).
 
     Returns:
         ``(t_dispatch_s, t_combine_s, t_comm_moe_s, link_busy_s [num_links])``.
@@ -171,7 +196,8 @@ def simulate_moe_comm(sim: SimulatorParts, layer: int, token_sets: NDArray[np.in
     comm = linksim.simulate_layer_comm(
         sim.topology, token_sets, msg_bytes, support, pi, agg, phases=phases,
         tie_break=conv.tie_break, hop_latency_s=sim.hw.hop_latency_for(conv), layer=layer,
-        extra_holders=extra_holders, chunks=conv.chunks, alpha_s=conv.msg_alpha_s)
+        extra_holders=extra_holders, chunks=conv.chunks, alpha_s=conv.msg_alpha_s,
+        partial_mask=partial, combine_bytes=None if partial is None else combine_bytes)
     t_combine = comm.combine_s
     if both:
         t_dispatch = comm.dispatch_s
@@ -191,12 +217,15 @@ class _LayerConst:
     """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
 
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
-                 "pi", "rep_holders", "rep_tile_work", "replicas", "support", "tile_work")
+                 "partial", "pi", "rep_holders", "rep_tile_work", "replicas", "support",
+                 "tile_work")
 
     def __init__(self, P: NDArray[np.float64], pi: NDArray[np.int64], nm: nonmoe.NonMoeTime,
-                 is_tp: bool, replicas: NDArray[np.bool_] | None = None) -> None:
+                 is_tp: bool, replicas: NDArray[np.bool_] | None = None,
+                 partial: NDArray[np.bool_] | None = None) -> None:
         self.P = np.ascontiguousarray(P)
         self.support = self.P > 0
+        self.partial = partial                            # bool [E, D] or None (psum_combine)
         self.pi = np.ascontiguousarray(pi, dtype=np.int64)
         self.nm_total = float(nm.total_s)
         self.nm_compute = float(nm.compute_s)
@@ -249,7 +278,7 @@ class LayerEvaluator:
         self.batch = int(batch)
         self.num_experts = model.num_experts
         self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
-        self.stream_per_s = perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+        self.stream_per_s = perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
         # tile model (PHYSICS.md): s per padded token of each shard, and per active shard
         self.tiled = conv.tiled
         self.tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
@@ -258,6 +287,8 @@ class LayerEvaluator:
         self._rows_table = np.ceil(np.arange(self.batch + 1) / tile_t - 1e-9).clip(0.0) * tile_t
         self._t_tp: collectives.AllReduce | None = None
         self.msg = np.full(self.batch, sim.msg_bytes)
+        # partial-sum combine messages (psum_combine, docs/PHYSICS.md §2)
+        self.psum_msg = np.full(self.batch, float(model.hidden_size * conv.b_psum))
         tp_share = 1.0 / placement.num_nodes
         wanted = range(placement.num_layers) if layers is None else layers
         self.layers: list[_LayerConst | None] = [None] * placement.num_layers
@@ -266,9 +297,10 @@ class LayerEvaluator:
             self.layers[layer] = _LayerConst(
                 placement.P[layer], placement.pi[layer], sim.nonmoe(self.batch, layer),
                 bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)),
-                None if reps is None or not reps[layer].any() else reps[layer])
+                None if reps is None or not reps[layer].any() else reps[layer],
+                partial_shards(placement.P[layer], conv))
         self.w_flops = perf.expert_flops(model, conv)
-        self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+        self.stream_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
                          if conv.weight_streaming else 0.0)
         self._hops: NDArray[np.int64] | None = None
 
@@ -423,9 +455,10 @@ class LayerEvaluator:
                 holders = linksim.HolderTable.from_shares(support)
                 if rep_key is not None:
                     const.rep_holders = (rep_key, holders)
+            partial = const.partial if P_layer is None else partial_shards(P, conv)
             t_d, t_c, t_moe, busy = simulate_moe_comm(
                 self.sim, layer, token_sets, self.msg, support, holders, const.pi, rng, agg,
-                extra_holders)
+                extra_holders, partial=partial, combine_bytes=self.psum_msg)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, t_d,
                                t_c, t_moe, extra_s, compute, stream, busy, "des", "",
                                const.nm_comm)

@@ -108,7 +108,7 @@ class DecisionEvaluator:
         self.evaluator = sim.evaluator(placement, batch)
         self.w_flops = perf.expert_flops(model, conv)
         self.compute_flops = hw.compute_flops
-        self.stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps
+        self.stream_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
                          if conv.weight_streaming else 0.0)
         # replicas run whole experts (I columns) under the tile model (docs/PHYSICS.md §4)
         self.replica_time: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None = (

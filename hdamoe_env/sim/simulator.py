@@ -34,6 +34,7 @@ from hdamoe_env.sim.evaluator import (
     LayerEvaluator,
     LayerResult,
     is_tensor_parallel,
+    partial_shards,
     simulate_moe_comm,
 )
 from hdamoe_env.sim.online import DecisionEvaluator
@@ -326,8 +327,11 @@ class MoESimulator:
         groups = np.asarray(groups, dtype=np.int64)
         msg = np.asarray(group_freqs, dtype=np.float64) * batch * self.msg_bytes
         support = P > 0
+        psum = msg * (self.conv.b_psum / self.conv.b_msg)   # partial-sum combine (§2)
         t_d, t_c, t_moe, busy = simulate_moe_comm(self, layer, groups, msg, support, support,
-                                                  placement.pi[layer], rng, agg, None)
+                                                  placement.pi[layer], rng, agg, None,
+                                                  partial=partial_shards(P, self.conv),
+                                                  combine_bytes=psum)
         return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c, t_moe,
                            0.0, compute, stream, busy, "des", "", float(nm.comm_s))
 

@@ -16,11 +16,18 @@ MODELS = {
 PAPER = PROFILES["paper"]
 PAPER_HD = PROFILES["paper-hd"]
 FAITHFUL = PROFILES["faithful"]
-# faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums):
-# the profile the faithful check values of paper-model.md §14 are stated for
+# faithful with the pre-PHYSICS.md cost knobs (no α, no hop latency, bf16 partial sums, ideal
+# DRAM, 1024-token context): the profile the faithful check values of paper-model.md §14 are
+# stated for
 FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
                                tile_cols=1, gemm_overhead_s=0.0, tp_allreduce="ring",
-                               nonmoe_allreduce=False)
+                               nonmoe_allreduce=False, psum_combine=False,
+                               dram_efficiency=1.0, nonmoe_ctx_len=1024)
+# faithful before the sourced compute, partial-sum, DRAM and context knobs (docs/PHYSICS.md
+# §2, §4, §5, §6): columns padded to the 64-column share grid, partial sums of shard holders
+# at b_msg, ideal DRAM, 1024-token context
+FAITHFUL_V2 = FAITHFUL.derive(col_granularity=64, psum_combine=False, dram_efficiency=1.0,
+                               nonmoe_ctx_len=1024)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 
 

@@ -17,8 +17,8 @@ from hdamoe_env.cost import nonmoe
 from hdamoe_env.cost import perf
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.specs import ModelSpec, hardware_from_setting
-from tests.hdamoe_env.cost.check_values import (FAITHFUL, FAITHFUL_V1, MODELS, PAPER, PAPER_HD,
-                                                   SETTINGS, US, close)
+from tests.hdamoe_env.cost.check_values import (FAITHFUL, FAITHFUL_V1, FAITHFUL_V2, MODELS,
+                                                   PAPER, PAPER_HD, SETTINGS, US, close)
 
 
 
@@ -433,8 +433,38 @@ def test_5_2_expected_active() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+def test_tile_model_sourced_column_granularity() -> None:
+    """Default faithful: columns pad to the 8-column MAC granularity, not the 64-column grid.
+
+    DeepSeek (h = 2048, m = 3), 5 TFLOPS, tiles 8 tokens × 8 columns, o = 100 ns, 12 tokens
+    (docs/PHYSICS.md §4): a 44-column shard (TP's 1408/32) pads to 48 columns; one GEMM
+    16·48·2048·2 = 3,145,728 FLOP = 629.1456 ns, + 100 ns, × 3 = 2.1874368 µs. A whole expert
+    (1408 = 176·8 columns) pads only its rows: 55.6648128 µs as before. Qwen2 (h = 3584): its
+    80-column TP shard is on the 8-column grid, 16·80·3584·2 = 9,175,040 FLOP = 1.835008 µs,
+    + 0.1 µs, × 3 = 5.805024 µs (64-column padding: 128 columns, 9.1080384 µs).
+    """
+    hw = hardware_from_setting("5/50", "4x8")
+    ds, qwen = MODELS["deepseek"], MODELS["qwen2"]
+    assert (FAITHFUL.col_granularity, FAITHFUL.tile_cols, FAITHFUL.col_pad) == (8, 64, 8)
+    assert math.isclose(perf.gemm_tile_time(12, 44, ds, hw, FAITHFUL), 2.1874368e-6,
+                        rel_tol=1e-12)
+    assert math.isclose(perf.gemm_tile_time(12, 1408, ds, hw, FAITHFUL), 55.6648128e-6,
+                        rel_tol=1e-12)
+    assert math.isclose(perf.gemm_tile_time(12, 80, qwen, hw, FAITHFUL), 5.805024e-6,
+                        rel_tol=1e-12)
+    assert math.isclose(perf.gemm_tile_time(12, 80, qwen, hw, FAITHFUL_V2), 9.1080384e-6,
+                        rel_tol=1e-12)
+    # the padding unit is min(col_granularity, tile_cols): a 1-column grid pads nothing
+    assert FAITHFUL.derive(tile_cols=1).col_pad == 1
+    assert FAITHFUL.derive(col_granularity=128).col_pad == 64
+    assert PAPER.col_pad == 1 and PAPER_HD.col_pad == 1
+    assert np.allclose(perf.tile_columns(np.array([1 / 32, 1 / 22, 0.0]), ds, FAITHFUL),
+                       [48.0, 64.0, 0.0])
+
+
 def test_tile_model_shards_of_12_tokens() -> None:
-    """DeepSeek (h = 2048, m = 3), 5 TFLOPS, faithful tiles 8 × 64, o = 100 ns, 12 tokens.
+    """DeepSeek (h = 2048, m = 3), 5 TFLOPS, tiles 8 × 64 with columns padded to the share
+    grid (``FAITHFUL_V2``, before PHYSICS.md §4 sourced the granularity), o = 100 ns, 12 tokens.
 
     44-column shard (TP's 1408/32): rows 12 → 16, columns 44 → 64; one GEMM
     16·64·2048·2 = 4,194,304 FLOP = 838.8608 ns, + 100 ns = 938.8608 ns; m = 3 → 2.8165824 µs
@@ -445,25 +475,25 @@ def test_tile_model_shards_of_12_tokens() -> None:
     """
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    assert (FAITHFUL.tile_tokens, FAITHFUL.tile_cols, FAITHFUL.gemm_overhead_s) == (8, 64, 1e-7)
-    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL), 2.8165824e-6,
+    assert (FAITHFUL_V2.tile_tokens, FAITHFUL_V2.tile_cols, FAITHFUL_V2.gemm_overhead_s) == (8, 64, 1e-7)
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL_V2), 2.8165824e-6,
                         rel_tol=1e-12)
-    assert math.isclose(perf.gemm_tile_time(12, 1408, model, hw, FAITHFUL), 55.6648128e-6,
+    assert math.isclose(perf.gemm_tile_time(12, 1408, model, hw, FAITHFUL_V2), 55.6648128e-6,
                         rel_tol=1e-12)
-    no_overhead = FAITHFUL.derive(gemm_overhead_s=0.0)
-    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL)
+    no_overhead = FAITHFUL_V2.derive(gemm_overhead_s=0.0)
+    assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL_V2)
                         - perf.gemm_tile_time(12, 44, model, hw, no_overhead), 3e-7,
                         rel_tol=1e-9)
-    assert perf.gemm_tile_time(0, 44, model, hw, FAITHFUL) == 0.0
-    fluid = FAITHFUL.derive(tile_tokens=1, tile_cols=1, gemm_overhead_s=0.0)
-    assert not fluid.tiled and not PAPER.tiled and FAITHFUL.tiled
+    assert perf.gemm_tile_time(0, 44, model, hw, FAITHFUL_V2) == 0.0
+    fluid = FAITHFUL_V2.derive(tile_tokens=1, tile_cols=1, gemm_overhead_s=0.0)
+    assert not fluid.tiled and not PAPER.tiled and FAITHFUL_V2.tiled
     assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, fluid), 1.2976128e-6,
                         rel_tol=1e-12)
     # per node, TP (every shard 44 columns) with 12 tokens on each of two experts
     P = tp_placement(model, 32)
     counts = np.zeros(model.num_experts)
     counts[[3, 7]] = 12
-    compute, _ = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
+    compute, _ = perf.expert_compute_times(P, counts, model, hw, FAITHFUL_V2)
     assert np.allclose(compute, 2 * 2.8165824e-6, rtol=1e-12)
     compute, _ = perf.expert_compute_times(P, counts, model, hw, fluid)
     assert np.allclose(compute, 2 * 1.2976128e-6, rtol=1e-12)

@@ -106,6 +106,47 @@ def test_layer_comm_equals_message_path_and_oracle():
                 assert_same(fast, simulate_messages_oracle(topo, src, dst, size, **kw))
 
 
+def test_partial_sum_combine_messages():
+    """psum_combine (docs/PHYSICS.md §2): a partial-shard holder's combine message carries
+    ``combine_bytes``; dispatch and whole-expert holders keep ``msg_bytes``.
+
+    Static 2×2 task set at b_msg = 2 (messages 1000, 600, 400 B from clusters 1, 3, 3), cluster
+    3 a partial holder of expert 3 with partial sums at 4 B: its two messages double (1200,
+    800 B); cluster 1's stays 1000 B. The compiled layer path equals the message path.
+    """
+    topo = mesh22()
+    holders = np.eye(4, dtype=bool)
+    pi = np.arange(4)
+    agg = np.array([0, 2, 0])
+    msg = STATIC_F * 10 * 100 * 2
+    partial = np.zeros((4, 4), dtype=bool)
+    partial[3, 3] = True
+    src, dst, size, task = layer_messages(STATIC_SETS, msg, holders, agg, pi,
+                                          partial_mask=partial, combine_bytes=2 * msg)
+    assert size.tolist() == pytest.approx([1000.0, 1200.0, 800.0])
+    comm = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, partial_mask=partial,
+                               combine_bytes=2 * msg, layer=2)
+    base = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, layer=2)
+    assert comm.dispatch_s == base.dispatch_s and comm.num_messages == base.num_messages
+    keys = layer_flow_keys(2, task, src)
+    assert comm.combine_s == simulate_messages(topo, src, dst, size, flow_keys=keys).makespan_s
+    assert comm.combine_s > base.combine_s
+    # every holder partial: the combine is the run with the partial-sum sizes throughout
+    allp = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, layer=2,
+                               partial_mask=np.ones((4, 4), bool), combine_bytes=2 * msg)
+    doubled = simulate_layer_comm(topo, STATIC_SETS, 2 * msg, holders, pi, agg, layer=2)
+    assert allp.combine_s == doubled.combine_s and allp.dispatch_s == base.dispatch_s
+    # no partial holder: bit-identical to the run without the arguments
+    nonep = simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, layer=2,
+                                partial_mask=np.zeros((4, 4), bool), combine_bytes=2 * msg)
+    assert nonep.makespan_s == base.makespan_s
+    with pytest.raises(ConfigError, match="together"):
+        simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg, partial_mask=partial)
+    with pytest.raises(ConfigError, match="partial_mask"):
+        simulate_layer_comm(topo, STATIC_SETS, msg, holders, pi, agg,
+                            partial_mask=np.ones((3, 4), bool), combine_bytes=msg)
+
+
 def test_numba_flow_hash_matches_stable_hash():
     rng = np.random.default_rng(5)
     for a, b, c, d in rng.integers(0, 2**31, (50, 4)):

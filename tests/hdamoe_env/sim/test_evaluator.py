@@ -51,3 +51,32 @@ def test_evaluator_tp_and_tp_totals(tiny_model, tiny_hw, rng):
         assert totals[layer] == pytest.approx(ref.total_s, rel=1e-12)
     with pytest.raises(ConfigError, match="TP"):
         LayerEvaluator(sim, expert_parallel(2, 4, 4, rng), 16).tp_totals(step)
+
+
+# ------------------------------------------------------------------------- partial-sum combine
+def test_partial_shard_holders_combine_at_b_psum(tiny_model, tiny_hw, rng):
+    """psum_combine (docs/PHYSICS.md §2): a split expert's shard holders send partial sums at
+    b_psum = 4 B instead of b_msg = 2 B; whole-expert placements are unaffected."""
+    from hdamoe_env.sim.evaluator import partial_shards
+    from hdamoe_env.sim.placement import Placement
+
+    P1 = np.eye(4)
+    P1[0] = [0.5, 0.5, 0.0, 0.0]                   # expert 0 split over clusters 0 and 1
+    P = np.broadcast_to(P1, (2, 4, 4)).copy()
+    split = Placement(P=P, pi=np.tile(np.arange(4), (2, 1)), method="custom")
+    ep = expert_parallel(2, 4, 4, rng)
+    sets = np.array([[0, 2]] * 8 + [[0, 3]] * 8)
+    on, off = "faithful", "faithful+psum_combine=False"
+    assert partial_shards(P1, MoESimulator(tiny_model, tiny_hw, conventions=on).conv)[0, :2].all()
+    assert partial_shards(P1, MoESimulator(tiny_model, tiny_hw, conventions=off).conv) is None
+    assert partial_shards(ep.P[0], MoESimulator(tiny_model, tiny_hw, conventions=on).conv) is None
+    res = {}
+    for name in (on, off):
+        sim = MoESimulator(tiny_model, tiny_hw, conventions=name)
+        res[name] = [LayerEvaluator(sim, pl, 16).evaluate(0, sets, rng=np.random.default_rng(5))
+                     for pl in (split, ep)]
+    # split placement: dispatch unchanged, combine slower; EP: identical
+    assert res[on][0].t_dispatch_s == res[off][0].t_dispatch_s
+    assert res[on][0].t_combine_s > res[off][0].t_combine_s
+    assert res[on][0].link_busy_s.sum() > res[off][0].link_busy_s.sum()
+    assert res[on][1].t_comm_moe_s == res[off][1].t_comm_moe_s

@@ -39,8 +39,9 @@ def test_paper_tp_layer_terms(ds_trace):  # §14.1, §14.2, §14.3
 
 
 # faithful with the pre-PHYSICS.md cost knobs: the values of paper-model.md §14.5 and §14.8
-FAITHFUL_V1 = ("faithful+b_psum=2+gemm_overhead_s=0.0+hop_latency_s=0.0+msg_alpha_s=0.0"
-               "+nonmoe_allreduce=False+tile_cols=1+tile_tokens=1+tp_allreduce=ring")
+FAITHFUL_V1 = ("faithful+b_psum=2+dram_efficiency=1.0+gemm_overhead_s=0.0+hop_latency_s=0.0"
+               "+msg_alpha_s=0.0+nonmoe_allreduce=False+nonmoe_ctx_len=1024+psum_combine=False"
+               "+tile_cols=1+tile_tokens=1+tp_allreduce=ring")
 
 
 def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
