@@ -132,7 +132,8 @@ def _arch_attention(model: ModelSpec, layer: int, L: float) -> tuple[float, floa
 
 
 def _arch_terms(
-    model: ModelSpec, conv: Conventions, B: FloatArray, layer: int, ffn_intermediate: float
+    model: ModelSpec, conv: Conventions, B: FloatArray, layer: int, ffn_intermediate: float,
+    ctx: float,
 ) -> tuple[FloatArray, FloatArray]:
     """Return (FLOPs, bytes) of one layer by the architecture formula (§5.3.4).
 
@@ -141,10 +142,20 @@ def _arch_terms(
     matrices, independent of ``expert_matrices``).
     """
     h = float(model.hidden_size)
-    weights, core_flops, state_bytes = _arch_attention(model, layer, float(conv.nonmoe_ctx_len))
+    weights, core_flops, state_bytes = _arch_attention(model, layer, ctx)
     flops = B * (2 * weights + core_flops + 6 * h * ffn_intermediate)
     nbytes = conv.b_w * (weights + 3 * h * ffn_intermediate) + B * state_bytes
     return flops, nbytes
+
+
+def _context(conv: Conventions, ctx_len: float | None) -> float:
+    """Return the context length to charge: ``ctx_len`` if given, else ``conv.nonmoe_ctx_len``."""
+    if ctx_len is None:
+        return float(conv.nonmoe_ctx_len)
+    ctx = float(ctx_len)
+    if not (np.isfinite(ctx) and ctx >= 0):
+        raise ConfigError(f"ctx_len must be a finite number of tokens >= 0, got {ctx_len!r}")
+    return ctx
 
 
 def _combine(
@@ -213,6 +224,7 @@ def nonmoe_time(
     layer: int = 0,
     bw_end_Bps: float | None = None,
     topology: Topology | None = None,
+    ctx_len: float | None = None,
 ) -> NonMoeTime:
     """Return the non-MoE term t_nm of MoE layer ``layer`` (§5.3).
 
@@ -235,19 +247,22 @@ def nonmoe_time(
         layer: MoE layer index l (0..L−1); only the ``"arch"`` formula depends on it.
         bw_end_Bps: Endpoint-side bandwidth for the optional all-reduce.
         topology: The NoC for the all-reduce's DES algorithms (``nonmoe_allreduce_time``).
+        ctx_len: Mean context length of the step's requests, overriding
+            ``conv.nonmoe_ctx_len`` (``cost.context.step_nonmoe_time``: every formula is linear
+            in the context, so the batch's mean gives the cost of its per-request lengths).
 
     Returns:
         The layer's ``NonMoeTime`` (seconds).
 
     Raises:
-        ConfigError: ``layer`` is outside 0..L−1 or B is negative.
+        ConfigError: ``layer`` is outside 0..L−1, B is negative or ``ctx_len`` is negative.
     """
     if not 0 <= layer < model.num_moe_layers:
         raise ConfigError(
             f"layer must be in 0..{model.num_moe_layers - 1} for model {model.key!r}, got {layer}"
         )
     batch = check_tokens(B)
-    ctx = float(conv.nonmoe_ctx_len)
+    ctx = _context(conv, ctx_len)
     if conv.nonmoe == "journal":
         flops, nbytes = _journal_terms(model, batch, ctx)
         roofline = False
@@ -255,7 +270,8 @@ def nonmoe_time(
         flops, nbytes = generic_terms(model, batch, ctx)
         roofline = False
     else:
-        flops, nbytes = _arch_terms(model, conv, batch, layer, float(model.shared_intermediate))
+        flops, nbytes = _arch_terms(model, conv, batch, layer, float(model.shared_intermediate),
+                                    ctx)
         roofline = _arch_roofline(conv)
     nodes = hw.num_nodes
     compute = flops / (nodes * hw.compute_flops)
@@ -272,6 +288,7 @@ def dense_layer_time(
     B: ArrayLike,
     bw_end_Bps: float | None = None,
     topology: Topology | None = None,
+    ctx_len: float | None = None,
 ) -> NonMoeTime:
     """Return the time of one dense leading decoder layer (DeepSeek's layer 0, §5.3.4).
 
@@ -286,6 +303,7 @@ def dense_layer_time(
         B: Tokens per decode step (scalar or array).
         bw_end_Bps: Endpoint-side bandwidth for the optional all-reduce.
         topology: The NoC for the all-reduce's DES algorithms (``nonmoe_allreduce_time``).
+        ctx_len: Mean context length overriding ``conv.nonmoe_ctx_len`` (as ``nonmoe_time``).
 
     Returns:
         One dense layer's ``NonMoeTime`` (seconds).
@@ -293,8 +311,9 @@ def dense_layer_time(
     batch = check_tokens(B)
     h = float(model.hidden_size)
     weights = float(model.attn_weight_elements)
-    core_flops = model.core_flops_per_ctx_token * conv.nonmoe_ctx_len
-    kv_bytes = conv.nonmoe_ctx_len * model.kv_elements_per_token * _KV_BYTES
+    ctx = _context(conv, ctx_len)
+    core_flops = model.core_flops_per_ctx_token * ctx
+    kv_bytes = ctx * model.kv_elements_per_token * _KV_BYTES
     flops = batch * (2 * weights + core_flops + 6 * h * model.dense_intermediate)
     nbytes = conv.b_w * (weights + 3 * h * model.dense_intermediate) + batch * kv_bytes
     nodes = hw.num_nodes

@@ -497,3 +497,24 @@ def test_tile_model_shards_of_12_tokens() -> None:
     assert np.allclose(compute, 2 * 2.8165824e-6, rtol=1e-12)
     compute, _ = perf.expert_compute_times(P, counts, model, hw, fluid)
     assert np.allclose(compute, 2 * 1.2976128e-6, rtol=1e-12)
+
+
+def test_faithful_dram_efficiency_streaming() -> None:
+    """Weight streaming at the sustained bandwidth BW_mem·η (docs/PHYSICS.md §5): a whole
+    DeepSeek expert, W_e = 3·2048·1408·2 = 17,301,504 B, streams in 17,301,504 / (625 GB/s ·
+    0.85) = 32.5675 µs (ideal roofline, ``paper*`` and η = 1: 27.6824 µs)."""
+    model = MODELS["deepseek"]
+    hw = hardware_from_setting("5/50", "4x8")
+    assert FAITHFUL.dram_efficiency == 0.85 and PAPER.dram_efficiency == 1.0
+    assert perf.effective_mem_bw(hw, FAITHFUL) == 625e9 * 0.85
+    assert perf.effective_mem_bw(hw, PAPER) == hw.mem_bw_Bps
+    P = np.zeros((model.num_experts, 32))
+    P[:, 0] = 1.0
+    counts = np.zeros(model.num_experts)
+    counts[5] = 3
+    _, stream = perf.expert_compute_times(P, counts, model, hw, FAITHFUL)
+    assert round(stream[0] * US, 4) == 32.5675
+    _, ideal = perf.expert_compute_times(P, counts, model, hw, FAITHFUL.derive(dram_efficiency=1.0))
+    assert round(ideal[0] * US, 4) == 27.6824
+    with pytest.raises(ConfigError, match="dram_efficiency"):
+        FAITHFUL.derive(dram_efficiency=1.2)
