@@ -57,7 +57,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write, write_json
 from hdamoe_env.config.profiles import Conventions, get_profile
 
-__all__ = ["DEFAULT_KNOBS", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover", "crossover_cells",
+__all__ = ["DEFAULT_KNOBS", "KNOB_ALIASES", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover", "crossover_cells",
            "parse_knob", "write_crossover_report"]
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,9 @@ METHODS: tuple[str, ...] = ("tp", "ep", "hybrid", "node-balance", "node-link", "
                             "hda-moe", "eplb", "eplb-dynamic")
 #: Knob values swept one at a time (only knobs the ``Conventions`` of this version define are
 #: used): start-up latency per message / collective step, partial-sum bytes, PE-array tile
-#: width and per-GEMM overhead (docs/PHYSICS.md gives each default and its source).
+#: width, per-GEMM overhead, DRAM efficiency and the mean decode context (``context_len``)
+#: (docs/PHYSICS.md gives each default and its source; ``--knob col_granularity=8,64`` or
+#: ``--knob psum_combine=False`` sweep the other knobs of PHYSICS.md §2 and §4).
 DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
     "msg_alpha_s": (0.0, 1e-7, 1e-6),
     "hop_latency_s": (0.0, 2e-9, 1e-8),
@@ -75,8 +77,13 @@ DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
     "tile_cols": (1, 64),
     "tile_tokens": (1, 8),
     "gemm_overhead_s": (0.0, 1e-7, 1e-6),
+    "dram_efficiency": (0.7, 0.85, 1.0),
+    "nonmoe_ctx_len": (512, 1226, 4096, 8192),
     "trace_skew": (0.5, 1.5, 2.0),
 }
+#: Alternative names accepted by ``--knob`` (``context_len`` is the per-request mean context of
+#: ``cost.context``, the profile knob ``nonmoe_ctx_len``).
+KNOB_ALIASES: dict[str, str] = {"context_len": "nonmoe_ctx_len"}
 #: Knobs of the workload rather than of the profile, with their base value: ``trace_skew`` is
 #: the skew power τ of the synthetic trace's expert popularity (p ← p^τ; 1 = fitted generator).
 TRACE_KNOBS: dict[str, float] = {"trace_skew": 1.0}
@@ -103,7 +110,7 @@ def parse_knob(text: str) -> tuple[str, tuple[Any, ...]]:
         ConfigError: Unknown knob or a value of the wrong type (the message says which).
     """
     name, sep, values = text.partition("=")
-    name = name.strip()
+    name = KNOB_ALIASES.get(name.strip(), name.strip())
     if not sep and name in DEFAULT_KNOBS:
         return name, tuple(DEFAULT_KNOBS[name])
     if not sep or not values.strip():
@@ -481,8 +488,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--knob", action="append", default=[], metavar="NAME[=V1,V2]",
                    help="knob values swept one at a time (repeatable; NAME alone: its default "
                    "values; default: the msg_alpha_s, hop_latency_s, b_psum, tile_cols, "
-                   "tile_tokens, gemm_overhead_s and trace_skew grid; trace_skew=0.5,2 sweeps "
-                   "the synthetic trace's popularity skew power τ)")
+                   "tile_tokens, gemm_overhead_s, dram_efficiency, nonmoe_ctx_len and "
+                   "trace_skew grid; trace_skew=0.5,2 sweeps the synthetic trace's popularity "
+                   "skew power τ; context_len=512,8192 is nonmoe_ctx_len)")
     p.add_argument("--methods", type=csv(str), default=None, help="comma list of methods "
                    "(default: tp,ep,hybrid,node-balance,node-link,hd-moe,hda-moe)")
     p.add_argument("--steps", type=int, default=None, help="decode steps per episode")

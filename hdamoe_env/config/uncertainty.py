@@ -87,6 +87,16 @@ UNCERTAINTIES: dict[str, Uncertainty] = {
                     "router at 1 GHz plus a 2-cycle link", scale="linear"),
         Uncertainty("msg_alpha_s", 20e-9, 500e-9, "a hardware NI injection to a DMA descriptor "
                     "set-up by a core", scale="log"),
+        Uncertainty("col_granularity", 8, 64, "8-column reconfigurable systolic tiles of the "
+                    "3D-NMP logic die (arXiv 2604.04253) to a fixed 64-wide array",
+                    scale="log", integer=True, choices=(8, 16, 32, 64)),
+        Uncertainty("dram_efficiency", 0.70, 0.95, "sustained streaming reads: refresh alone "
+                    "costs several percent (AMD PG276, tRFC/tREFI), HBM controllers sustain at "
+                    "most 90 % of peak at >= 75 % page hits and 50 % below (AMD UG1556)",
+                    scale="linear"),
+        Uncertainty("nonmoe_ctx_len", 512, 8192, "short chat turns (Azure conversation 20th "
+                    "percentile 526) to long code/agent contexts (Azure code 95th percentile "
+                    "7035 tokens, 8k context windows)", scale="log", integer=True),
     )
 }
 

@@ -1,4 +1,4 @@
-"""Per-request context lengths of decode steps and the attention/KV cost they set (PHYSICS.md §6).
+"""Per-request context lengths of decode steps and the attention/KV cost they set (PHYSICS.md §13).
 
 A decode step of B requests reads, per full-attention layer, the cached K/V of every request's
 context: request r with L_r cached tokens costs ``core_flops_per_ctx_token``·L_r FLOPs and

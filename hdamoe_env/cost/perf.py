@@ -94,7 +94,7 @@ def expert_bytes(model: ModelSpec, conv: Conventions) -> float:
 
 
 def effective_mem_bw(hw: HardwareSpec, conv: Conventions) -> float:
-    """Return the sustained DRAM streaming bandwidth per node, BW_mem·η (docs/PHYSICS.md §5).
+    """Return the sustained DRAM streaming bandwidth per node, BW_mem·η (docs/PHYSICS.md §12).
 
     η = ``conv.dram_efficiency``: ``faithful`` 0.85 (row-buffer misses, refresh and bank
     conflicts of sequential weight streaming), ``paper*`` 1 (the ideal roofline).

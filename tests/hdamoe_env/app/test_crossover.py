@@ -41,6 +41,20 @@ def test_unknown_knobs_and_bad_values_are_typed_errors():
     assert crossover.parse_knob("b_psum=2,4") == ("b_psum", (2, 4))
 
 
+def test_context_len_and_dram_knobs_are_swept():
+    """``context_len`` names the mean decode context ``nonmoe_ctx_len`` (cost.context)."""
+    assert crossover.parse_knob("context_len=512,8192") == ("nonmoe_ctx_len", (512, 8192))
+    assert crossover.parse_knob("context_len") == ("nonmoe_ctx_len", (512, 1226, 4096, 8192))
+    assert crossover.parse_knob("dram_efficiency=0.7,1") == ("dram_efficiency", (0.7, 1.0))
+    with pytest.raises(ConfigError, match="dram_efficiency"):
+        crossover.parse_knob("dram_efficiency=0")
+    cells = crossover.crossover_cells(models=("deepseek-v2-lite",), settings=("5/50",),
+                                      batches=(128,), knobs={"nonmoe_ctx_len": (1226, 8192)},
+                                      methods=("tp",), mixtral_dir=None)
+    profiles = sorted(c.params["config"]["conventions"] for c in cells)
+    assert profiles == ["faithful", "faithful+nonmoe_ctx_len=8192"]
+
+
 def test_tiny_run_finds_winners_and_resumes(tmp_path, capsys):
     out = tmp_path / "xo"
     argv = ["crossover", "--suite", "tiny", "--out", str(out), "--methods", "tp,ep",

@@ -38,6 +38,11 @@ def test_sample_profiles_is_deterministic_and_in_range():
         assert p.tile_cols in (16, 32, 64, 128)
         assert 10e-9 <= p.gemm_overhead_s <= 1e-6 + 1e-15
     assert len({p.tile_cols for p in a}) > 1
+    for p in a:   # the knobs of docs/PHYSICS.md §4, §12–14
+        assert p.col_granularity in (8, 16, 32, 64)
+        assert 0.70 <= p.dram_efficiency <= 0.95
+        assert isinstance(p.nonmoe_ctx_len, int) and 512 <= p.nonmoe_ctx_len <= 8192
+    assert {"col_granularity", "dram_efficiency", "nonmoe_ctx_len"} <= set(UNCERTAINTIES)
 
 
 def test_bad_ranges_and_knobs_are_typed_errors():

@@ -1,5 +1,5 @@
 """Tests of hdamoe_env.cost.context: sourced context-length distributions, their sampling and the
-decode-step attention/KV cost of per-request context lengths (docs/PHYSICS.md §5–6)."""
+decode-step attention/KV cost of per-request context lengths (docs/PHYSICS.md §12–13)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_step_lengths_from_trace_positions_or_distribution():
 
 def test_faithful_nonmoe_check_values_context_and_dram():
     """DeepSeek-V2-Lite, faithful, 5/50, B = 128, MoE layer 0 (full attention), by hand from
-    docs/PHYSICS.md §5–6: FLOP = B·(2·W_attn + F_core·L + 6·h·I_s) = 128·(27,525,120 +
+    docs/PHYSICS.md §12–13: FLOP = B·(2·W_attn + F_core·L + 6·h·I_s) = 128·(27,525,120 +
     10,240·1226 + 34,603,008) = 9,559,343,104 → /(32·5 TFLOPS) = 59.7459 µs; bytes =
     b_w·(W_attn + 3·h·I_s) + B·L·kv·2 = 62,128,128 + 128·1226·576·2 = 242,909,184 →
     /(32·625 GB/s·0.85) = 14.2888 µs (compute-bound)."""

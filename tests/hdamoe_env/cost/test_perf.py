@@ -500,7 +500,7 @@ def test_tile_model_shards_of_12_tokens() -> None:
 
 
 def test_faithful_dram_efficiency_streaming() -> None:
-    """Weight streaming at the sustained bandwidth BW_mem·η (docs/PHYSICS.md §5): a whole
+    """Weight streaming at the sustained bandwidth BW_mem·η (docs/PHYSICS.md §12): a whole
     DeepSeek expert, W_e = 3·2048·1408·2 = 17,301,504 B, streams in 17,301,504 / (625 GB/s ·
     0.85) = 32.5675 µs (ideal roofline, ``paper*`` and η = 1: 27.6824 µs)."""
     model = MODELS["deepseek"]
