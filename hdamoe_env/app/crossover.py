@@ -57,8 +57,8 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write, write_json
 from hdamoe_env.config.profiles import Conventions, get_profile
 
-__all__ = ["DEFAULT_KNOBS", "KNOB_ALIASES", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover", "crossover_cells",
-           "parse_knob", "write_crossover_report"]
+__all__ = ["DEFAULT_KNOBS", "KNOB_ALIASES", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover",
+           "crossover_cells", "parse_knob", "write_crossover_report"]
 
 log = logging.getLogger(__name__)
 

@@ -216,8 +216,9 @@ def expert_compute_times(
 
     compute_c = Σ_i P_ic · n_i · F_e / C (paper Eq. 1 for one node), or with ``conv.tiled``
     (``faithful``) the tile model ``tiled_node_compute`` (PHYSICS.md);
-    stream_c  = Σ_i P_ic · a_i · W_e / (BW_mem·η) when ``conv.weight_streaming`` (``faithful``),
-    else zero (``paper*``: the weights sit in the placement-independent memory term, Q7).
+    stream_c  = Σ_i P_ic · a_i · W_e / (BW_mem·η) when ``conv.weight_streaming``
+    (``faithful``; η = ``dram_efficiency``), else zero (``paper*``: the weights sit in the
+    placement-independent memory term, Q7).
 
     The static (expected) form passes n_i = f_i·B and a_i = ``expected_active(f, B)``; the
     sampled form passes the step's counts n_i and a_i = 1[n_i > 0] (the default when ``active``

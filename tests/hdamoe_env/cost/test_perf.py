@@ -475,7 +475,8 @@ def test_tile_model_shards_of_12_tokens() -> None:
     """
     model = MODELS["deepseek"]
     hw = hardware_from_setting("5/50", "4x8")
-    assert (FAITHFUL_V2.tile_tokens, FAITHFUL_V2.tile_cols, FAITHFUL_V2.gemm_overhead_s) == (8, 64, 1e-7)
+    assert (FAITHFUL_V2.tile_tokens, FAITHFUL_V2.col_pad, FAITHFUL_V2.gemm_overhead_s) == (8, 64,
+                                                                                        1e-7)
     assert math.isclose(perf.gemm_tile_time(12, 44, model, hw, FAITHFUL_V2), 2.8165824e-6,
                         rel_tol=1e-12)
     assert math.isclose(perf.gemm_tile_time(12, 1408, model, hw, FAITHFUL_V2), 55.6648128e-6,
