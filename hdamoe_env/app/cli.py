@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="DRAM capacity per node; placements that do not fit are rejected")
     add_run_arguments(sim, ("batch",))
     sim.add_argument("--placement", default="tp,ep",
-                     help="comma list of tp, ep or paths to placement .npz files")
+                     help="comma list of tp, tp-tiled, ep, hybrid (greedy region balance) "
+                          "or paths to placement .npz files")
     add_run_arguments(sim, ("trace", "trace_requests", "conventions"))
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"),
                      help="sampled: simulate decode steps; static: expected loads")

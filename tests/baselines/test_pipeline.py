@@ -37,7 +37,8 @@ def test_pipeline_artifacts(cfg, trace, tmp_path):
     assert lat["node_link"]["total_us"] <= lat["tp"]["total_us"] + 1e-9
     store = PlacementStore(StoreConfig.create(model=cfg.model_spec, mesh="2x2", setting=cfg.setting,
                                        placement_dir=str(tmp_path)), trace)
-    for name in ("tp", "ep", "hybrid", "node_balance", "node_link", "node_link_raw"):
+    for name in ("tp", "tp_tiled", "ep", "hybrid", "node_balance", "node_link",
+                 "node_link_raw"):
         placement, artifact = store.get(name)
         assert placement.P.shape == (2, 4, 4)
         assert (artifact is None) == (PLACEMENT_ARTIFACTS[name] is None)
