@@ -155,7 +155,8 @@ def place_layer(task: LayerTask) -> LayerOutcome:
                       bw_end_Bps=sim.topology.bw_end_Bps, rho_mem=config.rho_mem,
                       node_dram_bytes=_layer_dram_budget(config), mode=config.nb_mode,
                       time_limit_s=config.time_limit_s, mip_gap=config.mip_gap,
-                      solver=config.solver, seed=s_nb, ep_start=task.ep_P)
+                      solver=config.solver, seed=s_nb, ep_start=task.ep_P,
+                      tp_comm_s=None if conv.is_paper else sim.tp_allreduce(batch).time_s)
     P = nb.P_layer
     timings["node_balance_s"] = time.perf_counter() - t0
 
