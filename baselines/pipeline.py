@@ -15,9 +15,9 @@ Artifacts in the output directory (every file written atomically: temporary file
   are TP with the identity mapping and listed in ``meta["layers_missing"]``; layers where the
   guard replaced Node+Link in ``meta["layers_guarded"]``; with the ``best`` guard, every
   layer's sampled-step costs per method in ``meta["method_costs_us"]`` and the winning warm
-  start in ``meta["warm_start"]``; tile-aligned TP layers marked ``allreduce``), plus ``placement_node_link_raw.npz`` (Node + Link
-  Balance without the guard, for ablations), ``placement_node_balance.npz``,
-  ``placement_hybrid.npz`` and ``placement_ep.npz``.
+  start in ``meta["warm_start"]``; tile-aligned TP layers marked ``allreduce``), plus
+  ``placement_node_link_raw.npz`` (Node + Link Balance without the guard, for ablations),
+  ``placement_node_balance.npz``, ``placement_hybrid.npz`` and ``placement_ep.npz``.
 
 ``resume=True`` skips layers whose files exist with the same configuration hash, and refuses to
 continue a directory written with another configuration. Layers run in parallel with

@@ -259,7 +259,8 @@ GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
 
 def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
                 cands: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], bool]],
-                unit: float | None, s_score: np.random.SeedSequence) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
+                unit: float | None, s_score: np.random.SeedSequence
+                ) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
                            dict[str, Any]]:
     """The ``best`` guard: score, warm-start, tile local search, Link Balance, re-score.
 
@@ -276,7 +277,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         ``(P, pi, allreduce, guard record, method_costs_us)``; ``method_costs_us`` has the
         candidates' scores under their method names and ``node-link`` for the final layer.
     """
-    model, layer, batch = sim.model, task.layer, config.batch
+    layer, batch = task.layer, config.batch
     s_steps, s_agg, s_lb2 = s_score.spawn(3)
     steps = sample_steps(task.rows, batch, config.score_steps, np.random.default_rng(s_steps))
     scorer = LayerScorer(sim, layer, steps, s_agg)

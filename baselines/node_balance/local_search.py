@@ -279,7 +279,8 @@ def tile_local_search(sim: MoESimulator, P_layer: NDArray[np.float64],
         n[i, b] += 1
         comp, stream = cost.parts(n)
         moves += 1
-    rec.update(moves=moves, plateau_moves=plateau, phase_start_us=start * 1e6, phase_end_us=current * 1e6,
+    rec.update(moves=moves, plateau_moves=plateau, phase_start_us=start * 1e6,
+               phase_end_us=current * 1e6,
                wall_s=time.perf_counter() - t0)
     out = n / U
     return LocalSearchResult(out, (start * 1e6, current * 1e6), moves, rec)

@@ -5,7 +5,7 @@ Methods (paper-model.md §9, §13 Fig. 10):
 | method | placement | online agent |
 |---|---|---|
 | ``tp`` | TP (§9.1) | NoOp |
-| ``tp-tiled`` | tile-aligned TP: each expert's column tiles dealt over all nodes, TP's all-reduce (not in the paper) | NoOp |
+| ``tp-tiled`` | tile-aligned TP: expert column tiles dealt over all nodes, TP all-reduce | NoOp |
 | ``ep`` | EP (§9.2, seeded) | NoOp |
 | ``hybrid`` | compute-balanced hybrid TP-EP (§9.3) | NoOp |
 | ``node-balance`` | Node Balance with the random mapping π0 (§7) | NoOp |

@@ -254,8 +254,8 @@ def shrink(cell: Cell) -> Cell:
 
 
 # -------------------------------------------------------------------------------------- suites
-METHODS_E2E = ("tp", "tp-tiled", "ep", "hybrid", "node-balance", "node-link", "node-link-raw", "hd-moe",
-               "hda-moe", "eplb", "eplb-dynamic")
+METHODS_E2E = ("tp", "tp-tiled", "ep", "hybrid", "node-balance", "node-link", "node-link-raw",
+               "hd-moe", "hda-moe", "eplb", "eplb-dynamic")
 #: HDA-MoE at matched routing quality (top-1 retention >= 99 % and >= 95 %): every end-to-end
 #: cell, so that each HDA-MoE speed-up of the claims is also stated at matched quality.
 METHODS_MATCHED = ("hda-moe@q99", "hda-moe@q95")

@@ -1,4 +1,4 @@
-"""``hdamoe simulate``: per-layer latency and TBT of TP, tp-tiled, EP, the hybrid or placement files.
+"""``hdamoe simulate``: per-layer latency and TBT of TP, tp-tiled, EP, hybrid or placement files.
 
 The simulator alone (no env, no agents): ``MoESimulator`` with the sampled evaluator (decode steps
 drawn from the trace) or the static one (expected loads), on the run resolved once from the

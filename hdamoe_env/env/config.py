@@ -225,8 +225,8 @@ class EnvConfig:
             raise unknown_name("batching mode", mode,
                                set(batching.BATCH_MODES) - {"random_rows_per_layer"})
         if not isinstance(self.placement, Placement | str | Path):
-            raise ConfigError(f"placement must be 'tp', 'tp-tiled', 'ep', a Placement or a path, got "
-                              f"{self.placement!r}")
+            raise ConfigError(f"placement must be 'tp', 'tp-tiled', 'ep', a Placement or a "
+                              f"path, got {self.placement!r}")
 
         L = self.model_spec.num_moe_layers
         if self.k_b is not None:
