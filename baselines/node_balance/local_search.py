@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.cost import perf
 from hdamoe_env.sim.evaluator import LayerEvaluator
-from hdamoe_env.sim.placement import Placement, identity_mapping
+from hdamoe_env.sim.placement import Placement, identity_mapping, tensor_parallel
 
 if TYPE_CHECKING:
     from hdamoe_env.sim.simulator import MoESimulator
@@ -149,20 +149,21 @@ class _TileCost:
     """The evaluator's expert phase of a layer as a function of integer tile counts n [E, D]."""
 
     def __init__(self, sim: MoESimulator, step_sets: NDArray[np.int64], units: int) -> None:
-        model, hw, conv = sim.model, sim.hw, sim.conv
+        model, conv = sim.model, sim.conv
         E = model.num_experts
+        # the evaluator's own constants (FLOP time per padded row and column, GEMM overhead,
+        # streaming rate), so that this model stays the evaluator's whatever the profile
+        ev = LayerEvaluator(sim, tensor_parallel(1, E, sim.hw.num_nodes), 1, layers=(0,))
         counts = np.stack([np.bincount(s.ravel(), minlength=E) for s in step_sets]
                           ).astype(np.float64)                                   # [S, E]
         tile_t = conv.tile_tokens
         self.rows = np.ceil(np.maximum(counts / tile_t - 1e-9, 0.0)) * tile_t     # [S, E]
         self.active = (counts > 0).astype(np.float64)
-        tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
         shares = np.arange(units + 1) / units
-        self.col_s = perf.tile_columns(shares, model, conv) * tile_flop_s          # [U + 1]
-        self.gemm_s = conv.expert_matrices * conv.gemm_overhead_s
+        self.col_s = perf.tile_columns(shares, model, conv) * ev.tile_flop_s      # [U + 1]
+        self.gemm_s = ev.gemm_s
         self.streaming = bool(conv.weight_streaming)
-        self.unit_stream_s = (perf.expert_bytes(model, conv) / hw.mem_bw_Bps / units
-                              if self.streaming else 0.0)
+        self.unit_stream_s = ev.stream_per_s / units if self.streaming else 0.0
         self.units = units
 
     def parts(self, n: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
