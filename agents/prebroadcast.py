@@ -13,6 +13,8 @@ zeroing P_{e*,:} after each pick so that the next round may find another congest
 selection is ``hdamoe_env.decisions.broadcast.priority_broadcast`` (not re-implemented here), with
 ``ref_bookkeeping`` (§10.9) and ``skip_zero_priority`` defaulting to the conventions' knobs. The
 broadcast experts' tokens are dispatched with the ``least_loaded`` rule (§10.6); gating is off.
+Under the tile model (``conv.tiled``, ``faithful``) loads and priorities are the tile-model
+seconds of every shard at the predicted counts (``priority_broadcast(shard_time=)``).
 """
 
 from __future__ import annotations
@@ -98,9 +100,14 @@ class GreedyPreBroadcastAgent(BaseAgent):
         # over all D nodes is exactly its current load, so the remaining picks are unchanged.
         everywhere = (P > 0).all(axis=1)
         rounds = min(P.shape[0], k_b + int(everywhere.sum()))
+        # tile model (faithful): priorities and loads in the seconds the evaluator charges
+        shard_time = (perf.gemm_tile_time(counts[:, None], P * self.model.expert_intermediate,
+                                          self.model, self.hw, self.conv)
+                      if self.conv.tiled else None)
         picks = priority_broadcast(P, counts, self.w, self.C, rounds,
                                    ref_bookkeeping=self.ref_bookkeeping,
-                                   skip_zero_priority=self.skip_zero_priority)
+                                   skip_zero_priority=self.skip_zero_priority,
+                                   shard_time=shard_time)
         chosen = [int(e) for e in picks if not everywhere[e]][:k_b]
         if mask is not None:
             chosen = [e for slot, e in enumerate(chosen) if mask[slot][e]]

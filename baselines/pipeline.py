@@ -12,10 +12,12 @@ Artifacts in the output directory (every file written atomically: temporary file
   ``pi_lb`` Link-Balance mapping, ``pi0``, ``P_hybrid``, ``P_ep``) and ``layer_LLL.json`` (γ fit,
   solver and optimiser records, timings, per-method latencies) for every finished layer;
 * ``placement.npz`` — the merged Node+Link placement (``Placement.save``; layers not placed yet
-  are TP with the identity mapping and listed in ``meta["layers_missing"]``; layers where the TP
-  guard kept TP in ``meta["layers_guarded"]``), plus ``placement_node_link_raw.npz`` (Node + Link
-  Balance without the guard, for ablations), ``placement_node_balance.npz``,
-  ``placement_hybrid.npz`` and ``placement_ep.npz``.
+  are TP with the identity mapping and listed in ``meta["layers_missing"]``; layers where the
+  guard replaced Node+Link in ``meta["layers_guarded"]``; with the ``best`` guard, every
+  layer's sampled-step costs per method in ``meta["method_costs_us"]`` and the winning warm
+  start in ``meta["warm_start"]``; tile-aligned TP layers marked ``allreduce``), plus
+  ``placement_node_link_raw.npz`` (Node + Link Balance without the guard, for ablations),
+  ``placement_node_balance.npz``, ``placement_hybrid.npz`` and ``placement_ep.npz``.
 
 ``resume=True`` skips layers whose files exist with the same configuration hash, and refuses to
 continue a directory written with another configuration. Layers run in parallel with
@@ -188,6 +190,9 @@ def _merge(out: Path, outcomes: dict[int, LayerOutcome], model: ModelSpec, D: in
         return np.stack([outcomes[l].arrays[key] if (key and l in outcomes) else fill
                          for l in range(L)])
 
+    allreduce = np.array([bool(outcomes[l].arrays["allreduce"])
+                          if l in outcomes and "allreduce" in outcomes[l].arrays else False
+                          for l in range(L)])
     arrays = {"node_link": (stack("P", tp), stack("pi", ident)),
               "node_link_raw": (stack("P_nb", tp), stack("pi_lb", ident)),
               "node_balance": (stack("P_nb", tp), stack("pi0", ident)),
@@ -202,13 +207,20 @@ def _merge(out: Path, outcomes: dict[int, LayerOutcome], model: ModelSpec, D: in
               "latency_us": {str(l): outcomes[l].record["latency_us"] for l in placed},
               "solver": {str(l): _solver_summary(outcomes[l].record) for l in placed},
               "timings_s": {str(l): outcomes[l].record["timings_s"] for l in placed}}
+    costs = {str(l): outcomes[l].record["method_costs_us"] for l in placed
+             if "method_costs_us" in outcomes[l].record}
+    if costs:
+        common["method_costs_us"] = costs
+        common["warm_start"] = {str(l): outcomes[l].record.get("warm_start") for l in placed
+                                if "method_costs_us" in outcomes[l].record}
     result = None
     for name, fname in (("node_link", PLACEMENT_FILE),
                         ("node_link_raw", "placement_node_link_raw.npz"),
                         ("node_balance", "placement_node_balance.npz"),
                         ("hybrid", "placement_hybrid.npz"), ("ep", "placement_ep.npz")):
         P, pi = arrays[name]
-        pl = Placement(P=P, pi=pi, method=name, meta=common)
+        pl = Placement(P=P, pi=pi, method=name, meta=common,
+                       allreduce=allreduce if name == "node_link" else None)
         pl.save(out / fname)
         if name == "node_link":
             result = pl

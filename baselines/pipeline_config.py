@@ -24,7 +24,10 @@ from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.run import RunFields, RunSpec, profile_key
 from hdamoe_env.config.specs import ModelSpec
 
-__all__ = ["PlaceConfig", "load_trace", "parse_layers"]
+__all__ = ["GUARDS", "PlaceConfig", "load_trace", "parse_layers"]
+
+#: Per-layer guards of the pipeline (``PlaceConfig.guard``).
+GUARDS = ("best", "tp", None)
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,13 @@ class PlaceConfig(RunFields):
         hybrid_time_limit_s: Time limit of the hybrid's region-balance MILP.
         hop_latency_ns: Per-hop latency of the NoC (None: the profile's ``hop_latency_s``);
             the run's hardware carries it (``create`` puts it there).
-        guard: ``"tp"`` (default): keep TP for a layer whose Node+Link placement the static
-            evaluator finds slower than TP ([decision], module docstring); None: off.
+        guard: ``"best"`` (default): score Node + Link Balance, TP, tile-aligned TP, EP and the
+            hybrid on sampled decode steps with the evaluator, warm-start a tile local search
+            from the best of them and keep the layer no slower than any
+            (``baselines.node_balance.local_search``); ``"tp"``: keep TP for a layer whose
+            Node+Link placement the static evaluator finds slower than TP; None: off.
+        score_steps: Sampled decode steps the ``best`` guard scores every candidate on.
+        ls_moves: Move budget of the tile local search (``best`` guard).
         seed: Run seed.
     """
 
@@ -68,7 +76,9 @@ class PlaceConfig(RunFields):
     lb_objective: str = "des"
     hybrid_time_limit_s: float = 60.0
     hop_latency_ns: float | None = None
-    guard: str | None = "tp"
+    guard: str | None = "best"
+    score_steps: int = 16
+    ls_moves: int = 1000
     seed: int = 0
     hardware_fields = ("hop_latency_ns",)
 
@@ -93,8 +103,11 @@ class PlaceConfig(RunFields):
                               f"{list(LB_OBJECTIVES)}")
         if self.bo_calls < 1:
             raise ConfigError(f"bo_calls must be >= 1, got {self.bo_calls}")
-        if self.guard not in (None, "tp"):
-            raise ConfigError(f"guard={self.guard!r}; expected 'tp' or None")
+        if self.guard not in GUARDS:
+            raise ConfigError(f"guard={self.guard!r}; expected one of {list(GUARDS)}")
+        if self.score_steps < 1 or self.ls_moves < 0:
+            raise ConfigError(f"score_steps must be >= 1 and ls_moves >= 0, got "
+                              f"{self.score_steps} and {self.ls_moves}")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (model resolved to its preset id, run flattened)."""

@@ -46,11 +46,12 @@ from numpy.typing import NDArray
 from baselines.link_balance import MappingObjective, link_balance
 from baselines.node_balance.milp import node_balance
 from baselines.pipeline_config import PlaceConfig
+from baselines.node_balance.local_search import LayerScorer, sample_steps, tile_local_search
 from baselines.static import evaluate_hybrid, hybrid_layer, layer_placement
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.noc import linksim
 from hdamoe_env.sim.calibrate import fit_gamma
-from hdamoe_env.sim.placement import identity_mapping, share_unit
+from hdamoe_env.sim.placement import identity_mapping, share_unit, tensor_parallel_tiled
 from hdamoe_env.sim.simulator import MoESimulator, is_tensor_parallel
 
 __all__ = ["LayerOutcome", "evaluate_layer", "place_layer"]
@@ -104,14 +105,17 @@ def layer_simulator(config: PlaceConfig) -> MoESimulator:
 def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64],
                    layer: int, freqs: NDArray[np.float64], groups: NDArray[np.int64],
                    group_freqs: NDArray[np.float64], batch: int, *, rng: np.random.Generator,
-                   agg: NDArray[np.int64] | None = None) -> dict[str, Any]:
+                   agg: NDArray[np.int64] | None = None, allreduce: bool = False
+                   ) -> dict[str, Any]:
     """Evaluate one layer's placement with the static evaluator (§5.7).
+
+    ``allreduce``: the layer is an all-reduce (tile-aligned TP) layer.
 
     Returns:
         ``compute_us`` (t_comp), ``comm_us`` (t_comm_moe), ``total_us`` (their sum, the MoE
         latency), ``nm_us`` (t_nm), ``dispatch_us``, ``combine_us`` and ``mode``.
     """
-    placement = layer_placement(P_layer, pi_layer, layer, "eval")
+    placement = layer_placement(P_layer, pi_layer, layer, "eval", allreduce=allreduce)
     res = sim.layer_static(placement, layer, freqs, groups, group_freqs, batch, rng=rng, agg=agg)
     return {"compute_us": res.t_comp_s * 1e6, "comm_us": res.t_comm_moe_s * 1e6,
             "total_us": (res.t_comp_s + res.t_comm_moe_s) * 1e6, "nm_us": res.t_nm_s * 1e6,
@@ -135,7 +139,7 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     layer, batch = task.layer, config.batch
     D = hw.num_nodes
     ss = np.random.SeedSequence(config.seed).spawn(model.num_moe_layers + 1)[layer]
-    s_pi0, s_gamma, s_nb, s_lb, s_eval, s_hyb = ss.spawn(6)
+    s_pi0, s_gamma, s_nb, s_lb, s_eval, s_hyb, s_score = ss.spawn(7)
     f, groups, fg = task.freqs, task.groups, task.group_freqs
     timings: dict[str, float] = {}
 
@@ -151,7 +155,8 @@ def place_layer(task: LayerTask) -> LayerOutcome:
                       bw_end_Bps=sim.topology.bw_end_Bps, rho_mem=config.rho_mem,
                       node_dram_bytes=_layer_dram_budget(config), mode=config.nb_mode,
                       time_limit_s=config.time_limit_s, mip_gap=config.mip_gap,
-                      solver=config.solver, seed=s_nb, ep_start=task.ep_P)
+                      solver=config.solver, seed=s_nb, ep_start=task.ep_P,
+                      tp_comm_s=None if conv.is_paper else sim.tp_allreduce(batch).time_s)
     P = nb.P_layer
     timings["node_balance_s"] = time.perf_counter() - t0
 
@@ -195,12 +200,32 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     lat["hybrid"] = evaluate_hybrid(sim, hyb, layer, f, groups, fg, batch,
                                     rng=np.random.default_rng(eval_streams[2]),
                                     slip_support=support)
+    unit = None if conv.tile_cols == 1 else share_unit(model, conv)
+    P_tiled = (np.full_like(P, 1.0 / D) if unit is None
+               else tensor_parallel_tiled(1, model.num_experts, D, unit).P[0])
+    lat["tp_tiled"] = evaluate_layer(sim, P_tiled, identity_mapping(1, D)[0], layer, f, groups,
+                                     fg, batch, rng=np.random.default_rng(ev), allreduce=True)
     lat["node_balance"] = evaluate_layer(sim, P, pi0, layer, f, groups, fg, batch,
                                          rng=np.random.default_rng(ev), agg=agg)
     lat["node_link"] = evaluate_layer(sim, P, pi, layer, f, groups, fg, batch,
                                       rng=np.random.default_rng(ev), agg=agg)
     guard: dict[str, Any] = {"kind": config.guard, "applied": False}
-    P_final, pi_final = P, pi
+    P_final, pi_final, red_final = P, pi, False
+    method_costs: dict[str, Any] = {}
+    if config.guard == "best":
+        t1 = time.perf_counter()
+        cands = {"nb-lb": (P, pi, False), "tp": (np.full_like(P, 1.0 / D),
+                                                 identity_mapping(1, D)[0], False),
+                 "tp-tiled": (P_tiled, identity_mapping(1, D)[0], True),
+                 "ep": (task.ep_P, pi0, False), "hybrid": (hyb.P_layer, hyb.pi_layer, False)}
+        P_final, pi_final, red_final, guard, method_costs = _best_guard(
+            sim, config, task, cands, unit, s_score)
+        if guard["applied"]:
+            guard["node_link_raw_us"] = lat["node_link"]
+            lat["node_link"] = evaluate_layer(sim, P_final, pi_final, layer, f, groups, fg,
+                                              batch, rng=np.random.default_rng(ev),
+                                              allreduce=red_final)
+        timings["guard_s"] = time.perf_counter() - t1
     if config.guard == "tp" and lat["node_link"]["total_us"] > lat["tp"]["total_us"] + 1e-9:
         guard.update(applied=True, node_link_raw_us=lat["node_link"],
                      reason=f"Node+Link {lat['node_link']['total_us']:.3f} µs > TP "
@@ -220,6 +245,73 @@ def place_layer(task: LayerTask) -> LayerOutcome:
         "guard": guard,
         "timings_s": timings,
     }
+    if method_costs:
+        record["method_costs_us"] = method_costs
+        record["warm_start"] = guard["warm_start"]
     arrays = {"P": P_final, "pi": pi_final, "P_nb": P, "pi_lb": pi, "pi0": pi0,
-              "P_hybrid": hyb.P_layer, "P_ep": task.ep_P}
+              "P_hybrid": hyb.P_layer, "P_ep": task.ep_P, "allreduce": np.array(red_final)}
     return LayerOutcome(layer, arrays, record)
+
+
+#: Candidates of the ``best`` guard, by the name its records use (``method_costs_us``).
+GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
+
+
+def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
+                cands: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], bool]],
+                unit: float | None, s_score: np.random.SeedSequence
+                ) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
+                           dict[str, Any]]:
+    """The ``best`` guard: score, warm-start, tile local search, Link Balance, re-score.
+
+    Every candidate (Node Balance + Link Balance as ``nb-lb``, TP, tile-aligned TP, EP, the
+    hybrid) is scored on ``config.score_steps`` sampled decode steps with the evaluator
+    (``local_search.LayerScorer``, common random numbers); the best one (ties: the order of
+    :data:`GUARD_CANDIDATES`) is the warm start of ``tile_local_search`` (tile-model profiles);
+    Link Balance then optimises the mapping of the result when the warm start's mapping was not
+    optimised for its support (EP, hybrid); the result is re-scored and the warm start kept
+    unless it is faster. The final layer is therefore no slower on the scored steps than any
+    candidate.
+
+    Returns:
+        ``(P, pi, allreduce, guard record, method_costs_us)``; ``method_costs_us`` has the
+        candidates' scores under their method names and ``node-link`` for the final layer.
+    """
+    layer, batch = task.layer, config.batch
+    s_steps, s_agg, s_lb2 = s_score.spawn(3)
+    steps = sample_steps(task.rows, batch, config.score_steps, np.random.default_rng(s_steps))
+    scorer = LayerScorer(sim, layer, steps, s_agg)
+    costs = {name: scorer.score(*cands[name]) for name in GUARD_CANDIDATES}
+    winner = min(GUARD_CANDIDATES, key=lambda name: costs[name]["total_us"])
+    P_w, pi_w, red_w = cands[winner]
+    red_w = red_w or is_tensor_parallel(P_w)
+    P_new, pi_new = P_w, pi_w
+    ls_record: dict[str, Any] = {"skipped": "continuous profile (tile_cols = 1)"}
+    if unit is not None and config.ls_moves > 0:
+        ls = tile_local_search(sim, P_w, steps, unit, allreduce=red_w,
+                               max_moves=config.ls_moves)
+        P_new, ls_record = ls.P_layer, ls.record
+    lb_record: dict[str, Any] | None = None
+    if not red_w and winner in ("ep", "hybrid"):
+        objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
+                                     layer, np.random.default_rng(s_lb2.spawn(1)[0]),
+                                     kind=config.lb_objective)
+        lb = link_balance(objective, pi_w, sim.topology.endpoint_coords[:sim.hw.num_nodes],
+                          method=config.lb_method, n_calls=config.bo_calls, seed=s_lb2,
+                          topology=sim.topology)
+        pi_new, lb_record = lb.pi, lb.record
+    final = scorer.score(P_new, pi_new, red_w)
+    if pi_new is not pi_w and final["total_us"] > costs[winner]["total_us"]:
+        pi_new = pi_w                                  # the new mapping did not pay: keep it
+        final = scorer.score(P_new, pi_new, red_w)
+    if final["total_us"] > costs[winner]["total_us"]:  # float noise or no gain: the warm start
+        P_new, pi_new, final = P_w, pi_w, costs[winner]
+    changed = winner != "nb-lb" or not np.array_equal(P_new, P_w)
+    method_costs: dict[str, Any] = {name: costs[name] for name in GUARD_CANDIDATES}
+    method_costs["node-link"] = final
+    guard = {"kind": "best", "applied": bool(changed), "warm_start": winner,
+             "score_steps": int(config.score_steps), "local_search": ls_record,
+             "link_balance": lb_record, "allreduce": bool(red_w),
+             "reason": f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
+                       f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs"}
+    return P_new, pi_new, bool(red_w), guard, method_costs

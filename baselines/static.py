@@ -292,14 +292,21 @@ def hybrid_placement(freqs_per_layer: list[NDArray[np.float64]], mesh_shape: tup
 
 
 def layer_placement(P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64], layer: int,
-                    method: str) -> Placement:
-    """Wrap one layer's arrays in a placement of ``layer + 1`` layers (for ``layer_static``)."""
+                    method: str, *, allreduce: bool = False) -> Placement:
+    """Wrap one layer's arrays in a placement of ``layer + 1`` layers (for ``layer_static``).
+
+    ``allreduce`` marks the layer as an all-reduce (tile-aligned TP) layer.
+    """
     E, D = P_layer.shape
     P = np.full((layer + 1, E, D), 1.0 / D)
     P[layer] = P_layer
     pi = identity_mapping(layer + 1, D)
     pi[layer] = pi_layer
-    return Placement(P=P, pi=pi, method=method)
+    red = None
+    if allreduce:
+        red = np.zeros(layer + 1, dtype=bool)
+        red[layer] = True
+    return Placement(P=P, pi=pi, method=method, allreduce=red)
 
 
 def evaluate_hybrid(sim: MoESimulator, hybrid: HybridLayer, layer: int,

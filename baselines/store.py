@@ -6,6 +6,7 @@ Every command that needs a placement by name (``hdamoe bench``, ``reproduce``, `
 | name | placement | where it comes from |
 |---|---|---|
 | ``tp`` | TP (§9.1) | built (core data constructor) |
+| ``tp_tiled`` | tile-aligned TP (``tensor_parallel_tiled``; not in the paper) | built |
 | ``ep`` | EP (§9.2) | built, seeded by ``placement_seed`` |
 | ``hybrid`` | compute-balanced hybrid TP-EP (§9.3) | ``placement_hybrid.npz`` |
 | ``node_balance`` | Node Balance with the random mapping π0 (§7) | ``placement_node_balance.npz`` |
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 #: Placement names and the artifact file of each in a ``hdamoe place`` output directory.
 PLACEMENT_ARTIFACTS: dict[str, str | None] = {
-    "tp": None, "ep": None, "hybrid": "placement_hybrid.npz",
+    "tp": None, "tp_tiled": None, "ep": None, "hybrid": "placement_hybrid.npz",
     "node_balance": "placement_node_balance.npz", "node_link": "placement.npz",
     "node_link_raw": "placement_node_link_raw.npz", "eplb": None,
 }
@@ -136,10 +137,10 @@ class PlacementStore:
         hit = self._cache.get(name)
         if hit is not None:
             return hit
-        if name in ("tp", "ep"):
+        if name in ("tp", "tp_tiled", "ep"):
             result: tuple[Placement, str | None] = (placement_by_name(
                 name, self.model, self.hw.num_nodes, self.config.placement_seed,
-                record_seed=False), None)
+                record_seed=False, conv=self.config.conv), None)
         elif PLACEMENT_ARTIFACTS[name] is None:
             result = (self._eplb(), None)
         else:

@@ -491,7 +491,8 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
                  ep_start: NDArray[np.float64] | None = None, warm_start: str = "auto",
                  group_mass: float = 0.9, max_groups: int = 400,
                  compression: str = "residual", symmetry_breaking: bool = True,
-                 heuristic_time_s: float | None = None, threads: int = 1) -> NodeBalanceResult:
+                 heuristic_time_s: float | None = None, threads: int = 1,
+                 tp_comm_s: float | None = None) -> NodeBalanceResult:
     """Solve Node Balance for one layer (paper-model.md §7).
 
     Args:
@@ -523,6 +524,8 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
         heuristic_time_s: Optional wall-clock limit of the heuristic (default None: move budget
             only, deterministic).
         threads: Solver threads (keep constant per process for HiGHS).
+        tp_comm_s: TP's communication time as the evaluator charges it, for R_cc of the
+            TP-ratio cap (``model.nb_coefficients``), or None for the profile's closed form.
 
     Returns:
         Shares and the record.
@@ -540,7 +543,7 @@ def node_balance(freqs: NDArray[np.float64], groups: NDArray[np.int64],
                           "or 'none'")
     coeffs = nb_coefficients(freqs, model=model, hw=hw, conv=conv, gamma=gamma, batch=batch,
                              bw_end_Bps=bw_end_Bps, rho_mem=rho_mem,
-                             node_dram_bytes=node_dram_bytes)
+                             node_dram_bytes=node_dram_bytes, tp_comm_s=tp_comm_s)
     groups = np.asarray(groups, dtype=np.int64)
     group_freqs = np.asarray(group_freqs, dtype=np.float64)
     E, D = model.num_experts, coeffs.num_nodes

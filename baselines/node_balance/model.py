@@ -91,7 +91,8 @@ def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: Hardwar
                     conv: Conventions, gamma: float, batch: int, bw_end_Bps: float,
                     rho_mem: float | None = None,
                     node_dram_bytes: float | NDArray[np.float64] | None = None,
-                    num_nodes: int | None = None) -> NodeBalanceCoefficients:
+                    num_nodes: int | None = None,
+                    tp_comm_s: float | None = None) -> NodeBalanceCoefficients:
     """Compute the constants of one layer's Node-Balance problem and check the caps.
 
     Args:
@@ -106,6 +107,10 @@ def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: Hardwar
         node_dram_bytes: Absolute per-node byte budget of this layer's routed-expert weights
             (scalar or float [D]), or None ([decision] variant of (10)).
         num_nodes: D, default ``hw.num_nodes``.
+        tp_comm_s: TP's communication time per layer as the evaluator charges it (the
+            collective ``MoESimulator.tp_allreduce`` picks), or None: the closed form of
+            ``perf.tp_ratio_cap`` (the ring in ``faithful``, the analytic estimate in
+            ``paper*``). Sets R_cc = t_comp_TP / tp_comm_s of the TP-ratio cap (11).
 
     Returns:
         The coefficients.
@@ -129,7 +134,13 @@ def nb_coefficients(freqs: NDArray[np.float64], *, model: ModelSpec, hw: Hardwar
     beta = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv) * 1e6
             if conv.weight_streaming else 0.0)
     kappa = conv.kappa_a * gamma * B * model.hidden_size / bw_end_Bps * 1e6
-    cap = float(perf.tp_ratio_cap(model, hw, conv, D, B, bw_end_Bps))
+    if tp_comm_s is None:
+        cap = float(perf.tp_ratio_cap(model, hw, conv, D, B, bw_end_Bps))
+    else:
+        if not (tp_comm_s > 0 and math.isfinite(tp_comm_s)):
+            raise ConfigError(f"tp_comm_s must be a positive number of seconds, got {tp_comm_s}")
+        t_comp = float(perf.tp_expert_compute_time(model, hw, conv, B, num_nodes=D))
+        cap = model.top_k / D * (1.0 + float(tp_comm_s) / t_comp)
     if D * cap < f.sum() - 1e-9:
         raise InfeasibleError(f"TP-ratio cap {cap:.4f} per node × D={D} nodes = {D * cap:.4f} "
                               f"< Σ f_i = {f.sum():.4f}; no placement meets constraint (11)")

@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="DRAM capacity per node; placements that do not fit are rejected")
     add_run_arguments(sim, ("batch",))
     sim.add_argument("--placement", default="tp,ep",
-                     help="comma list of tp, ep or paths to placement .npz files")
+                     help="comma list of tp, tp-tiled, ep, hybrid (greedy region balance) "
+                          "or paths to placement .npz files")
     add_run_arguments(sim, ("trace", "trace_requests", "conventions"))
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"),
                      help="sampled: simulate decode steps; static: expected loads")
@@ -372,8 +373,11 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
                    help="Link Balance search method")
     p.add_argument("--lb-objective", default="des", choices=("des", "mst"),
                    help="Link Balance objective: des (simulated) or mst (proxy)")
-    p.add_argument("--no-guard", action="store_true",
-                   help="do not fall back to TP for layers where Node+Link is slower")
+    p.add_argument("--guard", default="best", choices=("best", "tp", "none"),
+                   help="per-layer guard: best (score Node+Link, tp, tp-tiled, ep, hybrid on "
+                        "sampled steps, tile local search from the best), tp (fall back to TP "
+                        "when Node+Link is slower), none")
+    p.add_argument("--no-guard", action="store_true", help="the same as --guard none")
     p.add_argument("--workers", type=positive_int, default=1, help="parallel worker processes")
     p.add_argument("--backend", default="process", choices=("process", "ray"),
                    help="parallel back end")

@@ -63,8 +63,8 @@ __all__ = ["DEFAULT_KNOBS", "KNOB_ALIASES", "METHODS", "TRACE_KNOBS", "analyse",
 log = logging.getLogger(__name__)
 
 #: Methods compared in every cell.
-METHODS: tuple[str, ...] = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe",
-                            "hda-moe", "eplb", "eplb-dynamic")
+METHODS: tuple[str, ...] = ("tp", "tp-tiled", "ep", "hybrid", "node-balance", "node-link",
+                            "hd-moe", "hda-moe", "eplb", "eplb-dynamic")
 #: Knob values swept one at a time (only knobs the ``Conventions`` of this version define are
 #: used): start-up latency per message / collective step, partial-sum bytes, PE-array tile
 #: width, per-GEMM overhead, DRAM efficiency and the mean decode context (``context_len``)
@@ -189,7 +189,7 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
     base_conv = get_profile(base)
     grid = _knob_grid(base_conv, DEFAULT_KNOBS if knobs is None else knobs)
     cells: list[Cell] = []
-    needs_placement = any(m not in ("tp", "ep") for m in methods)
+    needs_placement = any(m not in ("tp", "tp-tiled", "ep") for m in methods)
     for model in models:
         if model == "mixtral-8x7b":
             trace = mixtral_trace_path(mixtral_dir)

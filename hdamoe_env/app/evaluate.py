@@ -74,7 +74,8 @@ def resolve_placement(env_kwargs: dict[str, Any]) -> Placement | None:
         ConfigError: Unknown placement name or bad configuration.
     """
     name = env_kwargs.get("placement", "ep")
-    if not isinstance(name, str) or name in ("tp", "ep") or name.endswith(".npz"):
+    if not isinstance(name, str) or name in ("tp", "tp-tiled", "tp_tiled", "ep") \
+            or name.endswith(".npz"):
         return None
     # [decision] the one place this command resolves a placement name: swap for the single
     # name -> Placement resolver (style.md §1, baselines/store.py) when it exists

@@ -5,6 +5,7 @@ Methods (paper-model.md §9, §13 Fig. 10):
 | method | placement | online agent |
 |---|---|---|
 | ``tp`` | TP (§9.1) | NoOp |
+| ``tp-tiled`` | tile-aligned TP: expert column tiles dealt over all nodes, TP all-reduce | NoOp |
 | ``ep`` | EP (§9.2, seeded) | NoOp |
 | ``hybrid`` | compute-balanced hybrid TP-EP (§9.3) | NoOp |
 | ``node-balance`` | Node Balance with the random mapping π0 (§7) | NoOp |
@@ -73,6 +74,8 @@ class MethodSpec:
 
 BUILTIN_METHODS: dict[str, MethodSpec] = {
     "tp": MethodSpec("tp", "tp", None, "tensor parallelism (§9.1)"),
+    "tp-tiled": MethodSpec("tp-tiled", "tp_tiled", None,
+                           "tile-aligned TP: column tiles dealt over all nodes, TP all-reduce"),
     "ep": MethodSpec("ep", "ep", None, "expert parallelism (§9.2)"),
     "hybrid": MethodSpec("hybrid", "hybrid", None, "compute-balanced hybrid TP-EP (§9.3)"),
     "node-balance": MethodSpec("node-balance", "node_balance", None,

@@ -39,7 +39,12 @@ def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
         time_limit_s=args.time_limit, mip_gap=args.mip_gap, solver=args.solver,
         lb_method=LB_CHOICES[args.lb_method], bo_calls=args.bo_calls,
         lb_objective=args.lb_objective, hop_latency_ns=args.hop_latency_ns,
-        guard=None if args.no_guard else "tp", seed=args.seed)
+        guard=None if args.no_guard else _guard(getattr(args, "guard", "best")),
+        seed=args.seed)
+
+
+def _guard(text: str) -> str | None:
+    return None if text == "none" else text
 
 
 def format_table(result: PipelineResult) -> str:
@@ -60,7 +65,7 @@ def format_table(result: PipelineResult) -> str:
                 sums[m][j] += row[m][j]
         guard = result.layers[row["layer"]].record.get("guard", {})
         cells += [str(row["nb_path"]), str(row["nb_status"]),
-                  "TP" if guard.get("applied") else "-", f"{row['wall_s']:.1f}"]
+                  _guard_label(guard), f"{row['wall_s']:.1f}"]
         wall += row["wall_s"]
         lines.append(cells)
     total = ["sum"]
@@ -69,6 +74,13 @@ def format_table(result: PipelineResult) -> str:
     total += ["", "", "", f"{wall:.1f}"]
     lines.append(total)
     return render_table(head, lines)
+
+
+def _guard_label(guard: dict[str, object]) -> str:
+    """The guard column: the warm start that won (``best``), TP (``tp``) or '-'."""
+    if not guard.get("applied"):
+        return "-"
+    return str(guard.get("warm_start") or "TP")
 
 
 def run_place(args: argparse.Namespace) -> int:

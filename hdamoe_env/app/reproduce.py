@@ -254,8 +254,8 @@ def shrink(cell: Cell) -> Cell:
 
 
 # -------------------------------------------------------------------------------------- suites
-METHODS_E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "node-link-raw", "hd-moe",
-               "hda-moe", "eplb", "eplb-dynamic")
+METHODS_E2E = ("tp", "tp-tiled", "ep", "hybrid", "node-balance", "node-link", "node-link-raw",
+               "hd-moe", "hda-moe", "eplb", "eplb-dynamic")
 #: HDA-MoE at matched routing quality (top-1 retention >= 99 % and >= 95 %): every end-to-end
 #: cell, so that each HDA-MoE speed-up of the claims is also stated at matched quality.
 METHODS_MATCHED = ("hda-moe@q99", "hda-moe@q95")
@@ -319,7 +319,7 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
     def bench(figure: str, cfg: dict[str, Any], methods: Sequence[str], *,
               placement: bool = True, keep: Sequence[str] = (), tags: Mapping[str, Any] = (),
               placement_from: dict[str, Any] | None = None) -> None:
-        needs = placement and any(m not in ("tp", "ep") for m in methods)
+        needs = placement and any(m not in ("tp", "tp-tiled", "ep") for m in methods)
         if needs:
             src = placement_from if placement_from is not None else cfg
             cells.append(Cell("placements", "placement", {"config": placement_key(src)}))
@@ -365,11 +365,11 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
     for model, trace in scale_models:
         for mesh in ("4x4", "8x8"):
             bench("fig11_mesh", bench_cfg(model, trace, "5/50", 128, mesh=mesh, steps=steps),
-                  ("tp", "ep", "hybrid", "hd-moe", "hda-moe"))
+                  ("tp", "tp-tiled", "ep", "hybrid", "hd-moe", "hda-moe"))
         for topo in ("torus", "fattree"):
             bench("fig12_topology",
                   bench_cfg(model, trace, "5/50", 128, topology=topo, steps=steps),
-                  ("tp", "ep", "hybrid", "hd-moe", "hda-moe"))
+                  ("tp", "tp-tiled", "ep", "hybrid", "hd-moe", "hda-moe"))
     # Fig. 20: memory cap (DeepSeek, 5/50, B = 128)
     cells.append(Cell("fig20_memory_cap", "sweep_mem", {
         "config": {"model": "deepseek-v2-lite", "trace": "synthetic", "setting": "5/50",

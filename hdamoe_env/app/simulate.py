@@ -1,4 +1,4 @@
-"""``hdamoe simulate``: per-layer latency and TBT of TP, EP or placement files on a trace.
+"""``hdamoe simulate``: per-layer latency and TBT of TP, tp-tiled, EP, hybrid or placement files.
 
 The simulator alone (no env, no agents): ``MoESimulator`` with the sampled evaluator (decode steps
 drawn from the trace) or the static one (expected loads), on the run resolved once from the
@@ -9,18 +9,33 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from hdamoe_env import __version__
 from hdamoe_env.app.argtypes import run_from_args
 from hdamoe_env.app.progress import wrap
 from hdamoe_env.app.records import render_table
 from hdamoe_env.config.fileio import write_json
-from hdamoe_env.sim.placement import placement_by_name
+from hdamoe_env.sim.placement import Placement, placement_by_name, share_unit
 from hdamoe_env.sim.sources import load_trace
 
 __all__ = ["cmd_simulate"]
 
 US = 1e6
+
+
+def _hybrid(trace: Any, model: Any, hw: Any, conv: Any, view: str) -> Placement:
+    """Build the compute-balanced hybrid (§9.3) from the trace's f_i, on the profile's tile grid.
+
+    [decision] The region balance is the greedy LPT assignment (no MILP), so that the command
+    stays seconds-fast on any mesh; the bench's hybrid (``baselines.store``) solves the MILP.
+    """
+    from baselines.static import hybrid_placement
+
+    rows = trace.view(view)
+    freqs = [trace.layer_frequencies(layer, rows) for layer in range(model.num_moe_layers)]
+    return hybrid_placement(freqs, hw.mesh_shape, model.hybrid_regions, method="lpt",
+                            unit=None if conv.tile_cols == 1 else share_unit(model, conv))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -39,7 +54,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     evals = {}
     t0 = time.perf_counter()
     for name in names:
-        placement = placement_by_name(name, model, hw.num_nodes, args.seed)
+        if name == "hybrid":
+            placement = _hybrid(trace, model, hw, conv, args.view)
+        else:
+            placement = placement_by_name(name, model, hw.num_nodes, args.seed, conv=conv)
         if args.evaluator == "static":
             evals[name] = evaluate_static(sim, placement, trace, run.batch, seed=args.seed,
                                           view=args.view)

@@ -230,7 +230,7 @@ def _check_replica_placement(replica_shares: int | None, env_kwargs: dict[str, A
     name = env_kwargs.get("placement", "ep")
     if replica_shares is None or not isinstance(name, str):
         return
-    if name in ("tp", "ep") or name.endswith(".npz"):
+    if name in ("tp", "tp-tiled", "tp_tiled", "ep") or name.endswith(".npz"):
         check_replica_shares(replica_shares, name)
     elif name.replace("-", "_") != "eplb":
         check_replica_shares(replica_shares, None, name)

@@ -21,7 +21,8 @@ __all__ = ["priority_broadcast"]
 
 def priority_broadcast(P_next: ArrayLike, pred_counts: ArrayLike, w: float, C: float, k_b: int,
                        *, ref_bookkeeping: bool = False, skip_zero_priority: bool = True,
-                       token_sets_pred: ArrayLike | None = None) -> list[int]:
+                       token_sets_pred: ArrayLike | None = None,
+                       shard_time: ArrayLike | None = None) -> list[int]:
     """Choose up to k_b experts to pre-broadcast by priority on the congested node (§10.5, §10.9).
 
     Each round: predicted loads L̂_c, congested node c* = argmax L̂ (lowest index on ties),
@@ -44,6 +45,12 @@ def priority_broadcast(P_next: ArrayLike, pred_counts: ArrayLike, w: float, C: f
         skip_zero_priority: Stop when the best priority is 0 (``faithful``); otherwise the
             highest unpicked id wins, as in the reference.
         token_sets_pred: int [B, k] predicted sets (``ref_bookkeeping=False``).
+        shard_time: float [E, D] tile-model seconds of every shard at the predicted counts
+            (``perf.gemm_tile_time(n̂_i, P_ic·I)``), or None. When given, loads and priorities
+            are these seconds instead of the fluid P_ic·n̂_i·w/C: L̂_c = Σ_{i unpicked}
+            shard_time_ic (plus the bookkeeping's dispatched work / C) and prio_i =
+            shard_time_{i,c*}, so a broadcast that removes a padded tile (9 → 0 tokens of an
+            8-token tile) is worth what the evaluator charges for it.
 
     Returns:
         The chosen experts in pick order (at most k_b).
@@ -57,16 +64,22 @@ def priority_broadcast(P_next: ArrayLike, pred_counts: ArrayLike, w: float, C: f
     orig = P.copy()
     chosen: list[int] = []
     picked = np.zeros(num_experts, dtype=bool)
+    st = None
+    if shard_time is not None:
+        st = np.array(shard_time, dtype=np.float64)
+        if st.shape != P.shape:
+            raise ConfigError(f"shard_time must be [E, D] = {P.shape}, got {st.shape}")
+    scale = 1.0 if st is None else 1.0 / C                    # bookkeeping work in seconds
     for _ in range(min(int(k_b), num_experts)):
-        loads = (n @ P) * w
+        loads = (n @ P) * w if st is None else st.sum(axis=0)
         if not ref_bookkeeping and chosen:
             if token_sets_pred is not None:
                 d = dispatch_broadcast(token_sets_pred, orig, chosen, w)
-                loads = loads + d.node_flops
+                loads = loads + d.node_flops * scale
             else:
-                loads = loads + n[chosen].sum() * w / num_nodes
+                loads = loads + n[chosen].sum() * w / num_nodes * scale
         c_star = int(np.argmax(loads))
-        prio = P[:, c_star] * n * w / C
+        prio = P[:, c_star] * n * w / C if st is None else st[:, c_star].copy()
         prio[picked] = -np.inf
         best = float(prio.max())
         if best == -np.inf or (skip_zero_priority and best <= 0):
@@ -75,4 +88,6 @@ def priority_broadcast(P_next: ArrayLike, pred_counts: ArrayLike, w: float, C: f
         chosen.append(e)
         picked[e] = True
         P[e, :] = 0.0
+        if st is not None:
+            st[e, :] = 0.0
     return chosen

@@ -111,7 +111,7 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
                        *, rule: str = "least_loaded", ref_bookkeeping: bool = False,
                        compute_flops: float = 1.0, stream_s: float = 0.0,
                        tile_time: Callable[[NDArray[np.float64]], NDArray[np.float64]] | None
-                       = None) -> DispatchResult:
+                       = None, base_s: ArrayLike | None = None) -> DispatchResult:
     """Dispatch every (token, broadcast expert) pair to one node (paper-model.md §10.6–10.7).
 
     Loads start from the non-broadcast experts, L_c = Σ_{i ∉ bc} P_ic·n_i·w (actual counts).
@@ -142,8 +142,16 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
             (0 when the profile does not stream weights).
         tile_time: Optional tile model (docs/PHYSICS.md §4): maps the token counts [bc, D] of
             every replica to its seconds (e.g. ``perf.gemm_tile_time`` with I columns); the
-            charged ``extra_compute_s`` is then its sum over experts instead of work / C. The
-            dispatch decisions still balance the fluid work w.
+            charged ``extra_compute_s`` is then its sum over experts instead of work / C.
+            With ``base_s`` as well, the decisions are tile-aware too (below).
+        base_s: float [D] seconds of the non-broadcast experts on every node under the same
+            tile model (the evaluator's compute of the zeroed placement). With ``tile_time``
+            the rules ``least_loaded`` and ``home`` then work in seconds: the loads start at
+            ``base_s`` and a token goes to the candidate with the earliest finish
+            L_c + Δ_c, where Δ_c = tile_time(t_c + 1) − tile_time(t_c) is what one more token
+            costs the replica of e on c (a whole token tile and the GEMM overhead when it
+            opens a tile, nothing when it fills one); ties: the first candidate. Without it
+            the decisions balance the fluid work w.
 
     Returns:
         The dispatch nodes and what they add to the layer (see ``DispatchResult``).
@@ -178,6 +186,14 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
         counts[is_bc] = 0.0
         base = ((counts @ shares) * w).tolist()
         holders = _holder_lists(shares)
+        tiled = tile_time is not None and base_s is not None
+        if tiled:
+            assert tile_time is not None and base_s is not None
+            base = np.asarray(base_s, dtype=np.float64).tolist()
+            steps = np.arange(num_tokens + 2, dtype=np.float64)
+            one = np.asarray(tile_time(steps[:, None]), dtype=np.float64)[:, 0]
+            delta = np.diff(one).tolist()                        # cost of token t + 1
+            tok = [[0] * num_nodes for _ in bc]
         loads = list(base)
         work = [0.0] * num_nodes
         all_nodes = list(range(num_nodes))
@@ -197,12 +213,25 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
                 else:
                     cand = [c for j in row for c in holders[j]]
                 c_t = cand[0]
-                if rule != "first":
+                if tiled and rule != "first":
+                    counts_b = tok[b]
+                    best = loads[c_t] + delta[counts_b[c_t]]
+                    for c in cand:
+                        finish = loads[c] + delta[counts_b[c]]
+                        if finish < best:
+                            c_t, best = c, finish
+                    loads[c_t] = best
+                    counts_b[c_t] += 1
+                elif rule != "first":
                     best = loads[c_t]
                     for c in cand:
                         if loads[c] < best:
                             c_t, best = c, loads[c]
-                loads[c_t] += w
+                    loads[c_t] += w
+                else:
+                    loads[c_t] += w if not tiled else delta[tok[b][c_t]]
+                    if tiled:
+                        tok[b][c_t] += 1
                 work[c_t] += w
                 nodes[t, row.index(e)] = c_t
                 computes[b, c_t] = True

@@ -70,8 +70,9 @@ class EnvConfig:
             ``hdamoe_env.config.run.RunSpec.resolve``, whose defaults and meaning are declared
             once in ``RUN_OPTIONS``; ``setting`` and ``mesh`` are ignored when ``hardware`` is
             given. ``EnvConfig.from_run(run, ...)`` takes an already resolved ``RunSpec``.
-        placement: ``"tp"``, ``"ep"`` (seeded by ``placement_seed``), a ``Placement`` or a
-            path to a placement ``.npz`` (``hdamoe place``).
+        placement: ``"tp"``, ``"tp-tiled"`` (tile-aligned TP), ``"ep"`` (seeded by
+            ``placement_seed``), a ``Placement`` or a path to a placement ``.npz``
+            (``hdamoe place``).
         steps_per_episode: Decode steps per episode.
         fidelity: ``"des"`` (default) or ``"analytic"`` (γ-calibrated twin; γ per layer is
             fitted lazily on the placement with ``calibrate.twin_gammas`` and cached).
@@ -224,8 +225,8 @@ class EnvConfig:
             raise unknown_name("batching mode", mode,
                                set(batching.BATCH_MODES) - {"random_rows_per_layer"})
         if not isinstance(self.placement, Placement | str | Path):
-            raise ConfigError(f"placement must be 'tp', 'ep', a Placement or a path, got "
-                              f"{self.placement!r}")
+            raise ConfigError(f"placement must be 'tp', 'tp-tiled', 'ep', a Placement or a "
+                              f"path, got {self.placement!r}")
 
         L = self.model_spec.num_moe_layers
         if self.k_b is not None:

@@ -141,9 +141,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     ``model``, ``setting`` ("TFLOPS/GBps"), ``mesh`` ("XxY"), ``topology``, ``batch``,
     ``conventions``, ``trace`` ("synthetic", a ``RoutingTrace`` or a path), ``trace_requests``,
-    ``placement`` ("tp", "ep", a ``Placement`` or a ``.npz`` path), ``steps_per_episode``,
-    ``fidelity`` ("des" | "analytic"), ``predictor`` ("noisy_oracle" | "oracle" | "trace" |
-    "frequency"), ``max_broadcast``, ``gating_levels``, ``dispatch_rules``, ``reward_scale``,
+    ``placement`` ("tp", "tp-tiled", "ep", a ``Placement`` or a ``.npz`` path),
+    ``steps_per_episode``, ``fidelity`` ("des" | "analytic"), ``predictor`` ("noisy_oracle" |
+    "oracle" | "trace" | "frequency"), ``max_broadcast``, ``gating_levels``, ``dispatch_rules``,
+    ``reward_scale``,
     ``render_mode`` (None | "ansi"); keyword-only extras are documented in ``__init__``.
 
     ## Version History
@@ -224,7 +225,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         placement = config.placement
         self.placement = (placement if isinstance(placement, Placement) else
                           placement_by_name(placement, self.model, D, config.placement_seed,
-                                            record_seed=False))
+                                            record_seed=False, conv=self.conv))
         self.sim.check_placement(self.placement)
         P = self.placement.P
         reps = self.placement.replicas

@@ -214,7 +214,11 @@ def _bitmask(support: NDArray[np.bool_]) -> NDArray[np.uint64] | None:
 
 
 class _LayerConst:
-    """Per-layer constants of the evaluator (holder table and bitmask built on first use)."""
+    """Per-layer constants of the evaluator (holder table and bitmask built on first use).
+
+    ``is_tp``: the layer's MoE communication is TP's all-reduce (uniform TP shares, or a layer
+    marked ``Placement.allreduce``: tile-aligned TP).
+    """
 
     __slots__ = ("P", "_bitmask", "_holders", "is_tp", "nm_comm", "nm_compute", "nm_total",
                  "partial", "pi", "rep_holders", "rep_tile_work", "replicas", "support",
@@ -296,7 +300,8 @@ class LayerEvaluator:
         for layer in wanted:
             self.layers[layer] = _LayerConst(
                 placement.P[layer], placement.pi[layer], sim.nonmoe(self.batch, layer),
-                bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12)),
+                bool(np.allclose(placement.P[layer], tp_share, rtol=0, atol=1e-12))
+                or placement.is_allreduce(layer),
                 None if reps is None or not reps[layer].any() else reps[layer],
                 partial_shards(placement.P[layer], conv))
         self.w_flops = perf.expert_flops(model, conv)
@@ -491,7 +496,8 @@ class LayerEvaluator:
             ConfigError: The placement is not TP in every layer.
         """
         consts = [c for c in self.layers if c is not None]
-        if len(consts) != len(self.layers) or not all(c.is_tp for c in consts):
+        if len(consts) != len(self.layers) or not all(
+                c.is_tp and is_tensor_parallel(c.P) for c in consts):
             raise ConfigError("tp_totals needs a TP placement in every layer")
         num_layers = step_sets.shape[0]
         E = self.num_experts

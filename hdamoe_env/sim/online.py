@@ -159,6 +159,15 @@ class DecisionEvaluator:
             kb[0] = 0                                        # §10.3: no broadcast at layer 0
         return kb
 
+    def _base_s(self, layer: int, sets: NDArray[np.int64], broadcast: Sequence[int]
+                ) -> NDArray[np.float64] | None:
+        """Tile-model seconds of the non-broadcast experts per node (tile-aware dispatch)."""
+        if self.replica_time is None:
+            return None
+        sim = self.evaluator.sim
+        return _zeroed_tile_compute(self.placement.P[layer], sets, list(broadcast), sim.model,
+                                    sim.hw, sim.conv)
+
     def gate(self, layer: int, candidates: tuple[NDArray[Any], NDArray[Any]],
              level: float) -> gating_mod.GatingResult:
         """Re-rank the router candidates of one layer by hardware-aware gating (§11).
@@ -238,7 +247,8 @@ class DecisionEvaluator:
             dispatch = dispatch_broadcast(
                 sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
                 ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
-                stream_s=self.stream_s, tile_time=self.replica_time)
+                stream_s=self.stream_s, tile_time=self.replica_time,
+                base_s=self._base_s(layer, sets, broadcast))
             P_layer, extra_holders = dispatch.P_layer, dispatch.extra_holders
             extra_compute, extra_stream = dispatch.extra_compute_s, dispatch.extra_stream_s
             bres = self.broadcast_traffic(layer, broadcast)
@@ -263,6 +273,17 @@ class DecisionEvaluator:
             twin = self.evaluator.evaluate(layer, sets, rng=twin_rng, fidelity=other,
                                            gamma=gamma, **kwargs)
         return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin, replica)
+
+
+def _zeroed_tile_compute(P: NDArray[np.float64], sets: NDArray[np.int64], broadcast: list[int],
+                         model: ModelSpec, hw: HardwareSpec, conv: Conventions
+                         ) -> NDArray[np.float64]:
+    """Return the tile-model seconds [D] of the non-broadcast experts of one step."""
+    P0 = np.array(P, dtype=np.float64)
+    P0[list(broadcast)] = 0.0
+    counts = np.bincount(np.asarray(sets).ravel(), minlength=P0.shape[0]).astype(np.float64)
+    return np.asarray(perf.tiled_node_compute(P0, counts, counts > 0, model, hw, conv),
+                      dtype=np.float64)
 
 
 #: Chunks per broadcast expert when the broadcast start-up α is 0 (c* of §10.4 would be 0).

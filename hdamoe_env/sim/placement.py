@@ -12,6 +12,12 @@ expert then has ``1 + Σ_c replicas[l, i, c]`` copies: the primary one described
 Every step each token of the expert is computed by exactly one copy, chosen by a replica
 dispatch rule (``hdamoe_env.decisions.dispatch``); a replica node never also holds a share of
 the same expert.
+
+All-reduce layers (tile-aligned TP, :func:`tensor_parallel_tiled`): the optional
+``allreduce[l]`` marks a layer whose MoE communication is TP's all-reduce of the layer output
+(every node adds its partial sums into the full output), although its shares are not the
+uniform 1/D of plain TP; the simulator charges TP's all-reduce for it (a uniform TP layer is
+charged the same way without the mark).
 """
 
 from __future__ import annotations
@@ -46,10 +52,13 @@ __all__ = [
     "share_unit",
     "snap_shares",
     "tensor_parallel",
+    "tensor_parallel_tiled",
 ]
 
 PLACEMENT_FORMAT = "hdamoe-placement"
-PLACEMENT_FORMAT_VERSION = 2   # 2: optional ``replicas`` array (files without it are written as 1)
+#: 2: optional ``replicas`` array; 3: optional ``allreduce`` layer mask. A file is written with
+#: the lowest version that holds its arrays (1 without either), so older readers keep working.
+PLACEMENT_FORMAT_VERSION = 3
 _ROW_TOL = 1e-6
 _GRID_TOL = 1e-9   # |share/unit − round(share/unit)| allowed by the tile-grid check
 
@@ -65,6 +74,8 @@ class Placement:
         meta: JSON-serialisable metadata (seeds, solver records, profile, trace id, ...).
         replicas: bool [L, E, D] whole redundant copies beyond the shares (module docstring),
             or None (no redundant experts; an all-False array is normalised to None).
+        allreduce: bool [L] layers whose MoE communication is TP's all-reduce (tile-aligned
+            TP, module docstring), or None (none marked; all-False is normalised to None).
     """
 
     P: NDArray[np.float64]
@@ -72,6 +83,7 @@ class Placement:
     method: str = "custom"
     meta: dict[str, Any] = field(default_factory=dict)
     replicas: NDArray[np.bool_] | None = None
+    allreduce: NDArray[np.bool_] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -99,6 +111,14 @@ class Placement:
                                   f"{raw_r.dtype}; mark each whole extra copy with True")
             reps = np.ascontiguousarray(raw_r.astype(bool, copy=False))
             object.__setattr__(self, "replicas", reps if reps.any() else None)
+        if self.allreduce is not None:
+            raw_a = np.asarray(self.allreduce)
+            if raw_a.dtype.kind not in "biu" or (raw_a.dtype.kind != "b"
+                                                 and not np.isin(raw_a, (0, 1)).all()):
+                raise ConfigError(f"placement allreduce must be a bool mask [L], got dtype "
+                                  f"{raw_a.dtype}; mark each all-reduce layer with True")
+            red = np.ascontiguousarray(raw_a.astype(bool, copy=False))
+            object.__setattr__(self, "allreduce", red if red.any() else None)
         self.validate()
 
     # ----------------------------------------------------------------------------- properties
@@ -120,6 +140,10 @@ class Placement:
     def support(self, layer: int) -> NDArray[np.bool_]:
         """Return the bool [E, D] mask ``P[layer] > 0`` (which clusters hold a shard)."""
         return self.P[layer] > 0
+
+    def is_allreduce(self, layer: int) -> bool:
+        """Return whether ``layer`` is marked as an all-reduce (tile-aligned TP) layer."""
+        return self.allreduce is not None and bool(self.allreduce[layer])
 
     @property
     def has_replicas(self) -> bool:
@@ -191,6 +215,9 @@ class Placement:
                                   f"copy of expert {expert} on cluster {node}, which already holds "
                                   f"a share P = {P[layer, expert, node]:.6g} of it; drop the "
                                   "replica or move it to a cluster without a share")
+        if self.allreduce is not None and self.allreduce.shape != (L,):
+            raise ConfigError(f"placement allreduce must have shape [L] = ({L},), got "
+                              f"{self.allreduce.shape}")
         expected = np.arange(D)
         for layer in range(L):
             if not np.array_equal(np.sort(pi[layer]), expected):
@@ -211,15 +238,19 @@ class Placement:
     def with_layers(self, P: NDArray[np.float64] | None = None,
                     pi: NDArray[np.int64] | None = None, method: str | None = None,
                     *, replicas: NDArray[np.bool_] | None | bool = True,
+                    allreduce: NDArray[np.bool_] | None | bool = True,
                     **meta: Any) -> Placement:
         """Return a copy with replaced arrays, method or extra metadata.
 
-        ``replicas``: the new mask, None to drop the replicas, or True (default) to keep them.
+        ``replicas`` / ``allreduce``: the new mask, None (or False) to drop it, or True
+        (default) to keep it.
         """
         reps = self.replicas if replicas is True else (None if replicas is False else replicas)
+        red = self.allreduce if allreduce is True else (
+            None if allreduce is False else allreduce)
         return Placement(P=self.P if P is None else P, pi=self.pi if pi is None else pi,
                          method=self.method if method is None else method,
-                         meta={**self.meta, **meta}, replicas=reps)
+                         meta={**self.meta, **meta}, replicas=reps, allreduce=red)
 
     # ----------------------------------------------------------------------------- storage
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -230,7 +261,7 @@ class Placement:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        version = PLACEMENT_FORMAT_VERSION if self.replicas is not None else 1
+        version = 3 if self.allreduce is not None else (2 if self.replicas is not None else 1)
         meta = {"format": PLACEMENT_FORMAT, "format_version": version,
                 "method": self.method, **self.meta}
         meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True, default=json_default)
@@ -238,6 +269,8 @@ class Placement:
         arrays: dict[str, NDArray[Any]] = {"P": self.P, "pi": self.pi, "meta": meta_bytes}
         if self.replicas is not None:
             arrays["replicas"] = self.replicas
+        if self.allreduce is not None:
+            arrays["allreduce"] = self.allreduce
         atomic_write(path, lambda fh: np.savez_compressed(fh, **arrays), "wb")
         return path
 
@@ -260,6 +293,7 @@ class Placement:
                     raise ValueError("a bare .npy array, not an .npz archive")
                 P, pi, meta_raw = data["P"], data["pi"], data["meta"]
                 reps = data["replicas"] if "replicas" in data.files else None
+                red = data["allreduce"] if "allreduce" in data.files else None
         except Exception as exc:  # noqa: BLE001 - truncated/bit-flipped archives raise anything
             raise ConfigError(f"{str(path)!r} is not a placement file (readable .npz with P, pi, "
                               f"meta): {type(exc).__name__}: {exc}; rewrite it with "
@@ -295,7 +329,7 @@ class Placement:
         meta.pop("format", None)
         meta.pop("format_version", None)
         try:
-            return cls(P=P, pi=pi, method=method, meta=meta, replicas=reps)
+            return cls(P=P, pi=pi, method=method, meta=meta, replicas=reps, allreduce=red)
         except ConfigError as exc:
             raise ConfigError(f"{str(path)!r}: {exc}") from None
 
@@ -318,23 +352,78 @@ def tensor_parallel(num_layers: int, num_experts: int, num_nodes: int) -> Placem
     return Placement(P=P, pi=identity_mapping(num_layers, num_nodes), method="tp")
 
 
+def tensor_parallel_tiled(num_layers: int, num_experts: int, num_nodes: int,
+                          unit: float) -> Placement:
+    """Tile-aligned TP: every expert's column tiles dealt round-robin over all D clusters.
+
+    An expert has U = round(1/unit) tiles (``share_unit``: 22 for DeepSeek-V2-Lite, 40 for
+    Qwen2-57B at 64-column tiles). Tile j of expert i goes to cluster (i·U + j) mod D: the deal
+    continues where the previous expert stopped, so every cluster holds ⌊E·U/D⌋ or ⌈E·U/D⌉
+    tiles of the layer, and P[i, c] = (tiles of i on c) / U lies on the tile grid. When D
+    divides U this is plain TP (every share 1/D). Every layer is marked ``allreduce``: the
+    layer's partial sums are reduced with TP's all-reduce of the layer output, as in TP.
+    Identity mapping.
+
+    Args:
+        num_layers: L.
+        num_experts: E.
+        num_nodes: D.
+        unit: The share unit u (``share_unit(model, conv)``); 1/u is rounded to an integer.
+
+    Raises:
+        ConfigError: ``unit`` not in (0, 1].
+    """
+    if not (0 < unit <= 1):
+        raise ConfigError(f"share unit must be in (0, 1], got {unit}; use share_unit(model, conv)")
+    U = _units(unit)
+    tiles = np.arange(num_experts * U).reshape(num_experts, U) % num_nodes      # [E, U] owner
+    counts = np.zeros((num_experts, num_nodes))
+    np.add.at(counts, (np.repeat(np.arange(num_experts), U), tiles.ravel()), 1.0)
+    P1 = counts / U
+    if U % num_nodes == 0:
+        P1 = np.full((num_experts, num_nodes), 1.0 / num_nodes)
+    P = np.broadcast_to(P1, (num_layers, num_experts, num_nodes)).copy()
+    return Placement(P=P, pi=identity_mapping(num_layers, num_nodes), method="tp-tiled",
+                     allreduce=np.ones(num_layers, dtype=bool))
+
+
+def _split_units(U: int, size: int) -> NDArray[np.float64]:
+    """Return ``size`` shares of one expert in whole units of 1/U, as even as possible.
+
+    The first U mod size entries get one unit more; with more nodes than units the last
+    size − U entries get nothing.
+    """
+    base, extra = divmod(U, size)
+    return np.array([base + (1 if j < extra else 0) for j in range(size)], dtype=np.float64) / U
+
+
 def expert_parallel(num_layers: int, num_experts: int, num_nodes: int,
-                    rng: np.random.Generator) -> Placement:
+                    rng: np.random.Generator, *, unit: float | None = None) -> Placement:
     """EP placement (§9.2), seeded.
 
     D ≥ E: shuffle the clusters, give expert i a contiguous slice of ⌊D/E⌋ clusters (the first
     D mod E experts one more), P = 1/slice size. D < E: shuffle the experts, cluster c receives
     ⌊E/D⌋ whole experts (the first E mod D clusters one more). The same P is used for all
     layers; the physical mapping is a uniformly random permutation drawn per layer.
+
+    With ``unit`` (the tile unit of ``share_unit``) and D > E, an expert's slice is cut into
+    whole tiles instead: the U = 1/u tiles are split as evenly as possible over the slice
+    (U mod size clusters one tile more; clusters beyond U tiles hold nothing), so that every
+    share lies on the tile grid. Where 1/size already is a whole number of tiles the shares
+    are unchanged; the random draws never depend on ``unit``.
     """
     P1 = np.zeros((num_experts, num_nodes))
     if num_nodes >= num_experts:
         clusters = rng.permutation(num_nodes)
         base, extra = divmod(num_nodes, num_experts)
+        U = None if unit is None else _units(unit)
         start = 0
         for expert in range(num_experts):
             size = base + (1 if expert < extra else 0)
-            P1[expert, clusters[start:start + size]] = 1.0 / size
+            if U is None or U % size == 0:
+                P1[expert, clusters[start:start + size]] = 1.0 / size
+            else:
+                P1[expert, clusters[start:start + size]] = _split_units(U, size)
             start += size
     else:
         experts = rng.permutation(num_experts)
@@ -348,37 +437,49 @@ def expert_parallel(num_layers: int, num_experts: int, num_nodes: int,
     return Placement(P=P, pi=random_mapping(num_layers, num_nodes, rng), method="ep")
 
 
-TRIVIAL_PLACEMENTS = ("tp", "ep")
+TRIVIAL_PLACEMENTS = ("tp", "tp-tiled", "ep")
 
 
 def placement_by_name(name: str | os.PathLike[str], model: ModelSpec, num_nodes: int,
-                      seed: int = 0, *, record_seed: bool = True) -> Placement:
+                      seed: int = 0, *, record_seed: bool = True,
+                      conv: Conventions | None = None) -> Placement:
     """Return a trivial placement by name, or a placement file by path (§9.1–9.2, §7.7).
 
-    The data-constructor half of placement resolution: ``"tp"``, ``"ep"`` and ``.npz`` paths.
-    Optimised methods (node_balance, node_link, hybrid, ...) are resolved by ``baselines``,
-    which calls this function for these three cases.
+    The data-constructor half of placement resolution: ``"tp"``, ``"tp-tiled"``, ``"ep"`` and
+    ``.npz`` paths. Optimised methods (node_balance, node_link, hybrid, ...) are resolved by
+    ``baselines``, which calls this function for these cases.
 
     Args:
-        name: ``"tp"``, ``"ep"`` or a path to a placement ``.npz`` (``Placement.save``).
+        name: ``"tp"``, ``"tp-tiled"`` (or ``"tp_tiled"``), ``"ep"`` or a path to a placement
+            ``.npz`` (``Placement.save``).
         model: The model (L, E).
         num_nodes: D.
         seed: Seed of the EP placement (``np.random.default_rng(seed)``: cluster or expert
             shuffle, then one mapping per layer).
         record_seed: Record ``seed`` in the EP placement's ``meta`` (the CLI does; the env
             passes False and keeps an empty ``meta``). The arrays do not depend on it.
+        conv: The profile: its tile grid (``share_unit``) cuts ``tp-tiled`` and EP on more
+            clusters than experts into whole tiles. Needed by ``tp-tiled``; EP without it (or
+            with ``tile_cols`` = 1) keeps the even 1/slice shares.
 
     Returns:
         The placement.
 
     Raises:
-        ConfigError: The file is missing or not a placement.
+        ConfigError: The file is missing or not a placement, or ``tp-tiled`` without ``conv``.
     """
+    tiled = conv is not None and conv.tile_cols > 1
     if isinstance(name, str) and name == "tp":
         return tensor_parallel(model.num_moe_layers, model.num_experts, num_nodes)
+    if isinstance(name, str) and name in ("tp-tiled", "tp_tiled"):
+        if conv is None:
+            raise ConfigError("placement 'tp-tiled' needs the profile (conv=) for its tile grid")
+        return tensor_parallel_tiled(model.num_moe_layers, model.num_experts, num_nodes,
+                                     share_unit(model, conv))
     if isinstance(name, str) and name == "ep":
         placement = expert_parallel(model.num_moe_layers, model.num_experts, num_nodes,
-                                    np.random.default_rng(seed))
+                                    np.random.default_rng(seed),
+                                    unit=share_unit(model, conv) if tiled and conv else None)
         return placement.with_layers(seed=seed) if record_seed else placement
     return Placement.load(name)
 

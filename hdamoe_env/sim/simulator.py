@@ -319,7 +319,7 @@ class MoESimulator:
         active = perf.expected_active(freqs, batch)
         t_comp, t_compute, compute, stream = self._compute(P, tokens, active, None, None)
         nm = self.nonmoe(batch, layer)
-        if is_tensor_parallel(P):
+        if is_tensor_parallel(P) or (P_layer is None and placement.is_allreduce(layer)):
             tp = self.tp_allreduce(batch)
             return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
                                tp.time_s, 0.0, compute, stream, None, "tp", tp.algorithm,

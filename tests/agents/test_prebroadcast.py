@@ -8,6 +8,7 @@ import pytest
 from agents import GreedyPreBroadcastAgent, make_agent
 from agents import prebroadcast as prebroadcast_module
 from hdamoe_env.config.specs import HardwareSpec
+from hdamoe_env.cost import perf
 
 
 def _obs(P, counts, batch, k_b, max_broadcast=8):
@@ -17,9 +18,29 @@ def _obs(P, counts, batch, k_b, max_broadcast=8):
             "layer": np.array([1.0], np.float32)}
 
 
+#: The fluid compute model of §5.2 (the paper's priorities); the tile model has its own test.
+FLUID = "faithful+tile_tokens=1+tile_cols=1+gemm_overhead_s=0"
+
+
 @pytest.fixture
 def agent(tiny_agent_model):
-    return GreedyPreBroadcastAgent(tiny_agent_model, HardwareSpec(mesh_shape=(1, 2)), batch=16)
+    return GreedyPreBroadcastAgent(tiny_agent_model, HardwareSpec(mesh_shape=(1, 2)), FLUID,
+                                   batch=16)
+
+
+def test_tile_model_priorities_count_padded_tiles(tiny_agent_model):
+    """faithful: 5 and 3 tokens on node 0 are two 8-token tiles, 6 tokens on node 1 one tile;
+    expert 0 and 1 each free a whole tile, and the highest id wins the tie (§10.5)."""
+    tiled = GreedyPreBroadcastAgent(tiny_agent_model, HardwareSpec(mesh_shape=(1, 2)),
+                                    batch=16)
+    assert tiled.conv.tiled and tiled.conv.tile_tokens == 8
+    assert tiled.choose_broadcast(_obs(EP, [5, 3, 6, 0], 16, k_b=1)) == [1]
+    # 9 tokens of expert 2: the fluid model finds node 1 congested (9 > 8) and picks it; in
+    # tiles both nodes run 16 token rows, node 0 in two GEMM sets: it stays the congested one
+    fluid = GreedyPreBroadcastAgent(tiny_agent_model, HardwareSpec(mesh_shape=(1, 2)), FLUID,
+                                    batch=16)
+    assert fluid.choose_broadcast(_obs(EP, [5, 3, 9, 0], 16, k_b=1)) == [2]
+    assert tiled.choose_broadcast(_obs(EP, [5, 3, 9, 0], 16, k_b=1)) == [1]
 
 
 # EP on 2 nodes: experts 0, 1 on node 0; experts 2, 3 on node 1.
@@ -81,9 +102,13 @@ def test_in_the_env_matches_a_hand_computation(make_tiny_env):
         action, _ = agent.predict(obs, action_masks=env.action_masks())
         if env.current_layer > 0 and obs["pred_load"].any():
             P = obs["replicas"].astype(np.float64)
-            loads = obs["pred_load"] @ P
-            node = int(np.argmax(loads))
-            prio = P[:, node] * obs["pred_load"]
+            # the tile model of the env's profile: seconds of every shard at the predicted counts
+            counts = obs["pred_load"].astype(np.float64) * env.batch
+            cols = P * env.model.expert_intermediate
+            shard = (perf.gemm_tile_time(counts[:, None], cols, env.model, env.hw, env.conv)
+                     if env.conv.tiled else P * counts[:, None])
+            node = int(np.argmax(shard.sum(axis=0)))
+            prio = shard[:, node]
             expected = len(prio) - 1 - int(np.argmax(prio[::-1]))
             assert action[0] == expected
             checked += 1

@@ -105,3 +105,22 @@ def test_repair_and_wrap_starts_are_on_the_grid(nb_model):
         nb.repair_placement(np.eye(4), tight)
     wrap = wrap_start(coeffs, membership(GROUPS, 4), GFREQ)
     assert _units(wrap, 8) < 1e-12
+
+
+def test_tp_ratio_cap_from_the_evaluators_collective(nb_model):
+    """R_cc = t_comp_TP / t_TP with t_TP the collective the simulator charges (given)."""
+    from hdamoe_env.config.profiles import get_profile
+    from hdamoe_env.config.specs import HardwareSpec
+    from hdamoe_env.cost import perf
+
+    hw = HardwareSpec(mesh_shape=(2, 2), compute_tflops=1.0, link_bw_gbps=1.0)
+    conv = get_profile("faithful")
+    f = np.full(4, 0.5)
+    kw = dict(model=nb_model, hw=hw, conv=conv, gamma=0.02, batch=128, bw_end_Bps=1e9)
+    ring = nb.nb_coefficients(f, **kw)
+    t_comp = float(perf.tp_expert_compute_time(nb_model, hw, conv, 128, num_nodes=4))
+    fast = nb.nb_coefficients(f, **kw, tp_comm_s=t_comp)            # R_cc = 1
+    assert fast.load_cap == pytest.approx(nb_model.top_k / 4 * 2.0)
+    assert ring.load_cap == pytest.approx(perf.tp_ratio_cap(nb_model, hw, conv, 4, 128, 1e9))
+    with pytest.raises(ConfigError, match="tp_comm_s"):
+        nb.nb_coefficients(f, **kw, tp_comm_s=0.0)

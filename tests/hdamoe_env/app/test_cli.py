@@ -133,3 +133,26 @@ def test_main_configures_logging_from_the_global_flags(restore_logging, monkeypa
     main(["traces", "stats", "synthetic:mixtral-8x7b", "--requests", "2", "--batch", "4"])
     # until the global -v/-q flags exist, main() passes the neutral values
     assert seen == {"verbose": 0, "quiet": False}
+
+
+def test_simulate_tp_tiled_and_hybrid(tmp_path):
+    out = tmp_path / "sim.json"
+    run("simulate", "--model", "deepseek-v2-lite", "--batch", "16", "--steps", "1",
+        "--requests", "4", "--placement", "tp-tiled,hybrid", "--evaluator", "static",
+        "--json", str(out))
+    records = {r["method"]: r for r in json.loads(out.read_text())}
+    assert set(records) == {"tp", "tp-tiled", "hybrid"}
+    # tile-aligned TP pays TP's all-reduce, on fewer padded columns
+    assert records["tp-tiled"]["breakdown_us"]["communication_s"] == pytest.approx(
+        records["tp"]["breakdown_us"]["communication_s"])
+    assert records["tp-tiled"]["tbt_us"] < records["tp"]["tbt_us"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "deepseek-v2-lite", "qwen2-57b-a14b",
+                                   "qwen3.5-35b-a3b"])
+def test_simulate_16x16_every_baseline(model):
+    """Issue acceptance: TP, tp-tiled, EP (more nodes than experts) and the hybrid on 16x16."""
+    proc = run("simulate", "--model", model, "--mesh", "16x16", "--steps", "1",
+               "--requests", "4", "--placement", "tp,tp-tiled,ep,hybrid")
+    assert all(f"placement {p}:" in proc.stdout for p in ("tp-tiled", "ep", "hybrid"))

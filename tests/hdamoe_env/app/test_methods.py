@@ -12,6 +12,8 @@ from hdamoe_env.config.errors import ConfigError
 
 def test_parse_method():
     assert parse_method("hd-moe").placement == "node_link"
+    assert (parse_method("tp-tiled").placement, parse_method("tp_tiled").agent) == (
+        "tp_tiled", None)
     assert parse_method("hda_moe").agent == "hda-moe"
     spec = parse_method("agent:greedy-prebroadcast@ep")
     assert (spec.placement, spec.agent) == ("ep", "greedy-prebroadcast")

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.decisions.broadcast import priority_broadcast
 
 
@@ -45,3 +47,17 @@ def test_priority_faithful_bookkeeping_counts_predicted_dispatch():
     assert priority_broadcast(P, n, 1.0, 1.0, 2, token_sets_pred=sets) == [0, 1]
     # without sets: expert 0's work is spread evenly (node 0: 5 + 2 = 7 < node 2: 8 + 2)
     assert priority_broadcast(P, n, 1.0, 1.0, 2) == [0, 3]
+
+
+def test_priority_with_tile_times_sees_padded_tiles():
+    """9 + 9 tokens fill four 8-token tiles (32 rows), 20 tokens only three (24 rows)."""
+    P = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    n = np.array([9.0, 20.0, 0.0, 9.0])
+    assert priority_broadcast(P, n, 1.0, 1.0, 1) == [1]              # fluid: 20 > 18
+    rows = np.ceil(n / 8) * 8
+    shard_time = P * rows[:, None] + (P > 0) * (n[:, None] > 0) * 0.5
+    assert priority_broadcast(P, n, 1.0, 1.0, 1, shard_time=shard_time) == [3]
+    # then node 1 (24.5 s + the spread dispatch) is the congested one
+    assert priority_broadcast(P, n, 1.0, 1.0, 2, shard_time=shard_time) == [3, 1]
+    with pytest.raises(ConfigError, match="shard_time"):
+        priority_broadcast(P, n, 1.0, 1.0, 1, shard_time=np.ones((2, 2)))

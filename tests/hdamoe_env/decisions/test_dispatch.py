@@ -243,3 +243,27 @@ def test_replica_dispatch_composes_with_broadcast():
     assert merged.extra_compute_s.sum() == pytest.approx(
         (sets == 0).sum() + (sets == 1).sum())
     assert merged.extra_holders.shape[1] == bc.extra_holders.shape[1] + rd.extra_holders.shape[1]
+
+
+def test_tile_aware_dispatch_fills_open_token_tiles():
+    """With the tile model, a token that fits an open token tile costs nothing: fill it."""
+
+    def tile_time(tokens):                   # 8-token tiles of 1 s each, plus 0.1 s per GEMM
+        t = np.asarray(tokens, dtype=np.float64)
+        return np.ceil(t / 8 - 1e-9).clip(0) * 1.0 + (t > 0) * 0.1
+
+    P = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    sets = np.array([[2, 0], [2, 1], [2, 0], [2, 1]])          # expert 2 broadcast
+    fluid = dispatch_broadcast(sets, P, [2], 1.0, tile_time=tile_time)
+    tiled = dispatch_broadcast(sets, P, [2], 1.0, tile_time=tile_time, base_s=np.zeros(2))
+    assert sorted(set(fluid.nodes[:, 0].tolist())) == [0, 1]   # fluid: spread, two tiles
+    assert set(tiled.nodes[:, 0].tolist()) == {0}               # tiles: one replica, one tile
+    assert tiled.extra_compute_s.sum() == pytest.approx(1.1)
+    assert fluid.extra_compute_s.sum() == pytest.approx(2.2)
+    # a loaded node is still avoided when the open tile would finish later
+    busy = dispatch_broadcast(sets, P, [2], 1.0, tile_time=tile_time, base_s=np.array([5.0, 0]))
+    assert set(busy.nodes[:, 0].tolist()) == {1}
+    # ref bookkeeping and the paper rule are unchanged without base_s
+    ref = dispatch_broadcast(sets, P, [2], 1.0, ref_bookkeeping=True, tile_time=tile_time)
+    assert np.array_equal(ref.nodes, dispatch_broadcast(sets, P, [2], 1.0,
+                                                        ref_bookkeeping=True).nodes)

@@ -80,3 +80,35 @@ def test_partial_shard_holders_combine_at_b_psum(tiny_model, tiny_hw, rng):
     assert res[on][0].t_combine_s > res[off][0].t_combine_s
     assert res[on][0].link_busy_s.sum() > res[off][0].link_busy_s.sum()
     assert res[on][1].t_comm_moe_s == res[off][1].t_comm_moe_s
+
+
+# ------------------------------------------------------------------------------ tile-aligned TP
+def test_tp_tiled_layers_pay_tp_all_reduce_and_less_padding():
+    """DeepSeek on 4x8: 22 whole tiles per expert instead of 32 padded 44-column shards."""
+    from hdamoe_env.config.specs import HardwareSpec
+    from hdamoe_env.sim.placement import share_unit, tensor_parallel_tiled
+
+    sim = MoESimulator("deepseek-v2-lite", HardwareSpec(mesh_shape=(4, 8)))
+    model = sim.model
+    L = model.num_moe_layers
+    tiled = tensor_parallel_tiled(L, 64, 32, share_unit(model, sim.conv))
+    tp = tensor_parallel(L, 64, 32)
+    rng = np.random.default_rng(0)
+    sets = np.stack([rng.permutation(64)[:model.top_k] for _ in range(128)])
+    a = sim.layer_sampled(tiled, 2, sets, rng=np.random.default_rng(1))
+    b = sim.layer_sampled(tp, 2, sets, rng=np.random.default_rng(1))
+    assert a.mode == b.mode == "tp" and a.t_comm_moe_s == b.t_comm_moe_s
+    assert a.tp_algorithm == b.tp_algorithm
+    # whole 64-column tiles vs 44-column shards padded to the 8-column MAC granularity (48)
+    assert a.t_comp_s < 0.95 * b.t_comp_s
+    ev = LayerEvaluator(sim, tiled, 128)
+    assert ev.evaluate(2, sets, rng=np.random.default_rng(1)).total_s == a.total_s
+    with pytest.raises(ConfigError, match="tp_totals"):
+        ev.tp_totals(np.stack([sets] * L))
+    f = np.bincount(sets.ravel(), minlength=64) / 128
+    s = sim.layer_static(tiled, 2, f, sets[:4], np.full(4, 0.25), 128,
+                         rng=np.random.default_rng(1))
+    assert s.mode == "tp"
+    # the unmarked same shares are a sharded placement: dispatch/combine on the NoC
+    plain = tiled.with_layers(allreduce=None)
+    assert sim.layer_sampled(plain, 2, sets, rng=np.random.default_rng(1)).mode == "des"

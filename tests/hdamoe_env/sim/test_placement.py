@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -245,3 +246,91 @@ def test_float_pi_is_refused(tmp_path):
         Placement.load(path)
     with pytest.raises(HdMoeError, match="non-integer"):
         Placement(P=np.full((1, 2, 2), 0.5), pi=np.array([[0.0, 1.7]]))
+
+
+# ----------------------------------------------------------------------------- tile-aligned TP
+def test_tp_tiled_deals_whole_tiles_evenly():
+    from hdamoe_env.sim.placement import check_tile_grid, share_unit, tensor_parallel_tiled
+
+    model, conv = get_model("deepseek"), PROFILES["faithful"]
+    p = tensor_parallel_tiled(2, 64, 32, share_unit(model, conv))          # 22 tiles / expert
+    assert p.method == "tp-tiled" and p.allreduce is not None and p.allreduce.all()
+    check_tile_grid(p, model, conv)
+    tiles = p.P[0] * 22
+    assert np.allclose(tiles, np.rint(tiles)) and np.allclose(p.P.sum(axis=2), 1.0)
+    assert ((p.P[0] > 0).sum(axis=1) == 22).all()                        # 22 of 32 nodes
+    assert np.array_equal(tiles.sum(axis=0), np.full(32, 64 * 22 / 32))  # 44 tiles per node
+    q = tensor_parallel_tiled(1, 64, 32, 1 / 40)                           # Qwen2: 1 or 2 tiles
+    assert set(np.unique(q.P[0] * 40).round().tolist()) == {1.0, 2.0}
+    assert np.allclose((q.P[0] * 40).sum(axis=0), 80)
+    assert np.allclose(tensor_parallel_tiled(1, 8, 32, 1 / 224).P, 1 / 32)  # Mixtral: = TP
+    with pytest.raises(ConfigError, match="share unit"):
+        tensor_parallel_tiled(1, 8, 32, 0.0)
+
+
+def test_allreduce_mask_roundtrip_and_versions(tmp_path):
+    from hdamoe_env.sim.placement import tensor_parallel_tiled
+
+    p = tensor_parallel_tiled(3, 4, 8, 1 / 5)
+    back = Placement.load(p.save(tmp_path / "t.npz"))
+    assert back.allreduce is not None and back.allreduce.tolist() == [True] * 3
+    assert back.is_allreduce(1) and np.array_equal(back.P, p.P)
+    with np.load(tmp_path / "t.npz") as data:
+        assert json.loads(bytes(data["meta"]).decode())["format_version"] == 3
+    plain = p.with_layers(allreduce=None, method="custom")
+    assert plain.allreduce is None and not plain.is_allreduce(0)
+    with np.load(plain.save(tmp_path / "p.npz")) as data:
+        assert json.loads(bytes(data["meta"]).decode())["format_version"] == 1
+    assert Placement.load(tmp_path / "p.npz").allreduce is None
+    assert p.with_layers(allreduce=np.zeros(3, dtype=bool)).allreduce is None
+    with pytest.raises(ConfigError, match=r"allreduce must have shape \[L\]"):
+        p.with_layers(allreduce=np.ones(2, dtype=bool))
+    with pytest.raises(ConfigError, match="bool mask"):
+        p.with_layers(allreduce=np.full(3, 0.5))
+
+
+def test_placement_by_name_tp_tiled_needs_the_profile():
+    from hdamoe_env.sim.placement import placement_by_name
+
+    model = get_model("deepseek")
+    p = placement_by_name("tp-tiled", model, 32, conv=PROFILES["faithful"])
+    assert p.method == "tp-tiled" and p.allreduce is not None
+    with pytest.raises(ConfigError, match="conv="):
+        placement_by_name("tp-tiled", model, 32)
+    # paper* (tile_cols 1): tiles of one column, I = 1408 divides over 32 nodes: plain TP shares
+    assert np.allclose(placement_by_name("tp_tiled", model, 32, conv=PROFILES["paper"]).P,
+                       1 / 32)
+
+
+def test_ep_unit_leaves_draws_and_divisible_cases_unchanged():
+    a = expert_parallel(2, 8, 32, np.random.default_rng(4))
+    b = expert_parallel(2, 8, 32, np.random.default_rng(4), unit=1 / 224)  # 224 / 4: exact
+    assert np.array_equal(a.P, b.P) and np.array_equal(a.pi, b.pi)
+    c = expert_parallel(1, 64, 256, np.random.default_rng(4), unit=1 / 22)  # 4 nodes, 22 tiles
+    d = expert_parallel(1, 64, 256, np.random.default_rng(4))
+    assert np.array_equal(c.pi, d.pi) and np.array_equal(c.P > 0, d.P > 0)
+    assert sorted(set((c.P[0][c.P[0] > 0] * 22).round().tolist())) == [5.0, 6.0]
+
+
+@pytest.mark.parametrize("mesh", [(16, 16), (32, 32)])
+@pytest.mark.parametrize("key", ["mixtral-8x7b", "deepseek-v2-lite", "qwen2-57b-a14b",
+                                 "qwen3.5-35b-a3b"])
+def test_baselines_lie_on_the_tile_grid_of_large_meshes(key, mesh):
+    """TP, tp-tiled, EP and the hybrid are legal placements of every preset on big chips."""
+    from baselines.static import hybrid_placement
+    from hdamoe_env.sim.placement import check_tile_grid, placement_by_name, share_unit
+
+    model, conv = get_model(key), PROFILES["faithful"]
+    D = mesh[0] * mesh[1]
+    hw = HardwareSpec(mesh_shape=mesh)
+    L = 2                                          # the grid check is per layer; keep it fast
+    small = dataclasses.replace(model, num_moe_layers=L)
+    freqs = [np.random.default_rng(layer).dirichlet(np.ones(model.num_experts)) * model.top_k
+             for layer in range(L)]
+    unit = share_unit(model, conv)
+    for name in ("tp", "tp-tiled", "ep"):
+        p = placement_by_name(name, small, D, seed=1, conv=conv)
+        check_tile_grid(p, small, conv)
+        p.validate(small, hw, conv)
+    hyb = hybrid_placement(freqs, mesh, model.hybrid_regions, method="lpt", unit=unit)
+    check_tile_grid(hyb, small, conv)
