@@ -188,6 +188,12 @@ def _add_optional_commands(sub: Any) -> None:
         "tune", help="tuned-heuristic baseline: search the greedy agents' knobs under a top-1 "
         "retention target; held-out comparison; per-layer oracle bound (--oracle)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(func=tune.cmd_tune)
+    from hdamoe_env.app import compare
+
+    compare.add_compare_arguments(sub.add_parser(
+        "compare", help="heuristic, tuned and learned agents on identical held-out episodes: "
+        "means with 95 %% t intervals, IQM with bootstrap intervals, paired differences",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     _add_reproduce_parser(sub)
     crossover.add_arguments(sub.add_parser(
         "crossover", help="which method wins each cell, and which cost-model knob decides it",
@@ -424,7 +430,7 @@ _FILE_OPTIONS = ("json", "csv")
 #: (command path) -> kind of ``--out``: "dir" or "file".
 _OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "dir",
              "crossover": "dir", "tune": "dir",
-             "evaluate": "dir", "traces gen": "file", "traces convert": "file",
+             "evaluate": "dir", "compare": "dir", "traces gen": "file", "traces convert": "file",
              "traces record": "file", "traces train-tiny": "dir"}
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["cmd_fidelity", "cmd_record", "cmd_train_tiny"]
@@ -167,7 +168,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     subs = fidelity.substitutability(model, adapter, seqs, num_tokens=args.sub_tokens,
                                      seed=args.seed)
     wall = time.perf_counter() - t0
-    print(fidelity.format_table(rows))
+    head, cells, formats = fidelity.impact_table(rows)
+    print(render_table(head, cells, style="markdown", formats=formats, missing=""))
     print("\nboundary-expert substitutability (mean cos(y, y_ij), rows = candidate j, "
           "cols = selected i):")
     print(subs.format())

@@ -40,7 +40,7 @@ from hdamoe_env.app import bench
 from hdamoe_env.app.evaluate import EVAL_SEED_BASE, HELD_OUT_TRACE_OFFSET
 from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, int_list,
                                      nonneg_int, positive_int, run_from_args)
-from hdamoe_env.app.records import render_table
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, write_json
 

@@ -113,16 +113,36 @@ def test_sb3_make_vec_env_with_defaults(vec):
                                 env_kwargs=dict(TINY_KW), **kwargs), TINY.num_experts)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("vec", ["dummy", "subproc"])
-def test_sb3_make_vec_env_registered_ids_as_is(vec):
-    """The issue's command: make_vec_env(id, n_envs=2) of every registered id, no kwargs at all
-    (SubprocVecEnv with SB3's default start method)."""
-    pytest.importorskip("stable_baselines3")
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+_USER_SCRIPT = """
+import sys
+import hdamoe_env
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    cls = DummyVecEnv if vec == "dummy" else SubprocVecEnv
-    for env_id in hdamoe_env.REGISTERED_ENVS:
-        venv = make_vec_env(env_id, n_envs=2, vec_env_cls=cls)
-        _check_vec_env(venv, venv.observation_space["pred_load"].shape[0])
+if __name__ == "__main__":
+    for cls in (DummyVecEnv, SubprocVecEnv):
+        venv = make_vec_env(sys.argv[1], n_envs=2, vec_env_cls=cls)
+        obs = venv.reset()
+        frames = venv.get_images()
+        venv.close()
+        print(cls.__name__, obs["pred_load"].shape[0], frames[0].dtype, frames[0].ndim)
+"""
+
+
+@pytest.mark.slow
+def test_sb3_make_vec_env_registered_id_as_is(tmp_path):
+    """The issue's command in a user script: make_vec_env(id, n_envs=2) with no kwargs at all,
+    DummyVecEnv and SubprocVecEnv with SB3's default start method (forkserver re-imports the
+    script, whose ``import hdamoe_env`` registers the ids in the workers)."""
+    pytest.importorskip("stable_baselines3")
+    import subprocess
+    import sys
+
+    analytic = next(i for i, (kw, _) in hdamoe_env.REGISTERED_ENVS.items()
+                    if kw.get("fidelity") == "analytic")
+    script = tmp_path / "user_script.py"
+    script.write_text(_USER_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), analytic], capture_output=True,
+                         text=True, timeout=900, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["DummyVecEnv 2 uint8 3", "SubprocVecEnv 2 uint8 3"]
