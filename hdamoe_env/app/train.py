@@ -53,12 +53,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_env_arguments(p, defaults=True)
     p.add_argument("--timesteps", type=positive_int, default=None,
                    help="total env steps (default: n_timesteps of --hyperparams, else 10000)")
-    p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
+    p.add_argument("--action-mode", default=None, choices=ACTION_MODES,
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
-                   "expert ids; residual: HDA-MoE's action + a learned deviation")
+                   "expert ids; residual: HDA-MoE's action + a learned deviation (default: "
+                   "env_wrapper of --hyperparams, else ranked)")
     p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
                    help="residual mode: initial logit bonus of 'keep the greedy's choice'")
-    p.add_argument("--candidates", type=positive_int, default=4, help="K of the ranked action")
+    p.add_argument("--candidates", type=positive_int, default=None,
+                   help="K of the ranked action (default: num_candidates of --hyperparams, else 4)")
     p.add_argument("--replica-shares", type=positive_int, default=None, metavar="K",
                    help="also learn per-expert replica routing shares: one extra action value "
                    "0..K per routed expert (v/K of its tokens to the primary copy, the rest "
@@ -133,20 +135,37 @@ def _quality(args: argparse.Namespace) -> dict[str, Any] | None:
     return quality
 
 
-#: Two-sided 95 % Student-t quantiles t(0.975, dof) for dof = 1 … 30 (beyond: 1.96 + 2.5/dof,
-#: within 0.3 % of the exact value for dof > 30).
+def _run_env_id(args: argparse.Namespace) -> str:
+    """The registered env id the run corresponds to (the most specific whose kwargs match)."""
+    import hdamoe_env
+
+    run = {"model": getattr(args, "model", None) or "deepseek-v2-lite",
+           "fidelity": getattr(args, "fidelity", None)}
+    best, best_n = next(iter(hdamoe_env.REGISTERED_ENVS)), -1
+    for env_id, (kwargs, _) in hdamoe_env.REGISTERED_ENVS.items():
+        if all(run.get(k) == v for k, v in kwargs.items()) and len(kwargs) > best_n:
+            best, best_n = env_id, len(kwargs)
+    return best
+
+
 def _train_settings(args: argparse.Namespace) -> tuple[dict[str, Any], int, int, bool]:
     """Merge ``--hyperparams FILE`` with the flags: (overrides, timesteps, n_envs, normalize)."""
     hp: dict[str, Any] = {}
     timesteps, n_envs, normalize = None, None, None
+    mode, candidates = None, None
     if args.hyperparams is not None:
-        loaded = load_hyperparams(args.hyperparams, args.algo, args.hyperparams_section)
+        loaded = load_hyperparams(args.hyperparams, args.algo, args.hyperparams_section,
+                                  env_id=_run_env_id(args))
         hp.update(loaded.hyperparams)
         timesteps, n_envs, normalize = loaded.n_timesteps, loaded.n_envs, loaded.normalize_obs
+        mode, candidates = loaded.action_mode, loaded.num_candidates
     elif args.hyperparams_section is not None:
         raise ConfigError(f"--hyperparams-section {args.hyperparams_section!r} needs "
                           "--hyperparams FILE.yml")
     hp.update(_parse_hp(args.hp))
+    # the flags win over the file's env_wrapper (RL Zoo's action design)
+    args.action_mode = args.action_mode or mode or "ranked"
+    args.candidates = args.candidates or candidates or 4
     timesteps = args.timesteps or timesteps or 10_000
     n_envs = args.n_envs or n_envs or 1
     normalize = False if args.no_normalize else (True if normalize is None else normalize)
