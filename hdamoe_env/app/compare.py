@@ -13,7 +13,8 @@ decode step). Per method the table gives
   same episode) with its 95 % t interval, in µs and in % of the reference's mean;
 * top-1 routing retention and the agent's decision time.
 
-Columns whose values are the same for every method are dropped (and named below the table).
+Columns whose values are the same for every method are dropped (and named below the table),
+except the method, its mean TBT and that interval.
 Outputs: Markdown (default on stdout), LaTeX (booktabs), CSV (full precision) and JSON (the
 records and the statistics), all rendered by the one table renderer
 (``hdamoe_env.app.tables``).
@@ -62,10 +63,12 @@ COMPARE_SEEDS: tuple[int, ...] = tuple(10_000 + i for i in range(5))
 #: Seed of the held-out synthetic trace (training: trace_seed 0).
 HELD_OUT_TRACE_SEED = 1000
 
-_HEAD = ("method", "seeds", "TBT µs", "± 95 % (t)", "IQM µs", "IQM 95 % low", "IQM 95 % high",
+#: The first three columns (method, mean TBT and its interval) are never dropped.
+_KEEP = 3
+_HEAD = ("method", "TBT µs", "± 95 % (t)", "seeds", "IQM µs", "IQM 95 % low", "IQM 95 % high",
          "Δ vs ref µs", "Δ ± 95 % (t)", "Δ %", "Δ % ± 95 % (t)", "top-1 retention",
          "decide ms/step")
-_FORMATS = (None, "{:d}", "{:.2f}", "{:.2f}", "{:.2f}", "{:.2f}", "{:.2f}", "{:+.2f}", "{:.2f}",
+_FORMATS = (None, "{:.2f}", "{:.2f}", "{:d}", "{:.2f}", "{:.2f}", "{:.2f}", "{:+.2f}", "{:.2f}",
             "{:+.2f}", "{:.2f}", "{:.4f}", "{:.3f}")
 
 
@@ -199,7 +202,7 @@ def _mean(values: Sequence[Any]) -> float | None:
 
 
 def _rows(result: CompareResult) -> list[list[Any]]:
-    keys = ("n", "mean_us", "t95_us", "iqm_us", "iqm_low_us", "iqm_high_us", "diff_us",
+    keys = ("mean_us", "t95_us", "n", "iqm_us", "iqm_low_us", "iqm_high_us", "diff_us",
             "diff_t95_us", "diff_pct", "diff_pct_t95", "top1_retention", "decide_ms")
     return [[m, *(result.stats[m][k] for k in keys)] for m in result.methods]
 
@@ -208,7 +211,7 @@ def compare_table(result: CompareResult, style: str = "markdown") -> str:
     """Return the comparison table in ``style`` (constant columns dropped)."""
     head = [h.replace("ref", result.reference) for h in _HEAD]
     return render_table(head, _rows(result), style=style, formats=_FORMATS,
-                        drop_constant=True, keep=1)
+                        drop_constant=True, keep=_KEEP)
 
 
 def seeds_table(result: CompareResult, style: str = "markdown") -> str:
@@ -223,7 +226,7 @@ def _dropped(result: CompareResult) -> list[str]:
     head = [h.replace("ref", result.reference) for h in _HEAD]
     rows = _rows(result)
     out = []
-    for j in constant_columns(head, rows, keep=1, formats=_FORMATS):
+    for j in constant_columns(head, rows, keep=_KEEP, formats=_FORMATS):
         value = rows[0][j]
         if value is not None:
             spec = _FORMATS[j] or "{:.2f}"
