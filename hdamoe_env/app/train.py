@@ -24,6 +24,7 @@ from agents.learned.hyperparams import load_hyperparams
 from agents.learned.policy import ALGORITHMS, read_meta
 from agents.learned.train import to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
+from hdamoe_env.app.flags import add_progress_flag
 from hdamoe_env.app.methods import parse_method
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
 from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, add_env_arguments, env_kwargs_from_args,
@@ -102,7 +103,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--progress", action="store_true", help="SB3 progress bar")
+    add_progress_flag(p, default=True)
+    p.add_argument("--sb3-progress-bar", action="store_true",
+                   help="SB3's own (rich) progress bar instead of the package's")
     return p
 
 
@@ -261,9 +264,10 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                evaluate_fn: Callable[[Path], dict[str, Any]] | None) -> Path:
     """Train one seed of ``hdamoe train`` with a progress bar; return the model path."""
     # one progress helper (a tqdm bar on a terminal, plain lines in logs); SB3's own bar with
-    # --progress instead
+    # --sb3-progress-bar instead; none with --no-progress
+    sb3_bar = bool(args.sb3_progress_bar) and args.progress
     bar = progress_bar(timesteps, f"train env steps (seed {seed})", unit="step",
-                       enabled=not args.progress)
+                       enabled=args.progress and not sb3_bar)
     done = {"n": 0}
 
     def on_progress(steps: int, fps: float) -> None:
@@ -291,11 +295,11 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                      fidelity=args.fidelity, normalize_obs=normalize,
                      tensorboard=not args.no_tensorboard, resume=args.resume,
                      hyperparams=hyperparams, placement=placement,
-                     evaluate_fn=wrapped, progress=args.progress,
+                     evaluate_fn=wrapped, progress=sb3_bar,
                      action_mode=args.action_mode, num_candidates=args.candidates,
                      residual_keep_logit=args.keep_logit, quality=quality,
                      replica_shares=args.replica_shares,
-                     on_progress=None if args.progress else on_progress)
+                     on_progress=on_progress if args.progress and not sb3_bar else None)
     finally:
         bar.close()
 
