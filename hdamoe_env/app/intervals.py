@@ -23,8 +23,9 @@ lazily (the ``opt`` extra, also in ``all``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -65,7 +66,8 @@ class Interval:
         return (self.high - self.low) / 2
 
 
-def _scipy_stats():  # type: ignore[no-untyped-def]
+def _scipy_stats() -> Any:
+    """Return ``scipy.stats`` (lazily imported)."""
     try:
         from scipy import stats
     except ImportError:
