@@ -50,7 +50,7 @@ from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, 
 from hdamoe_env.app.flags import add_progress_flag
 from hdamoe_env.app.methods import MethodSpec, parse_method
 from hdamoe_env.app.tables import TABLE_STYLES, constant_columns, render_table
-from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, json_default
 
 __all__ = ["COMPARE_SEEDS", "HELD_OUT_TRACE_SEED", "CompareResult", "add_compare_arguments",
@@ -321,8 +321,21 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     return p
 
 
+#: The files ``--out`` receives.
+OUT_FILES = ("compare.md", "compare.tex", "compare.csv", "seeds.csv", "compare.json")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Run ``hdamoe compare``; print the table; return the exit code."""
+    """Run ``hdamoe compare``; print the table; return the exit code.
+
+    Raises:
+        OutputPathError: ``--out`` already holds a comparison (never overwritten).
+    """
+    if args.out:
+        taken = [name for name in OUT_FILES if (Path(args.out) / name).exists()]
+        if taken:
+            raise OutputPathError(f"--out {args.out!r} already holds {taken}; choose another "
+                                  "directory or move them away first")
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     seeds = [int(s) for s in int_list(args.seeds).split(",") if s.strip()]
     config = bench.BenchConfig(

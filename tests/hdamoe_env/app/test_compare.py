@@ -90,3 +90,14 @@ def test_fewer_than_five_seeds_have_no_iqm_and_errors(tmp_path):
         cmp.compare(_config(tmp_path), ["tp", "ep"], [0])
     with pytest.raises(ConfigError, match="reference"):
         cmp.compare(_config(tmp_path), ["tp", "ep"], [0, 1], reference="hd-moe")
+
+
+def test_cli_refuses_to_overwrite_a_comparison(tmp_path, capsys):
+    from hdamoe_env.app.cli import main
+
+    (tmp_path / "compare.md").write_text("earlier run\n")
+    code = main(["compare", "--methods", "tp,ep", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "already holds ['compare.md']" in err[0]
+    assert err[0].endswith("(see `hdamoe compare --help`)")
+    assert (tmp_path / "compare.md").read_text() == "earlier run\n"
