@@ -45,10 +45,10 @@ MODELS = {
 }
 SETTINGS = ("2.5/75", "10/25")
 BATCHES = (32, 128)
-G2 = ["--levels", "0,0.5,1,2,4,8,16,32", "--protect-top", "0,1,2",
+G2 = ["--gating-levels", "0,0.5,1,2,4,8,16,32", "--gating-protect-top", "0,1,2",
       "--dispatch-rules", "least_loaded", "--k-b", "budget,1", "--max-grid", "200",
       "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8"]
-EPLB_GRID = ["--levels", "0,1,4,32", "--protect-top", "0,1", "--dispatch-rules", "least_loaded",
+EPLB_GRID = ["--gating-levels", "0,1,4,32", "--gating-protect-top", "0,1", "--dispatch-rules", "least_loaded",
              "--k-b", "budget", "--replica-rules", "least_loaded,nearest,round_robin",
              "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8", "--oracle"]
 BASELINES = "noop,hardware-aware-gating,hd-moe,hda-moe"

@@ -121,9 +121,9 @@ def _levels(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"--levels must be a comma list of numbers, got {text!r}") from None
+        raise ConfigError(f"--gating-levels must be a comma list of numbers, got {text!r}") from None
     if not values or any(v < 0 for v in values):
-        raise ConfigError(f"--levels must be non-negative numbers, got {text!r}")
+        raise ConfigError(f"--gating-levels must be non-negative numbers, got {text!r}")
     return values
 
 

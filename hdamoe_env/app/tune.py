@@ -93,14 +93,14 @@ def parse_grid(levels: str, protect_top: str, rules: str, k_b: str, replica_rule
     try:
         protect = tuple(int(t) for t in protect_top.split(",") if t.strip())
     except ValueError:
-        raise ConfigError(f"--protect-top {protect_top!r}: expected integers") from None
+        raise ConfigError(f"--gating-protect-top {protect_top!r}: expected integers") from None
     replica = tuple(None if t.strip() in ("none", "default") else t.strip()
                     for t in replica_rules.split(",") if t.strip())
     imb: list[float | None] = []
     for t in (t.strip() for t in min_imbalance.split(",")):
         if t:
             imb.append(None if t in ("none", "off") else _floats(t, "min-imbalance")[0])
-    return KnobGrid(gating_levels=_floats(levels, "levels"), protect_top=protect,
+    return KnobGrid(gating_levels=_floats(levels, "gating-levels"), protect_top=protect,
                     dispatch_rules=tuple(t.strip() for t in rules.split(",") if t.strip()),
                     k_b=_kb_values(k_b), replica_rules=replica, min_imbalance=tuple(imb))
 
@@ -176,7 +176,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     search_s = time.perf_counter() - t0
     if result.best is None:
         raise ConfigError(f"no grid point meets --quality-target {args.quality_target}; add "
-                          "level 0 to --levels or lower the target")
+                          "level 0 to --gating-levels or lower the target")
 
     # held-out split
     eval_kwargs = dict(base)
