@@ -331,8 +331,9 @@ def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") ->
         in_family = any(lab.split(" (s=")[0] in family for lab in labels)
         ax.plot([x], [y], "s" if in_family else "o", color="C0" if in_family else f"C{j % 9 + 1}",
                 ms=6, zorder=3)
-        ax.annotate(" = ".join(labels), (x, y), fontsize=6, xytext=(4, 4 + 7 * (j % 2)),
-                    textcoords="offset points", zorder=4)
+        note = ax.annotate(" = ".join(labels), (x, y), fontsize=6, xytext=(4, 4 + 7 * (j % 2)),
+                           textcoords="offset points", zorder=4)
+        note.set_in_layout(False)          # long labels must not squeeze small report panels
     if points:
         px = [p[0] for p in points]
         py = [p[1] for p in points]
@@ -342,12 +343,12 @@ def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") ->
         ax.set_xlim(min(x1, 100.05), x0)                      # inverted: 100 % on the left
         ax.ticklabel_format(axis="both", useOffset=False, style="plain")
         ax.set_ylim(y0, y1 + 0.1 * (y1 - y0))
-    ax.set_xlabel("top-1 routing retention (%), ← better")
+    ax.set_xlabel("top-1 routing retention (%), ← better\n"
+                  "labels: method, (s=…) gating scale × default coefficients, a = b: same point",
+                  fontsize=7)
     ax.set_ylabel("TBT (µs per decode step), ↓ better")
     if curve:
         ax.legend(fontsize=6, loc="best")
-    ax.text(0.0, -0.22, "labels: method; (s=…) gating scale × default coefficients; "
-            "\"a = b\": same point", transform=ax.transAxes, fontsize=6, va="top")
     if title:
         ax.set_title(title, fontsize=8)
 
