@@ -7,7 +7,7 @@ export OPENBLAS_NUM_THREADS := 1
 export MKL_NUM_THREADS := 1
 export NUMBA_NUM_THREADS := 1
 
-.PHONY: run test install bench-sim clean
+.PHONY: run test install bench-sim docs docs-check clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -22,6 +22,14 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# the outputs of the examples in README.md and docs/*.md (`<!-- example: run -->` blocks);
+# regenerate after a physics change; `docs-check` fails on stale outputs (CI)
+docs: install
+	$(PY) -m benchmarks.docs_examples --write --slow
+
+docs-check: install
+	$(PY) -m benchmarks.docs_examples --check --run-python
 
 bench-sim: install
 	$(VENV)/bin/hdamoe bench-sim

@@ -34,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hdamoe_env.app.tables import render_table
+
 MIXTRAL_DIR = "../shared/reference-traces/mixtral"
 MODELS = {
     "ds": ("deepseek-v2-lite", []),
@@ -43,10 +45,10 @@ MODELS = {
 }
 SETTINGS = ("2.5/75", "10/25")
 BATCHES = (32, 128)
-G2 = ["--levels", "0,0.5,1,2,4,8,16,32", "--protect-top", "0,1,2",
+G2 = ["--gating-levels", "0,0.5,1,2,4,8,16,32", "--gating-protect-top", "0,1,2",
       "--dispatch-rules", "least_loaded", "--k-b", "budget,1", "--max-grid", "200",
       "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8"]
-EPLB_GRID = ["--levels", "0,1,4,32", "--protect-top", "0,1", "--dispatch-rules", "least_loaded",
+EPLB_GRID = ["--gating-levels", "0,1,4,32", "--gating-protect-top", "0,1", "--dispatch-rules", "least_loaded",
              "--k-b", "budget", "--replica-rules", "least_loaded,nearest,round_robin",
              "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8", "--oracle"]
 BASELINES = "noop,hardware-aware-gating,hd-moe,hda-moe"
@@ -104,10 +106,10 @@ def _load(path: Path) -> dict | None:
 
 def learned_table(out: Path) -> str:
     """Markdown table of the learned policies (DES, held-out) of every finished cell."""
-    rows = ["| model | setting | B | NoOp µs | HDA-MoE µs | tuned µs (top-1) | learned µs (mean ± "
-            "95 % CI, 3 seeds) | learned top-1 | learned ÷ tuned − 1 | 95 % CI of the gap | "
-            "beats tuned by ≥ 5 %? |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["model", "setting", "B", "NoOp µs", "HDA-MoE µs", "tuned µs (top-1)",
+            "learned µs (mean ± 95 % CI, 3 seeds)", "learned top-1", "learned ÷ tuned − 1",
+            "95 % CI of the gap", "beats tuned by ≥ 5 %?"]
+    rows: list[list[str]] = []
     for name, m, setting, b in cells():
         data = _load(out / name / "train" / "seeds.json")
         if data is None:
@@ -119,21 +121,21 @@ def learned_table(out: Path) -> str:
         half = (lrn["tbt_ci95_us"] or 0.0) / tuned
         verdict = ("yes" if gap + half < 0 and gap <= -0.05
                    and lrn["top1_retention"] >= 0.99 else "no")
-        rows.append(f"| {NAMES[m]} | {setting} | {b} | {base['noop']['tbt_us']:.1f} | "
-                    f"{base['hda-moe']['tbt_us']:.1f} | {tuned:.1f} "
-                    f"({base['tuned']['top1_retention']:.4f}) | "
-                    f"{lrn['tbt_us']:.1f} ± {lrn['tbt_ci95_us'] or 0:.1f} | "
-                    f"{lrn['top1_retention']:.4f} | {100 * gap:+.2f} % | "
-                    f"[{100 * (gap - half):+.2f}, {100 * (gap + half):+.2f}] % | {verdict} |")
-    return "\n".join(rows)
+        rows.append([NAMES[m], str(setting), str(b), f"{base['noop']['tbt_us']:.1f}",
+                     f"{base['hda-moe']['tbt_us']:.1f}",
+                     f"{tuned:.1f} ({base['tuned']['top1_retention']:.4f})",
+                     f"{lrn['tbt_us']:.1f} ± {lrn['tbt_ci95_us'] or 0:.1f}",
+                     f"{lrn['top1_retention']:.4f}", f"{100 * gap:+.2f} %",
+                     f"[{100 * (gap - half):+.2f}, {100 * (gap + half):+.2f}] %", verdict])
+    return render_table(head, rows, style="markdown")
 
 
 def replica_table(out: Path) -> str:
     """Markdown table of the redundant-expert (eplb) tuning and oracle of every finished cell."""
-    rows = ["| model | setting | B | tuned Node + Link µs | tuned EPLB µs (knobs) | "
-            "EPLB oracle ÷ best tuned (constrained / unconstrained) | best LP-shares point ÷ "
-            "best rule point | oracle layers on LP shares |",
-            "|---|---|---|---|---|---|---|---|"]
+    head = ["model", "setting", "B", "tuned Node + Link µs", "tuned EPLB µs (knobs)",
+            "EPLB oracle ÷ best tuned (constrained / unconstrained)",
+            "best LP-shares point ÷ best rule point", "oracle layers on LP shares"]
+    rows: list[list[str]] = []
     for name, m, setting, b in cells():
         nl = _load(out / name / "tune" / "tuned.json")
         ep = _load(out / name / "tune_eplb" / "tuned.json")
@@ -152,12 +154,12 @@ def replica_table(out: Path) -> str:
         lp_layers = sum(f["oracle_choices"] for f in lp)
         k = ep["knobs"]
         knobs = f"level {k['gating_level']:g}, protect {k['protect_top']}, {k['replica_rule']}"
-        rows.append(f"| {NAMES[m]} | {setting} | {b} | {nl['held_out']['tbt_us']:.1f} | "
-                    f"{ep['held_out']['tbt_us']:.1f} ({knobs}) | "
-                    f"{orc['constrained_tbt_us'] / best:.3f} / "
-                    f"{orc['unconstrained_tbt_us'] / best:.3f} | {lp_ratio:.3f} | "
-                    f"{lp_layers} / {layers} |")
-    return "\n".join(rows)
+        rows.append([NAMES[m], str(setting), str(b), f"{nl['held_out']['tbt_us']:.1f}",
+                     f"{ep['held_out']['tbt_us']:.1f} ({knobs})",
+                     f"{orc['constrained_tbt_us'] / best:.3f} / "
+                     f"{orc['unconstrained_tbt_us'] / best:.3f}", f"{lp_ratio:.3f}",
+                     f"{lp_layers} / {layers}"])
+    return render_table(head, rows, style="markdown")
 
 
 def summary(out: Path) -> str:

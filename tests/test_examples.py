@@ -51,7 +51,9 @@ def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
     yaml = pytest.importorskip("yaml")
     path = EXAMPLES / "hyperparams" / "ppo_mask.yml"
     text = path.read_text()
-    assert "python -m rl_zoo3.train --algo ppo_mask" in text          # the command
+    assert "hdamoe train --algo maskable-ppo --hyperparams examples/hyperparams/ppo_mask.yml" \
+        in text                                                         # the command
+    assert "rl_zoo3 itself is not supported" in text                    # no Zoo claim
     conf = yaml.safe_load(text)
     assert set(conf) == {"hdamoe_env/HdMoE-analytic-v0", "hdamoe_env/HdMoE-Mixtral-v0"}
     for env_id, hp in conf.items():
@@ -71,6 +73,28 @@ def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
             assert mask.size == int(np.sum(env.action_space.nvec))
             parts = np.split(mask.astype(np.int8), np.cumsum(env.action_space.nvec)[:-1])
             obs, *_ = env.step(env.action_space.sample(mask=tuple(parts)))
+
+
+@pytest.mark.parametrize("section, mode, k", [("hdamoe_env/HdMoE-analytic-v0", "ranked", 4),
+                                              ("hdamoe_env/HdMoE-Mixtral-v0", "residual", 4)])
+def test_rl_zoo_file_trains_with_hdamoe_train(tmp_path, section, mode, k):
+    """One dialect: the Zoo-format file runs with `hdamoe train --hyperparams` (env_wrapper ->
+    action design, normalize, policy_kwargs and the algorithm's fields)."""
+    pytest.importorskip("sb3_contrib")
+    import json
+
+    from hdamoe_env.app.cli import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--algo", "maskable-ppo", "--hyperparams",
+                 str(EXAMPLES / "hyperparams" / "ppo_mask.yml"), "--hyperparams-section", section,
+                 *TINY, "--timesteps", "32", "--hp", "n_steps=32", "--hp", "batch_size=32",
+                 "--no-eval", "--no-tensorboard", "--out", str(out)])
+    assert code == 0
+    meta = json.loads((out / "learned.json").read_text())
+    assert meta["action_mode"] == mode and meta["num_candidates"] == k
+    assert meta["normalize_obs"] is True and meta["hyperparams"]["n_epochs"] == 10
+    assert meta["hyperparams"]["ent_coef"] == 0.005 and meta["num_timesteps"] >= 32
 
 
 def _documented_names():

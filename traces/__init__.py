@@ -41,7 +41,7 @@ from traces.batching import (
 from traces.errors import TraceFormatError, UnknownNameError, unknown_name
 from traces.io import load, save
 from traces.reference import convert_reference, detect_segments, read_reference_json
-from traces.stats import format_stats_table, trace_stats
+from traces.stats import stats_table, trace_stats
 from traces.synthetic import (
     GENERATOR_PARAMS,
     MODEL_KEYS,
@@ -66,7 +66,6 @@ __all__ = [
     "convert_reference",
     "detect_segments",
     "distinct_requests",
-    "format_stats_table",
     "generate",
     "identical",
     "load",
@@ -80,6 +79,7 @@ __all__ = [
     "streams",
     "synthesize_scores",
     "take",
+    "stats_table",
     "trace_stats",
     "unique_rows",
     "unknown_name",

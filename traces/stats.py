@@ -46,7 +46,7 @@ from traces.batching import random_rows, requests, take, windows
 from traces.trace import RoutingTrace, unique_rows
 
 __all__ = [
-    "format_stats_table",
+    "stats_table",
     "gini",
     "null_pair_probabilities",
     "pair_frequencies",
@@ -562,16 +562,22 @@ def _floors(
 # ----------------------------------------------------------------------------- table
 
 
-def format_stats_table(columns: Mapping[str, Mapping[str, Any]], *, digits: int = 4) -> str:
-    """Format several :func:`trace_stats` results side by side.
+def stats_table(columns: Mapping[str, Mapping[str, Any]], *,
+                digits: int = 4) -> tuple[list[str], list[list[str]]]:
+    """Lay several :func:`trace_stats` results side by side as table cells.
+
+    The cells are rendered by the application's one table renderer
+    (``hdamoe_env.app.tables.render_table``, ``hdamoe traces stats``); this module stays free of
+    presentation code.
 
     Args:
         columns: Column title → stats dict (one column per trace).
         digits: Decimals of floating-point values.
 
     Returns:
-        A plain-text table: one row per scalar statistic (in first-seen order), one column per
-        trace; missing values print as "–". Nested values (``per_layer``) are skipped.
+        ``(head, rows)``: head ``["statistic", *titles]``; one row of strings per scalar
+        statistic (in first-seen order); missing values are "–". Nested values (``per_layer``)
+        are skipped.
     """
     names: list[str] = []
     for stats in columns.values():
@@ -591,12 +597,4 @@ def format_stats_table(columns: Mapping[str, Mapping[str, Any]], *, digits: int 
 
     header = ["statistic", *columns]
     body = [[name, *(cell(stats.get(name)) for stats in columns.values())] for name in names]
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    lines = [
-        "  ".join(
-            text.ljust(widths[0]) if i == 0 else text.rjust(widths[i]) for i, text in enumerate(row)
-        )
-        for row in [header, *body]
-    ]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return header, body

@@ -108,15 +108,24 @@ assert tuple(HYPERPARAMS) == ALGORITHMS, "agents.learned.policy.ALGORITHMS names
 #: Keys of an RL Zoo style hyperparameter file that are not dataclass fields: the run settings
 #: they map onto (``n_envs``, ``n_timesteps``), the policy class (only ``MultiInputPolicy``),
 #: observation normalisation (a bool or the zoo's ``"{'norm_obs': True, ...}"`` string; reward
-#: normalisation is not supported) and ``policy_kwargs`` (only ``net_arch``).
+#: normalisation is not supported), ``policy_kwargs`` (only ``net_arch``) and ``env_wrapper``
+#: (the zoo's list of wrapper classes; see :data:`ENV_WRAPPERS`).
 HYPERPARAM_FILE_KEYS: tuple[str, ...] = ("n_envs", "n_timesteps", "policy", "normalize",
-                                         "policy_kwargs")
+                                         "policy_kwargs", "env_wrapper")
+#: ``env_wrapper`` entries understood by ``hdamoe train`` -> the training setting each one is.
+#: The training env always flattens the replica map (``FlattenReplicasWrapper`` is accepted and
+#: changes nothing); ``RankedBroadcastWrapper`` (keyword ``num_candidates``) is
+#: ``--action-mode ranked --candidates K``; ``ResidualHDAWrapper`` is ``--action-mode
+#: residual``; no action wrapper is ``--action-mode full``.
+ENV_WRAPPERS: dict[str, str | None] = {
+    "hdamoe_env.env.wrappers.FlattenReplicasWrapper": None,
+    "hdamoe_env.env.wrappers.RankedBroadcastWrapper": "ranked",
+    "agents.wrappers.ResidualHDAWrapper": "residual",
+}
 #: Section names accepted for an algorithm (ours and rl-zoo3's ``--algo`` names).
 _ALGO_SECTIONS: dict[str, tuple[str, ...]] = {"ppo": ("ppo",),
                                               "maskable-ppo": ("maskable-ppo", "ppo_mask"),
                                               "a2c": ("a2c",)}
-#: Section names accepted for the env (the registered id, with or without the package prefix).
-_ENV_SECTIONS: tuple[str, ...] = ("HdMoE-v0", "hdamoe_env/HdMoE-v0")
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,9 @@ class HyperparamsFile:
         n_envs: Env copies (``n_envs`` of the file), None if absent.
         n_timesteps: Total env steps (``n_timesteps``), None if absent.
         normalize_obs: Observation normalisation (``normalize``), None if absent.
+        action_mode: The action design of ``env_wrapper`` (``"ranked"``, ``"residual"`` or
+            ``"full"``), None if the section has no ``env_wrapper``.
+        num_candidates: K of a ``RankedBroadcastWrapper`` entry, None if not given.
     """
 
     path: str
@@ -138,6 +150,51 @@ class HyperparamsFile:
     n_envs: int | None = None
     n_timesteps: int | None = None
     normalize_obs: bool | None = None
+    action_mode: str | None = None
+    num_candidates: int | None = None
+
+
+def _env_sections() -> tuple[str, ...]:
+    """Every registered env id, with and without the ``hdamoe_env/`` prefix (zoo sections)."""
+    import hdamoe_env
+
+    ids = list(hdamoe_env.REGISTERED_ENVS)
+    return tuple(dict.fromkeys([name for i in ids for name in (i, i.split("/", 1)[-1])]))
+
+
+def _env_wrappers(value: Any, src: str, run: dict[str, Any]) -> None:
+    """Map the zoo's ``env_wrapper`` list onto ``run["action_mode"]`` / ``num_candidates``."""
+    entries = value if isinstance(value, list) else [value]
+    mode = "full"
+    for entry in entries:
+        if isinstance(entry, dict) and len(entry) == 1:
+            name, kwargs = next(iter(entry.items()))
+        elif isinstance(entry, str):
+            name, kwargs = entry, None
+        else:
+            raise ConfigError(f"{src}: env_wrapper entry {entry!r}: expected \"module.Class\" "
+                              "or {\"module.Class\": {keyword: value}}")
+        if name not in ENV_WRAPPERS:
+            raise ConfigError(f"{src}: env_wrapper {name!r} is not a training setting of "
+                              f"hdamoe train; expected one of {sorted(ENV_WRAPPERS)}")
+        kwargs = dict(kwargs or {})
+        role = ENV_WRAPPERS[name]
+        if role == "ranked":
+            k = kwargs.pop("num_candidates", None)
+            if k is not None:
+                if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                    raise ConfigError(f"{src}: {name} num_candidates={k!r}: expected a "
+                                      "positive integer")
+                run["num_candidates"] = k
+        if kwargs:
+            raise ConfigError(f"{src}: env_wrapper {name}: unsupported keywords "
+                              f"{sorted(kwargs)}")
+        if role is not None:
+            if mode != "full":
+                raise ConfigError(f"{src}: env_wrapper has two action designs ({mode} and "
+                                  f"{role}); expected at most one")
+            mode = role
+    run["action_mode"] = mode
 
 
 def _literal(text: str, key: str, path: str) -> Any:
@@ -158,7 +215,9 @@ def _literal(text: str, key: str, path: str) -> Any:
 def _file_setting(name: str, value: Any, src: str, hp: dict[str, Any],
                   run: dict[str, Any]) -> None:
     """Map one :data:`HYPERPARAM_FILE_KEYS` entry onto ``hp`` (net_arch) or ``run``."""
-    if name in ("n_envs", "n_timesteps"):
+    if name == "env_wrapper":
+        _env_wrappers(value, src, run)
+    elif name in ("n_envs", "n_timesteps"):
         if isinstance(value, float) and value.is_integer():
             value = int(value)                           # the zoo writes !!float 2e5
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -194,12 +253,13 @@ def _file_setting(name: str, value: Any, src: str, hp: dict[str, Any],
 
 
 def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
-                     section: str | None = None) -> HyperparamsFile:
+                     section: str | None = None, env_id: str | None = None) -> HyperparamsFile:
     """Read an RL Zoo style hyperparameter file (``hyperparams/<algo>.yml`` of rl-zoo3).
 
     The file is a YAML mapping of sections; the section used is the first present of the
-    algorithm's name (``maskable-ppo`` or rl-zoo3's ``ppo_mask``, ``ppo``, ``a2c``), then the env
-    id (``HdMoE-v0`` or ``hdamoe_env/HdMoE-v0``). Its keys are fields of the algorithm's
+    algorithm's name (``maskable-ppo`` or rl-zoo3's ``ppo_mask``, ``ppo``, ``a2c``), then the
+    run's env id (``env_id``), then any registered env id (with or without ``hdamoe_env/``) —
+    RL Zoo's own layout: one file per algorithm, one section per env id. Its keys are fields of the algorithm's
     hyperparameter dataclass (``n_steps``, ``batch_size``, ``learning_rate``, ``gamma``,
     ``ent_coef``, ...) or one of :data:`HYPERPARAM_FILE_KEYS`; ``policy_kwargs`` (a mapping or
     the zoo's ``"dict(net_arch=[64, 64])"`` string) may hold only ``net_arch``. PyYAML is
@@ -210,6 +270,8 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
         algo: Algorithm the settings are for (selects the section and the dataclass).
         section: Use this top-level key instead of the default lookup (a file may hold several
             variants, e.g. ``maskable-ppo-residual``).
+        env_id: The registered id the run corresponds to (its section comes first among the
+            env sections).
 
     Returns:
         The section's settings, hyperparameters validated against the dataclass.
@@ -240,7 +302,10 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
     if not isinstance(doc, dict) or not doc:
         raise ConfigError(f"{src}: expected a mapping of sections (algorithm or env id -> "
                           f"settings), got {type(doc).__name__}")
-    names = (section,) if section is not None else (*_ALGO_SECTIONS[key], *_ENV_SECTIONS)
+    envs = _env_sections()
+    if env_id is not None:
+        envs = tuple(dict.fromkeys([env_id, env_id.split("/", 1)[-1], *envs]))
+    names = (section,) if section is not None else (*_ALGO_SECTIONS[key], *envs)
     section = next((n for n in names if n in doc), None)
     if section is None:
         raise ConfigError(f"{src}: no section for {key}; expected one of {list(names)}, "
@@ -273,7 +338,9 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
     check_hyperparam_types(cls(), hp)
     return HyperparamsFile(src, str(section), hp, n_envs=run.get("n_envs"),
                            n_timesteps=run.get("n_timesteps"),
-                           normalize_obs=run.get("normalize_obs"))
+                           normalize_obs=run.get("normalize_obs"),
+                           action_mode=run.get("action_mode"),
+                           num_candidates=run.get("num_candidates"))
 
 
 def model_kwargs(hp: Any) -> dict[str, Any]:

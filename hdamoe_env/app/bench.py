@@ -582,7 +582,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         placement_seed=args.place_seed, place_workers=args.place_workers, env_kwargs=env_kwargs)
     result = run_bench(config, methods, seeds, json_path=args.json, csv_path=args.csv,
                        resume=args.resume, tensorboard_dir=args.tensorboard,
-                       progress=not args.no_progress)
+                       progress=args.progress)
     model = config.model_spec
     hw = config.run.hardware
     rec0 = result.records[0]

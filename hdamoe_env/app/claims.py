@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.app.records import render_table
+from hdamoe_env.app.tables import render_table
 
 __all__ = ["CLAIMS", "MATCHED", "OTHERS", "SHORT", "Claim", "best_other", "cell_records",
            "cell_tables", "claims_section", "lb_method", "md_table", "model_label",

@@ -33,6 +33,7 @@ from hdamoe_env.app.argtypes import (
     positive_int,
     run_from_args,
 )
+from hdamoe_env.app.flags import add_deprecated_alias, add_progress_flag
 from hdamoe_env.app.logs import configure_logging
 from hdamoe_env.config.errors import HdMoeError
 from hdamoe_env.config.run import RUN_DEFAULTS
@@ -189,6 +190,12 @@ def _add_optional_commands(sub: Any) -> None:
         "tune", help="tuned-heuristic baseline: search the greedy agents' knobs under a top-1 "
         "retention target; held-out comparison; per-layer oracle bound (--oracle)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)).set_defaults(func=tune.cmd_tune)
+    from hdamoe_env.app import compare
+
+    compare.add_compare_arguments(sub.add_parser(
+        "compare", help="heuristic, tuned and learned agents on identical held-out episodes: "
+        "means with 95 %% t intervals, IQM with bootstrap intervals, paired differences",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     _add_reproduce_parser(sub)
     crossover.add_arguments(sub.add_parser(
         "crossover", help="which method wins each cell, and which cost-model knob decides it",
@@ -232,7 +239,7 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG figures here")
     p.add_argument("--heatmap-method", default=None,
                    help="method of the link heat map (default: the last with link data)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_flag(p, default=True)
     p.set_defaults(func=bench.cmd_bench)
     return p
 
@@ -332,8 +339,10 @@ def _add_record_parsers(tsub: Any) -> None:
     fid.add_argument("--max-len", type=positive_int, default=512, help="tokens per text at most")
     add_run_arguments(fid, ("batch",), defaults={"batch": 32},
                       helps={"batch": ": the gating batch (consecutive rows gated together)"})
-    fid.add_argument("--levels", type=float_list(positive=False), default="0.01,0.1,1",
+    fid.add_argument("--gating-levels", dest="levels", type=float_list(positive=False),
+                     default="0.01,0.1,1",
                      help="multiples of the default (r_comp, r_comm) of --sim-model")
+    add_deprecated_alias(fid, "--levels", "--gating-levels", "levels", takes_value=True)
     fid.add_argument("--cache-lambda", type=nonneg_float, default=0.5,
                      help="weight of the cache term of the fidelity metric")
     fid.add_argument("--sub-tokens", type=positive_int, default=256,
@@ -428,7 +437,7 @@ _FILE_OPTIONS = ("json", "csv")
 #: (command path) -> kind of ``--out``: "dir" or "file".
 _OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "dir",
              "crossover": "dir", "tune": "dir",
-             "evaluate": "dir", "traces gen": "file", "traces convert": "file",
+             "evaluate": "dir", "compare": "dir", "traces gen": "file", "traces convert": "file",
              "traces record": "file", "traces train-tiny": "dir"}
 
 
@@ -569,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"hdamoe: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"hdamoe: error: {_one_line(exc)} (see `hdamoe {_command(args)} --help`)",
+              file=sys.stderr)
         return 2
     except MemoryError:
         if verbose:

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.app.records import read_jsonl, render_table, summarise
+from hdamoe_env.app.records import read_jsonl, summarise
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.app.reproduce import (
     BACKENDS,
     DEFAULT_MIXTRAL_DIR,

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.fileio import write_json
 from hdamoe_env.config.run import RUN_DEFAULTS
 
@@ -216,10 +217,7 @@ def format_bench_env(res: dict[str, Any]) -> str:
                      f"env DES step {res['env_des_step_ms']:.3f} ms",
                      f"{res[f'ratio_decide_{label}_vs_env_step']:.2f}", target))
     head = ("measurement", "value", "baseline (same run)", "ratio", "target")
-    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+    return render_table(head, rows, align="l" * len(head))
 
 
 def cmd_bench_env(args: argparse.Namespace) -> int:

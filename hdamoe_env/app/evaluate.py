@@ -33,6 +33,7 @@ from agents.learned.policy import read_meta
 from agents.learned.train import to_jsonable
 from baselines.store import PLACEMENT_ARTIFACTS
 from hdamoe_env.app import bench
+from hdamoe_env.app.flags import add_progress_flag
 from hdamoe_env.app.methods import MethodSpec, parse_method
 from hdamoe_env.app.argtypes import add_run_arguments, int_list, nonneg_int, positive_int
 from hdamoe_env.app.plots import plot_learning_curve
@@ -398,6 +399,8 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="evaluate on the given trace as is (default: the held-out split of a "
                    "learned agent's training trace)")
     p.add_argument("--out", default=None, help="write eval.json / eval.md here")
+    p.add_argument("--json", default=None, help="write the result (JSON) here ('-' = stdout)")
+    add_progress_flag(p, default=False)
     return p
 
 
@@ -419,6 +422,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     res = evaluate(paths or None, env_kwargs=kwargs, seeds=parse_seeds(args.seeds), steps=args.steps,
                    fidelities=fidelities, trace=trace, baselines=baselines,
                    placement=kwargs.get("placement"), out_dir=args.out,
-                   held_out=not args.no_held_out and bool(paths))
+                   held_out=not args.no_held_out and bool(paths), progress=args.progress)
     print(format_evaluation(res))
+    if args.json:
+        text = json.dumps(dict(res), indent=1, default=to_jsonable) + "\n"
+        atomic_write(args.json, lambda fh: fh.write(text.encode()), "wb")
     return 0

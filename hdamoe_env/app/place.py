@@ -21,7 +21,7 @@ from baselines.memory_sweep import sweep_rho_mem
 from baselines.pipeline import METHOD_NAMES, PipelineResult, run_pipeline
 from baselines.pipeline_config import PlaceConfig, load_trace, parse_layers
 from hdamoe_env.app.progress import bar as progress_bar
-from hdamoe_env.app.records import render_table
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.fileio import write_json
 
 __all__ = ["format_table", "run_place", "run_sweep"]

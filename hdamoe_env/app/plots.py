@@ -5,8 +5,8 @@ them with matplotlib (the ``plot`` extra), imported lazily inside every function
 state is never touched (figures are ``matplotlib.figure.Figure`` objects rendered by the Agg
 canvas), so plotting is safe in worker processes and tests.
 
-* :func:`plot_normalised_tbt` — TBT ÷ TBT of TP per method, mean over seeds with the spread
-  (paper Fig. 10 style);
+* :func:`plot_normalised_tbt` — TBT ÷ TBT of TP per method, mean over seeds with its 95 %
+  t interval (paper Fig. 10 style; the value axis zooms to the data);
 * :func:`plot_breakdown` — stacked compute / communication / memory / other µs per decode step
   (paper Fig. 13 style);
 * :func:`plot_link_heatmap` — mean busy time of every directed link per decode step drawn on the
@@ -16,7 +16,8 @@ canvas), so plotting is safe in worker processes and tests.
   coloured by the busy time of their injection plus ejection links;
 * :func:`plot_pareto` — TBT against top-1 routing retention: every method a point, HDA-MoE at
   its gating scales (HD-MoE = scale 0, ``hda-moe@qNN`` / ``@sX``, ``hda-moe`` = 1) a curve
-  (:func:`draw_pareto` draws it on a given axes, for the reproduce report).
+  (:func:`draw_pareto` draws it on a given axes, for the reproduce report); axes zoomed to the
+  data, every method labelled (coincident methods share one label), the labels explained.
 """
 
 from __future__ import annotations
@@ -79,9 +80,26 @@ def _title(records: Sequence[dict[str, Any]]) -> str:
             f"{rec.get('setting', '')} · B={rec.get('batch', '?')}")
 
 
+def _zoomed_limits(low: Sequence[float], high: Sequence[float], *, frac: float = 0.15,
+                   floor: float = 1e-3) -> tuple[float, float]:
+    """Axis limits around the finite values of [low, high] with ``frac`` of the span as margin."""
+    lo = [v for v in low if np.isfinite(v)]
+    hi = [v for v in high if np.isfinite(v)]
+    if not lo or not hi:
+        return 0.0, 1.0
+    a, b = min(lo), max(hi)
+    pad = max(frac * (b - a), floor * max(abs(a), abs(b), 1e-12))
+    return a - pad, b + pad
+
+
 def plot_normalised_tbt(records: Sequence[dict[str, Any]], path: str | Path, *,
                         baseline: str = "tp") -> Path:
-    """Draw TBT ÷ TBT(baseline) per method (mean over seeds, error bar = std over seeds).
+    """Draw TBT ÷ TBT(baseline) per method: the mean over seeds with its 95 % interval.
+
+    The value axis zooms to the data (the bars do not start at 0; the axis label says so), so
+    differences of a few per cent and the error bars stay visible. Error bar: the 95 %
+    Student-t interval over seeds (``hdamoe_env.app.intervals``; scipy), or the sample standard
+    deviation without scipy; none for a single seed.
 
     Args:
         records: Bench records (one per method and seed) of one configuration.
@@ -95,27 +113,43 @@ def plot_normalised_tbt(records: Sequence[dict[str, Any]], path: str | Path, *,
     base = {r["seed"]: r["tbt_us"] for r in groups.get(baseline, [])}
     methods = _methods_in_order(records)
     means, spreads = [], []
+    what = "95 % t interval over seeds"
     for m in methods:
         if base:
             vals = [r["tbt_us"] / base[r["seed"]] for r in groups[m] if r["seed"] in base]
         else:
             vals = [r["tbt_us"] for r in groups[m]]
         means.append(float(np.mean(vals)) if vals else np.nan)
-        spreads.append(float(np.std(vals)) if vals else 0.0)
+        half = 0.0
+        if len(vals) > 1:
+            try:
+                from hdamoe_env.app.intervals import t_interval
+
+                half = float(t_interval(vals).half_width or 0.0)
+            except DependencyNotInstalled:
+                half, what = float(np.std(vals, ddof=1)), "std over seeds"
+        spreads.append(half)
     fig = _figure(max(4.0, 0.9 * len(methods) + 1.5), 3.4)
     ax = fig.add_subplot()
     x = np.arange(len(methods))
-    bars = ax.bar(x, means, yerr=spreads, capsize=3, color="#4c72b0")
-    for bar, value in zip(bars, means, strict=True):
-        ax.annotate(f"{value:.2f}" if base else f"{value:.0f}",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+    lo, hi = _zoomed_limits([m - e for m, e in zip(means, spreads, strict=True)],
+                            [m + e for m, e in zip(means, spreads, strict=True)], frac=0.25)
+    heights = [m - lo if np.isfinite(m) else 0.0 for m in means]
+    bars = ax.bar(x, heights, bottom=lo, color="#8fa9d6", edgecolor="#4c72b0", zorder=2)
+    ax.errorbar(x, means, yerr=spreads, fmt="none", ecolor="black", elinewidth=1.2,
+                capsize=5, capthick=1.2, zorder=3)
+    for bar, value, err in zip(bars, means, spreads, strict=True):
+        ax.annotate(f"{value:.3f}" if base else f"{value:.0f}",
+                    (bar.get_x() + bar.get_width() / 2, value + err),
                     ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                     textcoords="offset points")
+    ax.set_ylim(lo, hi + 0.08 * (hi - lo))
     ax.set_xticks(x, methods, rotation=20, ha="right")
-    ax.set_ylabel(f"TBT / TBT({baseline})" if base else "TBT (µs)")
-    if base:
+    unit = f"TBT / TBT({baseline})" if base else "TBT (µs)"
+    ax.set_ylabel(f"{unit}\n(axis zoomed, not from 0)", fontsize=8)
+    if base and lo < 1.0 < hi:
         ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
-    ax.set_title(f"normalised TBT — {_title(records)}", fontsize=9)
+    ax.set_title(f"normalised TBT — {_title(records)}\nerror bars: {what}", fontsize=9)
     return _save(fig, path)
 
 
@@ -255,8 +289,29 @@ def gating_curve(rows: dict[str, dict[str, Any]]) -> list[tuple[float, str]]:
     return sorted(family)
 
 
+def _pareto_points(rows: dict[str, dict[str, Any]], curve: list[tuple[float, str]]
+                   ) -> list[tuple[float, float, list[str]]]:
+    """Group methods that fall on the same point: [(retention %, TBT µs, [labels])]."""
+    scale = {m: sc for sc, m in curve}
+    points: dict[tuple[float, float], list[str]] = {}
+    for method, row in rows.items():
+        x = 100.0 * (row.get("top1_retention") or np.nan)
+        y = row.get("tbt_us", np.nan)
+        if not (np.isfinite(x) and np.isfinite(y)):
+            continue
+        label = f"{method} (s={scale[method]:.3g})" if method in scale else method
+        points.setdefault((round(x, 3), round(y, 2)), []).append(label)
+    return [(x, y, labels) for (x, y), labels in points.items()]
+
+
 def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") -> None:
     """Draw TBT (µs) against top-1 routing retention (%) on ``ax``.
+
+    Every method is labelled next to its point; methods on the same point (e.g. HD-MoE and
+    Node+Link when no expert is pre-broadcast) share one point whose label lists them all. The
+    axes zoom to the data. The HDA-MoE family (HD-MoE = gating scale 0, ``hda-moe``,
+    ``hda-moe@…``) is joined by a line in order of its gating scale s (× the default gating
+    coefficients), written as ``(s=…)``.
 
     Args:
         ax: A matplotlib axes.
@@ -265,23 +320,35 @@ def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") ->
         title: Axes title.
     """
     curve = gating_curve(rows)
-    family = {m for _, m in curve}
-    for j, (method, row) in enumerate(rows.items()):
-        if method in family:
-            continue
-        x, y = 100.0 * (row.get("top1_retention") or np.nan), row.get("tbt_us", np.nan)
-        ax.plot([x], [y], "o", color=f"C{(j % 9) + 1}", label=method)
+    points = _pareto_points(rows, curve)
     if curve:
         xs = [100.0 * (rows[m].get("top1_retention") or np.nan) for _, m in curve]
         ys = [rows[m].get("tbt_us", np.nan) for _, m in curve]
-        ax.plot(xs, ys, "s-", color="C0", label="HDA-MoE by gating scale")
-        for (scale, method), x, y in zip(curve, xs, ys, strict=True):
-            ax.annotate(f"{method.replace('hda-moe', 'A')} ({scale:.3g})", (x, y), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("top-1 routing retention (%)")
-    ax.set_ylabel("TBT (µs per decode step)")
-    ax.invert_xaxis()
-    ax.legend(fontsize=6)
+        ax.plot(xs, ys, "-", color="C0", lw=1.0, zorder=1,
+                label="HDA-MoE family by gating scale s")
+    family = {m for _, m in curve}
+    for j, (x, y, labels) in enumerate(points):
+        in_family = any(lab.split(" (s=")[0] in family for lab in labels)
+        ax.plot([x], [y], "s" if in_family else "o", color="C0" if in_family else f"C{j % 9 + 1}",
+                ms=6, zorder=3)
+        note = ax.annotate(" = ".join(labels), (x, y), fontsize=6, xytext=(4, 4 + 7 * (j % 2)),
+                           textcoords="offset points", zorder=4)
+        note.set_in_layout(False)          # long labels must not squeeze small report panels
+    if points:
+        px = [p[0] for p in points]
+        py = [p[1] for p in points]
+        x0, x1 = _zoomed_limits(px, px, frac=0.15, floor=0.001)
+        x0, x1 = min(x0, min(px) - 0.05), max(x1, max(px) + 0.05)
+        y0, y1 = _zoomed_limits(py, py, frac=0.15)
+        ax.set_xlim(min(x1, 100.05), x0)                      # inverted: 100 % on the left
+        ax.ticklabel_format(axis="both", useOffset=False, style="plain")
+        ax.set_ylim(y0, y1 + 0.1 * (y1 - y0))
+    ax.set_xlabel("top-1 routing retention (%), ← better\n"
+                  "labels: method, (s=…) gating scale × default coefficients, a = b: same point",
+                  fontsize=7)
+    ax.set_ylabel("TBT (µs per decode step), ↓ better")
+    if curve:
+        ax.legend(fontsize=6, loc="best")
     if title:
         ax.set_title(title, fontsize=8)
 

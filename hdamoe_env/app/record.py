@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["cmd_fidelity", "cmd_record", "cmd_train_tiny"]
@@ -120,9 +121,9 @@ def _levels(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"--levels must be a comma list of numbers, got {text!r}") from None
+        raise ConfigError(f"--gating-levels must be a comma list of numbers, got {text!r}") from None
     if not values or any(v < 0 for v in values):
-        raise ConfigError(f"--levels must be non-negative numbers, got {text!r}")
+        raise ConfigError(f"--gating-levels must be non-negative numbers, got {text!r}")
     return values
 
 
@@ -167,7 +168,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     subs = fidelity.substitutability(model, adapter, seqs, num_tokens=args.sub_tokens,
                                      seed=args.seed)
     wall = time.perf_counter() - t0
-    print(fidelity.format_table(rows))
+    head, cells, formats = fidelity.impact_table(rows)
+    print(render_table(head, cells, style="markdown", formats=formats, missing=""))
     print("\nboundary-expert substitutability (mean cos(y, y_ij), rows = candidate j, "
           "cols = selected i):")
     print(subs.format())

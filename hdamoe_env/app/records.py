@@ -2,8 +2,8 @@
 
 One place for every file a command writes and every table it prints (style.md R16: only the
 application layer writes). JSON goes through the one atomic writer of the core
-(:func:`hdamoe_env.config.fileio.write_json`); tables through :func:`render_table`, as aligned plain text
-for the terminal or as Markdown for reports.
+(:func:`hdamoe_env.config.fileio.write_json`); tables through the one renderer,
+:func:`hdamoe_env.app.tables.render_table` (re-exported here with ``fmt``).
 
 Bench records (``hdamoe bench``) are one dict per (method, seed); :func:`summarise` aggregates them
 per method over seeds and :func:`format_bench_table` prints the summary.
@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from hdamoe_env.app import intervals
+from hdamoe_env.app.tables import fmt, render_table
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write, json_default, write_json
 
@@ -56,40 +58,6 @@ CSV_FIELDS = ("method", "seed", "tbt_us", "tbt_std_us", "compute_us", "communica
 
 
 # ------------------------------------------------------------------------------------ tables
-def fmt(value: Any, spec: str = "{:.2f}", missing: str = "-") -> str:
-    """Format a number with ``spec``; ``missing`` for None and non-finite floats."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return missing
-    return spec.format(value)
-
-
-def render_table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, style: str = "text",
-                 number: str = "{:.2f}") -> str:
-    """Render a table: right-aligned plain text (``style="text"``) or Markdown.
-
-    Args:
-        head: Column titles.
-        rows: Rows of cells; a cell that is not a string is formatted with ``number``.
-        style: ``"text"`` (columns padded to equal width, two spaces apart) or ``"markdown"``.
-        number: Format of non-string cells.
-
-    Returns:
-        The table, one line per row, without a trailing newline.
-    """
-    cells = [[c if isinstance(c, str) else number.format(c) for c in row] for row in rows]
-    if style == "markdown":
-        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in cells]
-        return "\n".join(lines)
-    if style != "text":
-        raise ConfigError(f"unknown table style {style!r}; expected 'text' or 'markdown'")
-    widths = [max(len(h), *(len(r[j]) for r in cells)) if cells else len(h)
-              for j, h in enumerate(head)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------------ files
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read the records of a bench JSON file (an empty list if it does not exist).
@@ -234,17 +202,12 @@ def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
     return render_table(head, cells)
 
 
-#: Student-t 0.975 quantiles for 1..30 degrees of freedom (two-sided 95 % intervals).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
 def t_interval(values: Sequence[float]) -> tuple[float, float | None]:
     """Return the mean and the half-width of its two-sided 95 % Student-t interval.
 
     The interval is mean ± t(0.975, n − 1) · s / √n with the sample standard deviation s
-    (n − 1 in the denominator): the spread over independent training seeds, not over episodes.
+    (``ddof=1``) and the quantile from scipy (:func:`hdamoe_env.app.intervals.t_interval`): the
+    spread over independent training seeds, not over episodes.
 
     Args:
         values: One value per seed.
@@ -255,17 +218,8 @@ def t_interval(values: Sequence[float]) -> tuple[float, float | None]:
     Raises:
         ConfigError: No values.
     """
-    xs = [float(v) for v in values]
-    if not xs:
-        raise ConfigError("t_interval needs at least one value, got none; pass one per seed")
-    n = len(xs)
-    mean = sum(xs) / n
-    if n == 1:
-        return mean, None
-    dof = n - 1
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / dof)
-    t = _T975[dof - 1] if dof <= len(_T975) else 1.96 + 2.5 / dof
-    return mean, t * std / math.sqrt(n)
+    iv = intervals.t_interval(values)
+    return iv.estimate, iv.half_width
 
 
 def seed_interval_summary(result: dict[str, Any], labels: dict[str, int]) -> dict[str, Any]:

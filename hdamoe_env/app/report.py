@@ -34,7 +34,7 @@ from hdamoe_env.app.claims import (
     speedup,
     tcomp,
 )
-from hdamoe_env.app.records import fmt
+from hdamoe_env.app.tables import fmt
 from hdamoe_env.config.errors import DependencyNotInstalled
 from hdamoe_env.config.fileio import atomic_write
 

@@ -14,7 +14,7 @@ from typing import Any
 from hdamoe_env import __version__
 from hdamoe_env.app.argtypes import run_from_args
 from hdamoe_env.app.progress import wrap
-from hdamoe_env.app.records import render_table
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.fileio import write_json
 from hdamoe_env.sim.placement import Placement, placement_by_name, share_unit
 from hdamoe_env.sim.sources import load_trace

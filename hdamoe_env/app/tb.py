@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import DependencyNotInstalled
 
 __all__ = [
@@ -256,13 +257,11 @@ def run_dir_name(method: str, seed: int, *, env_id: str = ENV_ID,
 
 def config_markdown(config: dict[str, Any]) -> str:
     """Return a run's configuration as a two-column Markdown table (the ``config`` text)."""
-    rows = ["| key | value |", "|---|---|"]
     def cell(x: Any) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
+        return str(x).replace("\n", " ")
 
-    for key, value in config.items():
-        rows.append(f"| {cell(key)} | {cell(value)} |")
-    return "\n".join(rows)
+    return render_table(["key", "value"], [[cell(k), cell(v)] for k, v in config.items()],
+                        style="markdown")
 
 
 def read_scalars(out_dir: str | os.PathLike[str],

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.app.argtypes import run_from_args
 from hdamoe_env.config.fileio import write_json
 from hdamoe_env.config.specs import get_model
@@ -35,7 +36,8 @@ def cmd_traces_stats(args: argparse.Namespace) -> int:
             label = Path(spec).name
         columns[label] = stats.trace_stats(trace, view=args.view, B=args.batch,
                                            rng_seed=args.seed)
-    print(stats.format_stats_table(columns))
+    head, rows = stats.stats_table(columns)
+    print(render_table(head, rows, align="l" + "r" * (len(head) - 1)))
     if args.json:
         write_json(args.json, columns)
     return 0

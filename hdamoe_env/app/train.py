@@ -24,6 +24,7 @@ from agents.learned.hyperparams import load_hyperparams
 from agents.learned.policy import ALGORITHMS, read_meta
 from agents.learned.train import to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
+from hdamoe_env.app.flags import add_progress_flag
 from hdamoe_env.app.methods import parse_method
 from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
 from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, add_env_arguments, env_kwargs_from_args,
@@ -53,12 +54,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_env_arguments(p, defaults=True)
     p.add_argument("--timesteps", type=positive_int, default=None,
                    help="total env steps (default: n_timesteps of --hyperparams, else 10000)")
-    p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
+    p.add_argument("--action-mode", default=None, choices=ACTION_MODES,
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
-                   "expert ids; residual: HDA-MoE's action + a learned deviation")
+                   "expert ids; residual: HDA-MoE's action + a learned deviation (default: "
+                   "env_wrapper of --hyperparams, else ranked)")
     p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
                    help="residual mode: initial logit bonus of 'keep the greedy's choice'")
-    p.add_argument("--candidates", type=positive_int, default=4, help="K of the ranked action")
+    p.add_argument("--candidates", type=positive_int, default=None,
+                   help="K of the ranked action (default: num_candidates of --hyperparams, else 4)")
     p.add_argument("--replica-shares", type=positive_int, default=None, metavar="K",
                    help="also learn per-expert replica routing shares: one extra action value "
                    "0..K per routed expert (v/K of its tokens to the primary copy, the rest "
@@ -100,7 +103,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--progress", action="store_true", help="SB3 progress bar")
+    add_progress_flag(p, default=True)
+    p.add_argument("--sb3-progress-bar", action="store_true",
+                   help="SB3's own (rich) progress bar instead of the package's")
     return p
 
 
@@ -133,20 +138,37 @@ def _quality(args: argparse.Namespace) -> dict[str, Any] | None:
     return quality
 
 
-#: Two-sided 95 % Student-t quantiles t(0.975, dof) for dof = 1 … 30 (beyond: 1.96 + 2.5/dof,
-#: within 0.3 % of the exact value for dof > 30).
+def _run_env_id(args: argparse.Namespace) -> str:
+    """The registered env id the run corresponds to (the most specific whose kwargs match)."""
+    import hdamoe_env
+
+    run = {"model": getattr(args, "model", None) or "deepseek-v2-lite",
+           "fidelity": getattr(args, "fidelity", None)}
+    best, best_n = next(iter(hdamoe_env.REGISTERED_ENVS)), -1
+    for env_id, (kwargs, _) in hdamoe_env.REGISTERED_ENVS.items():
+        if all(run.get(k) == v for k, v in kwargs.items()) and len(kwargs) > best_n:
+            best, best_n = env_id, len(kwargs)
+    return best
+
+
 def _train_settings(args: argparse.Namespace) -> tuple[dict[str, Any], int, int, bool]:
     """Merge ``--hyperparams FILE`` with the flags: (overrides, timesteps, n_envs, normalize)."""
     hp: dict[str, Any] = {}
     timesteps, n_envs, normalize = None, None, None
+    mode, candidates = None, None
     if args.hyperparams is not None:
-        loaded = load_hyperparams(args.hyperparams, args.algo, args.hyperparams_section)
+        loaded = load_hyperparams(args.hyperparams, args.algo, args.hyperparams_section,
+                                  env_id=_run_env_id(args))
         hp.update(loaded.hyperparams)
         timesteps, n_envs, normalize = loaded.n_timesteps, loaded.n_envs, loaded.normalize_obs
+        mode, candidates = loaded.action_mode, loaded.num_candidates
     elif args.hyperparams_section is not None:
         raise ConfigError(f"--hyperparams-section {args.hyperparams_section!r} needs "
                           "--hyperparams FILE.yml")
     hp.update(_parse_hp(args.hp))
+    # the flags win over the file's env_wrapper (RL Zoo's action design)
+    args.action_mode = args.action_mode or mode or "ranked"
+    args.candidates = args.candidates or candidates or 4
     timesteps = args.timesteps or timesteps or 10_000
     n_envs = args.n_envs or n_envs or 1
     normalize = False if args.no_normalize else (True if normalize is None else normalize)
@@ -242,9 +264,10 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                evaluate_fn: Callable[[Path], dict[str, Any]] | None) -> Path:
     """Train one seed of ``hdamoe train`` with a progress bar; return the model path."""
     # one progress helper (a tqdm bar on a terminal, plain lines in logs); SB3's own bar with
-    # --progress instead
+    # --sb3-progress-bar instead; none with --no-progress
+    sb3_bar = bool(args.sb3_progress_bar) and args.progress
     bar = progress_bar(timesteps, f"train env steps (seed {seed})", unit="step",
-                       enabled=not args.progress)
+                       enabled=args.progress and not sb3_bar)
     done = {"n": 0}
 
     def on_progress(steps: int, fps: float) -> None:
@@ -272,11 +295,11 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                      fidelity=args.fidelity, normalize_obs=normalize,
                      tensorboard=not args.no_tensorboard, resume=args.resume,
                      hyperparams=hyperparams, placement=placement,
-                     evaluate_fn=wrapped, progress=args.progress,
+                     evaluate_fn=wrapped, progress=sb3_bar,
                      action_mode=args.action_mode, num_candidates=args.candidates,
                      residual_keep_logit=args.keep_logit, quality=quality,
                      replica_shares=args.replica_shares,
-                     on_progress=None if args.progress else on_progress)
+                     on_progress=on_progress if args.progress and not sb3_bar else None)
     finally:
         bar.close()
 

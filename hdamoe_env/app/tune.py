@@ -36,11 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hdamoe_env.app.flags import add_deprecated_alias, add_progress_flag
 from hdamoe_env.app import bench
 from hdamoe_env.app.evaluate import EVAL_SEED_BASE, HELD_OUT_TRACE_OFFSET
 from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, int_list,
                                      nonneg_int, positive_int, run_from_args)
-from hdamoe_env.app.records import render_table
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, write_json
 
@@ -92,14 +93,14 @@ def parse_grid(levels: str, protect_top: str, rules: str, k_b: str, replica_rule
     try:
         protect = tuple(int(t) for t in protect_top.split(",") if t.strip())
     except ValueError:
-        raise ConfigError(f"--protect-top {protect_top!r}: expected integers") from None
+        raise ConfigError(f"--gating-protect-top {protect_top!r}: expected integers") from None
     replica = tuple(None if t.strip() in ("none", "default") else t.strip()
                     for t in replica_rules.split(",") if t.strip())
     imb: list[float | None] = []
     for t in (t.strip() for t in min_imbalance.split(",")):
         if t:
             imb.append(None if t in ("none", "off") else _floats(t, "min-imbalance")[0])
-    return KnobGrid(gating_levels=_floats(levels, "levels"), protect_top=protect,
+    return KnobGrid(gating_levels=_floats(levels, "gating-levels"), protect_top=protect,
                     dispatch_rules=tuple(t.strip() for t in rules.split(",") if t.strip()),
                     k_b=_kb_values(k_b), replica_rules=replica, min_imbalance=tuple(imb))
 
@@ -157,7 +158,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
         placement_dir=args.placement_dir, cache_dir=args.cache_dir,
         placement_seed=args.place_seed, env_kwargs=env_kwargs)
     trace, _ = bench.load_bench_trace(config)
-    placement, artifact = bench.placement_store(config, trace, progress=not args.no_progress
+    placement, artifact = bench.placement_store(config, trace, progress=args.progress
                                                 ).get(args.placement.replace("-", "_"))
     base = {**config.env_arguments(), "trace": trace, "placement": placement}
     train_seeds = _ints(args.train_seeds)
@@ -175,7 +176,7 @@ def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     search_s = time.perf_counter() - t0
     if result.best is None:
         raise ConfigError(f"no grid point meets --quality-target {args.quality_target}; add "
-                          "level 0 to --levels or lower the target")
+                          "level 0 to --gating-levels or lower the target")
 
     # held-out split
     eval_kwargs = dict(base)
@@ -283,8 +284,13 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None, help="placement cache root")
     p.add_argument("--place-seed", type=nonneg_int, default=0, help="seed of the placement")
     add_decision_arguments(p)
-    p.add_argument("--levels", default="0,0.5,1,2,4,8,16", help="gating levels (0 = off)")
-    p.add_argument("--protect-top", default="0,1", help="protect-top values")
+    p.add_argument("--gating-levels", dest="levels", default="0,0.5,1,2,4,8,16",
+                   help="gating levels searched (0 = off)")
+    p.add_argument("--gating-protect-top", dest="protect_top", default="0,1",
+                   help="gating protect-top values searched")
+    add_deprecated_alias(p, "--levels", "--gating-levels", "levels", takes_value=True)
+    add_deprecated_alias(p, "--protect-top", "--gating-protect-top", "protect_top",
+                         takes_value=True)
     p.add_argument("--dispatch-rules", default="least_loaded,first,home", help="dispatch rules")
     p.add_argument("--k-b", default="budget",
                    help="pre-broadcast slot options: 'budget' (the budget rule) and integers")
@@ -320,7 +326,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="use a non-empty --out: earlier tune files are moved into "
                    "--out/superseded-*/ (never deleted)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_flag(p, default=True)
     return p
 
 

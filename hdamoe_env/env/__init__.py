@@ -3,7 +3,7 @@
 What lives here: the env's configuration (``config``), the action layout and its masks
 (``actions``), ``HdMoeEnv`` (``environment``: translates actions into simulator decisions and
 results into observations, reward and ``info``; no physics) and wrappers that need only the env
-(``wrappers``).
+(``wrappers``); the numpy-only link heat map of ``render_mode="rgb_array"`` (``render``).
 
 May import: hdamoe_env.config, hdamoe_env.noc, hdamoe_env.cost, hdamoe_env.decisions,
 hdamoe_env.sim, traces

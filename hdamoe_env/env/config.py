@@ -41,7 +41,7 @@ RUN_FIELDS = ("model", "setting", "mesh", "topology", "batch", "conventions", "t
 
 INVALID_ACTION_MODES = ("raise", "coerce")
 DUPLICATE_MODES = ("raise", "ignore")
-RENDER_MODES = ("ansi",)
+RENDER_MODES = ("ansi", "rgb_array")
 #: Replica rules the env can offer: ``"shares"`` needs per-copy fractions, which the discrete
 #: action does not carry.
 ENV_REPLICA_RULES = tuple(r for r in REPLICA_RULES if r != "shares")
@@ -84,7 +84,7 @@ class EnvConfig:
         dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
         reward_scale: None: reward = −latency / TP latency of the layer; a float s:
             −latency / s (seconds).
-        render_mode: None or ``"ansi"``.
+        render_mode: None, ``"ansi"`` (one line of text) or ``"rgb_array"`` (link heat map).
         hardware: Full ``HardwareSpec`` (overrides ``setting`` and ``mesh``).
         trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
         trace_seed: Seed of the synthetic trace and of score synthesis.

@@ -34,6 +34,7 @@ from hdamoe_env.config.errors import ConfigError, InvalidAction
 from hdamoe_env.cost.broadcast import BroadcastPlan
 from hdamoe_env.decisions import dispatch, gating
 from hdamoe_env.decisions.prediction import StepPredictor
+from hdamoe_env.env import render
 from hdamoe_env.env.config import INVALID_ACTION_MODES, PREDICTORS, EnvConfig
 from hdamoe_env.sim import calibrate, sources
 from hdamoe_env.sim.placement import Placement, placement_by_name, tensor_parallel
@@ -144,8 +145,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
     ``placement`` ("tp", "tp-tiled", "ep", a ``Placement`` or a ``.npz`` path),
     ``steps_per_episode``, ``fidelity`` ("des" | "analytic"), ``predictor`` ("noisy_oracle" |
     "oracle" | "trace" | "frequency"), ``max_broadcast``, ``gating_levels``, ``dispatch_rules``,
-    ``reward_scale``,
-    ``render_mode`` (None | "ansi"); keyword-only extras are documented in ``__init__``.
+    ``reward_scale``, ``render_mode`` (None | "ansi" | "rgb_array"); keyword-only extras are
+    documented in ``__init__``.
 
     ## Version History
 
@@ -153,7 +154,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
       observations, actions and rewards of legal actions are unchanged.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(self, config: EnvConfig | None = None, **kwargs: Any) -> None:
         """Build the environment from an ``EnvConfig`` or from its fields as keyword arguments.
@@ -622,8 +623,15 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.last_info = info
         return obs, float(reward), terminated, truncated, info
 
-    def render(self) -> str | None:
-        """Return a one-line text summary of the last layer (``render_mode="ansi"``)."""
+    def render(self) -> str | NDArray[np.uint8] | None:
+        """Render the last layer: a one-line text (``"ansi"``) or a link heat map (``"rgb_array"``).
+
+        ``"rgb_array"`` returns uint8 [H, W, 3]: every directed link coloured by its busy time
+        (MoE messages + pre-broadcast traffic) ÷ the layer's latency (``env.render``; layouts in
+        ``hdamoe_env.env.render``). Before the first step the links are idle.
+        """
+        if self.render_mode == "rgb_array":
+            return render.link_heatmap_rgb(self.topology, self._last_link_util())
         if self.render_mode != "ansi":
             return None
         info = self.last_info
@@ -634,6 +642,15 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                 f"{info['t_comm_us']:.2f}, extra {info['t_extra_us']:.2f}); broadcast "
                 f"{list(info['broadcast'])} of k_b={info['k_b']}, dispatch "
                 f"{info['dispatch_rule']}, gating x{info['gating_level']:g}")
+
+    def _last_link_util(self) -> NDArray[np.float64]:
+        """[num_links] busy time of the last layer's links ÷ its latency (0 before any step)."""
+        info = self.last_info
+        if not info or info["total_us"] <= 0:
+            return np.zeros(self.topology.num_links)
+        busy = np.asarray(info["link_busy_us"]) + np.asarray(info["bc_link_busy_us"])
+        out: NDArray[np.float64] = np.clip(busy / info["total_us"], 0.0, 1.0)
+        return out
 
     # ------------------------------------------------------------------ internals
     def _decode_action(self, action: Any) -> tuple[list[int], int, int, int]:

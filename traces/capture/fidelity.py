@@ -41,7 +41,7 @@ __all__ = [
     "Substitutability",
     "cache_prior_policy",
     "expert_output",
-    "format_table",
+    "impact_table",
     "routing_impact",
     "run_reference",
     "substitutability",
@@ -388,8 +388,17 @@ def cache_prior_policy(orig_ids: NDArray[np.integer[Any]], scores: NDArray[np.fl
     return policy
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Return a Markdown table of ``routing_impact`` summaries (plus latency columns if present)."""
+def impact_table(rows: Sequence[dict[str, Any]]
+                 ) -> tuple[list[str], list[list[Any]], list[str]]:
+    """Lay ``routing_impact`` summaries (plus latency columns if present) out as a table.
+
+    The application's one table renderer prints it (``hdamoe_env.app.tables.render_table``,
+    ``hdamoe traces fidelity``); this module stays free of presentation code.
+
+    Returns:
+        ``(head, rows, formats)``: column titles, one row of values per summary (None where a
+        summary lacks the column) and one format per column.
+    """
     cols = [("policy", "policy", "{}"), ("kl", "KL(p‖q)", "{:.2e}"),
             ("ppl_ratio", "PPL ratio", "{:.4f}"), ("top1_agreement_pct", "top-1 agr. %",
                                                    "{:.2f}"),
@@ -400,8 +409,5 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             ("tbt_orig_us", "TBT orig µs", "{:.2f}"), ("tbt_gated_us", "TBT gated µs", "{:.2f}"),
             ("speedup", "speed-up", "{:.4f}")]
     cols = [c for c in cols if any(c[0] in r for r in rows)]
-    head = "| " + " | ".join(c[1] for c in cols) + " |"
-    sep = "|" + "|".join("---" for _ in cols) + "|"
-    body = ["| " + " | ".join(c[2].format(r[c[0]]) if c[0] in r else "" for c in cols) + " |"
-            for r in rows]
-    return "\n".join([head, sep, *body])
+    body = [[r.get(c[0]) for c in cols] for r in rows]
+    return [c[1] for c in cols], body, [c[2] for c in cols]

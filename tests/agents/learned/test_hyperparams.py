@@ -59,6 +59,10 @@ def test_zoo_layout_values_reach_the_dataclass(tmp_path):
     ("maskable-ppo:\n  normalize: \"{'norm_reward': True}\"\n", "reward normalisation"),
     ("a2c:\n  n_steps: 8\n", "no section for maskable-ppo"),
     ("- 1\n", "mapping of sections"),
+    ("maskable-ppo:\n  env_wrapper: [gymnasium.wrappers.TimeLimit]\n",
+     "not a training setting"),
+    ("maskable-ppo:\n  env_wrapper:\n    - agents.wrappers.ResidualHDAWrapper\n"
+     "    - hdamoe_env.env.wrappers.RankedBroadcastWrapper\n", "two action designs"),
 ])
 def test_bad_files_refused(tmp_path, body, match):
     path = tmp_path / "bad.yml"
@@ -67,3 +71,20 @@ def test_bad_files_refused(tmp_path, body, match):
         learned_hp.load_hyperparams(path, "maskable-ppo")
 
 
+
+
+def test_zoo_env_sections_and_env_wrapper(tmp_path):
+    """RL Zoo's layout: sections per env id; env_wrapper maps onto the action design."""
+    path = tmp_path / "zoo.yml"
+    path.write_text("hdamoe_env/HdMoE-analytic-v0:\n  env_wrapper:\n"
+                    "    - hdamoe_env.env.wrappers.FlattenReplicasWrapper\n"
+                    "    - hdamoe_env.env.wrappers.RankedBroadcastWrapper:\n"
+                    "        num_candidates: 6\n  n_steps: 64\n"
+                    "HdMoE-Mixtral-v0:\n  env_wrapper: agents.wrappers.ResidualHDAWrapper\n")
+    ranked = learned_hp.load_hyperparams(path, "maskable-ppo")       # first registered id
+    assert (ranked.section, ranked.action_mode, ranked.num_candidates) == (
+        "hdamoe_env/HdMoE-analytic-v0", "ranked", 6)
+    assert ranked.hyperparams == {"n_steps": 64}
+    mixtral = learned_hp.load_hyperparams(path, "maskable-ppo",
+                                          env_id="hdamoe_env/HdMoE-Mixtral-v0")
+    assert (mixtral.section, mixtral.action_mode) == ("HdMoE-Mixtral-v0", "residual")

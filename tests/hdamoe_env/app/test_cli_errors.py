@@ -122,3 +122,36 @@ def test_cli_rejects_a_bad_quality_target_in_one_line(capsys):
                  "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'hda-moe@qx'" in err and "hda-moe@qNN" in err
+
+
+def test_errors_name_the_subcommands_help(capsys):
+    """A typed error of a subcommand points to that subcommand's help, not `hdamoe --help`."""
+    code = main(["simulate", "--model", "no-such-model"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("hdamoe: error:") and err[0].endswith("(see `hdamoe simulate --help`)")
+
+
+def test_same_flags_across_subcommands_and_deprecated_spellings(capsys):
+    """--progress/--no-progress, --json and --out mean the same everywhere; old spellings are
+    accepted with a one-line note."""
+    from hdamoe_env.app.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["bench"], ["tune", "--out", "x"], ["train", "--out", "x"],
+                 ["compare", "--methods", "tp,ep"], ["evaluate", "--agent", "noop"]):
+        on = parser.parse_args([*argv, "--progress"])
+        off = parser.parse_args([*argv, "--no-progress"])
+        assert on.progress is True and off.progress is False, argv
+    for argv in (["bench"], ["compare", "--methods", "tp,ep"], ["evaluate", "--agent", "noop"],
+                 ["simulate"]):
+        assert parser.parse_args([*argv, "--json", "r.json"]).json == "r.json", argv
+    capsys.readouterr()
+    args = parser.parse_args(["tune", "--out", "x", "--levels", "0,1", "--protect-top", "0"])
+    assert args.levels == "0,1" and args.protect_top == "0"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hdamoe tune: note: --levels is deprecated, use --gating-levels (removed "
+                   "after 0.2)", "hdamoe tune: note: --protect-top is deprecated, use "
+                   "--gating-protect-top (removed after 0.2)"]
+    new = parser.parse_args(["tune", "--out", "x", "--gating-levels", "0,2"])
+    assert new.levels == "0,2" and capsys.readouterr().err == ""

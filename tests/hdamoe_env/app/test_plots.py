@@ -70,3 +70,62 @@ def test_seed_curves_plot_every_seed(tmp_path, monkeypatch):
     assert plots.plot_seed_curves(tmp_path, {2: tmp_path / "seed2"},
                                   path=tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
+
+
+def test_pareto_shows_every_method_and_zooms(tmp_path):
+    """Coincident methods share one labelled point; the axes zoom to the data."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {"tp": {"tbt_us": 7610.0, "top1_retention": 1.0},
+            "node-balance": {"tbt_us": 6650.5, "top1_retention": 1.0},
+            "node-link": {"tbt_us": 6650.5, "top1_retention": 1.0},
+            "hd-moe": {"tbt_us": 6650.5, "top1_retention": 1.0, "gating_scale": 0.0},
+            "hda-moe": {"tbt_us": 6534.9, "top1_retention": 0.999, "gating_scale": 1.0}}
+    fig, ax = plt.subplots()
+    plots.draw_pareto(ax, rows)
+    texts = [t.get_text() for t in ax.texts]
+    merged = next(t for t in texts if "node-link" in t)
+    assert "node-balance" in merged and "hd-moe (s=0)" in merged        # one shared point
+    assert any(t == "hda-moe (s=1)" for t in texts) and "tp" in texts
+    assert not any("A (" in t for t in texts)                              # no cryptic labels
+    assert "gating scale" in ax.get_xlabel()                               # labels explained
+    left, right = ax.get_xlim()
+    assert left > right and left - right < 1.0                             # inverted, zoomed
+    low, high = ax.get_ylim()
+    assert 6300 < low < 6534.9 and 7610 < high < 8000                     # not from 0
+    plt.close(fig)
+
+
+def test_normalised_bars_zoom_with_visible_error_bars(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("scipy")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    recs = [{"method": m, "seed": s, "tbt_us": tbt * (1 + 0.002 * s), "model": "tiny",
+             "mesh": "2x2", "setting": "1/1", "batch": 8}
+            for m, tbt in (("tp", 100.0), ("hybrid", 84.0), ("hda-moe", 89.0))
+            for s in (0, 1, 2)]
+    captured = {}
+    real_save = plots._save
+
+    def keep(fig, path):
+        captured["ax"] = fig.axes[0]
+        return real_save(fig, path)
+
+    import unittest.mock as mock
+
+    with mock.patch.object(plots, "_save", keep):
+        plots.plot_normalised_tbt(recs, tmp_path / "n.png")
+    ax = captured["ax"]
+    low, high = ax.get_ylim()
+    assert 0.7 < low < 0.84 and 1.0 < high < 1.1                 # zoomed to 0.84 … 1.0
+    assert "zoomed" in ax.get_ylabel() and "95 % t interval" in ax.get_title()
+    _png(tmp_path / "n.png")
+    plt.close("all")

@@ -15,7 +15,7 @@ from hdamoe_env.app.tune import _prepare_out, parse_grid
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 
 ARGS = ["-q", "tune", "--placement", "ep", "--batch", "8", "--requests", "4", "--steps", "1",
-        "--eval-steps", "1", "--levels", "0,1", "--protect-top", "0",
+        "--eval-steps", "1", "--gating-levels", "0,1", "--gating-protect-top", "0",
         "--dispatch-rules", "least_loaded", "--train-seeds", "0", "--eval-seeds", "10000",
         "--oracle", "--no-progress"]
 
@@ -25,7 +25,7 @@ def test_parse_grid():
                       "none,1.25")
     assert grid.gating_levels == (0.0, 0.5, 8.0) and grid.min_imbalance == (None, 1.25)
     assert grid.k_b == (None, 0, 2) and grid.replica_rules == (None,)
-    with pytest.raises(ConfigError, match="--levels"):
+    with pytest.raises(ConfigError, match="--gating-levels"):
         parse_grid("a", "0", "first", "budget", "none")
     with pytest.raises(ConfigError, match="--k-b"):
         parse_grid("0", "0", "first", "many", "none")
