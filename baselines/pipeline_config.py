@@ -56,8 +56,9 @@ class PlaceConfig(RunFields):
         guard: ``"best"`` (default): score Node + Link Balance, TP, tile-aligned TP, EP and the
             hybrid on sampled decode steps with the evaluator, warm-start a tile local search
             from the best of them and keep the layer no slower than any
-            (``baselines.node_balance.local_search``); ``"tp"``: keep TP for a layer whose
-            Node+Link placement the static evaluator finds slower than TP; None: off.
+            (``baselines.node_balance.local_search``); ``paper*`` profiles apply ``"tp"``
+            instead, so that their Node+Link stays the paper's; ``"tp"``: keep TP for a layer
+            whose Node+Link placement the static evaluator finds slower than TP; None: off.
         score_steps: Sampled decode steps the ``best`` guard scores every candidate on.
         ls_moves: Move budget of the tile local search (``best`` guard).
         seed: Run seed.

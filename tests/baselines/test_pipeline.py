@@ -118,3 +118,17 @@ def test_two_workers_match_one(cfg, trace, tmp_path):
     assert np.array_equal(a.P, b.P) and np.array_equal(a.pi, b.pi)
 
 
+
+
+def test_paper_profiles_keep_the_tp_guard(nb_model, trace, tmp_path):
+    """paper*: Node+Link stays the paper's pipeline (TP guard), no sampled-step scoring."""
+    from baselines.pipeline_config import PlaceConfig
+
+    paper = PlaceConfig.create(model=nb_model, mesh=(2, 2), setting="1/1", trace="given",
+                               conventions="paper", lb_method="local", bo_calls=6,
+                               time_limit_s=10, seed=5)
+    assert paper.guard == "best"
+    res = run_pipeline(paper, tmp_path, trace=trace, layers="0")
+    rec = res.layers[0].record
+    assert rec["guard"]["kind"] == "tp" and "method_costs_us" not in rec
+    assert rec["latency_us"]["node_link"]["total_us"] <= rec["latency_us"]["tp"]["total_us"] + 1e-9
