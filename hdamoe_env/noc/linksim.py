@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import count_trailing_zeros, des_core
+from hdamoe_env.noc.des import check_switching, count_trailing_zeros, des_core
 from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
@@ -128,7 +128,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
     route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
     phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
-    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
+    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64], cut_through: bool,
 ) -> bool:
     """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
 
@@ -213,7 +213,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                     msg_rank[m] = route_rank[r]
                 m += 1
         makespan_out[p] = des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
-                                   link_bw, hop_latency, tie_ref, busy_out[p], finish)
+                                   link_bw, hop_latency, tie_ref, busy_out[p], finish,
+                                   cut_through)
         count_out[p] = num_msg
     return True
 
@@ -571,7 +572,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                         phases: Sequence[str] = PHASES, tie_break: str = "fifo",
                         hop_latency_s: float = 0.0, layer: int = 0,
                         extra_holders: ArrayLike | None = None, chunks: int = 1,
-                        alpha_s: float = 0.0) -> LayerComm:
+                        alpha_s: float = 0.0, switching: str = "store_and_forward",
+                        ) -> LayerComm:
     """Simulate the MoE communication of one layer: message generation plus one DES per phase.
 
     The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
@@ -595,13 +597,15 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
             can enter the network α after it is ready. All messages of a phase are ready at
             t = 0, so the DES is the same run shifted by α: a phase's makespan grows by α
             when any message leaves its node, busy times are unchanged.
+        switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
 
     Returns:
         Makespan, per-link busy time and message count per phase.
 
     Raises:
-        ConfigError: Invalid shapes, ids, phases, tie rule, latency or chunk count.
+        ConfigError: Invalid shapes, ids, phases, tie rule, latency, chunk count or switching.
     """
+    cut = check_switching(switching)
     tie_ref = tie_break_is_ref(tie_break)
     hop = check_scalar("hop_latency_s", hop_latency_s)
     chunks = check_chunks(chunks)
@@ -612,7 +616,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     busy = np.zeros((codes.size, topology.num_links))
     makespan = np.zeros(codes.size)
     counts = np.zeros(codes.size, dtype=np.int64)
-    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts)
+    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts, cut)
     arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
     if arrays is None or not _run_layer_kernel(arrays, *args):
         # the slow path converts everything and raises the detailed ConfigError
@@ -629,11 +633,11 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
 def _run_layer_kernel(arrays: tuple[NDArray[Any], ...], chunks: int, layer: int,
                       topology: Topology, hop: float, tie_ref: bool, codes: NDArray[np.int64],
                       busy: NDArray[np.float64], makespan: NDArray[np.float64],
-                      counts: NDArray[np.int64]) -> bool:
+                      counts: NDArray[np.int64], cut: bool) -> bool:
     """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
     ts, size, hm, ag, p, ex = arrays
     check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
     return _layer_kernel(ts, hm, ex, ag, p, size, chunks, layer, topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
-                         busy, makespan, counts)
+                         busy, makespan, counts, cut)
