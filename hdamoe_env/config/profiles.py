@@ -31,6 +31,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "bc_payload": ("weights", "paper"),
     "bc_depth": ("diameter", "2sqrtD"),
     "bc_budget": ("layer", "hd"),
+    "switching": ("store_and_forward", "cut_through"),
 }
 
 
@@ -82,6 +83,7 @@ class Conventions:
     # α–β cost of every message and collective step (docs/PHYSICS.md)
     msg_alpha_s: float = 100e-9       # start-up α per message / collective step (DMA + NI)
     hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
+    switching: str = "store_and_forward"  # NoC DES: or "cut_through" (docs/PHYSICS.md)
     # tile model of the expert GEMMs (docs/PHYSICS.md); 1, 1, 0 = the fluid model of §5.2
     tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
     tile_cols: int = 64               # GEMM columns padded to a multiple; shares on a tile_cols/I grid
@@ -168,7 +170,7 @@ _PAPER = Conventions(
     lb_noise="redraw", hybrid_eval="ref", bc_payload="paper", bc_depth="2sqrtD",
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
     bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
-    gemm_overhead_s=0.0, nonmoe_allreduce=False,
+    gemm_overhead_s=0.0, nonmoe_allreduce=False, switching="store_and_forward",
 )
 
 PROFILES: dict[str, Conventions] = {

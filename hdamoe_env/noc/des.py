@@ -52,7 +52,7 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.config.errors import unknown_name
+from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.noc.messages import TIE_BREAKS, PreparedMessages, prepare_messages
 from hdamoe_env.noc.topology import Topology
 
@@ -461,7 +461,8 @@ def _per_message(finish: NDArray[np.float64], prep: PreparedMessages) -> NDArray
 def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
                       ready_s: ArrayLike | None = None, *, tie_break: str = "fifo",
                       hop_latency_s: float = 0.0, flow_keys: ArrayLike | None = None,
-                      chunks: int = 1, switching: str = "store_and_forward") -> DesResult:
+                      chunks: int = 1, switching: str = "store_and_forward",
+                      ni_bw_Bps: float | None = None) -> DesResult:
     """Simulate a set of messages with the compiled busy-until DES (§6.3).
 
     Args:
@@ -478,24 +479,63 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
             insertion order); when ``chunks > 1`` the chunk index is appended to the flow key,
             which becomes the tuple ``(key..., chunk)``.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (module docstring).
+        ni_bw_Bps: ``None`` (no network-interface limit, §6.3) or the bandwidth of one
+            injection port per source and one ejection port per destination endpoint: every
+            message with a non-empty route then crosses its source's injection port first and
+            its destination's ejection port last, as two extra links (each with the hop
+            latency). Their busy time is not part of ``link_busy_s``.
 
     Returns:
         The makespan, per-link busy time [num_links] and per-message finish time [M].
 
     Raises:
         ConfigError: Mismatched lengths, endpoint ids out of range, negative or non-finite sizes
-            or ready times, an unknown tie rule or switching, a negative hop latency or
-            ``chunks < 1``.
+            or ready times, an unknown tie rule or switching, a negative hop latency, a
+            non-positive port bandwidth or ``chunks < 1``.
     """
     cut = check_switching(switching)
     prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
                             flow_keys, chunks)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     rank = topology.route_lex_rank[routes] if prep.tie_ref else np.zeros(routes.size, np.int64)
+    if ni_bw_Bps is not None:
+        pos, stop, links, bw = _with_ports(topology, prep, routes, ni_bw_Bps)
+        busy = np.zeros(bw.shape[0])
+        finish = np.zeros(routes.size)
+        makespan = des_core(pos, stop, prep.size, prep.ready, rank, links, bw, prep.hop_latency,
+                            prep.tie_ref, busy, finish, cut)
+        return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
     makespan, busy, finish = des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
                                         topology.route_links, topology.link_bw_Bps,
                                         prep.hop_latency, prep.tie_ref, cut)
     return DesResult(float(makespan), busy, _per_message(finish, prep))
+
+
+def _ni_bandwidth(ni_bw_Bps: float) -> float:
+    bw = float(ni_bw_Bps)
+    if not (bw > 0 and np.isfinite(bw)):
+        raise ConfigError(f"ni_bw_Bps must be a finite number > 0, got {ni_bw_Bps!r}")
+    return bw
+
+
+def _with_ports(topology: Topology, prep: PreparedMessages, routes: NDArray[np.int64],
+                ni_bw_Bps: float) -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                           NDArray[np.int32], NDArray[np.float64]]:
+    """Per-message link lists with injection (L + src) and ejection (L + N + dst) ports."""
+    bw = _ni_bandwidth(ni_bw_Bps)
+    num_links, n = topology.num_links, topology.num_endpoints
+    start = topology.route_ptr[routes]
+    length = topology.route_ptr[routes + 1] - start
+    full = length + 2 * (length > 0)
+    ptr = np.concatenate([[0], np.cumsum(full)]).astype(np.int64)
+    owner = np.repeat(np.arange(routes.size), full)
+    offset = np.arange(ptr[-1]) - ptr[:-1][owner]
+    inner = np.clip(start[owner] + offset - 1, 0, max(topology.route_links.size - 1, 0))
+    links = np.where(offset == 0, num_links + prep.src[owner],
+                     np.where(offset == full[owner] - 1, num_links + n + prep.dst[owner],
+                              topology.route_links[inner] if inner.size else inner))
+    link_bw = np.concatenate([topology.link_bw_Bps, np.full(2 * n, bw)])
+    return ptr[:-1].copy(), ptr[1:].copy(), links.astype(np.int32), link_bw
 
 
 def _earliest_gap(intervals: list[tuple[float, float]], t: float, dur: float) -> float:
@@ -527,7 +567,8 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
                              size_bytes: ArrayLike, ready_s: ArrayLike | None = None, *,
                              tie_break: str = "fifo", hop_latency_s: float = 0.0,
                              flow_keys: ArrayLike | None = None, chunks: int = 1,
-                             switching: str = "store_and_forward") -> DesResult:
+                             switching: str = "store_and_forward",
+                             ni_bw_Bps: float | None = None) -> DesResult:
     """Simulate messages with a slow, obviously correct interval-calendar DES (test oracle).
 
     Same signature, semantics and results (bit for bit) as ``simulate_messages``. Routes are
@@ -548,10 +589,17 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
         key: int | tuple[int, ...] = int(raw) if prep.keys.ndim == 1 else tuple(
             int(x) for x in raw)
         routes.append([int(x) for x in topology.route(int(prep.src[i]), int(prep.dst[i]), key)])
+    labels = [tuple(topology.link_labels[x] for x in r) for r in routes]
     sizes = [float(x) for x in prep.size]
     bw = [float(x) for x in topology.link_bw_Bps]
-    calendar: list[list[tuple[float, float]]] = [[] for _ in range(topology.num_links)]
-    busy = [0.0] * topology.num_links
+    if ni_bw_Bps is not None:  # injection port L + src first, ejection port L + N + dst last
+        n, ports = topology.num_endpoints, _ni_bandwidth(ni_bw_Bps)
+        routes = [[topology.num_links + int(prep.src[i]), *r,
+                   topology.num_links + n + int(prep.dst[i])] if r else r
+                  for i, r in enumerate(routes)]
+        bw += [ports] * (2 * n)
+    calendar: list[list[tuple[float, float]]] = [[] for _ in range(len(bw))]
+    busy = [0.0] * len(bw)
     finish = [0.0] * num
     tail_end = [-np.inf] * num  # cut-through: end of the previous hop
     seq = 0
@@ -560,8 +608,7 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
     def push(t: float, m: int, hop: int) -> None:
         nonlocal seq
         if prep.tie_ref:
-            labels = tuple(topology.link_labels[x] for x in routes[m])
-            heapq.heappush(heap, (t, sizes[m], labels, seq, m, hop))
+            heapq.heappush(heap, (t, sizes[m], labels[m], seq, m, hop))
         else:
             heapq.heappush(heap, (t, seq, m, hop))
         seq += 1
@@ -601,7 +648,7 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
             makespan = max(makespan, finish[m])
         else:
             push(start + prep.hop_latency, m, hop + 1)
-    return DesResult(float(makespan), np.array(busy, dtype=np.float64),
+    return DesResult(float(makespan), np.array(busy[:topology.num_links], dtype=np.float64),
                      _per_message(np.array(finish, dtype=np.float64), prep))
 
 

@@ -171,13 +171,38 @@ def test_cut_through_never_slower_on_one_message_and_rejects_unknown():
         simulate_messages_oracle(topo, [0], [1], [1.0], switching="wormhole")
 
 
+def test_network_interface_ports():
+    # endpoint 9 of the 4x8 mesh sends 1000 B to both row neighbours (different links):
+    # without ports both take 20 ns; with 50 GB/s ports they share the injection port
+    topo = make_topology("mesh", HW48)
+    args = (topo, [9, 9], [10, 8], [1000.0, 1000.0])
+    d = 1000 / 50e9
+    assert simulate_messages(*args).finish_s.tolist() == pytest.approx([d, d])
+    # cut-through: injection [0, d] then [d, 2d]; link and ejection follow the head at once
+    ct = simulate_messages(*args, switching="cut_through", ni_bw_Bps=50e9)
+    assert ct.finish_s.tolist() == pytest.approx([d, 2 * d], rel=1e-12)
+    # store-and-forward: three serialisations; the second waits d for the port
+    saf = simulate_messages(*args, ni_bw_Bps=50e9)
+    assert saf.finish_s.tolist() == pytest.approx([3 * d, 4 * d], rel=1e-12)
+    assert saf.link_busy_s.shape == (topo.num_links,)
+    assert saf.link_busy_s.sum() == pytest.approx(2 * d)     # ports are not links
+    # idle path: 10 links + 2 ports, each paying the hop latency once under cut-through
+    one = simulate_messages(topo, [0], [31], [2048.0], hop_latency_s=1e-9,
+                            switching="cut_through", ni_bw_Bps=50e9)
+    assert one.makespan_s == pytest.approx(12e-9 + 2048 / 50e9, rel=1e-12)
+    with pytest.raises(ConfigError, match="ni_bw_Bps"):
+        simulate_messages(*args, ni_bw_Bps=0.0)
+
+
 def test_cut_through_kernel_equals_oracle_random():
     rng = np.random.default_rng(27)
     for kind, shape in ORACLE_TOPOLOGIES:
         topo = make_topology(kind, HardwareSpec(mesh_shape=shape, link_bw_gbps=50.0))
-        for _ in range(16):
+        for i in range(16):
             src, dst, size, kwargs = random_case(rng, topo)
-            kwargs["switching"] = "cut_through"
+            kwargs["switching"] = "cut_through" if i % 4 else "store_and_forward"
+            if i % 2:
+                kwargs["ni_bw_Bps"] = 50e9
             assert_same(simulate_messages(topo, src, dst, size, **kwargs),
                         simulate_messages_oracle(topo, src, dst, size, **kwargs))
 
