@@ -83,7 +83,8 @@ class Conventions:
     # α–β cost of every message and collective step (docs/PHYSICS.md)
     msg_alpha_s: float = 100e-9       # start-up α per message / collective step (DMA + NI)
     hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
-    switching: str = "store_and_forward"  # NoC DES: or "cut_through" (docs/PHYSICS.md)
+    switching: str = "cut_through"    # NoC DES: or "store_and_forward" (docs/PHYSICS.md)
+    ni_ports: bool = True             # one injection + one ejection port per node at BW_end
     # tile model of the expert GEMMs (docs/PHYSICS.md); 1, 1, 0 = the fluid model of §5.2
     tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
     tile_cols: int = 64               # GEMM columns padded to a multiple; shares on a tile_cols/I grid
@@ -116,6 +117,10 @@ class Conventions:
     def tiled(self) -> bool:
         """Whether the expert GEMMs follow the tile model (else the fluid model of §5.2)."""
         return self.tile_tokens > 1 or self.tile_cols > 1 or self.gemm_overhead_s > 0
+
+    def ni_bw_for(self, bw_end_Bps: float) -> float | None:
+        """The DES network-interface port bandwidth: ``bw_end_Bps`` with ``ni_ports``, else None."""
+        return float(bw_end_Bps) if self.ni_ports else None
 
     @property
     def broadcast_alpha_s(self) -> float:
@@ -171,6 +176,7 @@ _PAPER = Conventions(
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
     bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
     gemm_overhead_s=0.0, nonmoe_allreduce=False, switching="store_and_forward",
+    ni_ports=False,
 )
 
 PROFILES: dict[str, Conventions] = {

@@ -62,6 +62,7 @@ __all__ = [
     "SWITCHINGS",
     "TIE_BREAKS",
     "DesResult",
+    "check_ni_bandwidth",
     "check_switching",
     "count_trailing_zeros",
     "des_core",
@@ -511,7 +512,8 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
     return DesResult(float(makespan), busy, _per_message(finish, prep))
 
 
-def _ni_bandwidth(ni_bw_Bps: float) -> float:
+def check_ni_bandwidth(ni_bw_Bps: float) -> float:
+    """Return a network-interface port bandwidth as float; ``ConfigError`` unless finite > 0."""
     bw = float(ni_bw_Bps)
     if not (bw > 0 and np.isfinite(bw)):
         raise ConfigError(f"ni_bw_Bps must be a finite number > 0, got {ni_bw_Bps!r}")
@@ -522,7 +524,7 @@ def _with_ports(topology: Topology, prep: PreparedMessages, routes: NDArray[np.i
                 ni_bw_Bps: float) -> tuple[NDArray[np.int64], NDArray[np.int64],
                                            NDArray[np.int32], NDArray[np.float64]]:
     """Per-message link lists with injection (L + src) and ejection (L + N + dst) ports."""
-    bw = _ni_bandwidth(ni_bw_Bps)
+    bw = check_ni_bandwidth(ni_bw_Bps)
     num_links, n = topology.num_links, topology.num_endpoints
     start = topology.route_ptr[routes]
     length = topology.route_ptr[routes + 1] - start
@@ -593,7 +595,7 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
     sizes = [float(x) for x in prep.size]
     bw = [float(x) for x in topology.link_bw_Bps]
     if ni_bw_Bps is not None:  # injection port L + src first, ejection port L + N + dst last
-        n, ports = topology.num_endpoints, _ni_bandwidth(ni_bw_Bps)
+        n, ports = topology.num_endpoints, check_ni_bandwidth(ni_bw_Bps)
         routes = [[topology.num_links + int(prep.src[i]), *r,
                    topology.num_links + n + int(prep.dst[i])] if r else r
                   for i, r in enumerate(routes)]

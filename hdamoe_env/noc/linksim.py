@@ -21,7 +21,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import check_switching, count_trailing_zeros, des_core
+from hdamoe_env.noc.des import (check_ni_bandwidth, check_switching, count_trailing_zeros,
+                                des_core)
 from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
@@ -129,12 +130,14 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
     phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
     makespan_out: NDArray[np.float64], count_out: NDArray[np.int64], cut_through: bool,
+    ni_bw: float,
 ) -> bool:
     """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
 
     Messages are ordered by token, then ascending source cluster, then chunk index — the order of
     ``layer_messages`` expanded as in ``simulate_messages``. Returns False, without simulating,
     when the inputs fail ``_layer_inputs_ok`` (checking here saves a second compiled call).
+    ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``.
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -190,6 +193,14 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     stop = np.empty(num_msg, dtype=np.int64)
     msg_rank = np.zeros(num_msg, dtype=np.int64)
     finish = np.empty(num_msg)
+    num_links = link_bw.shape[0]
+    msg_src = np.empty(num_msg, dtype=np.int64)
+    msg_dst = np.empty(num_msg, dtype=np.int64)
+    # ports (ni_bw > 0): injection num_links + src, ejection num_links + N + dst
+    port_bw = np.concatenate((link_bw, np.full(2 * num_ep, ni_bw)))
+    port_busy = np.zeros(port_bw.shape[0])
+    pos2 = np.empty(num_msg, dtype=np.int64)
+    stop2 = np.empty(num_msg, dtype=np.int64)
     for p in range(phase_codes.shape[0]):
         combine = phase_codes[p] == 1
         m = 0
@@ -209,13 +220,38 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                     r = base + np.int64(h % np.uint64(ncand))
                 pos[m] = route_ptr[r]
                 stop[m] = route_ptr[r + 1]
+                msg_src[m] = s
+                msg_dst[m] = d
                 if tie_ref:
                     msg_rank[m] = route_rank[r]
                 m += 1
-        makespan_out[p] = des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
-                                   link_bw, hop_latency, tie_ref, busy_out[p], finish,
-                                   cut_through)
         count_out[p] = num_msg
+        if ni_bw <= 0:
+            makespan_out[p] = des_core(pos, stop, msg_size, msg_ready, msg_rank, route_links,
+                                       link_bw, hop_latency, tie_ref, busy_out[p], finish,
+                                       cut_through)
+            continue
+        total = 0
+        for m in range(num_msg):
+            if stop[m] > pos[m]:
+                total += stop[m] - pos[m] + 2
+        links2 = np.empty(total, dtype=np.int32)
+        k = 0
+        for m in range(num_msg):
+            pos2[m] = k
+            if stop[m] > pos[m]:
+                links2[k] = num_links + msg_src[m]
+                k += 1
+                for q in range(pos[m], stop[m]):
+                    links2[k] = route_links[q]
+                    k += 1
+                links2[k] = num_links + num_ep + msg_dst[m]
+                k += 1
+            stop2[m] = k
+        port_busy[:] = 0.0
+        makespan_out[p] = des_core(pos2, stop2, msg_size, msg_ready, msg_rank, links2, port_bw,
+                                   hop_latency, tie_ref, port_busy, finish, cut_through)
+        busy_out[p] += port_busy[:num_links]
     return True
 
 
@@ -573,7 +609,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                         hop_latency_s: float = 0.0, layer: int = 0,
                         extra_holders: ArrayLike | None = None, chunks: int = 1,
                         alpha_s: float = 0.0, switching: str = "store_and_forward",
-                        ) -> LayerComm:
+                        ni_bw_Bps: float | None = None) -> LayerComm:
     """Simulate the MoE communication of one layer: message generation plus one DES per phase.
 
     The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
@@ -598,6 +634,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
             t = 0, so the DES is the same run shifted by α: a phase's makespan grows by α
             when any message leaves its node, busy times are unchanged.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
+        ni_bw_Bps: ``None`` or the bandwidth of one injection and one ejection port per
+            endpoint (``des.simulate_messages``).
 
     Returns:
         Makespan, per-link busy time and message count per phase.
@@ -606,6 +644,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
         ConfigError: Invalid shapes, ids, phases, tie rule, latency, chunk count or switching.
     """
     cut = check_switching(switching)
+    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
     tie_ref = tie_break_is_ref(tie_break)
     hop = check_scalar("hop_latency_s", hop_latency_s)
     chunks = check_chunks(chunks)
@@ -616,7 +655,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     busy = np.zeros((codes.size, topology.num_links))
     makespan = np.zeros(codes.size)
     counts = np.zeros(codes.size, dtype=np.int64)
-    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts, cut)
+    args = (chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts, cut,
+            ni_bw)
     arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
     if arrays is None or not _run_layer_kernel(arrays, *args):
         # the slow path converts everything and raises the detailed ConfigError
@@ -633,11 +673,11 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
 def _run_layer_kernel(arrays: tuple[NDArray[Any], ...], chunks: int, layer: int,
                       topology: Topology, hop: float, tie_ref: bool, codes: NDArray[np.int64],
                       busy: NDArray[np.float64], makespan: NDArray[np.float64],
-                      counts: NDArray[np.int64], cut: bool) -> bool:
+                      counts: NDArray[np.int64], cut: bool, ni_bw: float) -> bool:
     """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
     ts, size, hm, ag, p, ex = arrays
     check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
     return _layer_kernel(ts, hm, ex, ag, p, size, chunks, layer, topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
-                         busy, makespan, counts, cut)
+                         busy, makespan, counts, cut, ni_bw)

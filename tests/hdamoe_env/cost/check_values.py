@@ -20,7 +20,8 @@ FAITHFUL = PROFILES["faithful"]
 # the profile the faithful check values of paper-model.md §14 are stated for
 FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
                                tile_cols=1, gemm_overhead_s=0.0, tp_allreduce="ring",
-                               nonmoe_allreduce=False)
+                               nonmoe_allreduce=False, switching="store_and_forward",
+                               ni_ports=False)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 
 
