@@ -28,6 +28,11 @@ router (unbounded buffers) while its upstream link is released at its own end. O
 H equal links this gives ``H·hop_latency + size/bw`` instead of ``H·(hop_latency + size/bw)``.
 Validated against BookSim 2.0 in docs/results/validation.md.
 
+Network-interface ports (``ni_bw_Bps``, off by default): one injection port per source and one
+ejection port per destination endpoint, modelled as two extra links at the ends of every
+non-empty route (ids ``num_links + src`` and ``num_links + N + dst``), so a node sends and
+receives one message at a time at port bandwidth, as a router's local port does.
+
 Two implementations share those semantics and agree bit for bit (same floating-point operations
 in the same order):
 
