@@ -349,8 +349,8 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
         "size is a whole number of flits (h·b_msg = 4096, 8192 and 7168 bytes), so both "
         "simulators move exactly the same bytes.",
         "* Topology and routing: BookSim's k-ary 2-cube (k = 8) mesh or torus, dimension-order "
-        "routing (`dim_order`), row index first as in `noc/topology.py`; the torus tie (distance k/2) "
-        "is patched from random to the +1 direction so both simulators use identical routes. "
+        "routing (`dim_order`), row index first as in `noc/topology.py`; the torus tie "
+        "(distance k/2) is patched from random to the +1 direction so both simulators use identical routes. "
         "4x8 mesh = the 4 x 8 corner of the 8x8 mesh (DOR stays inside it); a 4x8 torus is not "
         "expressible in BookSim's k-ary n-cube and is not run. B = 512 runs on the 4x8 mesh "
         "only (`--full` adds the 8x8 grids): BookSim needed 88 s for one Mixtral B512 run on "
