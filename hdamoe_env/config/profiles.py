@@ -31,6 +31,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "bc_payload": ("weights", "paper"),
     "bc_depth": ("diameter", "2sqrtD"),
     "bc_budget": ("layer", "hd"),
+    "switching": ("store_and_forward", "cut_through"),
 }
 
 
@@ -84,6 +85,8 @@ class Conventions:
     # α–β cost of every message and collective step (docs/PHYSICS.md)
     msg_alpha_s: float = 100e-9       # start-up α per message / collective step (DMA + NI)
     hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
+    switching: str = "cut_through"    # NoC DES: or "store_and_forward" (docs/PHYSICS.md)
+    ni_ports: bool = True             # one injection + one ejection port per node at BW_end
     # tile model of the expert GEMMs (docs/PHYSICS.md); 1, 1, 0 = the fluid model of §5.2
     tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
     tile_cols: int = 64               # GEMM columns padded to a multiple; shares on a tile_cols/I grid
@@ -135,6 +138,10 @@ class Conventions:
     def tiled(self) -> bool:
         """Whether the expert GEMMs follow the tile model (else the fluid model of §5.2)."""
         return self.tile_tokens > 1 or self.col_pad > 1 or self.gemm_overhead_s > 0
+
+    def ni_bw_for(self, bw_end_Bps: float) -> float | None:
+        """The DES network-interface port bandwidth: ``bw_end_Bps`` with ``ni_ports``, else None."""
+        return float(bw_end_Bps) if self.ni_ports else None
 
     @property
     def broadcast_alpha_s(self) -> float:
@@ -190,7 +197,7 @@ _PAPER = Conventions(
     bc_budget="hd", bc_charge_excess=False, ref_bookkeeping=True, skip_zero_priority=False,
     bc_alpha_s=100e-9, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1, tile_cols=1,
     gemm_overhead_s=0.0, nonmoe_allreduce=False, col_granularity=1, psum_combine=False,
-    dram_efficiency=1.0,
+    dram_efficiency=1.0, switching="store_and_forward", ni_ports=False,
 )
 
 PROFILES: dict[str, Conventions] = {

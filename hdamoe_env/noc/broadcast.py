@@ -173,7 +173,8 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
                        S_bytes: float, chunk_bytes: float, *, pi: ArrayLike | None = None,
                        alpha_s: float = 0.0, hop_latency_s: float = 0.0,
                        tie_break: str = "fifo", max_messages: int = 20_000,
-                       trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] | None = None
+                       trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] | None = None,
+                       switching: str = "store_and_forward", ni_bw_Bps: float | None = None,
                        ) -> BroadcastResult:
     """Simulate the pre-broadcast of ``experts`` on idle links with the DES (§10.8).
 
@@ -193,6 +194,8 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
         tie_break: DES tie rule.
         max_messages: Cap on the number of messages.
         trees: Optional broadcast-tree cache.
+        switching: DES switching (``hdamoe_env.noc.des``).
+        ni_bw_Bps: DES network-interface port bandwidth, or None (``des.simulate_messages``).
 
     Returns:
         Makespan and per-link busy time.
@@ -208,6 +211,7 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
     msgs = broadcast_messages(topology, P_layer, experts, S_bytes, chunks, pi=pi,
                               alpha_s=alpha_s, hop_latency_s=hop_latency_s, trees=trees)
     des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
-                            tie_break=tie_break, hop_latency_s=hop_latency_s)
+                            tie_break=tie_break, hop_latency_s=hop_latency_s,
+                            switching=switching, ni_bw_Bps=ni_bw_Bps)
     return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), chunks,
                            msgs.chunk_bytes)

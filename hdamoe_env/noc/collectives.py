@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import des_kernel
+from hdamoe_env.noc.des import check_switching, des_kernel
 from hdamoe_env.noc.messages import check_scalar, prepare_messages
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
@@ -100,7 +100,8 @@ def default_ring(topology: Topology) -> NDArray[np.int64]:
 
 
 def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike | None = None,
-                       chunks: int = 1, hop_latency_s: float = 0.0) -> float:
+                       chunks: int = 1, hop_latency_s: float = 0.0,
+                       switching: str = "store_and_forward") -> float:
     """Simulate a ring all-reduce (reduce-scatter then all-gather) with the DES (§5.6).
 
     2(p−1) sequential steps; in every step each ring member sends ``size_bytes / p`` bytes to its
@@ -113,13 +114,15 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         ring: Int array [p] of distinct endpoints in ring order; default ``default_ring``.
         chunks: Split every step's messages into this many parts.
         hop_latency_s: Latency added after every link traversal, seconds.
+        switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
 
     Returns:
         The all-reduce time in seconds (0 for p <= 1).
 
     Raises:
-        ConfigError: Invalid ring, size, chunks or latency.
+        ConfigError: Invalid ring, size, chunks, latency or switching.
     """
+    cut = check_switching(switching)
     size = check_scalar("size_bytes", size_bytes)
     order = default_ring(topology) if ring is None else np.asarray(ring, dtype=np.int64)
     order = order.reshape(-1)
@@ -141,7 +144,7 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         ready = np.full(routes.size, t)
         t, _busy, _finish = des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
                                        topology.route_links, topology.link_bw_Bps,
-                                       prep.hop_latency, False)
+                                       prep.hop_latency, False, cut)
     return float(t)
 
 
@@ -161,7 +164,7 @@ def _grid_groups(topology: Topology) -> tuple[NDArray[np.int64], NDArray[np.int6
 
 
 def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64], size: float,
-             alpha_s: float, hop_latency_s: float) -> float:
+             alpha_s: float, hop_latency_s: float, cut: bool = False) -> float:
     """Return the time of one collective step: all messages start at α on idle links."""
     if src.size == 0 or size <= 0:
         return 0.0
@@ -172,7 +175,7 @@ def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64],
     rank = np.zeros(routes.size, dtype=np.int64)
     t, _busy, _finish = des_kernel(routes, prep.size, ready, rank, topology.route_ptr,
                                    topology.route_links, topology.link_bw_Bps,
-                                   prep.hop_latency, False)
+                                   prep.hop_latency, False, cut)
     return float(t)
 
 
@@ -206,12 +209,14 @@ def _schedule(topology: Topology, algorithm: str, size: float
 #: All-reduce times by (topology id, algorithm, bytes, α, hop latency); a value keeps its topology
 #: (checked by identity, so a reused id can never hit). A run needs a few per batch size and
 #: topology, the whole test suite 71 (measured), so 4096 never evicts either working set.
-_TIMES: BoundedCache[tuple[int, str, float, float, float], tuple[Topology, float]] = BoundedCache(
+_TIMES: BoundedCache[tuple[int, str, float, float, float, bool],
+                     tuple[Topology, float]] = BoundedCache(
     4096, name="hdamoe_env.noc.collectives.allreduce_time")
 
 
 def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring", *,
-                   alpha_s: float = 0.0, hop_latency_s: float = 0.0) -> float:
+                   alpha_s: float = 0.0, hop_latency_s: float = 0.0,
+                   switching: str = "store_and_forward") -> float:
     """Return the DES time of an all-reduce of ``size_bytes`` per node by ``algorithm`` (cached).
 
     Args:
@@ -220,26 +225,29 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
         algorithm: One of ``ALGORITHMS``.
         alpha_s: Start-up latency α of every step, seconds.
         hop_latency_s: Latency after every link traversal, seconds.
+        switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
 
     Returns:
         Seconds (0 for one endpoint or S = 0).
 
     Raises:
-        ConfigError: Unknown algorithm, or a negative or non-finite size or latency.
+        ConfigError: Unknown algorithm or switching, or a negative or non-finite size or
+            latency.
     """
+    cut = check_switching(switching)
     size = check_scalar("size_bytes", size_bytes)
     alpha = check_scalar("alpha_s", alpha_s)
     hop = check_scalar("hop_latency_s", hop_latency_s)
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
                           f"{list(ALGORITHMS)}")
-    key = (id(topology), algorithm, size, alpha, hop)
+    key = (id(topology), algorithm, size, alpha, hop, cut)
     entry = _TIMES.get(key)
     if entry is None or entry[0] is not topology:
         if topology.num_endpoints <= 1 or size == 0:
             hit = 0.0
         else:
-            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop)
+            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop, cut)
                             for count, src, dst, part in _schedule(topology, algorithm, size))
         entry = _TIMES.put(key, (topology, hit))
     return entry[1]
@@ -247,7 +255,8 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
 
 def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.0,
                    hop_latency_s: float = 0.0,
-                   algorithms: tuple[str, ...] = ALGORITHMS) -> AllReduce:
+                   algorithms: tuple[str, ...] = ALGORITHMS,
+                   switching: str = "store_and_forward") -> AllReduce:
     """Return the fastest all-reduce algorithm the topology admits for ``size_bytes`` (§5.6).
 
     Args:
@@ -256,11 +265,13 @@ def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.
         alpha_s: Start-up latency α of every step, seconds.
         hop_latency_s: Latency after every link traversal, seconds.
         algorithms: Candidates, default all of ``ALGORITHMS``.
+        switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
 
     Returns:
         The time, the chosen algorithm and every candidate's time.
     """
     times = {name: allreduce_time(topology, size_bytes, name, alpha_s=alpha_s,
-                                  hop_latency_s=hop_latency_s) for name in algorithms}
+                                  hop_latency_s=hop_latency_s, switching=switching)
+             for name in algorithms}
     name = min(times, key=lambda n: (times[n], algorithms.index(n)))
     return AllReduce(times[name], name, times)

@@ -7,7 +7,8 @@ that every entry shares in ``hdamoe_env.noc.messages``.
 
 Model (§6.3). Fluid store-and-forward: a message occupies one directed link at a time, the next
 hop starts when the whole message has crossed the previous one, per-hop time = size / bandwidth
-of that link, plus an optional fixed ``hop_latency_s`` after every traversal. No flits, credits,
+of that link, plus an optional fixed ``hop_latency_s`` after every traversal (``switching =
+"store_and_forward"``, the paper's and the reference's model). No flits, credits,
 back-pressure or injection limits; the only resources are the directed links, each served in
 event order (first come, first served). The earliest pending event is popped; its hop starts at
 ``max(t, busy_until[link])``. Equal event times are ordered by the tie rule:
@@ -16,6 +17,21 @@ event order (first come, first served). The earliest pending event is popped; it
 * ``ref`` — by remaining bytes (whole messages: the message size) ascending, then by the route
   compared lexicographically as a list of link labels (``Topology.route_lex_rank``), then by
   insertion order (quirk Q19).
+
+``switching = "cut_through"`` (virtual cut-through, pipelined): the head pays the per-hop latency
+and the body follows at link bandwidth. A hop still starts at ``max(t, busy_until[link])`` and
+keeps its link busy for the message's serialisation, ``end = start + size / bw``, but no earlier
+than the previous hop's end plus ``hop_latency_s`` (the tail cannot overtake itself when an
+upstream link is slower); the next hop's event is the head's arrival ``start + hop_latency_s``
+and the message finishes at the last hop's ``end + hop_latency_s``. A blocked head waits in the
+router (unbounded buffers) while its upstream link is released at its own end. On an idle path of
+H equal links this gives ``H·hop_latency + size/bw`` instead of ``H·(hop_latency + size/bw)``.
+Validated against BookSim 2.0 in docs/results/validation.md.
+
+Network-interface ports (``ni_bw_Bps``, off by default): one injection port per source and one
+ejection port per destination endpoint, modelled as two extra links at the ends of every
+non-empty route (ids ``num_links + src`` and ``num_links + N + dst``), so a node sends and
+receives one message at a time at port bandwidth, as a router's local port does.
 
 Two implementations share those semantics and agree bit for bit (same floating-point operations
 in the same order):
@@ -41,12 +57,18 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
+from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.noc.messages import TIE_BREAKS, PreparedMessages, prepare_messages
 from hdamoe_env.noc.topology import Topology
 
+SWITCHINGS: tuple[str, ...] = ("store_and_forward", "cut_through")
+
 __all__ = [
+    "SWITCHINGS",
     "TIE_BREAKS",
     "DesResult",
+    "check_ni_bandwidth",
+    "check_switching",
     "count_trailing_zeros",
     "des_core",
     "des_kernel",
@@ -162,12 +184,16 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
     route_links: NDArray[np.int32], link_bw: NDArray[np.float64], hop_latency: float,
     tie_ref: bool, busy_time: NDArray[np.float64], finish: NDArray[np.float64],
+    cut_through: bool,
 ) -> float:
     """Run the §6.3 event loop; fill ``busy_time`` [L] (accumulated) and ``finish`` [M].
 
     Message m crosses the links ``route_links[pos[m]:stop[m]]``; ``pos`` is the cursor of the
     next hop and is advanced in place (callers pass a scratch array). ``msg_rank`` is the
-    route's lexicographic rank (read with ``tie_ref`` only).
+    route's lexicographic rank (read with ``tie_ref`` only). ``cut_through`` selects the
+    switching of the module docstring: the next hop's event is the head's arrival (start +
+    hop latency) instead of the tail's (end + hop latency), and a hop ends no earlier than the
+    previous hop's end plus the hop latency.
 
     Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or the dense
     rank of the message by (size, route rank) (``ref``), and the sequence is the insertion
@@ -199,6 +225,7 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     num_msg = pos.shape[0]
     busy_until = np.zeros(link_bw.shape[0])
     kbase = np.zeros(num_msg, dtype=np.int64)
+    tail_end = np.full(num_msg, -np.inf)  # cut-through: end of the message's previous hop
     if tie_ref and num_msg > 0:
         size_rank = _dense_rank(msg_size)
         kbase = _dense_rank(size_rank * (msg_rank.max() + 1) + msg_rank)
@@ -303,6 +330,11 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
             bu = busy_until[link]
             start = t if t > bu else bu
             end = start + msg_size[m] / link_bw[link]
+            if cut_through:  # the tail cannot leave before it has arrived from upstream
+                tail_ready = tail_end[m] + hop_latency
+                if tail_ready > end:
+                    end = tail_ready
+                tail_end[m] = end
             busy_until[link] = end
             busy_time[link] += end - start
             arrive = end + hop_latency
@@ -312,6 +344,8 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
                     makespan = arrive
                 m = nm
                 continue
+            if cut_through:
+                arrive = start + hop_latency  # the head reaches the next router
             pos[m] = p + 1
             if tie_ref and arrive == t and nm >= 0 and kbase[m] < max_key:
                 # zero-duration hop that sorts before waiting events of this bucket: link it in
@@ -399,19 +433,29 @@ def des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
                msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
                route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
                link_bw: NDArray[np.float64], hop_latency: float,
-               tie_ref: bool) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
+               tie_ref: bool, cut_through: bool = False,
+               ) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
     """Run the DES on prepared messages; return (makespan, busy [L], finish [M]).
 
     The compiled entry of ``simulate_messages`` (and of the collectives' rounds). ``msg_route``
     [M] is each message's route id into ``route_ptr``/``route_links`` (the topology's CSR
     routes), ``msg_size`` [M] bytes, ``msg_ready`` [M] release times, ``msg_rank`` [M] the tie
-    key ranks, ``link_bw`` [L] B/s; see ``des_core`` for the event loop.
+    key ranks, ``link_bw`` [L] B/s, ``cut_through`` the switching (False: store-and-forward);
+    see ``des_core`` for the event loop.
     """
     busy = np.zeros(link_bw.shape[0])
     finish = np.zeros(msg_route.shape[0])
     makespan = des_core(route_ptr[msg_route], route_ptr[msg_route + 1], msg_size, msg_ready,
-                        msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish)
+                        msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish,
+                        cut_through)
     return makespan, busy, finish
+
+
+def check_switching(switching: str) -> bool:
+    """Return whether ``switching`` is cut-through; raise ``ConfigError`` if it is unknown."""
+    if switching not in SWITCHINGS:
+        raise unknown_name("switching", switching, SWITCHINGS)
+    return switching == "cut_through"
 
 
 def _per_message(finish: NDArray[np.float64], prep: PreparedMessages) -> NDArray[np.float64]:
@@ -423,7 +467,8 @@ def _per_message(finish: NDArray[np.float64], prep: PreparedMessages) -> NDArray
 def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
                       ready_s: ArrayLike | None = None, *, tie_break: str = "fifo",
                       hop_latency_s: float = 0.0, flow_keys: ArrayLike | None = None,
-                      chunks: int = 1) -> DesResult:
+                      chunks: int = 1, switching: str = "store_and_forward",
+                      ni_bw_Bps: float | None = None) -> DesResult:
     """Simulate a set of messages with the compiled busy-until DES (§6.3).
 
     Args:
@@ -439,22 +484,65 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
         chunks: Split every message into this many equal parts (separate messages, message-major
             insertion order); when ``chunks > 1`` the chunk index is appended to the flow key,
             which becomes the tuple ``(key..., chunk)``.
+        switching: ``"store_and_forward"`` or ``"cut_through"`` (module docstring).
+        ni_bw_Bps: ``None`` (no network-interface limit, §6.3) or the bandwidth of one
+            injection port per source and one ejection port per destination endpoint: every
+            message with a non-empty route then crosses its source's injection port first and
+            its destination's ejection port last, as two extra links (each with the hop
+            latency). Their busy time is not part of ``link_busy_s``.
 
     Returns:
         The makespan, per-link busy time [num_links] and per-message finish time [M].
 
     Raises:
         ConfigError: Mismatched lengths, endpoint ids out of range, negative or non-finite sizes
-            or ready times, an unknown tie rule, a negative hop latency or ``chunks < 1``.
+            or ready times, an unknown tie rule or switching, a negative hop latency, a
+            non-positive port bandwidth or ``chunks < 1``.
     """
+    cut = check_switching(switching)
     prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
                             flow_keys, chunks)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     rank = topology.route_lex_rank[routes] if prep.tie_ref else np.zeros(routes.size, np.int64)
+    if ni_bw_Bps is not None:
+        pos, stop, links, bw = _with_ports(topology, prep, routes, ni_bw_Bps)
+        busy = np.zeros(bw.shape[0])
+        finish = np.zeros(routes.size)
+        makespan = des_core(pos, stop, prep.size, prep.ready, rank, links, bw, prep.hop_latency,
+                            prep.tie_ref, busy, finish, cut)
+        return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
     makespan, busy, finish = des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
                                         topology.route_links, topology.link_bw_Bps,
-                                        prep.hop_latency, prep.tie_ref)
+                                        prep.hop_latency, prep.tie_ref, cut)
     return DesResult(float(makespan), busy, _per_message(finish, prep))
+
+
+def check_ni_bandwidth(ni_bw_Bps: float) -> float:
+    """Return a network-interface port bandwidth as float; ``ConfigError`` unless finite > 0."""
+    bw = float(ni_bw_Bps)
+    if not (bw > 0 and np.isfinite(bw)):
+        raise ConfigError(f"ni_bw_Bps must be a finite number > 0, got {ni_bw_Bps!r}")
+    return bw
+
+
+def _with_ports(topology: Topology, prep: PreparedMessages, routes: NDArray[np.int64],
+                ni_bw_Bps: float) -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                           NDArray[np.int32], NDArray[np.float64]]:
+    """Per-message link lists with injection (L + src) and ejection (L + N + dst) ports."""
+    bw = check_ni_bandwidth(ni_bw_Bps)
+    num_links, n = topology.num_links, topology.num_endpoints
+    start = topology.route_ptr[routes]
+    length = topology.route_ptr[routes + 1] - start
+    full = length + 2 * (length > 0)
+    ptr = np.concatenate([[0], np.cumsum(full)]).astype(np.int64)
+    owner = np.repeat(np.arange(routes.size), full)
+    offset = np.arange(ptr[-1]) - ptr[:-1][owner]
+    inner = np.clip(start[owner] + offset - 1, 0, max(topology.route_links.size - 1, 0))
+    links = np.where(offset == 0, num_links + prep.src[owner],
+                     np.where(offset == full[owner] - 1, num_links + n + prep.dst[owner],
+                              topology.route_links[inner] if inner.size else inner))
+    link_bw = np.concatenate([topology.link_bw_Bps, np.full(2 * n, bw)])
+    return ptr[:-1].copy(), ptr[1:].copy(), links.astype(np.int32), link_bw
 
 
 def _earliest_gap(intervals: list[tuple[float, float]], t: float, dur: float) -> float:
@@ -469,18 +557,36 @@ def _earliest_gap(intervals: list[tuple[float, float]], t: float, dur: float) ->
     return x
 
 
+def _earliest_gap_until(intervals: list[tuple[float, float]], t: float,
+                        end_at: Any) -> float:
+    """Return the earliest start x >= t with [x, end_at(x)) free in the sorted ``intervals``."""
+    x = t
+    for s, e in intervals:
+        if e <= x:
+            continue
+        if x < s and end_at(x) <= s:
+            break
+        x = max(x, e)
+    return x
+
+
 def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
                              size_bytes: ArrayLike, ready_s: ArrayLike | None = None, *,
                              tie_break: str = "fifo", hop_latency_s: float = 0.0,
-                             flow_keys: ArrayLike | None = None, chunks: int = 1) -> DesResult:
+                             flow_keys: ArrayLike | None = None, chunks: int = 1,
+                             switching: str = "store_and_forward",
+                             ni_bw_Bps: float | None = None) -> DesResult:
     """Simulate messages with a slow, obviously correct interval-calendar DES (test oracle).
 
     Same signature, semantics and results (bit for bit) as ``simulate_messages``. Routes are
     chosen one by one with ``Topology.route`` and ``stable_hash``; every link keeps a sorted list
     of reserved intervals and a hop starts in the earliest free gap at or after its ready time
     (§6.3 "Equivalence with the reference"); the ``ref`` tie-break compares the routes' link-label
-    lists directly. Arguments as ``simulate_messages``.
+    lists directly. Under cut-through a hop's end depends on its start (the upstream tail), so
+    the gap search evaluates the end at every candidate start. Arguments as
+    ``simulate_messages``.
     """
+    cut = check_switching(switching)
     prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
                             flow_keys, chunks)
     num = prep.src.shape[0]
@@ -490,19 +596,26 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
         key: int | tuple[int, ...] = int(raw) if prep.keys.ndim == 1 else tuple(
             int(x) for x in raw)
         routes.append([int(x) for x in topology.route(int(prep.src[i]), int(prep.dst[i]), key)])
+    labels = [tuple(topology.link_labels[x] for x in r) for r in routes]
     sizes = [float(x) for x in prep.size]
     bw = [float(x) for x in topology.link_bw_Bps]
-    calendar: list[list[tuple[float, float]]] = [[] for _ in range(topology.num_links)]
-    busy = [0.0] * topology.num_links
+    if ni_bw_Bps is not None:  # injection port L + src first, ejection port L + N + dst last
+        n, ports = topology.num_endpoints, check_ni_bandwidth(ni_bw_Bps)
+        routes = [[topology.num_links + int(prep.src[i]), *r,
+                   topology.num_links + n + int(prep.dst[i])] if r else r
+                  for i, r in enumerate(routes)]
+        bw += [ports] * (2 * n)
+    calendar: list[list[tuple[float, float]]] = [[] for _ in range(len(bw))]
+    busy = [0.0] * len(bw)
     finish = [0.0] * num
+    tail_end = [-np.inf] * num  # cut-through: end of the previous hop
     seq = 0
     heap: list[tuple[Any, ...]] = []
 
     def push(t: float, m: int, hop: int) -> None:
         nonlocal seq
         if prep.tie_ref:
-            labels = tuple(topology.link_labels[x] for x in routes[m])
-            heapq.heappush(heap, (t, sizes[m], labels, seq, m, hop))
+            heapq.heappush(heap, (t, sizes[m], labels[m], seq, m, hop))
         else:
             heapq.heappush(heap, (t, seq, m, hop))
         seq += 1
@@ -519,12 +632,30 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
             continue
         link = routes[m][hop]
         dur = sizes[m] / bw[link]
-        start = _earliest_gap(calendar[link], t, dur)
-        end = start + dur
+        if not cut:
+            start = _earliest_gap(calendar[link], t, dur)
+            end = start + dur
+            bisect.insort(calendar[link], (start, end))
+            busy[link] += end - start
+            push(end + prep.hop_latency, m, hop + 1)
+            continue
+        tail_ready = tail_end[m] + prep.hop_latency
+
+        def end_at(x: float, dur: float = dur, tail_ready: float = tail_ready) -> float:
+            end = x + dur
+            return tail_ready if tail_ready > end else end
+
+        start = _earliest_gap_until(calendar[link], t, end_at)
+        end = end_at(start)
+        tail_end[m] = end
         bisect.insort(calendar[link], (start, end))
         busy[link] += end - start
-        push(end + prep.hop_latency, m, hop + 1)
-    return DesResult(float(makespan), np.array(busy, dtype=np.float64),
+        if hop + 1 == len(routes[m]):
+            finish[m] = end + prep.hop_latency
+            makespan = max(makespan, finish[m])
+        else:
+            push(start + prep.hop_latency, m, hop + 1)
+    return DesResult(float(makespan), np.array(busy[:topology.num_links], dtype=np.float64),
                      _per_message(np.array(finish, dtype=np.float64), prep))
 
 

@@ -21,7 +21,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import count_trailing_zeros, des_core
+from hdamoe_env.noc.des import (check_ni_bandwidth, check_switching, count_trailing_zeros,
+                                des_core)
 from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
@@ -129,7 +130,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
     route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
     phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
-    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
+    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64], cut_through: bool,
+    ni_bw: float,
 ) -> bool:
     """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
 
@@ -138,6 +140,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     when the inputs fail ``_layer_inputs_ok`` (checking here saves a second compiled call).
     A combine message from a cluster that holds a partial shard of any expert of its token
     (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
+    ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``.
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -214,6 +217,14 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     stop = np.empty(num_msg, dtype=np.int64)
     msg_rank = np.zeros(num_msg, dtype=np.int64)
     finish = np.empty(num_msg)
+    num_links = link_bw.shape[0]
+    msg_src = np.empty(num_msg, dtype=np.int64)
+    msg_dst = np.empty(num_msg, dtype=np.int64)
+    # ports (ni_bw > 0): injection num_links + src, ejection num_links + N + dst
+    port_bw = np.concatenate((link_bw, np.full(2 * num_ep, ni_bw)))
+    port_busy = np.zeros(port_bw.shape[0])
+    pos2 = np.empty(num_msg, dtype=np.int64)
+    stop2 = np.empty(num_msg, dtype=np.int64)
     for p in range(phase_codes.shape[0]):
         combine = phase_codes[p] == 1
         m = 0
@@ -233,13 +244,39 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                     r = base + np.int64(h % np.uint64(ncand))
                 pos[m] = route_ptr[r]
                 stop[m] = route_ptr[r + 1]
+                msg_src[m] = s
+                msg_dst[m] = d
                 if tie_ref:
                     msg_rank[m] = route_rank[r]
                 m += 1
-        makespan_out[p] = des_core(pos, stop, comb_size if combine else msg_size, msg_ready,
-                                   msg_rank, route_links, link_bw, hop_latency, tie_ref,
-                                   busy_out[p], finish)
+        size_p = comb_size if combine else msg_size
         count_out[p] = num_msg
+        if ni_bw <= 0:
+            makespan_out[p] = des_core(pos, stop, size_p, msg_ready, msg_rank, route_links,
+                                       link_bw, hop_latency, tie_ref, busy_out[p], finish,
+                                       cut_through)
+            continue
+        total = 0
+        for m in range(num_msg):
+            if stop[m] > pos[m]:
+                total += stop[m] - pos[m] + 2
+        links2 = np.empty(total, dtype=np.int32)
+        k = 0
+        for m in range(num_msg):
+            pos2[m] = k
+            if stop[m] > pos[m]:
+                links2[k] = num_links + msg_src[m]
+                k += 1
+                for q in range(pos[m], stop[m]):
+                    links2[k] = route_links[q]
+                    k += 1
+                links2[k] = num_links + num_ep + msg_dst[m]
+                k += 1
+            stop2[m] = k
+        port_busy[:] = 0.0
+        makespan_out[p] = des_core(pos2, stop2, size_p, msg_ready, msg_rank, links2, port_bw,
+                                   hop_latency, tie_ref, port_busy, finish, cut_through)
+        busy_out[p] += port_busy[:num_links]
     return True
 
 
@@ -606,7 +643,9 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                         hop_latency_s: float = 0.0, layer: int = 0,
                         extra_holders: ArrayLike | None = None, chunks: int = 1,
                         alpha_s: float = 0.0, partial_mask: ArrayLike | None = None,
-                        combine_bytes: ArrayLike | None = None) -> LayerComm:
+                        combine_bytes: ArrayLike | None = None,
+                        switching: str = "store_and_forward",
+                        ni_bw_Bps: float | None = None) -> LayerComm:
     """Simulate the MoE communication of one layer: message generation plus one DES per phase.
 
     The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
@@ -635,13 +674,18 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
             carries partial sums of ``combine_bytes[t]`` bytes (``psum_combine``,
             docs/PHYSICS.md); all other messages keep ``msg_bytes[t]``. Needs ``combine_bytes``.
         combine_bytes: Float array [T] (or a scalar) of partial-sum combine message sizes.
+        switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
+        ni_bw_Bps: ``None`` or the bandwidth of one injection and one ejection port per
+            endpoint (``des.simulate_messages``).
 
     Returns:
         Makespan, per-link busy time and message count per phase.
 
     Raises:
-        ConfigError: Invalid shapes, ids, phases, tie rule, latency or chunk count.
+        ConfigError: Invalid shapes, ids, phases, tie rule, latency, chunk count or switching.
     """
+    cut = check_switching(switching)
+    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
     tie_ref = tie_break_is_ref(tie_break)
     hop = check_scalar("hop_latency_s", hop_latency_s)
     chunks = check_chunks(chunks)
@@ -654,7 +698,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     counts = np.zeros(codes.size, dtype=np.int64)
     arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
     psum = _as_partial(partial_mask, combine_bytes, arrays)
-    args = (psum, chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts)
+    args = (psum, chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts, cut,
+            ni_bw)
     if arrays is None or not _run_layer_kernel(arrays, *args):
         # the slow path converts everything and raises the detailed ConfigError
         arrays = _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders,
@@ -705,7 +750,8 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
                       psum: tuple[NDArray[np.bool_], NDArray[np.float64]], chunks: int,
                       layer: int, topology: Topology, hop: float, tie_ref: bool,
                       codes: NDArray[np.int64], busy: NDArray[np.float64],
-                      makespan: NDArray[np.float64], counts: NDArray[np.int64]) -> bool:
+                      makespan: NDArray[np.float64], counts: NDArray[np.int64], cut: bool,
+                      ni_bw: float) -> bool:
     """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
     ts, size, hm, ag, p, ex = arrays
     check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
@@ -713,4 +759,4 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
                          topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
-                         busy, makespan, counts)
+                         busy, makespan, counts, cut, ni_bw)

@@ -185,7 +185,8 @@ class MoESimulator:
             return collectives.AllReduce(t, conv.tp_allreduce, {conv.tp_allreduce: t})
         size = float(batch) * self.model.hidden_size * conv.b_psum
         return collectives.best_allreduce(self.topology, size, alpha_s=conv.msg_alpha_s,
-                                          hop_latency_s=self.hw.hop_latency_for(conv))
+                                          hop_latency_s=self.hw.hop_latency_for(conv),
+                                          switching=conv.switching)
 
     def dense_time(self, batch: int) -> float:
         """Return the time of the dense leading layers per step (0 unless ``faithful``)."""

@@ -22,12 +22,14 @@ FAITHFUL = PROFILES["faithful"]
 FAITHFUL_V1 = FAITHFUL.derive(b_psum=2, msg_alpha_s=0.0, hop_latency_s=0.0, tile_tokens=1,
                                tile_cols=1, gemm_overhead_s=0.0, tp_allreduce="ring",
                                nonmoe_allreduce=False, psum_combine=False,
-                               dram_efficiency=1.0, nonmoe_ctx_len=1024)
+                               dram_efficiency=1.0, nonmoe_ctx_len=1024,
+                               switching="store_and_forward", ni_ports=False)
 # faithful before the sourced compute, partial-sum, DRAM and context knobs (docs/PHYSICS.md
 # §2, §4, §5, §6): columns padded to the 64-column share grid, partial sums of shard holders
-# at b_msg, ideal DRAM, 1024-token context
+# at b_msg, ideal DRAM, 1024-token context, store-and-forward DES without NI ports
 FAITHFUL_V2 = FAITHFUL.derive(col_granularity=64, psum_combine=False, dram_efficiency=1.0,
-                               nonmoe_ctx_len=1024)
+                               nonmoe_ctx_len=1024, switching="store_and_forward",
+                               ni_ports=False)
 SETTINGS = ("2.5/75", "5/50", "10/25")
 
 

@@ -108,6 +108,105 @@ def test_empty_route_chunks_and_hop_latency():
     assert res.makespan_s == pytest.approx(10 * (2048 / 50e9 + 1e-9), rel=1e-12)
 
 
+# --- cut-through switching ------------------------------------------------------------------
+
+HW14 = HardwareSpec(mesh_shape=(1, 4), link_bw_gbps=1.0)  # a line 0-1-2-3, 1 byte per ns
+
+
+def test_cut_through_three_messages_by_hand():
+    # A: 0->3, 1000 B at 0; B: 1->3, 500 B at 0; C: 2->3, 200 B at 600 ns; hop latency 10 ns.
+    # Cut-through (times in ns, fifo): A takes 0->1 over [0, 1000], its head reaches router 1 at
+    # 10; B takes 1->2 over [0, 500], head at router 2 at 10. At t = 10 A's head waits for 1->2
+    # until 500: [500, max(500 + 1000, 1000 + 10)] = [500, 1500], head at router 2 at 510;
+    # B's head takes 2->3 at once: [10, max(10 + 500, 500 + 10)] = [10, 510], B done at 520.
+    # At 510 A takes 2->3: [510, max(510 + 1000, 1500 + 10)] = [510, 1510], A done at 1520.
+    # C, ready at 600, waits for 2->3 until 1510: [1510, 1710], done at 1720.
+    topo = make_topology("mesh", HW14)
+    args = (topo, [0, 1, 2], [3, 3, 3], [1000.0, 500.0, 200.0], [0.0, 0.0, 600e-9])
+    kw = {"hop_latency_s": 10e-9, "switching": "cut_through"}
+    res = simulate_messages(*args, **kw)
+    assert res.finish_s.tolist() == pytest.approx([1520e-9, 520e-9, 1720e-9], rel=1e-12)
+    assert res.makespan_s == pytest.approx(1720e-9, rel=1e-12)
+    assert busy_of(topo, res, 0, 1) == pytest.approx(1000e-9)
+    assert busy_of(topo, res, 1, 2) == pytest.approx(1500e-9)   # 500 (B) + 1000 (A)
+    assert busy_of(topo, res, 2, 3) == pytest.approx(1700e-9)   # 500 (B) + 1000 (A) + 200 (C)
+    assert_same(res, simulate_messages_oracle(*args, **kw))
+    # store-and-forward on the same messages: A 0->1 [0, 1000] (+10); B 1->2 [0, 500], 2->3
+    # [510, 1010], done 1020; C 2->3 [1010, 1210], done 1220; A 1->2 [1010, 2010], 2->3
+    # [2020, 3020], done 3030
+    saf = simulate_messages(*args, hop_latency_s=10e-9)
+    assert saf.finish_s.tolist() == pytest.approx([3030e-9, 1020e-9, 1220e-9], rel=1e-12)
+
+
+def test_cut_through_idle_path_and_slow_upstream():
+    # idle 4x8 mesh, 10 hops: H * latency + S / BW instead of H * (latency + S / BW)
+    topo = make_topology("mesh", HW48)
+    res = simulate_messages(topo, [0], [31], [2048.0], hop_latency_s=1e-9,
+                            switching="cut_through")
+    assert res.makespan_s == pytest.approx(10e-9 + 2048 / 50e9, rel=1e-12)
+    # fat-tree with slow endpoint links: the tail is paced by the slowest (first) link, so a
+    # 4-hop route finishes at S / BW_el + 4 * latency; every hop starts one latency after the
+    # previous one and ends one latency after it, so every link (fast ones too) is busy S / BW_el
+    spec = TopologySpec(kind="fattree", bw_el_gbps=10.0, bw_la_gbps=40.0, bw_ac_gbps=40.0)
+    ft = make_topology(spec, HW48)
+    s, lat = 1000.0, 1e-9
+    res = simulate_messages(ft, [0], [2], [s], hop_latency_s=lat, switching="cut_through")
+    assert res.makespan_s == pytest.approx(s / 10e9 + 4 * lat, rel=1e-12)
+    assert res.link_busy_s.max() == pytest.approx(s / 10e9, rel=1e-12)
+    assert_same(res, simulate_messages_oracle(ft, [0], [2], [s], hop_latency_s=lat,
+                                              switching="cut_through"))
+
+
+def test_cut_through_never_slower_on_one_message_and_rejects_unknown():
+    topo = make_topology("torus", HW48)
+    for d in range(1, 32):
+        ct = simulate_messages(topo, [0], [d], [4096.0], hop_latency_s=2e-9,
+                               switching="cut_through").makespan_s
+        saf = simulate_messages(topo, [0], [d], [4096.0], hop_latency_s=2e-9).makespan_s
+        assert ct <= saf
+        assert (ct < saf) == (topo.route(0, d).size > 1)
+    with pytest.raises(ConfigError, match="switching"):
+        simulate_messages(topo, [0], [1], [1.0], switching="wormhole")
+    with pytest.raises(ConfigError, match="switching"):
+        simulate_messages_oracle(topo, [0], [1], [1.0], switching="wormhole")
+
+
+def test_network_interface_ports():
+    # endpoint 9 of the 4x8 mesh sends 1000 B to both row neighbours (different links):
+    # without ports both take 20 ns; with 50 GB/s ports they share the injection port
+    topo = make_topology("mesh", HW48)
+    args = (topo, [9, 9], [10, 8], [1000.0, 1000.0])
+    d = 1000 / 50e9
+    assert simulate_messages(*args).finish_s.tolist() == pytest.approx([d, d])
+    # cut-through: injection [0, d] then [d, 2d]; link and ejection follow the head at once
+    ct = simulate_messages(*args, switching="cut_through", ni_bw_Bps=50e9)
+    assert ct.finish_s.tolist() == pytest.approx([d, 2 * d], rel=1e-12)
+    # store-and-forward: three serialisations; the second waits d for the port
+    saf = simulate_messages(*args, ni_bw_Bps=50e9)
+    assert saf.finish_s.tolist() == pytest.approx([3 * d, 4 * d], rel=1e-12)
+    assert saf.link_busy_s.shape == (topo.num_links,)
+    assert saf.link_busy_s.sum() == pytest.approx(2 * d)     # ports are not links
+    # idle path: 10 links + 2 ports, each paying the hop latency once under cut-through
+    one = simulate_messages(topo, [0], [31], [2048.0], hop_latency_s=1e-9,
+                            switching="cut_through", ni_bw_Bps=50e9)
+    assert one.makespan_s == pytest.approx(12e-9 + 2048 / 50e9, rel=1e-12)
+    with pytest.raises(ConfigError, match="ni_bw_Bps"):
+        simulate_messages(*args, ni_bw_Bps=0.0)
+
+
+def test_cut_through_kernel_equals_oracle_random():
+    rng = np.random.default_rng(27)
+    for kind, shape in ORACLE_TOPOLOGIES:
+        topo = make_topology(kind, HardwareSpec(mesh_shape=shape, link_bw_gbps=50.0))
+        for i in range(16):
+            src, dst, size, kwargs = random_case(rng, topo)
+            kwargs["switching"] = "cut_through" if i % 4 else "store_and_forward"
+            if i % 2:
+                kwargs["ni_bw_Bps"] = 50e9
+            assert_same(simulate_messages(topo, src, dst, size, **kwargs),
+                        simulate_messages_oracle(topo, src, dst, size, **kwargs))
+
+
 # --- kernel == oracle ----------------------------------------------------------------------
 
 ORACLE_TOPOLOGIES = [("mesh", (2, 2)), ("mesh", (4, 4)), ("mesh", (4, 8)), ("torus", (4, 4)),

@@ -147,6 +147,34 @@ def test_partial_sum_combine_messages():
                             partial_mask=np.ones((3, 4), bool), combine_bytes=msg)
 
 
+@pytest.mark.parametrize("switching,ni", [("cut_through", None), ("cut_through", 50e9),
+                                          ("store_and_forward", 50e9)])
+def test_layer_comm_switching_and_ports_equal_message_path(switching, ni):
+    rng = np.random.default_rng(27)
+    for kind in ("mesh", "torus", "fattree"):
+        topo = make_topology(kind, HW48)
+        for trial in range(2):
+            holders = rng.random((16, 32)) < 0.08
+            holders[np.arange(16), rng.integers(0, 32, 16)] = True
+            sets = np.array([rng.choice(16, 3, replace=False) for _ in range(12)])
+            pi = rng.permutation(32)
+            agg = choose_aggregators(sets, holders, "uniform", rng)
+            msg = rng.choice([512.0, 1024.0], 12)
+            tie = "ref" if trial else "fifo"
+            kw = dict(tie_break=tie, chunks=1 + trial, hop_latency_s=2e-9, switching=switching,
+                      ni_bw_Bps=ni)
+            comm = simulate_layer_comm(topo, sets, msg, holders, pi, agg, layer=3, **kw)
+            for p, direction in enumerate(("dispatch", "combine")):
+                src, dst, size, task = layer_messages(sets, msg, holders, agg, pi,
+                                                      direction=direction)
+                keys = layer_flow_keys(3, task, src, 1 + trial)
+                fast = simulate_messages(topo, src, dst, size, flow_keys=keys, **kw)
+                assert comm.makespan_s[p] == fast.makespan_s
+                assert np.array_equal(comm.link_busy_s[p], fast.link_busy_s)
+                assert_same(fast, simulate_messages_oracle(topo, src, dst, size, flow_keys=keys,
+                                                           **kw))
+
+
 def test_numba_flow_hash_matches_stable_hash():
     rng = np.random.default_rng(5)
     for a, b, c, d in rng.integers(0, 2**31, (50, 4)):

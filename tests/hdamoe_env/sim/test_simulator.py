@@ -38,10 +38,13 @@ def test_paper_tp_layer_terms(ds_trace):  # §14.1, §14.2, §14.3
     assert round(ev.layer_means["t_nm_s"][0] * US, 2) == 39.43
 
 
+# faithful with the store-and-forward DES without network-interface ports (before issue #27)
+FAITHFUL_SAF = "faithful+ni_ports=False+switching=store_and_forward"
 # faithful with the pre-PHYSICS.md cost knobs: the values of paper-model.md §14.5 and §14.8
 FAITHFUL_V1 = ("faithful+b_psum=2+dram_efficiency=1.0+gemm_overhead_s=0.0+hop_latency_s=0.0"
-               "+msg_alpha_s=0.0+nonmoe_allreduce=False+nonmoe_ctx_len=1024+psum_combine=False"
-               "+tile_cols=1+tile_tokens=1+tp_allreduce=ring")
+               "+msg_alpha_s=0.0+ni_ports=False+nonmoe_allreduce=False+nonmoe_ctx_len=1024"
+               "+psum_combine=False+switching=store_and_forward+tile_cols=1+tile_tokens=1"
+               "+tp_allreduce=ring")
 
 
 def test_faithful_tp_values(ds_trace):  # §14.5 and §14.2 ring
@@ -87,15 +90,24 @@ def _tiny(conv_name, aggregator="first"):
 
 @pytest.mark.parametrize("conv,combine,dispatch,total", [("paper", 0.7, 0.0, 1.4),
                                                           (FAITHFUL_V1, 1.4, 1.0, 2.4),
-                                                          ("faithful", 1.502, 1.102, 2.604)])
+                                                          (FAITHFUL_SAF, 1.502, 1.102, 2.604),
+                                                          ("faithful", 1.506, 1.508, 3.014)])
 def test_static_task_set_micro_example(conv, combine, dispatch, total):  # §14.8 item 4
-    """§14.8 item 4; default faithful adds α = 100 ns per message and 2 ns per hop.
+    """§14.8 item 4; faithful adds α = 100 ns per message and 2 ns per hop.
 
-    Combine: (0,1)→(0,0) 1000 B occupies that link 100–1100 ns (arrives 1102); the 400 B message
-    (1,1)→(0,1)→(0,0) crosses its first link 100–500, arrives 502, waits for the shared link
-    until 1100, crosses 1100–1500, arrives 1502 → 1.502 µs. Dispatch (reverse): 600 B
-    (1,0)→(1,1) 100–700; 400 B (0,0)→(1,0)→(1,1) 100–500, 700–1100, arrives 1102; 1000 B
-    (0,0)→(0,1) arrives 1102 → 1.102 µs.
+    Store-and-forward without ports (``FAITHFUL_SAF``). Combine: (0,1)→(0,0) 1000 B occupies
+    that link 100–1100 ns (arrives 1102); the 400 B message (1,1)→(0,1)→(0,0) crosses its first
+    link 100–500, arrives 502, waits for the shared link until 1100, crosses 1100–1500, arrives
+    1502 → 1.502 µs. Dispatch (reverse): 600 B (1,0)→(1,1) 100–700; 400 B (0,0)→(1,0)→(1,1)
+    100–500, 700–1100, arrives 1102; 1000 B (0,0)→(0,1) arrives 1102 → 1.102 µs.
+
+    Default faithful: cut-through with one injection and one ejection port per node (1 B/ns),
+    times after α. Combine: the 1000 B message holds the port of (0,1) 0–1000, the link to (0,0)
+    2–1002 and the ejection port of (0,0) 4–1004 (done 1006); the 400 B message waits for the
+    shared link until 1002, takes 1002–1402 and the ejection port 1004–1404, done 1406 →
+    1.506 µs. Dispatch: (0,0) injects the 1000 B message 0–1000, then the 400 B one 1000–1400;
+    it crosses (0,0)→(1,0) 1002–1402, (1,0)→(1,1) 1004–1404, ejects 1006–1406, done 1408 →
+    1.508 µs (the 600 B message is done at 606).
     """
     sim = _tiny(conv)
     P = np.eye(4)[None]
