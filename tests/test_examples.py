@@ -53,7 +53,7 @@ def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
     text = path.read_text()
     assert "python -m rl_zoo3.train --algo ppo_mask" in text          # the command
     conf = yaml.safe_load(text)
-    assert set(conf) == {"hdamoe_env/HdMoE-analytic-v0", "hdamoe_env/HdMoE-Mixtral-v0"}
+    assert set(conf) == {"hdamoe_env/HdMoE-analytic-v1", "hdamoe_env/HdMoE-Mixtral-v1"}
     for env_id, hp in conf.items():
         assert env_id in gym.registry and hp["policy"] == "MultiInputPolicy"
         assert isinstance(hp["n_timesteps"], float) and hp["n_steps"] > 0

@@ -116,7 +116,7 @@ _ALGO_SECTIONS: dict[str, tuple[str, ...]] = {"ppo": ("ppo",),
                                               "maskable-ppo": ("maskable-ppo", "ppo_mask"),
                                               "a2c": ("a2c",)}
 #: Section names accepted for the env (the registered id, with or without the package prefix).
-_ENV_SECTIONS: tuple[str, ...] = ("HdMoE-v0", "hdamoe_env/HdMoE-v0")
+_ENV_SECTIONS: tuple[str, ...] = ("HdMoE-v1", "hdamoe_env/HdMoE-v1")
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
 
     The file is a YAML mapping of sections; the section used is the first present of the
     algorithm's name (``maskable-ppo`` or rl-zoo3's ``ppo_mask``, ``ppo``, ``a2c``), then the env
-    id (``HdMoE-v0`` or ``hdamoe_env/HdMoE-v0``). Its keys are fields of the algorithm's
+    id (``HdMoE-v1`` or ``hdamoe_env/HdMoE-v1``). Its keys are fields of the algorithm's
     hyperparameter dataclass (``n_steps``, ``batch_size``, ``learning_rate``, ``gamma``,
     ``ent_coef``, ...) or one of :data:`HYPERPARAM_FILE_KEYS`; ``policy_kwargs`` (a mapping or
     the zoo's ``"dict(net_arch=[64, 64])"`` string) may hold only ``net_arch``. PyYAML is

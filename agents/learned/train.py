@@ -1,7 +1,7 @@
 """Training learned online policies with Stable-Baselines3 / sb3-contrib.
 
 Trains policies for the online decisions of paper-model.md §10–11 (the decisions of
-``HdMoE-v0``: the pre-broadcast slots, the dispatch rule and the gating level of every MoE
+``HdMoE-v1``: the pre-broadcast slots, the dispatch rule and the gating level of every MoE
 layer). A policy is trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on
 vectorised copies of the env, usually on the γ-calibrated analytic twin
 (``fidelity="analytic"``, fast), and saved in the layout ``agents.learned.policy`` loads (see
@@ -293,7 +293,7 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
           quality: dict[str, Any] | None = None, replica_shares: int | None = None,
           on_progress: Callable[[int, float], None] | None = None) -> Path:
-    """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
+    """Train a policy for ``HdMoE-v1`` and save it in ``out_dir``.
 
     Args:
         algo: ``"ppo"``, ``"maskable-ppo"`` or ``"a2c"``.

@@ -1,6 +1,6 @@
 """Env throughput benchmark (``hdamoe bench-env``): env steps per second and decision time.
 
-Measures, in one run, ``HdMoE-v0`` steps per second on the DES and on the analytic twin against
+Measures, in one run, ``HdMoE-v1`` steps per second on the DES and on the analytic twin against
 the raw simulator layer call they wrap, and the heuristic agents' decision time per step.
 Numbers are ratios against a baseline measured in the same run (the raw layer call); library
 functions return numbers, only :func:`cmd_bench_env` prints.

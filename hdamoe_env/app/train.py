@@ -77,7 +77,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="RL Zoo style hyperparameter file (e.g. hyperparams/maskable-ppo.yml); "
                    "--hp, --timesteps and --n-envs override it")
     p.add_argument("--hyperparams-section", default=None, metavar="NAME",
-                   help="section of --hyperparams (default: the algorithm's name, then HdMoE-v0)")
+                   help="section of --hyperparams (default: the algorithm's name, then HdMoE-v1)")
     p.add_argument("--checkpoint-every", type=nonneg_int, default=5_000, help="steps (0: never)")
     p.add_argument("--no-normalize", action="store_true", help="no VecNormalize")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")

@@ -10,7 +10,7 @@ dispatch, pre-broadcast traffic, broadcast plans and slots and the excess charge
 ``MoESimulator``; the γ fit of the analytic twin and its cache in ``hdamoe_env.sim.calibrate``;
 the per-layer latency in ``hdamoe_env.sim.evaluator.LayerEvaluator``; the DES in
 ``hdamoe_env.noc.des`` / ``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``. Registered
-as ``hdamoe_env/HdMoE-v0``. The module is longer than 700 lines because ``HdMoeEnv``'s class
+as ``hdamoe_env/HdMoE-v1``. The module is longer than 700 lines because ``HdMoeEnv``'s class
 docstring is the env's manual (Gymnasium's headings: spaces, reward, episode end, version
 history; about 130 lines) and the action decoding with its masks and coercion belongs to the
 env; the arguments are documented once, in ``EnvConfig``.
@@ -44,7 +44,7 @@ __all__ = ["ENV_ID", "INVALID_ACTION_MODES", "PREDICTORS", "EnvConfig", "HdMoeEn
 
 logger = logging.getLogger(__name__)
 
-ENV_ID = "hdamoe_env/HdMoE-v0"
+ENV_ID = "hdamoe_env/HdMoE-v1"
 
 
 class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
@@ -150,6 +150,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     * v0: initial version. ``invalid_action`` defaults to ``"coerce"`` (``info["coerced"]``);
       observations, actions and rewards of legal actions are unchanged.
+    * v1: the faithful cost model (docs/PHYSICS.md) changes the rewards of the same seed and
+      actions; spaces unchanged. The -v0 ids raise a ``ConfigError`` naming -v1
+      (``hdamoe_env.env.versions``; policy in docs/ENV.md). ``gymnasium.make_vec(...,
+      vectorization_mode="vector_entry_point")`` gives ``hdamoe_env.env.vector.HdMoeVectorEnv``.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}

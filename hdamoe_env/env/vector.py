@@ -325,6 +325,7 @@ class HdMoeVectorEnv(VectorEnv):
                                   f"with at least one True, got {mask!r}")
         for i in np.flatnonzero(mask).tolist():
             self._reset_one(i, seeds[i])
+        self._autoreset[mask] = False
         self._form_steps()
         self._write_obs(np.flatnonzero(mask))
         return self._obs_copy(), {"action_mask": self._masks[self._layer],

@@ -42,7 +42,7 @@ def test_zoo_layout_values_reach_the_dataclass(tmp_path):
                     "  learning_rate: !!float 1e-3\n  gamma: 0.5\n  ent_coef: 0.02\n"
                     "  policy_kwargs: \"dict(net_arch=[32, 16])\"\n"
                     "  normalize: \"{'norm_obs': False, 'norm_reward': False}\"\n"
-                    "HdMoE-v0:\n  n_steps: 64\n")
+                    "HdMoE-v1:\n  n_steps: 64\n")
     got = learned_hp.load_hyperparams(path, "maskable-ppo")
     assert got.section == "ppo_mask" and (got.n_envs, got.n_timesteps) == (2, 20_000)
     assert got.normalize_obs is False
