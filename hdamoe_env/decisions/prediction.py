@@ -392,8 +392,5 @@ class StepPredictor:
             flat = noisy_oracle_sets_many(sets[:, 1:].reshape(n, -1, k), self.row_acc,
                                           self.sampler, rngs, layer_of_row=self.layer_rows)
             pred[:, 1:] = flat.reshape(n, L - 1, B, k)
-        valid = pred >= 0
-        keys = np.where(valid, pred + (np.arange(n * L) * E).reshape(n, L, 1, 1), n * L * E)
-        counts = np.bincount(keys.ravel(), minlength=n * L * E + 1)[:n * L * E].reshape(
-            n, L, E).astype(np.float64)
+        counts = prediction_kernels.count_sets(pred, E).reshape(n, L, E)
         return StepPrediction(pred, counts)

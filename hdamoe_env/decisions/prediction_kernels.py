@@ -116,3 +116,18 @@ def round_kernel(prow: NDArray[np.int64], pcol: NDArray[np.int64], lay: NDArray[
     if cur >= 0:
         forbid[cur] |= taken
     return accept
+
+
+@njit(cache=True)
+def count_sets(sets: NDArray[np.int64], num_experts: int) -> NDArray[np.float64]:
+    """Return float64 [..., E] the entries of int64 sets [..., B, k] per expert (−1 skipped).
+
+    Integer counts, so equal to the ``np.bincount`` of ``StepPredictor.predict``.
+    """
+    flat = sets.reshape(-1, sets.shape[-2] * sets.shape[-1])
+    out = np.zeros((flat.shape[0], num_experts))
+    for g in range(flat.shape[0]):
+        for v in flat[g]:
+            if v >= 0:
+                out[g, v] += 1.0
+    return out

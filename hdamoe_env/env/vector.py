@@ -34,7 +34,6 @@ use the single env to inspect it). Autoreset: Gymnasium 1.x ``NEXT_STEP`` (defau
 from __future__ import annotations
 
 import copy
-import sys
 from typing import Any
 
 import numpy as np
@@ -45,6 +44,7 @@ from numpy.typing import NDArray
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.sim import batch_kernels
 
 __all__ = ["HdMoeVectorEnv", "spawn"]
 
@@ -144,17 +144,33 @@ class _BatchedLayers:
         self.comm_scale = (conv.kappa_a, float(ev.model.hidden_size),
                            ev.sim.topology.bw_end_Bps, 2.0 if conv.gamma_combine_only else 1.0)
 
-    def latency(self, layers: NDArray[np.int64], sets: NDArray[np.int64]) -> NDArray[np.float64]:
-        """Return the total latency [n] of layer ``layers[i]`` with token sets ``sets[i]``.
+    def tables(self, sets: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return counts float64 [n, L, E] and V_c peaks float64 [n, L] of decode steps.
+
+        Args:
+            sets: int64 [n, L, B, k] the steps' expert sets.
+        """
+        n, L = sets.shape[:2]
+        if self.bitmask is not None:
+            return batch_kernels.step_tables(sets, self.bitmask, self.E, self.D)
+        groups = n * L
+        flat = (sets.reshape(groups, -1) + (np.arange(groups) * self.E)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=groups * self.E).astype(np.float64).reshape(
+            n, L, self.E)
+        touch = self.support[np.arange(L)[None, :, None, None], sets].any(axis=3)  # [n,L,B,D]
+        return counts, touch.sum(axis=2).max(axis=2, initial=0).astype(np.float64)
+
+    def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
+                peak: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the total latency [n] of layer ``layers[i]`` of every copy.
 
         Args:
             layers: int64 [n] MoE layer of every copy.
-            sets: int64 [n, B, k] executed expert sets.
+            counts: float64 [n, E] tokens per expert of that layer (``tables``).
+            peak: float64 [n] sampled V_c / h of that layer (``tables``).
         """
         n = layers.size
         E, ev = self.E, self.ev
-        flat = (sets.reshape(n, -1) + (np.arange(n) * E)[:, None]).ravel()
-        counts = np.bincount(flat, minlength=n * E).reshape(n, E).astype(np.float64)
         active = counts > 0
         t_comp = np.empty(n)
         if self.tiled:
@@ -184,26 +200,12 @@ class _BatchedLayers:
                 t_comp[idx] = np.maximum(t_compute, stream.max(axis=1))
             else:
                 t_comp[idx] = t_compute
-        peak = self._peak(layers, sets)
         kappa, h, bw, factor = self.comm_scale
         x_comm = kappa * (h * peak) / bw
         t_moe = self.gammas[layers] * x_comm * factor
         if self.is_tp.any():
             t_moe = np.where(self.is_tp[layers], self.tp_time, t_moe)
         return self.nm_total[layers] + t_comp + t_moe + 0.0
-
-    def _peak(self, layers: NDArray[np.int64], sets: NDArray[np.int64]) -> NDArray[np.float64]:
-        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| per copy (``LayerEvaluator._max_touch``)."""
-        n, B, _ = sets.shape
-        if self.bitmask is None:
-            touch = self.support[layers[:, None, None], sets].any(axis=2)        # [n, B, D]
-            return touch.sum(axis=1).max(axis=1, initial=0).astype(np.float64)
-        touched = np.bitwise_or.reduce(self.bitmask[layers[:, None, None], sets], axis=2)
-        if sys.byteorder != "little":
-            touched = touched.byteswap()
-        bits = np.unpackbits(touched.view(np.uint8).reshape(n, B, 8), axis=2,
-                             bitorder="little")
-        return bits.sum(axis=1, dtype=np.int64).max(axis=1, initial=0).astype(np.float64)
 
 
 class HdMoeVectorEnv(VectorEnv):
@@ -280,6 +282,8 @@ class HdMoeVectorEnv(VectorEnv):
         self._needs_reset = np.ones(N, dtype=bool)   # ended or truncated by the time limit
         self._prev_busy = np.zeros((N, proto.topology.num_links), dtype=np.float32)
         self._sets = np.zeros((N, L, B, k), dtype=np.int64)
+        self._counts = np.zeros((N, L, E))                  # tokens per expert (batched path)
+        self._peak = np.zeros((N, L))                       # sampled V_c / h (batched path)
         self._tp_totals = np.zeros((N, L))
         self._obs_pred = np.zeros((N, L, E), dtype=np.float32)
         self._obs_node = np.zeros((N, L, D), dtype=np.float32)
@@ -453,7 +457,13 @@ class HdMoeVectorEnv(VectorEnv):
         copies = [self.envs[i] for i in idx.tolist()]
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         sets = proto._routing[:, rows, :].transpose(1, 0, 2, 3).astype(np.int64)  # [n, L, B, k]
-        tp = proto._tp_evaluator.tp_totals(sets)                                   # [n, L]
+        if self._layers is not None:
+            counts_actual, peak = self._layers.tables(sets)
+            self._counts[idx] = counts_actual
+            self._peak[idx] = peak
+            tp = proto._tp_evaluator.tp_totals(sets, counts=counts_actual)          # [n, L]
+        else:
+            tp = proto._tp_evaluator.tp_totals(sets)
         pred = proto._predictor.predict_many(sets, rows, [env.np_random for env in copies])
         counts = pred.counts                                                       # [n, L, E]
         node = np.matmul(proto._node_scale_all, counts[..., None])[..., 0]        # [n, L, D]
@@ -492,8 +502,7 @@ class HdMoeVectorEnv(VectorEnv):
         """Step copies ``idx`` (plain actions, analytic) in one batched evaluation."""
         assert self._layers is not None
         layers = self._layer[idx]
-        sets = self._sets[idx, layers]                                        # [n, B, k]
-        total = self._layers.latency(layers, sets)
+        total = self._layers.latency(layers, self._counts[idx, layers], self._peak[idx, layers])
         scale = self.envs[0].reward_scale
         tp = self._tp_totals[idx, layers]
         self._rewards[idx] = -total / (tp if scale is None else scale)

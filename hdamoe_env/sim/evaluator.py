@@ -445,7 +445,8 @@ class LayerEvaluator:
                                const.nm_comm)
         raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
 
-    def tp_totals(self, step_sets: NDArray[np.int64]) -> NDArray[np.float64]:
+    def tp_totals(self, step_sets: NDArray[np.int64], *,
+                  counts: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
         """Return the latency [L] of every layer of one decode step under this TP placement.
 
         Vectorised over layers (one call per decode step, or per batch of decode steps); the
@@ -455,6 +456,8 @@ class LayerEvaluator:
 
         Args:
             step_sets: int64 [..., L, B, k] expert sets of the step(s).
+            counts: float64 [..., L, E] tokens per expert of ``step_sets`` when already
+                counted (the batched vector env counts them once per decode step).
 
         Returns:
             float64 [..., L].
@@ -469,9 +472,10 @@ class LayerEvaluator:
         lead = step_sets.shape[:-3]
         groups = int(np.prod(lead, dtype=np.int64)) * num_layers      # (step, layer) pairs
         E = self.num_experts
-        flat = (step_sets.reshape(groups, -1) + (np.arange(groups) * E)[:, None]).ravel()
-        counts = np.bincount(flat, minlength=groups * E).astype(np.float64).reshape(
-            *lead, num_layers, E)
+        if counts is None:
+            flat = (step_sets.reshape(groups, -1) + (np.arange(groups) * E)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=groups * E).astype(np.float64).reshape(
+                *lead, num_layers, E)
         share = consts[0].P[0, 0]
         if self.tiled:  # every node runs m GEMMs (tokens n_i, I/D columns) per active expert
             tile_t = self.conv.tile_tokens
