@@ -252,25 +252,24 @@ def _noisy_many_compiled(flat_actual: NDArray[np.int64], u: NDArray[np.float64],
     num_problems = len(rngs)
     num_rows = flat_actual.shape[0] // num_problems
     acc_row = np.broadcast_to(accuracy, (num_rows,)).astype(np.float64)
-    rows, cols, forbid, pred = prediction_kernels.start_kernel(
-        flat_actual, u.reshape(flat_actual.shape), acc_row, num_rows)
-    if rows.size == 0:
+    lay_row = (np.zeros(num_rows, dtype=np.int64) if layer_of_row is None
+               else np.ascontiguousarray(layer_of_row, dtype=np.int64))
+    rows, cols, lay, problem, forbid, pred = prediction_kernels.start_kernel(
+        flat_actual, u.reshape(flat_actual.shape), acc_row, lay_row, num_problems)
+    count = rows.size
+    if count == 0:
         return pred
-    problem = rows // num_rows
-    lay = (np.zeros(rows.size, dtype=np.int64) if layer_of_row is None
-           else np.asarray(layer_of_row, dtype=np.int64)[rows % num_rows])
     prob, alias = sampler.prob, np.ascontiguousarray(sampler.alias, dtype=np.int64)
-    pending = np.arange(rows.size)
+    per = np.bincount(problem, minlength=num_problems)
     for _ in range(64):
-        per = np.bincount(problem[pending], minlength=num_problems).tolist()
-        draws = np.concatenate([rngs[j].random((c, oversample)) for j, c in enumerate(per) if c])
-        accept = prediction_kernels.round_kernel(rows[pending], cols[pending], lay[pending],
-                                                 draws, sampler.num_experts, prob, alias,
-                                                 forbid, pred)
-        pending = pending[~accept]
-        if pending.size == 0:
+        draws = np.concatenate([rngs[j].random((c, oversample))
+                                for j, c in enumerate(per.tolist()) if c])
+        count = prediction_kernels.round_kernel(rows, cols, lay, problem, count, draws,
+                                                sampler.num_experts, prob, alias, forbid, pred,
+                                                per)
+        if count == 0:
             return pred
-    for slot in pending.tolist():                    # pathological popularity: uniform fallback
+    for slot in range(count):                        # pathological popularity: uniform fallback
         t = int(rows[slot])
         allowed = np.setdiff1d(np.arange(sampler.num_experts),
                                np.concatenate([flat_actual[t], pred[t]]))

@@ -23,73 +23,87 @@ __all__ = ["round_kernel", "start_kernel"]
 
 @njit(cache=True)
 def start_kernel(actual: NDArray[np.int64], u: NDArray[np.float64], acc: NDArray[np.float64],
-                 rows_per_problem: int
-                 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64],
-                            NDArray[np.int64]]:
+                 layer_of_row: NDArray[np.int64], num_problems: int):  # noqa: ANN201 - 6-tuple
     """Mark replaced slots (u >= accuracy of the row) and build the forbidden bitmasks.
 
     Args:
-        actual: int64 [R, k] actual sets (all problems' rows, problem-major).
-        u: float64 [R, k] uniforms.
-        acc: float64 [rows_per_problem] accuracy per row of a problem.
-        rows_per_problem: Rows of one problem.
+        actual: int64 [n·N, k] actual sets (all problems' rows, problem-major).
+        u: float64 [n·N, k] uniforms.
+        acc: float64 [N] accuracy per row of a problem.
+        layer_of_row: int64 [N] layer (alias table) per row of a problem.
+        num_problems: n.
 
     Returns:
-        ``(rows, cols)`` int64 [S] of the replaced slots in row-major order, ``forbid`` uint64
-        [R] and ``pred`` int64 [R, k] (the actual sets with −1 at replaced slots).
+        The pending slots in row-major order — ``rows``, ``cols``, ``lay``, ``problem`` int64
+        [S] — then ``forbid`` uint64 [n·N] and ``pred`` int64 [n·N, k] (the actual sets with
+        −1 at replaced slots).
     """
-    num_rows, top_k = actual.shape
+    total_rows, top_k = actual.shape
+    num_rows = total_rows // num_problems
     pred = actual.copy()
-    forbid = np.zeros(num_rows, dtype=np.uint64)
+    forbid = np.zeros(total_rows, dtype=np.uint64)
     count = 0
-    for r in range(num_rows):
-        a = acc[r % rows_per_problem]
+    for r in range(total_rows):
         bits = np.uint64(0)
         for j in range(top_k):
             bits |= np.uint64(1) << np.uint64(actual[r, j])
-            if u[r, j] >= a:
-                count += 1
         forbid[r] = bits
+    for p in range(num_problems):
+        for q in range(num_rows):
+            a = acc[q]
+            r = p * num_rows + q
+            for j in range(top_k):
+                if u[r, j] >= a:
+                    count += 1
     rows = np.empty(count, dtype=np.int64)
     cols = np.empty(count, dtype=np.int64)
+    lay = np.empty(count, dtype=np.int64)
+    problem = np.empty(count, dtype=np.int64)
     s = 0
-    for r in range(num_rows):
-        a = acc[r % rows_per_problem]
-        for j in range(top_k):
-            if u[r, j] >= a:
-                rows[s] = r
-                cols[s] = j
-                pred[r, j] = -1
-                s += 1
-    return rows, cols, forbid, pred
+    for p in range(num_problems):
+        for q in range(num_rows):
+            a = acc[q]
+            r = p * num_rows + q
+            for j in range(top_k):
+                if u[r, j] >= a:
+                    rows[s] = r
+                    cols[s] = j
+                    lay[s] = layer_of_row[q]
+                    problem[s] = p
+                    pred[r, j] = -1
+                    s += 1
+    return rows, cols, lay, problem, forbid, pred
 
 
 @njit(cache=True)
 def round_kernel(prow: NDArray[np.int64], pcol: NDArray[np.int64], lay: NDArray[np.int64],
-                 u: NDArray[np.float64], num_experts: int, prob: NDArray[np.float64],
-                 alias: NDArray[np.int64], forbid: NDArray[np.uint64],
-                 pred: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """Resolve one rejection round of the pending slots; return which were accepted.
+                 problem: NDArray[np.int64], count: int, u: NDArray[np.float64],
+                 num_experts: int, prob: NDArray[np.float64], alias: NDArray[np.int64],
+                 forbid: NDArray[np.uint64], pred: NDArray[np.int64],
+                 per_problem: NDArray[np.int64]) -> int:
+    """Resolve one rejection round of the pending slots; compact them; return how many remain.
 
     Args:
-        prow, pcol: int64 [P] row and column of every pending slot (row-major order, so the
-            slots of a row are adjacent).
-        lay: int64 [P] layer (alias table) of every pending slot.
-        u: float64 [P, m] the round's uniforms, m candidates per slot.
+        prow, pcol, lay, problem: int64 [>= count] row, column, layer (alias table) and
+            problem of the first ``count`` entries, the pending slots in row-major order (the
+            slots of a row adjacent); compacted in place to the slots still pending.
+        count: Pending slots.
+        u: float64 [count, m] the round's uniforms, m candidates per slot.
         num_experts: E.
         prob, alias: float64 / int64 [L, E] alias tables (``AliasSampler``).
-        forbid: uint64 [R] forbidden experts per row (updated with the accepted picks).
-        pred: int64 [R, k] predicted sets (accepted picks written).
+        forbid: uint64 [rows] forbidden experts per row (updated with the accepted picks).
+        pred: int64 [rows, k] predicted sets (accepted picks written).
+        per_problem: int64 [n] pending slots per problem (updated).
 
     Returns:
-        bool [P].
+        The number of slots still pending.
     """
-    num_pending, m = u.shape
-    accept = np.zeros(num_pending, dtype=np.bool_)
+    m = u.shape[1]
     one = np.uint64(1)
     cur = -1
     taken = np.uint64(0)
-    for p in range(num_pending):
+    keep = 0
+    for p in range(count):
         r = prow[p]
         if r != cur:
             if cur >= 0:
@@ -110,12 +124,18 @@ def round_kernel(prow: NDArray[np.int64], pcol: NDArray[np.int64], lay: NDArray[
                 pick = c
                 break
         if pick >= 0 and (taken >> np.uint64(pick)) & one == 0:
-            accept[p] = True
             taken |= one << np.uint64(pick)
             pred[r, pcol[p]] = pick
+            per_problem[problem[p]] -= 1
+        else:
+            prow[keep] = r
+            pcol[keep] = pcol[p]
+            lay[keep] = layer
+            problem[keep] = problem[p]
+            keep += 1
     if cur >= 0:
         forbid[cur] |= taken
-    return accept
+    return keep
 
 
 @njit(cache=True)

@@ -136,9 +136,8 @@ class _BatchedLayers:
                     c.tile_work = ev._tile_matrix(c.P)
             self.mats = [c.tile_work for c in consts]                           # [2E, D] each
         self.P = [c.P for c in consts]
-        masks = [c.bitmask for c in consts]
-        self.bitmask = None if any(m is None for m in masks) else np.stack(masks)  # [L, E]
         self.support = np.stack([c.support for c in consts])                  # [L, E, D]
+        self.holders = batch_kernels.holder_csr(self.support)
         self.gammas = gammas
         conv = ev.conv
         self.comm_scale = (conv.kappa_a, float(ev.model.hidden_size),
@@ -151,8 +150,8 @@ class _BatchedLayers:
             sets: int64 [n, L, B, k] the steps' expert sets.
         """
         n, L = sets.shape[:2]
-        if self.bitmask is not None:
-            return batch_kernels.step_tables(sets, self.bitmask, self.E, self.D)
+        if self.D <= 64:
+            return batch_kernels.step_tables(sets, *self.holders, self.E, self.D)
         groups = n * L
         flat = (sets.reshape(groups, -1) + (np.arange(groups) * self.E)[:, None]).ravel()
         counts = np.bincount(flat, minlength=groups * self.E).astype(np.float64).reshape(
