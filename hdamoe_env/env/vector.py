@@ -262,6 +262,10 @@ class HdMoeVectorEnv(VectorEnv):
         self.action_space = batch_space(proto.action_space, self.num_envs)
         self._layers = (_BatchedLayers(proto, np.asarray(proto._gammas, dtype=np.float64))
                         if batched else None)
+        # DES copies with plain actions: the layer evaluator called directly (no action
+        # decoding, no info dict), the rest batched
+        self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
+                           and not proto.replica_rules)
         # --- per-layer static observation parts and masks, stacked over L
         L, E, D, N = proto.num_layers, proto.num_experts, proto.num_nodes, self.num_envs
         self._L = L
@@ -366,7 +370,7 @@ class HdMoeVectorEnv(VectorEnv):
         self._trunc[:] = False
         infos: dict[str, Any] = {}
         fast = np.zeros(N, dtype=bool)
-        if self._layers is not None and stepping.any():
+        if (self._layers is not None or self._des_plain) and stepping.any():
             fast = stepping & self._plain(a)
         if fast.any():
             self._step_batched(np.flatnonzero(fast))
@@ -498,15 +502,42 @@ class HdMoeVectorEnv(VectorEnv):
             self._pending[i] = True
 
     def _step_batched(self, idx: NDArray[np.int64]) -> None:
-        """Step copies ``idx`` (plain actions, analytic) in one batched evaluation."""
-        assert self._layers is not None
+        """Step copies ``idx`` (plain actions): analytic in one batched evaluation, DES by
+        the layer evaluator of each copy (its own aggregator draws), then batched."""
         layers = self._layer[idx]
-        total = self._layers.latency(layers, self._counts[idx, layers], self._peak[idx, layers])
+        if self._layers is not None:
+            total = self._layers.latency(layers, self._counts[idx, layers],
+                                         self._peak[idx, layers])
+        else:
+            total = self._des_latency(idx, layers)
+            scale = self.envs[0].reward_scale
+            tp = self._tp_totals[idx, layers]
+            self._rewards[idx] = -total / (tp if scale is None else scale)
+            self._step_lat[idx] += total
+            return
         scale = self.envs[0].reward_scale
         tp = self._tp_totals[idx, layers]
         self._rewards[idx] = -total / (tp if scale is None else scale)
         self._step_lat[idx] += total
         self._prev_busy[idx] = 0.0
+
+    def _des_latency(self, idx: NDArray[np.int64], layers: NDArray[np.int64]
+                     ) -> NDArray[np.float64]:
+        """Return the DES latency [n] of copies ``idx`` (``HdMoeEnv.step`` without decisions)
+        and set their link-busy observation."""
+        ev = self.envs[0].evaluator
+        total = np.empty(idx.size)
+        for j, (i, layer) in enumerate(zip(idx.tolist(), layers.tolist(), strict=True)):
+            res = ev.evaluate(layer, self._sets[i, layer], rng=self.envs[i].np_random,
+                              fidelity="des")
+            t = res.total_s + 0.0                 # + the (zero) pending charge, as the env
+            total[j] = t
+            busy = res.link_busy_s
+            if busy is None or t <= 0:
+                self._prev_busy[i] = 0.0
+            else:
+                self._prev_busy[i] = np.minimum(busy / t, 1.0).astype(np.float32)
+        return total
 
     def _advance(self, idx: NDArray[np.int64]) -> list[int]:
         """Move copies ``idx`` to their next layer; end their decode steps; return those."""
@@ -520,6 +551,7 @@ class HdMoeVectorEnv(VectorEnv):
             env._decode_step += 1
             self._layer[i] = 0
             self._step_lat[i] = 0.0
+            self._prev_busy[i] = 0.0                  # a decode step starts with idle links
             if env._decode_step >= env.steps_per_episode:
                 self._term[i] = self._over[i] = env._episode_over = True
             elif env._decode_step >= env._rows.shape[0]:

@@ -80,6 +80,7 @@ def test_vector_env_equals_single_envs_analytic(num_envs):
 
 def test_vector_env_equals_single_envs_des():
     _compare("hdamoe_env/HdMoE-v1", 3, 30, TINY)
+    _compare("hdamoe_env/HdMoE-v1", 2, 60, dict(TINY, steps_per_episode=2), policy="noop")
 
 
 def test_vector_env_equals_single_envs_analytic_id_noop():
