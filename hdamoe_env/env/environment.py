@@ -829,3 +829,39 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without a synthetic trace: it is rebuilt from the configuration on load.
+
+        A synthetic trace is a deterministic function of the configuration (seed, requests,
+        tokens, skew) and is ~90 % of an env's bytes; it, the routing view of it and the
+        synthesised router scores are left out, and so are the parts rebuilt from the
+        placement (observation parts, masks, the TP evaluator), so an env pickles to under
+        2 MB (``tests/hdamoe_env/env/test_vector.py``). Traces given as objects or files are
+        kept.
+        """
+        state = self.__dict__.copy()
+        # rebuilt on load: the observation parts and masks (``_bind_views``) and a TP
+        # evaluator that is not the env's own
+        for key in ("_replicas", "_node_scale_all", "_masks", "_slot_allowed"):
+            state[key] = None
+        if self._tp_evaluator is not self.evaluator:
+            state["_tp_evaluator"] = None
+        if isinstance(self.config.trace, str) and self.config.trace == "synthetic":
+            state.update(trace=None, _routing=None, _scored=None, _cand_key=None,
+                         _cand_step=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled env, regenerating a left-out synthetic trace (``__getstate__``)."""
+        self.__dict__.update(state)
+        if self._replicas is None:
+            self._bind_views()
+        if self._tp_evaluator is None:
+            self._tp_evaluator = self.sim.evaluator(
+                tensor_parallel(self.num_layers, self.num_experts, self.num_nodes), self.batch)
+        if self.trace is None:
+            self.trace = self.config.load_trace()
+            self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
+                             else self.trace.topk_ids)

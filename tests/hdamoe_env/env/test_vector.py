@@ -153,3 +153,32 @@ def test_v0_ids_are_retired_with_a_message_naming_v1(env_id):
     with pytest.raises(ConfigError, match=successor):
         gym.make_vec(env_id, num_envs=2, vectorization_mode="vector_entry_point")
 
+
+
+def test_env_pickle_rebuilds_the_trace_and_continues_the_same_rollout():
+    """A synthetic trace is left out of the pickle and rebuilt on load; the rollout goes on."""
+    from hdamoe_env.env.environment import HdMoeEnv
+
+    env = HdMoeEnv(fidelity="analytic", gammas=[0.7] * 26, **dict(TINY, steps_per_episode=2))
+    env.reset(seed=3)
+    noop = np.array([64] * 8 + [0, 0])
+    for _ in range(5):
+        env.step(noop)
+    blob = pickle.dumps(env)
+    assert len(blob) < len(pickle.dumps(env.trace))           # the trace is not in it
+    twin = pickle.loads(blob)
+    for _ in range(40):
+        a = env.step(noop)
+        b = twin.step(noop)
+        assert a[1:4] == b[1:4]
+        for key in a[0]:
+            np.testing.assert_array_equal(a[0][key], b[0][key])
+
+
+@pytest.mark.slow
+def test_default_env_pickles_under_2_mb():
+    from hdamoe_env.env.environment import HdMoeEnv
+
+    env = HdMoeEnv(fidelity="des")
+    env.reset(seed=0)
+    assert len(pickle.dumps(env)) <= 2_000_000
