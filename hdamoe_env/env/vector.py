@@ -15,13 +15,17 @@ How the work is shared:
 * The batched path (:class:`_BatchedLayers`): for the copies whose action is "no pre-broadcast,
   gating off" on the analytic twin of a placement without redundant experts (the common case of a
   learning policy at a layer with k_b = 0, and of every no-op action), the layer latency —
-  counts, expert phase (tile model or FLOP rate, weight streaming), the sampled V_c of Eq. 2 from
-  holder bitmasks, reward — and the observation gather run as a handful of numpy operations over
+  expert phase (tile model or FLOP rate, weight streaming) from per-expert counts, the sampled
+  V_c of Eq. 2, reward — and the observation gather run as a handful of numpy operations over
   the whole batch, with the same floating-point operations in the same order as
-  ``LayerEvaluator.evaluate`` (hence bit-identical). Every other action (pre-broadcast, gating,
-  replica rules) and the DES fidelity go through the copy's own ``HdMoeEnv.step``.
-* Once per decode step (every L steps) a copy forms its step in ``HdMoeEnv``: routing rows,
-  TP latencies, the next-layer predictor (its own random stream, so not batched).
+  ``LayerEvaluator.evaluate`` (hence bit-identical). On the DES, such copies call the layer
+  evaluator directly (their own aggregator draws; no action decoding, no ``info``). Every
+  other action (pre-broadcast, gating, replica rules) goes through the copy's own
+  ``HdMoeEnv.step``.
+* Decode steps of all copies are formed together (:class:`_Copy` defers them): routing rows,
+  per-expert counts and V_c peaks of every layer (``hdamoe_env.sim.batch_kernels``), TP
+  latencies, and the noisy-oracle predictions (``StepPredictor.predict_many``: every copy
+  draws from its own generator, in the single env's order).
 
 ``info`` is batched the Gymnasium way (arrays plus ``_key`` masks) but carries only what a
 learner reads: ``action_mask`` [N, sum(nvec)] every step, ``tbt_us`` when a decode step ends and
@@ -114,7 +118,7 @@ class _BatchedLayers:
     """The analytic layer latency of ``LayerEvaluator.evaluate`` over a batch of copies.
 
     Per-layer constants stacked over L: non-MoE time, TP flags, expert-phase matrices, holder
-    bitmasks and γ. ``latency`` reproduces the evaluator's operations (same order, same
+    lists and γ. ``latency`` reproduces the evaluator's operations (same order, same
     dtypes) for layers without a broadcast, gating or redundant experts.
     """
 
