@@ -53,6 +53,7 @@ def test_batched_backend_rejects_what_it_cannot_do():
         make_vec_env(TINY, 2, vec_backend="threads")
 
 
+@pytest.mark.slow                         # torch start-up and one PPO update
 def test_maskable_ppo_learns_on_the_batched_backend(tmp_path):
     pytest.importorskip("sb3_contrib")
     from sb3_contrib import MaskablePPO
