@@ -1,7 +1,7 @@
 """Online policies: pre-broadcast, dispatch and hardware-aware gating (paper-model.md §10–11).
 
 Every agent implements SB3's ``predict(observation, state=None, episode_start=None,
-deterministic=True) -> (action, state)`` (style.md R11) for the ``HdMoE-v0`` action layout
+deterministic=True) -> (action, state)`` (style.md R11) for the ``HdMoE-v1`` action layout
 (``agents.base.ActionLayout``). Heuristics take specs in ``__init__`` and read only the
 observation; ``Agent.from_env(env)`` reads those specs from an env.
 

@@ -1,4 +1,4 @@
-"""The agent protocol, the action layout of ``HdMoE-v0`` and the trivial agents.
+"""The agent protocol, the action layout of ``HdMoE-v1`` and the trivial agents.
 
 Implements the interface of paper-model.md §10.1: one decision per MoE layer, made from the
 observation alone. Every agent — heuristic or learned — implements Stable-Baselines3's

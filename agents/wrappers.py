@@ -108,7 +108,7 @@ class ResidualHDA:
         """Return the reference decision and the residual options for one raw observation.
 
         Args:
-            observation: One (unbatched, unnormalised) ``HdMoE-v0`` observation.
+            observation: One (unbatched, unnormalised) ``HdMoE-v1`` observation.
             full_mask: The env's flat ``action_masks()`` (None: everything allowed).
         """
         lay = self.layout
@@ -141,7 +141,7 @@ class ResidualHDA:
         return ResidualChoice(base, slots, mask)
 
     def to_full(self, action: NDArray[Any], choice: ResidualChoice) -> NDArray[np.int64]:
-        """Translate a residual action into an ``HdMoE-v0`` action (unavailable op → keep)."""
+        """Translate a residual action into an ``HdMoE-v1`` action (unavailable op → keep)."""
         lay = self.layout
         a = np.asarray(action, dtype=np.int64).reshape(-1)
         chosen = choice.slots[int(a[0])] if 0 <= int(a[0]) < len(choice.slots) else None
@@ -158,7 +158,7 @@ class ResidualHDA:
 
 
 class ResidualHDAWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.int64]]):
-    """Act in the residual space of :class:`ResidualHDA` on an ``HdMoE-v0`` env.
+    """Act in the residual space of :class:`ResidualHDA` on an ``HdMoE-v1`` env.
 
     Action space: ``MultiDiscrete([4, R, G])`` (R dispatch rules, G gating levels); the all-zero
     action reproduces HDA-MoE's action of every layer. ``info["residual_deviation"]`` says

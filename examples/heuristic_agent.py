@@ -1,4 +1,4 @@
-"""Step HdMoE-v0 with the HDA-MoE heuristic agent; print the TBT of each decode step."""
+"""Step HdMoE-v1 with the HDA-MoE heuristic agent; print the TBT of each decode step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import gymnasium as gym
 
-import hdamoe_env  # noqa: F401 - registers hdamoe_env/HdMoE-v0
+import hdamoe_env  # noqa: F401 - registers hdamoe_env/HdMoE-v1
 from agents import HDAMoEAgent
 
 
@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> float:
     p.add_argument("--steps", type=int, default=4, help="decode steps per episode")
     p.add_argument("--seed", type=int, default=0, help="episode seed")
     args = p.parse_args(argv)
-    env = gym.make("hdamoe_env/HdMoE-v0", model=args.model, mesh=args.mesh, batch=args.batch,
+    env = gym.make("hdamoe_env/HdMoE-v1", model=args.model, mesh=args.mesh, batch=args.batch,
                    steps_per_episode=args.steps)
     agent = HDAMoEAgent.from_env(env.unwrapped)    # built from the env's specs
     obs, info = env.reset(seed=args.seed)

@@ -1,4 +1,4 @@
-"""Train MaskablePPO (sb3-contrib) on HdMoE-v0 with the public wrappers; print the speed.
+"""Train MaskablePPO (sb3-contrib) on HdMoE-v1 with the public wrappers; print the speed.
 
 The env comes from ``gymnasium.make``; ``FlattenReplicasWrapper`` gives SB3's ``MultiInputPolicy``
 1-D boxes and ``RankedBroadcastWrapper`` the learnable pre-broadcast action (slot = c-th
@@ -24,7 +24,7 @@ def make_env(num_candidates: int, **env_kwargs: object) -> gym.Env:
     """Return the training env: ``gymnasium.make`` + the public wrappers + SB3's Monitor."""
     from stable_baselines3.common.monitor import Monitor
 
-    env = gym.make("hdamoe_env/HdMoE-v0", **env_kwargs)
+    env = gym.make("hdamoe_env/HdMoE-v1", **env_kwargs)
     env = FlattenReplicasWrapper(env)
     env = RankedBroadcastWrapper(env, num_candidates=num_candidates)
     return Monitor(env)

@@ -8,10 +8,12 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
 * placements: ``Placement``, ``tensor_parallel``, ``expert_parallel``;
 * simulation: ``MoESimulator``, ``hdamoe_env.noc.des.simulate_messages`` (explicit
   message lists on any topology);
-* environment: ``gymnasium.make("hdamoe_env/HdMoE-v0", ...)`` (``hdamoe_env.env.environment.HdMoeEnv``),
+* environment: ``gymnasium.make("hdamoe_env/HdMoE-v1", ...)`` (``hdamoe_env.env.environment.HdMoeEnv``),
   registered at import with a string entry point (the env module is imported only on ``make``);
-  variants ``hdamoe_env/HdMoE-analytic-v0`` and ``hdamoe_env/HdMoE-Mixtral-v0``
-  (``REGISTERED_ENVS``).
+  variants ``hdamoe_env/HdMoE-analytic-v1`` and ``hdamoe_env/HdMoE-Mixtral-v1``
+  (``REGISTERED_ENVS``); ``gymnasium.make_vec(id, num_envs=N,
+  vectorization_mode="vector_entry_point")`` gives the batched ``hdamoe_env.env.vector.HdMoeVectorEnv``;
+  the retired -v0 ids raise a ``ConfigError`` naming -v1 (``hdamoe_env.env.versions``).
 
 May import: hdamoe_env.config, hdamoe_env.sim (re-exports only; the env module is named by
 its string entry point and imported on ``make``)
@@ -34,24 +36,40 @@ import gymnasium as _gymnasium  # noqa: E402 - registration needs the package me
 #: steps × L MoE layers; the env terminates itself there, and the TimeLimit of a variant (whose
 #: model is fixed) says the same. The base id takes any model through kwargs, so it has none.
 #: Real traces are not registered: they live outside the package (pass ``trace=PATH``).
+#: Every id has the single env (``ENTRY_POINT``) and the batched vector env
+#: (``VECTOR_ENTRY_POINT``: ``gymnasium.make_vec(id, num_envs=N,
+#: vectorization_mode="vector_entry_point")``). The -v0 ids are retired (docs/ENV.md, Versions):
+#: ``make`` raises a ``ConfigError`` naming the -v1 id.
 REGISTERED_ENVS: dict[str, tuple[dict[str, object], int | None]] = {
-    "hdamoe_env/HdMoE-v0": ({}, None),
+    "hdamoe_env/HdMoE-v1": ({}, None),
     # DeepSeek-V2-Lite (L = 26) on the γ-calibrated analytic twin: ~3x faster steps
-    "hdamoe_env/HdMoE-analytic-v0": ({"fidelity": "analytic"}, 4 * 26),
+    "hdamoe_env/HdMoE-analytic-v1": ({"fidelity": "analytic"}, 4 * 26),
     # Mixtral-8x7B (L = 32, E = 8, top-2) on a synthetic Mixtral-like trace
-    "hdamoe_env/HdMoE-Mixtral-v0": ({"model": "mixtral-8x7b"}, 4 * 32),
+    "hdamoe_env/HdMoE-Mixtral-v1": ({"model": "mixtral-8x7b"}, 4 * 32),
 }
+ENTRY_POINT = "hdamoe_env.env.environment:HdMoeEnv"
+VECTOR_ENTRY_POINT = "hdamoe_env.env.vector:HdMoeVectorEnv"
+_RETIRED_ENTRY_POINT = "hdamoe_env.env.versions:retired_env"
 
 for _env_id, (_kwargs, _max_steps) in REGISTERED_ENVS.items():
     if _env_id not in _gymnasium.registry:  # a re-import must not warn
-        _gymnasium.register(id=_env_id, entry_point="hdamoe_env.env.environment:HdMoeEnv",
+        _gymnasium.register(id=_env_id, entry_point=ENTRY_POINT,
+                            vector_entry_point=VECTOR_ENTRY_POINT,
                             kwargs=dict(_kwargs), max_episode_steps=_max_steps)
+for _env_id in ("hdamoe_env/HdMoE-v0", "hdamoe_env/HdMoE-analytic-v0",
+                "hdamoe_env/HdMoE-Mixtral-v0"):
+    if _env_id not in _gymnasium.registry:
+        _gymnasium.register(id=_env_id, entry_point=_RETIRED_ENTRY_POINT,
+                            vector_entry_point=_RETIRED_ENTRY_POINT,
+                            kwargs={"retired_id": _env_id})
 
 __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "PROFILES",
+    "ENTRY_POINT",
     "REGISTERED_ENVS",
+    "VECTOR_ENTRY_POINT",
     "ConfigError",
     "Conventions",
     "DependencyNotInstalled",

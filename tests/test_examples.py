@@ -55,7 +55,7 @@ def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
         in text                                                         # the command
     assert "rl_zoo3 itself is not supported" in text                    # no Zoo claim
     conf = yaml.safe_load(text)
-    assert set(conf) == {"hdamoe_env/HdMoE-analytic-v0", "hdamoe_env/HdMoE-Mixtral-v0"}
+    assert set(conf) == {"hdamoe_env/HdMoE-analytic-v1", "hdamoe_env/HdMoE-Mixtral-v1"}
     for env_id, hp in conf.items():
         assert env_id in gym.registry and hp["policy"] == "MultiInputPolicy"
         assert isinstance(hp["n_timesteps"], float) and hp["n_steps"] > 0
@@ -75,8 +75,8 @@ def test_rl_zoo_hyperparameters_parse_and_wrappers_apply():
             obs, *_ = env.step(env.action_space.sample(mask=tuple(parts)))
 
 
-@pytest.mark.parametrize("section, mode, k", [("hdamoe_env/HdMoE-analytic-v0", "ranked", 4),
-                                              ("hdamoe_env/HdMoE-Mixtral-v0", "residual", 4)])
+@pytest.mark.parametrize("section, mode, k", [("hdamoe_env/HdMoE-analytic-v1", "ranked", 4),
+                                              ("hdamoe_env/HdMoE-Mixtral-v1", "residual", 4)])
 def test_rl_zoo_file_trains_with_hdamoe_train(tmp_path, section, mode, k):
     """One dialect: the Zoo-format file runs with `hdamoe train --hyperparams` (env_wrapper ->
     action design, normalize, policy_kwargs and the algorithm's fields)."""

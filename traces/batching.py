@@ -15,6 +15,7 @@ turn-2 rows after the replay). The step functions return (possibly infinite) ite
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,6 +53,9 @@ def requests(trace: RoutingTrace, view: str = "content") -> list[NDArray[np.int6
         One int64 array of row indices per request with at least one row in the view, ordered by
         first appearance in the trace.
     """
+    cached = _REQUESTS.get(trace, {}).get(view)
+    if cached is not None:                       # a trace's arrays are read-only: reuse them
+        return list(cached)
     rows = trace.view(view)
     if rows.size == 0:
         return []
@@ -60,7 +64,17 @@ def requests(trace: RoutingTrace, view: str = "content") -> list[NDArray[np.int6
     _, first, counts = np.unique(groups[order], return_index=True, return_counts=True)
     pieces = np.split(rows[order], np.cumsum(counts)[:-1])
     appearance = np.argsort(order[first], kind="stable")
-    return [pieces[i] for i in appearance]
+    out = [pieces[i] for i in appearance]
+    for piece in out:
+        piece.flags.writeable = False
+    _REQUESTS.setdefault(trace, {})[view] = out
+    return list(out)
+
+
+#: ``requests`` per trace and view (every env reset forms its decode steps from them); weak
+#: keys: the entries go with the trace.
+_REQUESTS: weakref.WeakKeyDictionary[RoutingTrace, dict[str, list[NDArray[np.int64]]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def check_batch(value: Any) -> int:

@@ -41,7 +41,7 @@ from hdamoe_env.sim.placement import Placement
 from hdamoe_env.env.wrappers import (QualityRewardWrapper, RankedBroadcastWrapper,
                                      ReplicaSharesWrapper)
 
-__all__ = ["ACTION_MODES", "check_replica_shares", "make_vec_env"]
+__all__ = ["ACTION_MODES", "VEC_BACKENDS", "check_replica_shares", "make_vec_env"]
 
 
 # ------------------------------------------------------------------------------------- envs
@@ -54,6 +54,10 @@ def env_arguments(env_kwargs: dict[str, Any], algo: str, fidelity: str) -> dict[
         kwargs.setdefault("invalid_action", "coerce")
     return kwargs
 
+
+#: Vector env backends of training: ``"subproc"`` (``DummyVecEnv`` / ``SubprocVecEnv``) and
+#: ``"batched"`` (``agents.learned.vector.SharedVecEnv``, one process).
+VEC_BACKENDS: tuple[str, ...] = ("subproc", "batched")
 
 #: Action designs of the training env: ``"ranked"`` (``RankedBroadcastWrapper``), ``"full"``
 #: (the env's own action) and ``"residual"`` (``ResidualHDAWrapper``).
@@ -145,8 +149,12 @@ class _EnvFactory:
 def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
                  start_method: str | None = None, action_mode: str = "full",
                  num_candidates: int = 4, quality: dict[str, Any] | None = None,
-                 replica_shares: int | None = None) -> Any:
+                 replica_shares: int | None = None, vec_backend: str = "subproc") -> Any:
     """Build ``n_envs`` monitored ``HdMoeEnv`` copies (DummyVecEnv for 1, SubprocVecEnv above).
+
+    With ``vec_backend="batched"`` the copies live in one process instead, in the batched
+    vector env (``agents.learned.vector.SharedVecEnv``; action modes ``full`` and ``ranked``,
+    no quality reward or replica shares).
 
     Args:
         env_kwargs: Complete ``HdMoeEnv`` keyword arguments.
@@ -160,6 +168,8 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
             weight, lagrangian, dual_step, ...), or None for the latency reward only.
         replica_shares: K of ``hdamoe_env.env.wrappers.ReplicaSharesWrapper`` (outermost action
             wrapper; the placement needs redundant experts), or None for off.
+        vec_backend: ``"subproc"`` (one process per copy above one copy) or ``"batched"``
+            (``VEC_BACKENDS``).
 
     Returns:
         A seeded SB3 ``VecEnv``.
@@ -177,6 +187,18 @@ def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,
     if quality is not None:                      # validate once, in this process
         QualityRewardWrapper.validate(**quality)
     replica_shares = check_replica_shares(replica_shares, env_kwargs.get("placement", "ep"))
+    if vec_backend not in VEC_BACKENDS:
+        raise unknown_name("vec backend", vec_backend, VEC_BACKENDS)
+    if vec_backend == "batched":
+        from agents.learned.vector import SharedVecEnv
+
+        if quality is not None or replica_shares:
+            raise ConfigError("vec_backend='batched' supports neither the quality reward nor "
+                              "replica shares; use vec_backend='subproc'")
+        shared = SharedVecEnv(dict(env_kwargs), n_envs, action_mode=action_mode,
+                              num_candidates=num_candidates)
+        shared.seed(seed)
+        return shared
     fns = [_EnvFactory(dict(env_kwargs), action_mode, num_candidates,
                        None if quality is None else dict(quality), replica_shares)
            for _ in range(n_envs)]

@@ -1,7 +1,7 @@
 """Learned online policies: a trained SB3 / sb3-contrib model behind the agents' ``predict``.
 
 Implements the learned counterpart of the heuristic agents of paper-model.md §10–11 (the online
-decisions of ``HdMoE-v0``: the pre-broadcast slots, the dispatch rule and the gating level of
+decisions of ``HdMoE-v1``: the pre-broadcast slots, the dispatch rule and the gating level of
 every MoE layer): :class:`LearnedAgent` wraps a policy trained by
 ``agents.learned.train.train`` and :func:`load_agent` loads one from disk. Held-out evaluation
 against the greedy agents is the application layer's (``hdamoe_env.app.train``).
@@ -390,7 +390,7 @@ class LearnedAgent:
         """Return ``(action, state)`` for an env observation (SB3's signature, R11).
 
         Args:
-            observation: Raw Dict observation of ``HdMoE-v0`` (or a batch).
+            observation: Raw Dict observation of ``HdMoE-v1`` (or a batch).
             state: Recurrent state (unused, returned unchanged).
             episode_start: Episode-start flags (unused).
             deterministic: Most likely action (True) or a sample from the policy.

@@ -1,7 +1,7 @@
 """Training learned online policies with Stable-Baselines3 / sb3-contrib.
 
 Trains policies for the online decisions of paper-model.md §10–11 (the decisions of
-``HdMoE-v0``: the pre-broadcast slots, the dispatch rule and the gating level of every MoE
+``HdMoE-v1``: the pre-broadcast slots, the dispatch rule and the gating level of every MoE
 layer). A policy is trained with PPO, MaskablePPO (the env's ``action_masks()``) or A2C on
 vectorised copies of the env, usually on the γ-calibrated analytic twin
 (``fidelity="analytic"``, fast), and saved in the layout ``agents.learned.policy`` loads (see
@@ -292,8 +292,9 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
           action_mode: str = "ranked", num_candidates: int = 4,
           residual_keep_logit: float = RESIDUAL_KEEP_LOGIT,
           quality: dict[str, Any] | None = None, replica_shares: int | None = None,
-          on_progress: Callable[[int, float], None] | None = None) -> Path:
-    """Train a policy for ``HdMoE-v0`` and save it in ``out_dir``.
+          on_progress: Callable[[int, float], None] | None = None,
+          vec_backend: str = "subproc") -> Path:
+    """Train a policy for ``HdMoE-v1`` and save it in ``out_dir``.
 
     Args:
         algo: ``"ppo"``, ``"maskable-ppo"`` or ``"a2c"``.
@@ -336,6 +337,9 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             ``replica_shares`` in ``learned.json`` and in the resume digest.
         on_progress: Called with (env steps so far, training steps/s) after every rollout
             (the application layer shows it; ``agents`` prints nothing).
+        vec_backend: ``"subproc"`` (one process per copy) or ``"batched"`` (the batched
+            vector env in this process, ``agents.learned.vector.SharedVecEnv``; action modes
+            full and ranked).
 
     Returns:
         The path of the saved model (``out_dir/model.zip``).
@@ -378,7 +382,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates,
-                        quality=quality, replica_shares=replica_shares)
+                        quality=quality, replica_shares=replica_shares,
+                        vec_backend=vec_backend)
     layout_meta = _layout_meta(venv)
     vecnorm = None
     if normalize_obs:

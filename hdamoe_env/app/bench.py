@@ -1,4 +1,4 @@
-"""Benchmark harness: methods × seeds on identical episodes of ``HdMoE-v0`` (``hdamoe bench``).
+"""Benchmark harness: methods × seeds on identical episodes of ``HdMoE-v1`` (``hdamoe bench``).
 
 Application layer (style.md §2): composes placements (``baselines``) with online agents
 (``agents``) in the env and writes records; ``agents``, ``baselines``, TensorBoard, tqdm and

@@ -252,6 +252,11 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_run_arguments(p, ("model", "mesh", "setting", "batch", "conventions"))
     p.add_argument("--seconds", type=positive_float, default=2.0, help="time budget per measurement")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
+    p.add_argument("--num-envs", type=nonneg_int, default=0,
+                   help="N > 0: instead, single env vs the batched vector env with N copies "
+                        "(steps/s of both in the same run, ratio)")
+    p.add_argument("--fidelity", choices=("analytic", "des", "both"), default="both",
+                   help="with --num-envs: the fidelities measured")
     p.add_argument("--json", default=None,
                    help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     p.set_defaults(func=envbench.cmd_bench_env)

@@ -1,6 +1,6 @@
 """Env throughput benchmark (``hdamoe bench-env``): env steps per second and decision time.
 
-Measures, in one run, ``HdMoE-v0`` steps per second on the DES and on the analytic twin against
+Measures, in one run, ``HdMoE-v1`` steps per second on the DES and on the analytic twin against
 the raw simulator layer call they wrap, and the heuristic agents' decision time per step.
 Numbers are ratios against a baseline measured in the same run (the raw layer call); library
 functions return numbers, only :func:`cmd_bench_env` prints.
@@ -222,6 +222,8 @@ def format_bench_env(res: dict[str, Any]) -> str:
 
 def cmd_bench_env(args: argparse.Namespace) -> int:
     """Run ``hdamoe bench-env``; print the table; return the exit code."""
+    if getattr(args, "num_envs", 0):
+        return _cmd_bench_vector(args)
     res = bench_env(seconds=args.seconds, model=args.model, mesh=args.mesh,
                     setting=args.setting, batch=args.batch, conventions=args.conventions,
                     seed=args.seed)
@@ -229,6 +231,25 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
           f"({res['conventions']}), EP placement; mean k_b "
           f"{res['k_b_mean']:.2f}")
     print(format_bench_env(res))
+    if args.json:
+        write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cmd_bench_vector(args: argparse.Namespace) -> int:
+    """Run ``hdamoe bench-env --num-envs N`` (``hdamoe_env.app.vecbench``)."""
+    from hdamoe_env.app import vecbench
+
+    fidelities = ("analytic", "des") if args.fidelity == "both" else (args.fidelity,)
+    res = vecbench.bench_vector(args.num_envs, seconds=args.seconds, model=args.model,
+                                mesh=args.mesh, setting=args.setting, batch=args.batch,
+                                conventions=args.conventions, fidelities=fidelities,
+                                seed=args.seed)
+    print(f"vector env benchmark: {res['model']} {res['mesh']} {res['setting']} "
+          f"B={res['batch']} ({res['conventions']}), EP placement, {res['steps_per_episode']} "
+          f"decode steps per episode")
+    print(vecbench.format_vector_bench(res, fidelities))
     if args.json:
         write_json(args.json, res)
         print(f"wrote {args.json}")

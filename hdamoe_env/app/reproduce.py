@@ -7,7 +7,7 @@ paper-model.md §13, and writes a self-contained report (:mod:`hdamoe_env.app.re
 Work is split into **cells**. A cell is one unit of the grid with a stable key (a hash of its
 kind and parameters): a ``placement`` cell computes (or finds cached) the quick-pipeline
 placements of one configuration; a ``bench`` cell runs methods × seeds on identical episodes of
-``HdMoE-v0`` (:func:`hdamoe_env.app.bench.run_bench`); a ``sweep_mem`` cell runs the memory-cap sweep
+``HdMoE-v1`` (:func:`hdamoe_env.app.bench.run_bench`); a ``sweep_mem`` cell runs the memory-cap sweep
 (:func:`baselines.pipeline.sweep_rho_mem`). Every finished cell is written atomically to
 ``OUT/cells/<key>.json`` and the raw records of all finished cells to ``OUT/results.jsonl``; a
 rerun with the same ``OUT`` skips finished cells (resume after an interruption loses at most the

@@ -45,7 +45,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The registered Gymnasium id without its namespace (a slash does not belong in a directory).
-ENV_ID = "HdMoE-v0"
+ENV_ID = "HdMoE-v1"
 #: Writer back ends in the order they are tried.
 BACKENDS = ("tensorboardX", "tensorboard", "noop")
 

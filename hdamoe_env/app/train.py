@@ -72,6 +72,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--n-envs", type=positive_int, default=None,
                    help="env copies, SubprocVecEnv if > 1 (default: n_envs of --hyperparams, "
                    "else 1)")
+    p.add_argument("--vec-backend", default="subproc", choices=("subproc", "batched"),
+                   help="env copies in one process each (subproc) or all in the batched "
+                   "vector env of this process (batched; action modes full and ranked)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     p.add_argument("--seeds", type=int_list, default=None, metavar="S,S,...",
                    help="train one policy per seed into OUT/seed<S>/, then evaluate all of them "
@@ -80,7 +83,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="RL Zoo style hyperparameter file (e.g. hyperparams/maskable-ppo.yml); "
                    "--hp, --timesteps and --n-envs override it")
     p.add_argument("--hyperparams-section", default=None, metavar="NAME",
-                   help="section of --hyperparams (default: the algorithm's name, then HdMoE-v0)")
+                   help="section of --hyperparams (default: the algorithm's name, then HdMoE-v1)")
     p.add_argument("--checkpoint-every", type=nonneg_int, default=5_000, help="steps (0: never)")
     p.add_argument("--no-normalize", action="store_true", help="no VecNormalize")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
@@ -299,7 +302,8 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                      action_mode=args.action_mode, num_candidates=args.candidates,
                      residual_keep_logit=args.keep_logit, quality=quality,
                      replica_shares=args.replica_shares,
-                     on_progress=on_progress if args.progress and not sb3_bar else None)
+                     on_progress=on_progress if args.progress and not sb3_bar else None,
+                     vec_backend=getattr(args, "vec_backend", "subproc"))
     finally:
         bar.close()
 

@@ -17,8 +17,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError, unknown_name
+from hdamoe_env.decisions import prediction_kernels
 
-__all__ = ["PREDICTORS", "AliasSampler", "StepPrediction", "StepPredictor", "noisy_oracle_sets"]
+__all__ = ["PREDICTORS", "AliasSampler", "StepPrediction", "StepPredictor", "noisy_oracle_sets",
+           "noisy_oracle_sets_many"]
 
 #: Next-layer predictors (§10.2): ``noisy_oracle`` (the actual sets kept with an accuracy per
 #: layer, traces.md §7.6), ``oracle`` (the actual sets), ``trace`` (sets recorded in the trace,
@@ -70,7 +72,17 @@ class AliasSampler:
                 fraction flips the column's coin.
         """
         rows = 1 if layers is None else layers.size
-        v = rng.random((rows, size)) * self.num_experts
+        return self.sample_uniform(layers, rng.random((rows, size)))
+
+    def sample_uniform(self, layers: NDArray[np.int64] | None, u: NDArray[np.float64]
+                       ) -> NDArray[np.int64]:
+        """Return int64 [R, size] experts from uniforms ``u`` [R, size] (``sample``'s draws).
+
+        Args:
+            layers: int64 [R] layer of every row, or None (layer 0).
+            u: float64 [R, size] uniforms in [0, 1).
+        """
+        v = u * self.num_experts
         col = v.astype(np.int64)
         np.minimum(col, self.num_experts - 1, out=col)
         coin = v - col
@@ -149,6 +161,119 @@ def noisy_oracle_sets(actual: NDArray[np.int64], acc: float | NDArray[np.float64
         t = int(rows[slot])
         allowed = np.setdiff1d(np.arange(num_experts), np.concatenate([actual[t], pred[t]]))
         pred[t, int(cols[slot])] = int(rng.choice(allowed))
+    return pred
+
+
+def noisy_oracle_sets_many(actual: NDArray[np.int64], acc: float | NDArray[np.float64],
+                           sampler: AliasSampler, rngs: list[np.random.Generator], *,
+                           layer_of_row: NDArray[np.int64] | None = None, oversample: int = 3
+                           ) -> NDArray[np.int64]:
+    """Predict the sets of n independent problems, each with its own generator, in one pass.
+
+    Returns exactly ``[noisy_oracle_sets(actual[j], acc, sampler, rngs[j], ...) for j]``
+    (the same draws from every generator, in the same order): every rejection round draws each
+    problem's uniforms from its own generator (in problem order) and resolves all problems'
+    pending slots with the same array operations as ``noisy_oracle_sets``; problems' rows never
+    share a key, so they never interact.
+
+    Args:
+        actual: int64 [n, N, k] actual sets of every problem.
+        acc: Accuracy in [0, 1], scalar or float [N] per row (the same for every problem).
+        sampler: Popularity sampler.
+        rngs: n generators, one per problem.
+        layer_of_row: int64 [N] layer of every row (default: layer 0 of the sampler).
+        oversample: Candidates drawn per pending slot and round.
+
+    Returns:
+        int64 [n, N, k] predicted sets.
+    """
+    num_problems, num_rows, top_k = actual.shape
+    flat_actual = actual.reshape(num_problems * num_rows, top_k)
+    accuracy = np.asarray(acc, dtype=np.float64)
+    u = np.concatenate([rng.random((num_rows, top_k)) for rng in rngs]).reshape(actual.shape)
+    if sampler.num_experts <= 64:
+        return _noisy_many_compiled(flat_actual, u, accuracy, sampler, rngs, layer_of_row,
+                                    oversample).reshape(actual.shape)
+    pred = flat_actual.copy()
+    replace = (u >= (accuracy if accuracy.ndim == 0 else accuracy[:, None])).reshape(
+        flat_actual.shape)
+    rows, cols = np.nonzero(replace)                  # row-major: problems, then slots in order
+    if rows.size == 0:
+        return pred.reshape(actual.shape)
+    problem = rows // num_rows
+    num_experts = sampler.num_experts
+    lay = (np.zeros(rows.size, dtype=np.int64) if layer_of_row is None
+           else np.asarray(layer_of_row, dtype=np.int64)[rows % num_rows])
+    pred[rows, cols] = -1
+    pending = np.arange(rows.size)
+    small = num_experts <= 64
+    one = np.uint64(1)
+    if small:
+        forbid = np.bitwise_or.reduce(np.left_shift(one, flat_actual.astype(np.uint64)), axis=1)
+    for _ in range(64):
+        r = rows[pending]
+        per = np.bincount(problem[pending], minlength=num_problems).tolist()
+        u = np.concatenate([rngs[j].random((c, oversample)) for j, c in enumerate(per) if c])
+        cand = sampler.sample_uniform(lay[pending], u)                        # [P, m]
+        if small:
+            member = (np.right_shift(forbid[r][:, None], cand.astype(np.uint64)) & one) \
+                .astype(bool)
+        else:
+            taken = np.concatenate([flat_actual[r], pred[r]], axis=1)
+            member = (taken[:, None, :] == cand[:, :, None]).any(axis=2)
+        ok = ~member.all(axis=1)
+        pick = cand[np.arange(pending.size), np.argmax(~member, axis=1)]
+        key = np.where(ok, r * num_experts + pick, -1 - np.arange(pending.size))
+        order = np.argsort(key, kind="stable")       # stable: the earlier slot of a row wins
+        dup = np.zeros(pending.size, dtype=bool)
+        dup[order[1:]] = key[order][1:] == key[order][:-1]
+        accept = ok & ~dup
+        pred[r[accept], cols[pending[accept]]] = pick[accept]
+        if small:
+            np.bitwise_or.at(forbid, r[accept], np.left_shift(one, pick[accept].astype(
+                np.uint64)))
+        pending = pending[~accept]
+        if pending.size == 0:
+            return pred.reshape(actual.shape)
+    for slot in pending.tolist():                    # pathological popularity: uniform fallback
+        t = int(rows[slot])
+        allowed = np.setdiff1d(np.arange(num_experts),
+                               np.concatenate([flat_actual[t], pred[t]]))
+        pred[t, int(cols[slot])] = int(rngs[int(problem[slot])].choice(allowed))
+    return pred.reshape(actual.shape)
+
+
+def _noisy_many_compiled(flat_actual: NDArray[np.int64], u: NDArray[np.float64],
+                         accuracy: NDArray[np.float64], sampler: AliasSampler,
+                         rngs: list[np.random.Generator],
+                         layer_of_row: NDArray[np.int64] | None, oversample: int
+                         ) -> NDArray[np.int64]:
+    """``noisy_oracle_sets_many`` for E <= 64 with the compiled round (``prediction_kernels``)."""
+    num_problems = len(rngs)
+    num_rows = flat_actual.shape[0] // num_problems
+    acc_row = np.broadcast_to(accuracy, (num_rows,)).astype(np.float64)
+    lay_row = (np.zeros(num_rows, dtype=np.int64) if layer_of_row is None
+               else np.ascontiguousarray(layer_of_row, dtype=np.int64))
+    rows, cols, lay, problem, forbid, pred = prediction_kernels.start_kernel(
+        flat_actual, u.reshape(flat_actual.shape), acc_row, lay_row, num_problems)
+    count = rows.size
+    if count == 0:
+        return pred
+    prob, alias = sampler.prob, np.ascontiguousarray(sampler.alias, dtype=np.int64)
+    per = np.bincount(problem, minlength=num_problems)
+    for _ in range(64):
+        draws = np.concatenate([rngs[j].random((c, oversample))
+                                for j, c in enumerate(per.tolist()) if c])
+        count = prediction_kernels.round_kernel(rows, cols, lay, problem, count, draws,
+                                                sampler.num_experts, prob, alias, forbid, pred,
+                                                per)
+        if count == 0:
+            return pred
+    for slot in range(count):                        # pathological popularity: uniform fallback
+        t = int(rows[slot])
+        allowed = np.setdiff1d(np.arange(sampler.num_experts),
+                               np.concatenate([flat_actual[t], pred[t]]))
+        pred[t, int(cols[slot])] = int(rngs[int(problem[slot])].choice(allowed))
     return pred
 
 
@@ -240,4 +365,31 @@ class StepPredictor:
             keys = np.where(valid, pred + (np.arange(L) * E)[:, None, None], L * E)
             counts = np.bincount(keys.ravel(), minlength=L * E + 1)[:L * E].reshape(
                 L, E).astype(np.float64)
+        return StepPrediction(pred, counts)
+
+    def predict_many(self, sets: NDArray[np.int64], rows: NDArray[np.int64],
+                     rngs: list[np.random.Generator]) -> StepPrediction:
+        """Predict n decode steps at once; the same as one ``predict`` per step.
+
+        Args:
+            sets: int64 [n, L, B, k] the steps' actual expert sets.
+            rows: int [n, B] the steps' trace rows.
+            rngs: n generators (step j draws only from ``rngs[j]``, as ``predict`` does).
+
+        Returns:
+            ``sets`` int64 [n, L, B, k] (or None: ``frequency``) and ``counts`` float64
+            [n, L, E].
+        """
+        n = sets.shape[0]
+        L, B, k, E = self.num_layers, self.batch, self.top_k, self.num_experts
+        if self.predictor != "noisy_oracle":
+            outs = [self.predict(sets[j], rows[j], rngs[j]) for j in range(n)]
+            pred_sets = None if outs[0].sets is None else np.stack([o.sets for o in outs])
+            return StepPrediction(pred_sets, np.stack([o.counts for o in outs]))
+        pred = np.full((n, L, B, k), -1, dtype=np.int64)
+        if L > 1:
+            flat = noisy_oracle_sets_many(sets[:, 1:].reshape(n, -1, k), self.row_acc,
+                                          self.sampler, rngs, layer_of_row=self.layer_rows)
+            pred[:, 1:] = flat.reshape(n, L - 1, B, k)
+        counts = prediction_kernels.count_sets(pred, E).reshape(n, L, E)
         return StepPrediction(pred, counts)

@@ -1,4 +1,4 @@
-"""The action layout of ``HdMoE-v0``: a pure description of the env's ``MultiDiscrete`` action.
+"""The action layout of ``HdMoE-v1``: a pure description of the env's ``MultiDiscrete`` action.
 
 Implements the action interface of paper-model.md §10.1 (one decision per MoE layer):
 ``MultiDiscrete([E + 1] * max_broadcast + [R, G])`` — slot value e < E pre-broadcasts expert e
@@ -44,7 +44,7 @@ def _offered_index(what: str, name: str, offered: tuple[str, ...]) -> int:
 
 @dataclass(frozen=True)
 class ActionLayout:
-    """The ``MultiDiscrete`` action of ``HdMoE-v0`` (module docstring).
+    """The ``MultiDiscrete`` action of ``HdMoE-v1`` (module docstring).
 
     Attributes:
         num_experts: E routed experts per layer.

@@ -10,7 +10,7 @@ dispatch, pre-broadcast traffic, broadcast plans and slots and the excess charge
 ``MoESimulator``; the γ fit of the analytic twin and its cache in ``hdamoe_env.sim.calibrate``;
 the per-layer latency in ``hdamoe_env.sim.evaluator.LayerEvaluator``; the DES in
 ``hdamoe_env.noc.des`` / ``hdamoe_env.noc.linksim``. Configuration: ``EnvConfig``. Registered
-as ``hdamoe_env/HdMoE-v0``. The module is longer than 700 lines because ``HdMoeEnv``'s class
+as ``hdamoe_env/HdMoE-v1``. The module is longer than 700 lines because ``HdMoeEnv``'s class
 docstring is the env's manual (Gymnasium's headings: spaces, reward, episode end, version
 history; about 130 lines) and the action decoding with its masks and coercion belongs to the
 env; the arguments are documented once, in ``EnvConfig``.
@@ -45,7 +45,7 @@ __all__ = ["ENV_ID", "INVALID_ACTION_MODES", "PREDICTORS", "EnvConfig", "HdMoeEn
 
 logger = logging.getLogger(__name__)
 
-ENV_ID = "hdamoe_env/HdMoE-v0"
+ENV_ID = "hdamoe_env/HdMoE-v1"
 
 
 class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
@@ -152,6 +152,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     * v0: initial version. ``invalid_action`` defaults to ``"coerce"`` (``info["coerced"]``);
       observations, actions and rewards of legal actions are unchanged.
+    * v1: the faithful cost model (docs/PHYSICS.md) changes the rewards of the same seed and
+      actions; spaces unchanged. The -v0 ids raise a ``ConfigError`` naming -v1
+      (``hdamoe_env.env.versions``; policy in docs/ENV.md). ``gymnasium.make_vec(...,
+      vectorization_mode="vector_entry_point")`` gives ``hdamoe_env.env.vector.HdMoeVectorEnv``.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
@@ -843,3 +847,39 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without a synthetic trace: it is rebuilt from the configuration on load.
+
+        A synthetic trace is a deterministic function of the configuration (seed, requests,
+        tokens, skew) and is ~90 % of an env's bytes; it, the routing view of it and the
+        synthesised router scores are left out, and so are the parts rebuilt from the
+        placement (observation parts, masks, the TP evaluator), so an env pickles to under
+        2 MB (``tests/hdamoe_env/env/test_vector.py``). Traces given as objects or files are
+        kept.
+        """
+        state = self.__dict__.copy()
+        # rebuilt on load: the observation parts and masks (``_bind_views``) and a TP
+        # evaluator that is not the env's own
+        for key in ("_replicas", "_node_scale_all", "_masks", "_slot_allowed"):
+            state[key] = None
+        if self._tp_evaluator is not self.evaluator:
+            state["_tp_evaluator"] = None
+        if isinstance(self.config.trace, str) and self.config.trace == "synthetic":
+            state.update(trace=None, _routing=None, _scored=None, _cand_key=None,
+                         _cand_step=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled env, regenerating a left-out synthetic trace (``__getstate__``)."""
+        self.__dict__.update(state)
+        if self._replicas is None:
+            self._bind_views()
+        if self._tp_evaluator is None:
+            self._tp_evaluator = self.sim.evaluator(
+                tensor_parallel(self.num_layers, self.num_experts, self.num_nodes), self.batch)
+        if self.trace is None:
+            self.trace = self.config.load_trace()
+            self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
+                             else self.trace.topk_ids)

@@ -1,4 +1,4 @@
-"""Public Gymnasium wrappers of ``HdMoE-v0`` that need only the env.
+"""Public Gymnasium wrappers of ``HdMoE-v1`` that need only the env.
 
 Implements two reshapings of the env's interface (paper-model.md §10–11 define the decisions
 themselves; these wrappers change only how a policy sees or encodes them):
@@ -64,7 +64,7 @@ class FlattenReplicasWrapper(gym.ObservationWrapper[dict[str, NDArray[np.float32
     is accepted (the wrapper is then the identity).
 
     Args:
-        env: An ``HdMoE-v0`` env (or a wrapper of one) with a Dict observation holding
+        env: An ``HdMoE-v1`` env (or a wrapper of one) with a Dict observation holding
             ``replicas``.
 
     Raises:
@@ -117,7 +117,7 @@ def ranked_candidates(pred_load: NDArray[Any], allowed: NDArray[np.bool_],
 
 def ranked_mask(full_mask: NDArray[np.bool_], layout: ActionLayout,
                 num_candidates: int, pred_load: NDArray[Any]) -> NDArray[np.bool_]:
-    """Map a flat ``HdMoE-v0`` mask to the ranked action space (:class:`RankedBroadcastWrapper`).
+    """Map a flat ``HdMoE-v1`` mask to the ranked action space (:class:`RankedBroadcastWrapper`).
 
     Args:
         full_mask: bool [sum(layout.nvec)] the env's ``action_masks()``.
@@ -144,7 +144,7 @@ def ranked_mask(full_mask: NDArray[np.bool_], layout: ActionLayout,
 def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: int,
                    pred_load: NDArray[Any], full_mask: NDArray[np.bool_] | None
                    ) -> NDArray[np.int64]:
-    """Translate a ranked action into an ``HdMoE-v0`` action (slot value c → c-th candidate).
+    """Translate a ranked action into an ``HdMoE-v1`` action (slot value c → c-th candidate).
 
     Args:
         action: int [layout.size] in the ranked space (slot values 0..K, K = none; the
@@ -174,7 +174,7 @@ def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: i
 class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.int64]]):
     """Action design for learning: slot value c picks the c-th most-loaded predicted expert.
 
-    The raw ``HdMoE-v0`` slot has E + 1 values (E = 64 for DeepSeek-V2-Lite), so an untrained
+    The raw ``HdMoE-v1`` slot has E + 1 values (E = 64 for DeepSeek-V2-Lite), so an untrained
     policy almost never samples "none" (1/65) and spends most of its steps learning that one
     value. Here a slot has K + 1 values: candidate c < K is the c-th broadcastable expert by
     predicted load ``pred_load`` (the greedy's own priority order, paper-model.md §10.5),
@@ -185,7 +185,7 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
     replica-rule dimension ``[RR]`` on a placement with redundant experts.
 
     Args:
-        env: An ``HdMoE-v0`` env (or a wrapper of one that keeps its action space).
+        env: An ``HdMoE-v1`` env (or a wrapper of one that keeps its action space).
         num_candidates: K, the number of ranked candidates per slot.
 
     Raises:
@@ -304,7 +304,7 @@ class ReplicaSharesWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.i
     follow its action space and ``action_masks()`` is its mask followed by all-True share masks.
 
     Args:
-        env: An ``HdMoE-v0`` env with a redundant-expert placement, or a wrapper of one (e.g.
+        env: An ``HdMoE-v1`` env with a redundant-expert placement, or a wrapper of one (e.g.
             :class:`RankedBroadcastWrapper` or ``agents.wrappers.ResidualHDAWrapper``).
         levels: K, the number of share steps (>= 1).
         rule_value: Add value 0 = "the least-loaded rule" (see above).
@@ -395,7 +395,7 @@ class QualityRewardWrapper(gym.Wrapper[Any, Any, Any, Any]):
     (max(0, τ − q)), ``quality_penalty`` (λ · violation) and ``latency_reward`` (the env's r).
 
     Args:
-        env: An ``HdMoE-v0`` env or a wrapper of one.
+        env: An ``HdMoE-v1`` env or a wrapper of one.
         target: τ in [0, 1] (default 0.99).
         weight: λ of the fixed-weight form (>= 0).
         lagrangian: Use the Lagrangian form instead.

@@ -484,14 +484,22 @@ class LayerEvaluator:
                                const.nm_comm)
         raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
 
-    def tp_totals(self, step_sets: NDArray[np.int64]) -> NDArray[np.float64]:
+    def tp_totals(self, step_sets: NDArray[np.int64], *,
+                  counts: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
         """Return the latency [L] of every layer of one decode step under this TP placement.
 
-        Vectorised over layers (one call per decode step); the same terms as ``evaluate`` in its
-        TP branch (t_nm + expert phase + TP all-reduce), up to floating-point summation order.
+        Vectorised over layers (one call per decode step, or per batch of decode steps); the
+        same terms as ``evaluate`` in its TP branch (t_nm + expert phase + TP all-reduce), up to
+        floating-point summation order. Leading batch dimensions give the same numbers as one
+        call per decode step (the batched vector env relies on it).
 
         Args:
-            step_sets: int64 [L, B, k] expert sets of the step.
+            step_sets: int64 [..., L, B, k] expert sets of the step(s).
+            counts: float64 [..., L, E] tokens per expert of ``step_sets`` when already
+                counted (the batched vector env counts them once per decode step).
+
+        Returns:
+            float64 [..., L].
 
         Raises:
             ConfigError: The placement is not TP in every layer.
@@ -500,22 +508,25 @@ class LayerEvaluator:
         if len(consts) != len(self.layers) or not all(
                 c.is_tp and is_tensor_parallel(c.P) for c in consts):
             raise ConfigError("tp_totals needs a TP placement in every layer")
-        num_layers = step_sets.shape[0]
+        num_layers = step_sets.shape[-3]
+        lead = step_sets.shape[:-3]
+        groups = int(np.prod(lead, dtype=np.int64)) * num_layers      # (step, layer) pairs
         E = self.num_experts
-        flat = (step_sets + (np.arange(num_layers) * E)[:, None, None]).ravel()
-        counts = np.bincount(flat, minlength=num_layers * E).astype(np.float64).reshape(
-            num_layers, E)
+        if counts is None:
+            flat = (step_sets.reshape(groups, -1) + (np.arange(groups) * E)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=groups * E).astype(np.float64).reshape(
+                *lead, num_layers, E)
         share = consts[0].P[0, 0]
         if self.tiled:  # every node runs m GEMMs (tokens n_i, I/D columns) per active expert
             tile_t = self.conv.tile_tokens
             rows = np.ceil(np.maximum(counts / tile_t - 1e-9, 0.0)) * tile_t
             cols = float(perf.tile_columns(share, self.model, self.conv))
-            t_compute = (rows.sum(axis=1) * cols * self.tile_flop_s
-                         + (counts > 0).sum(axis=1) * self.gemm_s)
+            t_compute = (rows.sum(axis=-1) * cols * self.tile_flop_s
+                         + (counts > 0).sum(axis=-1) * self.gemm_s)
         else:
-            t_compute = counts.sum(axis=1) * share * self.flops_per_s        # equal on all nodes
+            t_compute = counts.sum(axis=-1) * share * self.flops_per_s       # equal on all nodes
         if self.conv.weight_streaming:
-            stream = (counts > 0).sum(axis=1) * share * self.stream_per_s
+            stream = (counts > 0).sum(axis=-1) * share * self.stream_per_s
             t_comp = np.maximum(t_compute, stream)
         else:
             t_comp = t_compute

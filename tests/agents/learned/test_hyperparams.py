@@ -42,7 +42,7 @@ def test_zoo_layout_values_reach_the_dataclass(tmp_path):
                     "  learning_rate: !!float 1e-3\n  gamma: 0.5\n  ent_coef: 0.02\n"
                     "  policy_kwargs: \"dict(net_arch=[32, 16])\"\n"
                     "  normalize: \"{'norm_obs': False, 'norm_reward': False}\"\n"
-                    "HdMoE-v0:\n  n_steps: 64\n")
+                    "HdMoE-v1:\n  n_steps: 64\n")
     got = learned_hp.load_hyperparams(path, "maskable-ppo")
     assert got.section == "ppo_mask" and (got.n_envs, got.n_timesteps) == (2, 20_000)
     assert got.normalize_obs is False
@@ -76,15 +76,15 @@ def test_bad_files_refused(tmp_path, body, match):
 def test_zoo_env_sections_and_env_wrapper(tmp_path):
     """RL Zoo's layout: sections per env id; env_wrapper maps onto the action design."""
     path = tmp_path / "zoo.yml"
-    path.write_text("hdamoe_env/HdMoE-analytic-v0:\n  env_wrapper:\n"
+    path.write_text("hdamoe_env/HdMoE-analytic-v1:\n  env_wrapper:\n"
                     "    - hdamoe_env.env.wrappers.FlattenReplicasWrapper\n"
                     "    - hdamoe_env.env.wrappers.RankedBroadcastWrapper:\n"
                     "        num_candidates: 6\n  n_steps: 64\n"
-                    "HdMoE-Mixtral-v0:\n  env_wrapper: agents.wrappers.ResidualHDAWrapper\n")
+                    "HdMoE-Mixtral-v1:\n  env_wrapper: agents.wrappers.ResidualHDAWrapper\n")
     ranked = learned_hp.load_hyperparams(path, "maskable-ppo")       # first registered id
     assert (ranked.section, ranked.action_mode, ranked.num_candidates) == (
-        "hdamoe_env/HdMoE-analytic-v0", "ranked", 6)
+        "hdamoe_env/HdMoE-analytic-v1", "ranked", 6)
     assert ranked.hyperparams == {"n_steps": 64}
     mixtral = learned_hp.load_hyperparams(path, "maskable-ppo",
-                                          env_id="hdamoe_env/HdMoE-Mixtral-v0")
-    assert (mixtral.section, mixtral.action_mode) == ("HdMoE-Mixtral-v0", "residual")
+                                          env_id="hdamoe_env/HdMoE-Mixtral-v1")
+    assert (mixtral.section, mixtral.action_mode) == ("HdMoE-Mixtral-v1", "residual")

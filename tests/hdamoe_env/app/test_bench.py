@@ -101,7 +101,7 @@ def test_cmd_bench_prints_the_table_and_writes_outputs(tmp_path, capsys):
     assert len(json.loads((tmp_path / "r.json").read_text())) == 2
     dirs = sorted((tmp_path / "tb").iterdir())
     parts = [p.name.split("__") for p in dirs]
-    assert [q[:6] for q in parts] == [["HdMoE-v0", "tiny", "1-1", "B8", m, "0"]
+    assert [q[:6] for q in parts] == [["HdMoE-v1", "tiny", "1-1", "B8", m, "0"]
                                       for m in ("ep", "tp")]
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -23,7 +23,7 @@ def _scalars(logdir, tag):
 def test_writers_write_event_files(tmp_path, backend):
     pytest.importorskip(backend)
     logdir = tmp_path / tb.run_dir_name("hd-moe", 3, timestamp="20260101-000000")
-    assert logdir.name == "HdMoE-v0__hd-moe__3__20260101-000000"
+    assert logdir.name == "HdMoE-v1__hd-moe__3__20260101-000000"
     with tb.make_writer(logdir, backend=backend) as writer:
         assert writer.backend == backend
         writer.add_scalar("latency/tbt_us", 12.5, 0)
@@ -50,9 +50,9 @@ def test_noop_writer_warns_once(tmp_path, monkeypatch, caplog):
 
 
 def test_run_dir_name_is_path_safe():
-    name = tb.run_dir_name("agent:runs/ppo.zip", 0, env_id="hdamoe_env/HdMoE-v0",
+    name = tb.run_dir_name("agent:runs/ppo.zip", 0, env_id="hdamoe_env/HdMoE-v1",
                            timestamp="t")
-    assert "/" not in name and name.startswith("HdMoE-v0__agent-runs-ppo.zip__0__")
+    assert "/" not in name and name.startswith("HdMoE-v1__agent-runs-ppo.zip__0__")
 
 
 @pytest.mark.parametrize("backend", ["tensorboardX", "tensorboard"])
@@ -63,7 +63,7 @@ def test_writers_write_config_text(tmp_path, backend):
 
     name = tb.run_dir_name("hda-moe", 1, timestamp="20260101-000000", model="mixtral-8x7b",
                            setting="5/50", batch=128)
-    assert name == "HdMoE-v0__mixtral-8x7b__5-50__B128__hda-moe__1__20260101-000000"
+    assert name == "HdMoE-v1__mixtral-8x7b__5-50__B128__hda-moe__1__20260101-000000"
     with tb.make_writer(tmp_path / name, backend=backend) as writer:
         writer.add_text("config", tb.config_markdown({"model": "mixtral-8x7b", "a|b": 1}))
     acc = EventAccumulator(str(tmp_path / name), size_guidance={"tensors": 0})

@@ -84,3 +84,26 @@ def test_step_predictor_oracle_frequency_and_noisy_oracle():
     trace = StepPredictor("trace", freqs, k, B, acc, recorded=recorded).predict(
         sets, np.arange(B), rng)
     assert (trace.sets[0] == -1).all() and (trace.sets[1:] == 1).all()
+
+
+@pytest.mark.parametrize("num_experts", [16, 64, 80])   # compiled path (<= 64) and numpy path
+@pytest.mark.parametrize("acc", [0.0, 0.6, 1.0])
+def test_noisy_oracle_sets_many_equals_one_call_per_problem(num_experts, acc):
+    """The batched noisy oracle draws the same numbers and predicts the same sets (vector env)."""
+    from hdamoe_env.decisions.prediction import noisy_oracle_sets_many
+
+    rng = np.random.default_rng(5)
+    num_layers, rows, k, n = 3, 40, 6, 5
+    freqs = rng.random((num_layers, num_experts)) ** 3 + 1e-3          # skewed popularity
+    sampler = AliasSampler(freqs)
+    actual = np.stack([np.stack([rng.choice(num_experts, k, replace=False) for _ in range(rows)])
+                       for _ in range(n)]).astype(np.int64)
+    layer_of_row = np.repeat(np.arange(num_layers), -(-rows // num_layers))[:rows]
+    accs = np.full(rows, acc)
+    rngs = [np.random.default_rng(100 + j) for j in range(n)]
+    many = noisy_oracle_sets_many(actual, accs, sampler, rngs, layer_of_row=layer_of_row)
+    for j in range(n):
+        ref_rng = np.random.default_rng(100 + j)
+        one = noisy_oracle_sets(actual[j], accs, sampler, ref_rng, layer_of_row=layer_of_row)
+        np.testing.assert_array_equal(many[j], one)
+        assert rngs[j].random() == ref_rng.random()         # the same draws were consumed

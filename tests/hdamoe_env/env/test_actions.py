@@ -1,4 +1,4 @@
-"""Tests of hdamoe_env.env.actions: the ``ActionLayout`` of ``HdMoE-v0`` (paper-model.md §10.1).
+"""Tests of hdamoe_env.env.actions: the ``ActionLayout`` of ``HdMoE-v1`` (paper-model.md §10.1).
 
 Sizes and slots of the ``MultiDiscrete`` action with and without the replica-rule dimension,
 encoding (truncated broadcasts, rule and level indices, the closest gating level), splitting a

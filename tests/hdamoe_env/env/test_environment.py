@@ -86,7 +86,7 @@ def test_sb3_check_env():
 
 
 def test_registered_make_and_reimport_does_not_warn():
-    env = gym.make("hdamoe_env/HdMoE-v0", model=TINY, hardware=HW, batch=8, trace_tokens=512,
+    env = gym.make("hdamoe_env/HdMoE-v1", model=TINY, hardware=HW, batch=8, trace_tokens=512,
                    trace_requests=8, steps_per_episode=1)
     obs, info = env.reset(seed=0)
     assert env.observation_space.contains(obs)
@@ -348,7 +348,7 @@ def test_action_mask_tuple_matches_flat_mask_and_samples_legal_slots():
 
 
 def test_action_masks_reachable_through_gym_make_wrappers():
-    env = gym.make("hdamoe_env/HdMoE-v0", model=TINY, hardware=HW, batch=8, trace_tokens=512,
+    env = gym.make("hdamoe_env/HdMoE-v1", model=TINY, hardware=HW, batch=8, trace_tokens=512,
                    trace_requests=8, steps_per_episode=1, max_broadcast=2, k_b=[0, 1, 2])
     env.reset(seed=0)
     expect = env.unwrapped.action_masks()
@@ -614,7 +614,7 @@ def test_env_arguments_are_typed(kwargs):
 
 
 # ------------------------------------------- the registered env with no kwargs and RL tooling
-ENV_ID = "hdamoe_env/HdMoE-v0"
+ENV_ID = "hdamoe_env/HdMoE-v1"
 
 
 def test_gymnasium_check_env_on_default_registered_env():

@@ -167,7 +167,7 @@ def test_cli_record_on_saved_model(tmp_path, model, capsys):
 
 
 def test_recorded_trace_drives_env_trace_predictor(trace):
-    """A recorded trace (ids + next-layer predictions) runs in HdMoE-v0 with predictor='trace'."""
+    """A recorded trace (ids + next-layer predictions) runs in HdMoE-v1 with predictor='trace'."""
     import dataclasses
 
     from hdamoe_env.env.environment import HdMoeEnv

@@ -1,0 +1,158 @@
+"""Batched vector env throughput (``hdamoe bench-env --num-envs N``): single vs batched steps/s.
+
+Measures, in one run and on the same configuration, env steps per second of one ``HdMoeEnv``
+and of ``HdMoeVectorEnv`` with N copies (steps/s counts every copy's step), for both fidelities
+and two policies: no-op actions (no pre-broadcast, gating off: the batched path) and random
+actions drawn from the per-dimension masks (what an untrained masked policy sends: a share of
+the copies takes the per-copy path). The two take turns in :data:`ROUNDS` rounds and each keeps
+its best round, so load from other processes hits both alike; the ratio is batched ÷ single.
+Library functions return numbers; :func:`format_vector_bench` renders them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hdamoe_env.config.run import RUN_DEFAULTS
+
+__all__ = ["ROUNDS", "bench_vector", "format_vector_bench", "masked_sample"]
+
+#: Interleaved measurement rounds (each side keeps its best round).
+ROUNDS = 3
+
+
+def masked_sample(masks: NDArray[np.bool_], nvec: NDArray[np.int64],
+                  rng: np.random.Generator) -> NDArray[np.int64]:
+    """Draw one action per row uniformly among the allowed values of every dimension.
+
+    Args:
+        masks: bool [N, sum(nvec)] flat masks (``action_masks()``).
+        nvec: int [n] values per action dimension.
+        rng: Generator of the draws.
+
+    Returns:
+        int64 [N, n].
+    """
+    out = np.empty((masks.shape[0], nvec.size), dtype=np.int64)
+    start = 0
+    for d, size in enumerate(nvec.tolist()):
+        part = masks[:, start:start + size]
+        out[:, d] = np.argmax(rng.random(part.shape) * part, axis=1)
+        start += size
+    return out
+
+
+def _rate(fn: Callable[[], int], seconds: float) -> float:
+    count = 0
+    t0 = time.perf_counter()
+    while True:
+        count += fn()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return count / elapsed
+
+
+def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAULTS.model,
+                 mesh: str = RUN_DEFAULTS.mesh, setting: str = RUN_DEFAULTS.setting,
+                 batch: int = RUN_DEFAULTS.batch, conventions: str = RUN_DEFAULTS.conventions,
+                 fidelities: tuple[str, ...] = ("analytic", "des"), seed: int = 0
+                 ) -> dict[str, Any]:
+    """Measure single-env and batched steps/s (module docstring) on the EP placement.
+
+    Args:
+        num_envs: Copies N of the batched env.
+        seconds: Time per measurement (split over :data:`ROUNDS` rounds).
+        model, mesh, setting, batch, conventions: The run.
+        fidelities: ``"analytic"`` and/or ``"des"``.
+        seed: Seed of the envs and of the random actions.
+
+    Returns:
+        ``{fidelity}_{policy}_single_steps_per_s``, ``..._batched_steps_per_s`` and
+        ``..._ratio`` for policy ``noop`` and ``random_masked``, plus the configuration.
+    """
+    from hdamoe_env.env.environment import HdMoeEnv
+    from hdamoe_env.env.vector import HdMoeVectorEnv
+
+    out: dict[str, Any] = {"model": model, "mesh": mesh, "setting": setting, "batch": batch,
+                           "conventions": conventions, "num_envs": num_envs,
+                           "seconds": seconds, "placement": "ep", "steps_per_episode": 4}
+    for fidelity in fidelities:
+        kwargs = dict(model=model, mesh=mesh, setting=setting, batch=batch,
+                      conventions=conventions, placement="ep", fidelity=fidelity,
+                      steps_per_episode=4, placement_seed=seed)
+        t0 = time.perf_counter()
+        venv = HdMoeVectorEnv(num_envs, **kwargs)
+        out[f"{fidelity}_setup_s"] = time.perf_counter() - t0
+        gammas = venv.envs[0]._gammas if fidelity == "analytic" else None
+        single = HdMoeEnv(**kwargs, **({} if gammas is None else {"gammas": list(gammas)}))
+        nvec = single.action_space.nvec
+        noop = np.array([single.num_experts] * single.max_broadcast + [0, 0], dtype=np.int64)
+        rng = np.random.default_rng(seed)
+        runners: dict[str, Callable[[], int]] = {}
+        for policy in ("noop", "random_masked"):
+            state = {"episodes": 0}
+
+            def single_run(policy: str = policy, state: dict[str, int] = state) -> int:
+                single.reset(seed=seed + state["episodes"])
+                state["episodes"] += 1
+                n, done = 0, False
+                while not done:
+                    act = noop if policy == "noop" else masked_sample(
+                        single.action_masks()[None], nvec, rng)[0]
+                    _, _, term, trunc, _ = single.step(act)
+                    n += 1
+                    done = term or trunc
+                return n
+
+            steps_per_episode = single.steps_per_episode * single.num_layers
+
+            def batched_run(policy: str = policy) -> int:
+                venv.reset(seed=seed)
+                acts = np.tile(noop, (num_envs, 1))
+                for _ in range(steps_per_episode):
+                    if policy != "noop":
+                        acts = masked_sample(venv.action_masks(), nvec, rng)
+                    venv.step(acts)
+                return steps_per_episode * num_envs
+
+            single_run()                                 # warm-up: JIT, caches
+            batched_run()
+            runners[f"{fidelity}_{policy}_single"] = single_run
+            runners[f"{fidelity}_{policy}_batched"] = batched_run
+        best = dict.fromkeys(runners, 0.0)
+        for _ in range(ROUNDS):
+            for key, run in runners.items():
+                best[key] = max(best[key], _rate(run, seconds / ROUNDS))
+        for policy in ("noop", "random_masked"):
+            s = best[f"{fidelity}_{policy}_single"]
+            b = best[f"{fidelity}_{policy}_batched"]
+            out[f"{fidelity}_{policy}_single_steps_per_s"] = s
+            out[f"{fidelity}_{policy}_batched_steps_per_s"] = b
+            out[f"{fidelity}_{policy}_ratio"] = b / s if s > 0 else float("nan")
+        venv.close()
+    return out
+
+
+def format_vector_bench(res: dict[str, Any], fidelities: tuple[str, ...] = ("analytic", "des")
+                        ) -> str:
+    """Return the table: fidelity, policy, single steps/s, batched steps/s, ratio."""
+    head = ("fidelity", "policy", "single steps/s", f"batched N={res['num_envs']} steps/s",
+            "ratio")
+    rows = []
+    for fidelity in fidelities:
+        if f"{fidelity}_noop_ratio" not in res:
+            continue
+        for policy in ("noop", "random_masked"):
+            rows.append((fidelity, policy.replace("_", " "),
+                         f"{res[f'{fidelity}_{policy}_single_steps_per_s']:,.0f}",
+                         f"{res[f'{fidelity}_{policy}_batched_steps_per_s']:,.0f}",
+                         f"{res[f'{fidelity}_{policy}_ratio']:.2f}"))
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)

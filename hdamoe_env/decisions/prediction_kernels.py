@@ -1,0 +1,153 @@
+"""Compiled kernels of the batched noisy oracle (paper-model.md §10.2, traces.md §7.6).
+
+``noisy_oracle_sets_many`` (``hdamoe_env.decisions.prediction``) predicts the next-layer sets
+of many decode steps at once, each with its own generator. Its rejection rounds are sequential
+per row (the earlier slot of a row keeps a contested expert), so the per-round work is a loop:
+``start_kernel`` marks the replaced slots and builds the forbidden-expert bitmasks,
+``round_kernel`` resolves one round of candidate draws. They make exactly the decisions of the
+vectorised ``noisy_oracle_sets``: the same floating-point operations on the same uniforms (the
+alias draw of ``AliasSampler.sample_uniform``), the forbidden set as of the start of the round,
+the first non-forbidden candidate, and a pick already taken in the round by an earlier slot of
+the row rejected (the stable sort of the vectorised version); tests compare them for equality.
+E <= 64 only (bitmasks); compiled once and cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+__all__ = ["round_kernel", "start_kernel"]
+
+
+@njit(cache=True)
+def start_kernel(actual: NDArray[np.int64], u: NDArray[np.float64], acc: NDArray[np.float64],
+                 layer_of_row: NDArray[np.int64], num_problems: int):  # noqa: ANN201 - 6-tuple
+    """Mark replaced slots (u >= accuracy of the row) and build the forbidden bitmasks.
+
+    Args:
+        actual: int64 [n·N, k] actual sets (all problems' rows, problem-major).
+        u: float64 [n·N, k] uniforms.
+        acc: float64 [N] accuracy per row of a problem.
+        layer_of_row: int64 [N] layer (alias table) per row of a problem.
+        num_problems: n.
+
+    Returns:
+        The pending slots in row-major order — ``rows``, ``cols``, ``lay``, ``problem`` int64
+        [S] — then ``forbid`` uint64 [n·N] and ``pred`` int64 [n·N, k] (the actual sets with
+        −1 at replaced slots).
+    """
+    total_rows, top_k = actual.shape
+    num_rows = total_rows // num_problems
+    pred = actual.copy()
+    forbid = np.zeros(total_rows, dtype=np.uint64)
+    count = 0
+    for r in range(total_rows):
+        bits = np.uint64(0)
+        for j in range(top_k):
+            bits |= np.uint64(1) << np.uint64(actual[r, j])
+        forbid[r] = bits
+    for p in range(num_problems):
+        for q in range(num_rows):
+            a = acc[q]
+            r = p * num_rows + q
+            for j in range(top_k):
+                if u[r, j] >= a:
+                    count += 1
+    rows = np.empty(count, dtype=np.int64)
+    cols = np.empty(count, dtype=np.int64)
+    lay = np.empty(count, dtype=np.int64)
+    problem = np.empty(count, dtype=np.int64)
+    s = 0
+    for p in range(num_problems):
+        for q in range(num_rows):
+            a = acc[q]
+            r = p * num_rows + q
+            for j in range(top_k):
+                if u[r, j] >= a:
+                    rows[s] = r
+                    cols[s] = j
+                    lay[s] = layer_of_row[q]
+                    problem[s] = p
+                    pred[r, j] = -1
+                    s += 1
+    return rows, cols, lay, problem, forbid, pred
+
+
+@njit(cache=True)
+def round_kernel(prow: NDArray[np.int64], pcol: NDArray[np.int64], lay: NDArray[np.int64],
+                 problem: NDArray[np.int64], count: int, u: NDArray[np.float64],
+                 num_experts: int, prob: NDArray[np.float64], alias: NDArray[np.int64],
+                 forbid: NDArray[np.uint64], pred: NDArray[np.int64],
+                 per_problem: NDArray[np.int64]) -> int:
+    """Resolve one rejection round of the pending slots; compact them; return how many remain.
+
+    Args:
+        prow, pcol, lay, problem: int64 [>= count] row, column, layer (alias table) and
+            problem of the first ``count`` entries, the pending slots in row-major order (the
+            slots of a row adjacent); compacted in place to the slots still pending.
+        count: Pending slots.
+        u: float64 [count, m] the round's uniforms, m candidates per slot.
+        num_experts: E.
+        prob, alias: float64 / int64 [L, E] alias tables (``AliasSampler``).
+        forbid: uint64 [rows] forbidden experts per row (updated with the accepted picks).
+        pred: int64 [rows, k] predicted sets (accepted picks written).
+        per_problem: int64 [n] pending slots per problem (updated).
+
+    Returns:
+        The number of slots still pending.
+    """
+    m = u.shape[1]
+    one = np.uint64(1)
+    cur = -1
+    taken = np.uint64(0)
+    keep = 0
+    for p in range(count):
+        r = prow[p]
+        if r != cur:
+            if cur >= 0:
+                forbid[cur] |= taken
+            cur = r
+            taken = np.uint64(0)
+        f = forbid[r]
+        layer = lay[p]
+        pick = -1
+        for j in range(m):
+            v = u[p, j] * num_experts
+            col = np.int64(v)
+            if col > num_experts - 1:
+                col = num_experts - 1
+            coin = v - col
+            c = col if coin < prob[layer, col] else alias[layer, col]
+            if (f >> np.uint64(c)) & one == 0:
+                pick = c
+                break
+        if pick >= 0 and (taken >> np.uint64(pick)) & one == 0:
+            taken |= one << np.uint64(pick)
+            pred[r, pcol[p]] = pick
+            per_problem[problem[p]] -= 1
+        else:
+            prow[keep] = r
+            pcol[keep] = pcol[p]
+            lay[keep] = layer
+            problem[keep] = problem[p]
+            keep += 1
+    if cur >= 0:
+        forbid[cur] |= taken
+    return keep
+
+
+@njit(cache=True)
+def count_sets(sets: NDArray[np.int64], num_experts: int) -> NDArray[np.float64]:
+    """Return float64 [..., E] the entries of int64 sets [..., B, k] per expert (−1 skipped).
+
+    Integer counts, so equal to the ``np.bincount`` of ``StepPredictor.predict``.
+    """
+    flat = sets.reshape(-1, sets.shape[-2] * sets.shape[-1])
+    out = np.zeros((flat.shape[0], num_experts))
+    for g in range(flat.shape[0]):
+        for v in flat[g]:
+            if v >= 0:
+                out[g, v] += 1.0
+    return out

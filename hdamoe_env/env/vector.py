@@ -1,0 +1,589 @@
+"""A native batched vector env: N copies of ``HdMoeEnv`` stepped in one process, physics batched.
+
+Implements the per-layer env of paper-model.md §10–11 (``hdamoe_env.env.environment``) for N
+independent copies at once, as a ``gymnasium.vector.VectorEnv`` registered as the
+``vector_entry_point`` of the env ids (``gymnasium.make_vec(id, num_envs=N,
+vectorization_mode="vector_entry_point")``). Every copy's trajectory (observations, rewards,
+terminations, truncations) is bit-identical to a single env built with the same arguments and
+seed (``tests/hdamoe_env/env/test_vector.py`` checks N = 1, 7, 64).
+
+How the work is shared:
+
+* Static data (model, topology, trace arrays, placement, evaluator constants, the γ of the
+  analytic twin, the synthesised router scores) is built once: copies 1..N−1 are shallow clones
+  of copy 0 (:func:`spawn`) with their own episode state and their own ``np_random``.
+* The batched path (:class:`_BatchedLayers`): for the copies whose action is "no pre-broadcast,
+  gating off" on the analytic twin of a placement without redundant experts (the common case of a
+  learning policy at a layer with k_b = 0, and of every no-op action), the layer latency —
+  expert phase (tile model or FLOP rate, weight streaming) from per-expert counts, the sampled
+  V_c of Eq. 2, reward — and the observation gather run as a handful of numpy operations over
+  the whole batch, with the same floating-point operations in the same order as
+  ``LayerEvaluator.evaluate`` (hence bit-identical). On the DES, such copies call the layer
+  evaluator directly (their own aggregator draws; no action decoding, no ``info``). Every
+  other action (pre-broadcast, gating, replica rules) goes through the copy's own
+  ``HdMoeEnv.step``.
+* Decode steps of all copies are formed together (:class:`_Copy` defers them): routing rows,
+  per-expert counts and V_c peaks of every layer (``hdamoe_env.sim.batch_kernels``), TP
+  latencies, and the noisy-oracle predictions (``StepPredictor.predict_many``: every copy
+  draws from its own generator, in the single env's order).
+
+``info`` is batched the Gymnasium way (arrays plus ``_key`` masks) but carries only what a
+learner reads: ``action_mask`` [N, sum(nvec)] every step, ``tbt_us`` when a decode step ends and
+``episode_tbt_us`` when an episode ends (the single env's per-layer breakdown is not built;
+use the single env to inspect it). Autoreset: Gymnasium 1.x ``NEXT_STEP`` (default),
+``SAME_STEP`` (``final_obs`` / ``final_info``) and ``DISABLED`` (``reset(options={"reset_mask":
+...})``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+from numpy.typing import NDArray
+
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.env.config import EnvConfig
+from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.sim import batch_kernels
+
+__all__ = ["HdMoeVectorEnv", "spawn"]
+
+#: Episode-state attributes of ``HdMoeEnv`` that a clone must not share with its prototype
+#: (everything else — specs, trace, placement, evaluators, caches, spaces — is shared).
+_EPISODE_STATE = ("_pending_charge_s", "_pending_fractions", "_rows", "_sets", "_decode_step",
+                  "_layer", "_episode_over", "_pred_all", "_pred_counts_all", "_obs_pred",
+                  "_obs_node", "_prev_busy", "_step_latency_s", "_tp_totals", "_tbts_us",
+                  "_twin_rng", "last_layer", "last_sets", "last_info", "_coerced", "_cand_key",
+                  "_cand_step")
+
+
+def spawn(env: HdMoeEnv) -> HdMoeEnv:
+    """Return a copy of ``env`` sharing its static data, with a fresh episode state.
+
+    The clone shares the specs, trace, placement, evaluators, caches and spaces (read-only once
+    built; the caches hold pure functions of their keys) and has its own episode state and an
+    unseeded ``np_random``, as a new ``HdMoeEnv(**same arguments)`` would. Fit the lazily built
+    parts first (:meth:`HdMoeVectorEnv.__init__` does: γ of the analytic twin, router scores) or
+    every clone fits its own.
+
+    Args:
+        env: The prototype (reset or not).
+
+    Returns:
+        The clone, to be ``reset`` before use.
+    """
+    clone = copy.copy(env)
+    L, E, D = env.num_layers, env.num_experts, env.num_nodes
+    state: dict[str, Any] = {
+        "_pending_charge_s": 0.0, "_pending_fractions": None,
+        "_rows": np.zeros((0, env.batch), dtype=np.int64),
+        "_sets": np.zeros((L, env.batch, env.top_k), dtype=np.int64), "_decode_step": 0,
+        "_layer": 0, "_episode_over": True, "_pred_all": None,
+        "_pred_counts_all": np.zeros((L, E)), "_obs_pred": np.zeros((L, E), dtype=np.float32),
+        "_obs_node": np.zeros((L, D), dtype=np.float32), "_prev_busy": env._zeros_links,
+        "_step_latency_s": 0.0, "_tp_totals": np.zeros(L), "_tbts_us": [],
+        "_twin_rng": np.random.default_rng(0), "last_layer": None, "last_sets": None,
+        "last_info": {}, "_coerced": (), "_cand_key": None, "_cand_step": None,
+    }
+    assert set(state) == set(_EPISODE_STATE)
+    clone.__dict__.update(state)
+    clone._np_random = None
+    clone._np_random_seed = None
+    return clone
+
+
+class _Copy(HdMoeEnv):
+    """``HdMoeEnv`` whose decode steps are formed by the vector env, for all copies at once.
+
+    ``_begin_decode_step`` only resets the layer state and flags the copy; the vector env then
+    gathers the routing, the TP latencies and the predictions of every flagged copy in one
+    batched call (``HdMoeVectorEnv._form_steps``), before anything else draws from the copy's
+    ``np_random``, so its random stream is consumed exactly as by a single env.
+    """
+
+    _begin_pending = False
+
+    def _begin_decode_step(self) -> None:
+        self._layer = 0
+        self._step_latency_s = 0.0
+        self._prev_busy = self._zeros_links
+        self._begin_pending = True
+
+
+class _BatchedLayers:
+    """The analytic layer latency of ``LayerEvaluator.evaluate`` over a batch of copies.
+
+    Per-layer constants stacked over L: non-MoE time, TP flags, expert-phase matrices, holder
+    lists and γ. ``latency`` reproduces the evaluator's operations (same order, same
+    dtypes) for layers without a broadcast, gating or redundant experts.
+    """
+
+    def __init__(self, env: HdMoeEnv, gammas: NDArray[np.float64]) -> None:
+        ev = env.evaluator
+        consts = ev.layers
+        assert all(c is not None for c in consts)
+        self.ev = ev
+        self.E = env.num_experts
+        self.D = env.num_nodes
+        self.nm_total = np.array([c.nm_total for c in consts])              # [L]
+        self.is_tp = np.array([c.is_tp for c in consts])                     # [L]
+        self.tp_time = ev.tp_allreduce.time_s if self.is_tp.any() else 0.0
+        self.tiled = ev.tiled
+        self.streaming = ev.conv.weight_streaming
+        if self.tiled:
+            for c in consts:
+                if c.tile_work is None:
+                    c.tile_work = ev._tile_matrix(c.P)
+            self.mats = [c.tile_work for c in consts]                           # [2E, D] each
+        self.P = [c.P for c in consts]
+        self.support = np.stack([c.support for c in consts])                  # [L, E, D]
+        self.holders = batch_kernels.holder_csr(self.support)
+        self.gammas = gammas
+        conv = ev.conv
+        self.comm_scale = (conv.kappa_a, float(ev.model.hidden_size),
+                           ev.sim.topology.bw_end_Bps, 2.0 if conv.gamma_combine_only else 1.0)
+
+    def tables(self, sets: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return counts float64 [n, L, E] and V_c peaks float64 [n, L] of decode steps.
+
+        Args:
+            sets: int64 [n, L, B, k] the steps' expert sets.
+        """
+        n, L = sets.shape[:2]
+        if self.D <= 64:
+            return batch_kernels.step_tables(sets, *self.holders, self.E, self.D)
+        groups = n * L
+        flat = (sets.reshape(groups, -1) + (np.arange(groups) * self.E)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=groups * self.E).astype(np.float64).reshape(
+            n, L, self.E)
+        touch = self.support[np.arange(L)[None, :, None, None], sets].any(axis=3)  # [n,L,B,D]
+        return counts, touch.sum(axis=2).max(axis=2, initial=0).astype(np.float64)
+
+    def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
+                peak: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the total latency [n] of layer ``layers[i]`` of every copy.
+
+        Args:
+            layers: int64 [n] MoE layer of every copy.
+            counts: float64 [n, E] tokens per expert of that layer (``tables``).
+            peak: float64 [n] sampled V_c / h of that layer (``tables``).
+        """
+        n = layers.size
+        E, ev = self.E, self.ev
+        active = counts > 0
+        t_comp = np.empty(n)
+        if self.tiled:
+            x = np.empty((n, 2 * E))
+            ci = counts.astype(np.intp)
+            if ci.max(initial=0) < ev._rows_table.size:
+                x[:, :E] = ev._rows_table[ci]
+            else:
+                tile_t = ev.conv.tile_tokens
+                x[:, :E] = np.ceil(counts / tile_t - 1e-9).clip(0.0) * tile_t
+            x[:, E:] = active
+        act = active.astype(np.float64)
+        for layer in np.unique(layers).tolist():
+            idx = np.flatnonzero(layers == layer)
+            if self.tiled:
+                # [n, 1, 2E] @ [2E, D]: one vector-matrix product per copy, the operation of
+                # the single env (a [n, 2E] @ [2E, D] GEMM sums in another order and differs
+                # in the last bit)
+                compute = np.matmul(x[idx][:, None, :], self.mats[layer])[:, 0]
+            else:
+                compute = np.einsum("...ed,...e->...d", self.P[layer][None], counts[idx]) \
+                    * ev.flops_per_s
+            t_compute = compute.max(axis=1)
+            if self.streaming:
+                stream = np.einsum("...ed,...e->...d", self.P[layer][None], act[idx]) \
+                    * ev.stream_per_s
+                t_comp[idx] = np.maximum(t_compute, stream.max(axis=1))
+            else:
+                t_comp[idx] = t_compute
+        kappa, h, bw, factor = self.comm_scale
+        x_comm = kappa * (h * peak) / bw
+        t_moe = self.gammas[layers] * x_comm * factor
+        if self.is_tp.any():
+            t_moe = np.where(self.is_tp[layers], self.tp_time, t_moe)
+        return self.nm_total[layers] + t_comp + t_moe + 0.0
+
+
+class HdMoeVectorEnv(VectorEnv):
+    """N copies of ``HdMoeEnv`` in one process, the common layers batched (module docstring).
+
+    Args:
+        num_envs: Number of copies N >= 1.
+        max_episode_steps: Truncate an episode after this many steps (the ``TimeLimit`` of the
+            registered id; ``gymnasium.make_vec`` passes it), or None.
+        autoreset_mode: ``AutoresetMode`` (or its value); ``NEXT_STEP`` by default.
+        config: An ``EnvConfig``; ``**kwargs`` replace its fields, as in ``HdMoeEnv``.
+        **kwargs: The fields of ``EnvConfig``.
+
+    Raises:
+        ConfigError: A bad ``num_envs`` / ``max_episode_steps`` / ``autoreset_mode``, or any
+            argument ``HdMoeEnv`` rejects.
+    """
+
+    def __init__(self, num_envs: int = 1, *, max_episode_steps: int | None = None,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+                 config: EnvConfig | None = None, **kwargs: Any) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) \
+                or num_envs < 1:
+            raise ConfigError(f"num_envs must be an integer >= 1, got {num_envs!r}")
+        if max_episode_steps is not None and (isinstance(max_episode_steps, bool) or not isinstance(
+                max_episode_steps, int | np.integer) or max_episode_steps < 1):
+            raise ConfigError(f"max_episode_steps must be an integer >= 1 or None, got "
+                              f"{max_episode_steps!r}")
+        try:
+            mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ConfigError(f"unknown autoreset_mode {autoreset_mode!r}; expected one of "
+                              f"{[m.value for m in AutoresetMode]}") from None
+        proto = _Copy(config, **kwargs)
+        if proto.render_mode is not None:
+            raise ConfigError(f"the vector env does not render (render_mode="
+                              f"{proto.render_mode!r}); pass render_mode=None")
+        self.num_envs = int(num_envs)
+        self.max_episode_steps = None if max_episode_steps is None else int(max_episode_steps)
+        self.autoreset_mode = mode
+        self.metadata = {"autoreset_mode": mode, "render_modes": []}
+        self.render_mode = None
+        self.closed = False
+        # --- shared static data: fit the lazy parts once, then clone
+        batched = (proto.fidelity == "analytic" and not proto.measure_twin_error
+                   and not proto.replica_rules)
+        if proto.fidelity == "analytic" or proto.measure_twin_error:
+            proto._gamma(0)
+        if any(level > 0 for level in proto.gating_levels):
+            proto._scored_trace()
+        self.envs: list[HdMoeEnv] = [proto] + [spawn(proto) for _ in range(self.num_envs - 1)]
+        self.single_observation_space = proto.observation_space
+        self.single_action_space = proto.action_space
+        self.observation_space = batch_space(proto.observation_space, self.num_envs)
+        self.action_space = batch_space(proto.action_space, self.num_envs)
+        self._layers = (_BatchedLayers(proto, np.asarray(proto._gammas, dtype=np.float64))
+                        if batched else None)
+        # DES copies with plain actions: the layer evaluator called directly (no action
+        # decoding, no info dict), the rest batched
+        self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
+                           and not proto.replica_rules)
+        # --- per-layer static observation parts and masks, stacked over L
+        L, E, D, N = proto.num_layers, proto.num_experts, proto.num_nodes, self.num_envs
+        self._L = L
+        self._nvec = proto._nvec
+        self._mb = proto.max_broadcast
+        self._zero_level = np.array([lv == 0 for lv in proto.gating_levels])
+        self._replicas = np.stack(proto._replicas)
+        self._layer_frac = np.stack(proto._layer_frac)
+        self._budget_frac = np.stack(proto._budget_frac)
+        self._masks = np.stack(proto._masks)                                  # [L, M]
+        # --- batched episode state (the copies' HdMoeEnv hold the decode-step state)
+        B, k = proto.batch, proto.top_k
+        self._layer = np.zeros(N, dtype=np.int64)
+        self._step_lat = np.zeros(N)
+        self._elapsed = np.zeros(N, dtype=np.int64)
+        self._over = np.ones(N, dtype=bool)          # episode ended (or never reset)
+        self._needs_reset = np.ones(N, dtype=bool)   # ended or truncated by the time limit
+        self._prev_busy = np.zeros((N, proto.topology.num_links), dtype=np.float32)
+        self._sets = np.zeros((N, L, B, k), dtype=np.int64)
+        self._counts = np.zeros((N, L, E))                  # tokens per expert (batched path)
+        self._peak = np.zeros((N, L))                       # sampled V_c / h (batched path)
+        self._tp_totals = np.zeros((N, L))
+        self._obs_pred = np.zeros((N, L, E), dtype=np.float32)
+        self._obs_node = np.zeros((N, L, D), dtype=np.float32)
+        self._autoreset = np.zeros(N, dtype=bool)
+        self._pending = np.zeros(N, dtype=bool)      # decode step to form (``_form_steps``)
+        self._rewards = np.zeros(N)
+        self._term = np.zeros(N, dtype=bool)
+        self._trunc = np.zeros(N, dtype=bool)
+        self._obs: dict[str, NDArray[np.float32]] = {
+            key: np.zeros((N, *space.shape), dtype=np.float32)
+            for key, space in proto.observation_space.spaces.items()}
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, NDArray[np.float32]], dict[str, Any]]:
+        """Reset every copy (or those of ``options["reset_mask"]``).
+
+        Args:
+            seed: None, an int (copy i gets ``seed + i``) or one seed per copy.
+            options: ``{"reset_mask": bool [N]}`` resets only those copies.
+
+        Returns:
+            The batched observation (a copy) and info.
+
+        Raises:
+            ConfigError: Seeds of the wrong length or a bad ``reset_mask``.
+        """
+        N = self.num_envs
+        if seed is None:
+            seeds: list[int | None] = [None] * N
+        elif isinstance(seed, int | np.integer):
+            seeds = [int(seed) + i for i in range(N)]
+        else:
+            seeds = list(seed)
+        if len(seeds) != N:
+            raise ConfigError(f"seed must be None, an int or {N} seeds, got {len(seeds)}")
+        mask = np.ones(N, dtype=bool)
+        if options and "reset_mask" in options:
+            mask = np.asarray(options["reset_mask"])
+            if mask.shape != (N,) or mask.dtype != np.bool_ or not mask.any():
+                raise ConfigError(f"options['reset_mask'] must be a bool array of shape ({N},) "
+                                  f"with at least one True, got {mask!r}")
+        for i in np.flatnonzero(mask).tolist():
+            self._reset_one(i, seeds[i])
+        self._autoreset[mask] = False
+        self._form_steps()
+        self._write_obs(np.flatnonzero(mask))
+        return self._obs_copy(), {"action_mask": self._masks[self._layer],
+                                  "_action_mask": np.ones(N, dtype=bool)}
+
+    def step(self, actions: Any) -> tuple[dict[str, NDArray[np.float32]], NDArray[np.float64],
+                                          NDArray[np.bool_], NDArray[np.bool_], dict[str, Any]]:
+        """Step every copy with its row of ``actions`` (autoreset per ``autoreset_mode``).
+
+        Args:
+            actions: int [N, len(nvec)] one action per copy.
+
+        Returns:
+            ``(obs, rewards [N], terminated [N], truncated [N], info)``.
+
+        Raises:
+            InvalidAction: A row outside the action space (the copy's own message).
+            ConfigError: ``step`` before ``reset``.
+        """
+        N = self.num_envs
+        a = np.asarray(actions)
+        if a.shape != (N, self._nvec.size):
+            a = np.asarray(a).reshape(N, -1) if a.size == N * self._nvec.size else a
+        resetting = np.zeros(N, dtype=bool)
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            resetting = self._autoreset.copy()
+        elif self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset.any():
+            raise ConfigError("autoreset_mode=DISABLED: reset the finished copies with "
+                              "reset(options={'reset_mask': ...}) before stepping")
+        stepping = ~resetting
+        if (self._needs_reset & stepping).any():
+            raise ConfigError("step() called before reset(); call reset()")
+        self._rewards[:] = 0.0
+        self._term[:] = False
+        self._trunc[:] = False
+        infos: dict[str, Any] = {}
+        fast = np.zeros(N, dtype=bool)
+        if (self._layers is not None or self._des_plain) and stepping.any():
+            fast = stepping & self._plain(a)
+        if fast.any():
+            self._step_batched(np.flatnonzero(fast))
+        slow = np.flatnonzero(stepping & ~fast).tolist()
+        for i in slow:
+            self._step_one(i, a[i])
+        ended = np.flatnonzero(stepping & ~fast & (self._layer == 0)).tolist()
+        if fast.any():
+            ended = sorted(ended + self._advance(np.flatnonzero(fast)))
+        if ended:
+            tbt = np.zeros(N)
+            tbt[ended] = [self.envs[i]._tbts_us[-1] for i in ended]
+            has = np.zeros(N, dtype=bool)
+            has[ended] = True
+            infos["tbt_us"], infos["_tbt_us"] = tbt, has
+        if self.max_episode_steps is not None:
+            self._elapsed[stepping] += 1
+            self._trunc |= stepping & (self._elapsed >= self.max_episode_steps)
+        done = self._term | self._trunc
+        if done.any():
+            ep = np.zeros(N)
+            for i in np.flatnonzero(done).tolist():
+                tb = self.envs[i]._tbts_us
+                ep[i] = float(np.mean(tb)) if tb else 0.0
+                self._needs_reset[i] = True
+            infos["episode_tbt_us"], infos["_episode_tbt_us"] = ep, done.copy()
+        if resetting.any():
+            for i in np.flatnonzero(resetting).tolist():
+                self._reset_one(i, None)
+        self._autoreset = done.copy()
+        self._form_steps()
+        written = np.flatnonzero(stepping | resetting)
+        self._write_obs(written)
+        if self.autoreset_mode == AutoresetMode.SAME_STEP and done.any():
+            final = {key: value[done].copy() for key, value in self._obs.items()}
+            for i in np.flatnonzero(done).tolist():
+                self._reset_one(i, None)
+            self._form_steps()
+            self._write_obs(np.flatnonzero(done))
+            self._autoreset[:] = False
+            final_obs = np.empty(N, dtype=object)
+            rows = np.flatnonzero(done)
+            for j, i in enumerate(rows.tolist()):
+                final_obs[i] = {key: value[j] for key, value in final.items()}
+            infos["final_obs"], infos["_final_obs"] = final_obs, done.copy()
+        infos["action_mask"] = self._masks[self._layer]
+        infos["_action_mask"] = np.ones(N, dtype=bool)
+        return (self._obs_copy(), self._rewards.copy(), self._term.copy(), self._trunc.copy(),
+                infos)
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return bool [N, sum(nvec)] the flat action masks of every copy (MaskablePPO)."""
+        return self._masks[self._layer]
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Drop the copies."""
+        self.envs = []
+
+    # ------------------------------------------------------------------ internals
+    def _plain(self, a: NDArray[Any]) -> NDArray[np.bool_]:
+        """Return bool [N]: rows that are legal, without broadcast and with gating off."""
+        nvec, mb = self._nvec, self._mb
+        if a.ndim != 2 or a.shape[1] != nvec.size or a.dtype.kind not in "iu":
+            return np.zeros(self.num_envs, dtype=bool)
+        legal = ((a >= 0) & (a < nvec)).all(axis=1)
+        none = (a[:, :mb] == nvec[0] - 1).all(axis=1) if mb else np.ones(len(a), dtype=bool)
+        level = np.clip(a[:, mb + 1], 0, self._zero_level.size - 1)
+        return legal & none & self._zero_level[level]
+
+    def _reset_one(self, i: int, seed: int | None) -> None:
+        env = self.envs[i]
+        env.reset(seed=seed)
+        self._layer[i] = 0
+        self._step_lat[i] = 0.0
+        self._elapsed[i] = 0
+        self._over[i] = False
+        self._needs_reset[i] = False
+        self._prev_busy[i] = 0.0
+        self._pending[i] = True
+
+    def _form_steps(self) -> None:
+        """Form the decode step of every flagged copy: routing, TP latencies, predictions."""
+        idx = np.flatnonzero(self._pending)
+        if idx.size == 0:
+            return
+        proto = self.envs[0]
+        copies = [self.envs[i] for i in idx.tolist()]
+        rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
+        sets = proto._routing[:, rows, :].transpose(1, 0, 2, 3).astype(np.int64)  # [n, L, B, k]
+        if self._layers is not None:
+            counts_actual, peak = self._layers.tables(sets)
+            self._counts[idx] = counts_actual
+            self._peak[idx] = peak
+            tp = proto._tp_evaluator.tp_totals(sets, counts=counts_actual)          # [n, L]
+        else:
+            tp = proto._tp_evaluator.tp_totals(sets)
+        pred = proto._predictor.predict_many(sets, rows, [env.np_random for env in copies])
+        counts = pred.counts                                                       # [n, L, E]
+        node = np.matmul(proto._node_scale_all, counts[..., None])[..., 0]        # [n, L, D]
+        self._sets[idx] = sets
+        self._tp_totals[idx] = tp
+        self._obs_pred[idx] = np.minimum(counts / proto.batch, 1.0).astype(np.float32)
+        self._obs_node[idx] = np.minimum(node, float(proto.num_nodes)).astype(np.float32)
+        for j, (i, env) in enumerate(zip(idx.tolist(), copies, strict=True)):
+            env._sets = self._sets[i]
+            env._tp_totals = self._tp_totals[i]
+            env._pred_all = None if pred.sets is None else pred.sets[j]
+            env._pred_counts_all = counts[j]
+            env._obs_pred = self._obs_pred[i]
+            env._obs_node = self._obs_node[i]
+            env._begin_pending = False
+        self._pending[idx] = False
+
+    def _step_one(self, i: int, action: Any) -> None:
+        """Step copy i with its own ``HdMoeEnv.step`` (pre-broadcast, gating, DES, replicas)."""
+        env = self.envs[i]
+        env._layer = int(self._layer[i])
+        env._step_latency_s = float(self._step_lat[i])
+        env._prev_busy = self._prev_busy[i].copy()
+        _, reward, term, trunc, _ = env.step(action)
+        self._rewards[i] = reward
+        self._term[i] = term
+        self._trunc[i] = trunc
+        self._layer[i] = env._layer
+        self._step_lat[i] = env._step_latency_s
+        self._prev_busy[i] = env._prev_busy
+        self._over[i] = env._episode_over
+        if env._begin_pending:
+            self._pending[i] = True
+
+    def _step_batched(self, idx: NDArray[np.int64]) -> None:
+        """Step copies ``idx`` (plain actions): analytic in one batched evaluation, DES by
+        the layer evaluator of each copy (its own aggregator draws), then batched."""
+        layers = self._layer[idx]
+        if self._layers is not None:
+            total = self._layers.latency(layers, self._counts[idx, layers],
+                                         self._peak[idx, layers])
+        else:
+            total = self._des_latency(idx, layers)
+            scale = self.envs[0].reward_scale
+            tp = self._tp_totals[idx, layers]
+            self._rewards[idx] = -total / (tp if scale is None else scale)
+            self._step_lat[idx] += total
+            return
+        scale = self.envs[0].reward_scale
+        tp = self._tp_totals[idx, layers]
+        self._rewards[idx] = -total / (tp if scale is None else scale)
+        self._step_lat[idx] += total
+        self._prev_busy[idx] = 0.0
+
+    def _des_latency(self, idx: NDArray[np.int64], layers: NDArray[np.int64]
+                     ) -> NDArray[np.float64]:
+        """Return the DES latency [n] of copies ``idx`` (``HdMoeEnv.step`` without decisions)
+        and set their link-busy observation."""
+        ev = self.envs[0].evaluator
+        total = np.empty(idx.size)
+        for j, (i, layer) in enumerate(zip(idx.tolist(), layers.tolist(), strict=True)):
+            res = ev.evaluate(layer, self._sets[i, layer], rng=self.envs[i].np_random,
+                              fidelity="des")
+            t = res.total_s + 0.0                 # + the (zero) pending charge, as the env
+            total[j] = t
+            busy = res.link_busy_s
+            if busy is None or t <= 0:
+                self._prev_busy[i] = 0.0
+            else:
+                self._prev_busy[i] = np.minimum(busy / t, 1.0).astype(np.float32)
+        return total
+
+    def _advance(self, idx: NDArray[np.int64]) -> list[int]:
+        """Move copies ``idx`` to their next layer; end their decode steps; return those."""
+        nxt = self._layer[idx] + 1
+        going = nxt < self._L
+        self._layer[idx[going]] = nxt[going]
+        ended = idx[~going].tolist()
+        for i in ended:
+            env = self.envs[i]
+            env._tbts_us.append((float(self._step_lat[i]) + env._dense_s) * 1e6)
+            env._decode_step += 1
+            self._layer[i] = 0
+            self._step_lat[i] = 0.0
+            self._prev_busy[i] = 0.0                  # a decode step starts with idle links
+            if env._decode_step >= env.steps_per_episode:
+                self._term[i] = self._over[i] = env._episode_over = True
+            elif env._decode_step >= env._rows.shape[0]:
+                self._trunc[i] = self._over[i] = env._episode_over = True
+            else:
+                env._begin_decode_step()
+                self._pending[i] = True
+        return ended
+
+    def _write_obs(self, idx: NDArray[np.int64]) -> None:
+        """Write the observation of copies ``idx`` (their current layer) into the buffers."""
+        if idx.size == 0:
+            return
+        obs = self._obs
+        layers = self._layer[idx]
+        over = self._over[idx]
+        live = idx[~over]
+        obs["pred_load"][live] = self._obs_pred[live, self._layer[live]]
+        obs["node_load"][live] = self._obs_node[live, self._layer[live]]
+        dead = idx[over]
+        if dead.size:
+            obs["pred_load"][dead] = 0.0
+            obs["node_load"][dead] = 0.0
+            self._prev_busy[dead] = 0.0
+        obs["link_busy"][idx] = self._prev_busy[idx]
+        obs["replicas"][idx] = self._replicas[layers]
+        obs["layer"][idx] = self._layer_frac[layers]
+        obs["budget"][idx] = self._budget_frac[layers]
+
+    def _obs_copy(self) -> dict[str, NDArray[np.float32]]:
+        return {key: value.copy() for key, value in self._obs.items()}

@@ -1,0 +1,78 @@
+"""Compiled per-decode-step tables of the batched analytic twin (paper-model.md §5.2, §5.5).
+
+For a batch of decode steps (every copy of the vector env, every layer), ``step_tables``
+counts the tokens per expert n_i (the expert phase of §5.2, the TP latencies) and the sampled
+V_c / h of Eq. 2 — max over clusters c of the tokens whose set meets a holder of c — from the
+holder lists of each layer (``holder_csr``), in one pass over the sets. Both are integer counts, so they equal
+the evaluator's ``np.bincount`` and ``LayerEvaluator._max_touch`` exactly. Compiled once and
+cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+__all__ = ["holder_csr", "step_tables"]
+
+
+@njit(cache=True)
+def step_tables(sets: NDArray[np.int64], h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
+                num_experts: int, num_nodes: int
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Return the expert counts and the sampled V_c peaks of many decode steps.
+
+    Args:
+        sets: int64 [n, L, B, k] expert sets (−1 entries are skipped).
+        h_ptr: int64 [L, E + 1] CSR pointers of the holder clusters of every expert of every
+            layer (P_ic > 0).
+        h_node: int64 [L, H] the holder clusters (row ``layer``, entries ``h_ptr[layer, e]``
+            to ``h_ptr[layer, e + 1]``).
+        num_experts: E.
+        num_nodes: D (<= 64).
+
+    Returns:
+        ``counts`` float64 [n, L, E] tokens per expert and ``peak`` float64 [n, L]
+        max_c |{t : S_t ∩ holders(c) ≠ ∅}|.
+    """
+    n, num_layers, batch, top_k = sets.shape
+    counts = np.zeros((n, num_layers, num_experts))
+    peak = np.zeros((n, num_layers))
+    touch = np.zeros(num_nodes, dtype=np.int64)
+    one = np.uint64(1)
+    for j in range(n):
+        for layer in range(num_layers):
+            touch[:] = 0
+            for t in range(batch):
+                bits = np.uint64(0)
+                for s in range(top_k):
+                    e = sets[j, layer, t, s]
+                    if e >= 0:
+                        counts[j, layer, e] += 1.0
+                        for h in range(h_ptr[layer, e], h_ptr[layer, e + 1]):
+                            c = h_node[layer, h]
+                            bit = one << np.uint64(c)
+                            if bits & bit == 0:
+                                bits |= bit
+                                touch[c] += 1
+            best = 0
+            for c in range(num_nodes):
+                if touch[c] > best:
+                    best = touch[c]
+            peak[j, layer] = best
+    return counts, peak
+
+
+def holder_csr(support: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Return the ``step_tables`` holder arrays (h_ptr [L, E + 1], h_node [L, H]) of bool
+    [L, E, D] holder masks (rows padded to the longest layer)."""
+    num_layers, num_experts, _ = support.shape
+    per = support.sum(axis=2)                                             # [L, E]
+    h_ptr = np.zeros((num_layers, num_experts + 1), dtype=np.int64)
+    h_ptr[:, 1:] = np.cumsum(per, axis=1)
+    h_node = np.zeros((num_layers, max(int(h_ptr[:, -1].max(initial=0)), 1)), dtype=np.int64)
+    for layer in range(num_layers):
+        e_idx, c_idx = np.nonzero(support[layer])                          # row-major: by expert
+        h_node[layer, :c_idx.size] = c_idx
+    return h_ptr, h_node

@@ -1,0 +1,184 @@
+"""Tests of hdamoe_env.env.vector: the batched vector env equals N single envs, step by step.
+
+Pins the contract of issue "Fast enough to learn": every copy's observations, rewards,
+terminations and truncations are bit-identical to a single env (``gymnasium.make`` of the same
+id, seed ``seed + i``) with the same actions, under Gymnasium 1.x autoreset (NEXT_STEP), for
+both fidelities and for actions that take the batched path (no broadcast, gating off) and the
+per-copy path (pre-broadcast, gating); and the registered ``vector_entry_point``.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import hdamoe_env
+from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.env.vector import HdMoeVectorEnv
+
+TINY = dict(model="deepseek-v2-lite", mesh="2x4", batch=8, trace_tokens=512, trace_requests=8,
+            steps_per_episode=1)
+
+
+def _mask_tuple(venv, i):
+    splits = np.cumsum(venv.single_action_space.nvec)[:-1]
+    return tuple(m.astype(np.int8) for m in np.split(venv.action_masks()[i], splits))
+
+
+def _compare(env_id, num_envs, steps, kwargs, *, policy="mixed", seed=11):
+    """Step the vector env and N single envs with the same actions; assert equality."""
+    venv = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
+                        **kwargs)
+    assert isinstance(venv.unwrapped, HdMoeVectorEnv)
+    singles = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
+    obs, _ = venv.reset(seed=seed)
+    single_obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(singles)]
+    for i, o in enumerate(single_obs):
+        for key in o:
+            np.testing.assert_array_equal(obs[key][i], o[key])
+    base = venv.unwrapped.envs[0]
+    noop = np.array([base.num_experts] * base.max_broadcast + [0, 0] + [0] * bool(
+        base.replica_rules))
+    rng = np.random.default_rng(seed)
+    space = venv.unwrapped.single_action_space
+    space.seed(seed)
+    done = np.zeros(num_envs, dtype=bool)
+    paths = 0
+    for _ in range(steps):
+        if policy == "noop":
+            acts = np.tile(noop, (num_envs, 1))
+        else:
+            acts = np.stack([space.sample(mask=_mask_tuple(venv.unwrapped, i))
+                             for i in range(num_envs)])
+            plain = rng.random(num_envs) < 0.5
+            acts[plain] = noop
+            paths += int((~plain).sum())
+        obs, rew, term, trunc, info = venv.step(acts)
+        for i, env in enumerate(singles):
+            if done[i]:                                 # NEXT_STEP autoreset
+                o, r, te, tr = *env.reset()[:1], 0.0, False, False
+            else:
+                o, r, te, tr, _ = env.step(acts[i])
+            assert r == rew[i] and te == term[i] and tr == trunc[i]
+            for key in o:
+                np.testing.assert_array_equal(obs[key][i], o[key], err_msg=key)
+            done[i] = te or tr
+        assert info["action_mask"].shape == (num_envs, int(space.nvec.sum()))
+    venv.close()
+    return paths
+
+
+@pytest.mark.parametrize("num_envs", [1, 7])
+def test_vector_env_equals_single_envs_analytic(num_envs):
+    _compare("hdamoe_env/HdMoE-v1", num_envs, 40, dict(TINY, fidelity="analytic",
+                                                        gammas=[0.7] * 26))
+
+
+def test_vector_env_equals_single_envs_des():
+    _compare("hdamoe_env/HdMoE-v1", 3, 30, TINY)
+    _compare("hdamoe_env/HdMoE-v1", 2, 60, dict(TINY, steps_per_episode=2), policy="noop")
+
+
+def test_vector_env_equals_single_envs_analytic_id_noop():
+    """The registered analytic id (TimeLimit passed as max_episode_steps), all batched."""
+    _compare("hdamoe_env/HdMoE-analytic-v1", 2, 60,
+             dict(batch=8, trace_tokens=512, trace_requests=8, gammas=[0.5] * 26),
+             policy="noop")
+
+
+@pytest.mark.slow
+def test_vector_env_equals_single_envs_64():
+    _compare("hdamoe_env/HdMoE-v1", 64, 60, dict(TINY, fidelity="analytic",
+                                                  gammas=[0.7] * 26))
+    _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY)
+
+
+def test_vector_entry_point_registered_for_every_id():
+    for env_id in hdamoe_env.REGISTERED_ENVS:
+        spec = gym.spec(env_id)
+        assert spec.vector_entry_point == hdamoe_env.VECTOR_ENTRY_POINT
+
+
+def test_same_step_autoreset_returns_final_obs():
+    venv = HdMoeVectorEnv(2, autoreset_mode=AutoresetMode.SAME_STEP, fidelity="analytic",
+                          gammas=[0.7] * 26, **TINY)
+    venv.reset(seed=0)
+    acts = np.tile(np.array([64] * 8 + [0, 0]), (2, 1))
+    for step in range(26):
+        obs, _, term, _, info = venv.step(acts)
+    assert term.all() and info["_final_obs"].all()
+    assert info["final_obs"][0]["pred_load"].sum() == 0          # the episode-over observation
+    assert obs["layer"][:, 0].tolist() == [0.0, 0.0]
+    venv.step(acts)                                               # already reset: steps on
+
+
+def test_disabled_autoreset_needs_reset_mask():
+    venv = HdMoeVectorEnv(2, autoreset_mode="Disabled", fidelity="analytic", gammas=[0.7] * 26,
+                          **TINY)
+    venv.reset(seed=0)
+    acts = np.tile(np.array([64] * 8 + [0, 0]), (2, 1))
+    for _ in range(26):
+        venv.step(acts)
+    with pytest.raises(ConfigError, match="reset_mask"):
+        venv.step(acts)
+    venv.reset(options={"reset_mask": np.array([True, True])})
+    venv.step(acts)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_envs": 0}, {"num_envs": 2, "max_episode_steps": 0},
+                                    {"num_envs": 2, "autoreset_mode": "sometimes"}])
+def test_bad_arguments_are_typed(kwargs):
+    with pytest.raises(ConfigError):
+        HdMoeVectorEnv(**kwargs, **TINY)
+
+
+def test_copies_share_static_data():
+    venv = HdMoeVectorEnv(3, fidelity="analytic", gammas=[0.7] * 26, **TINY)
+    a, b = venv.envs[0], venv.envs[2]
+    assert a.trace is b.trace and a.placement is b.placement and a.evaluator is b.evaluator
+    venv.reset(seed=0)
+    assert a.np_random is not b.np_random and a._sets is not b._sets
+
+
+@pytest.mark.parametrize("env_id", ["hdamoe_env/HdMoE-v0", "hdamoe_env/HdMoE-analytic-v0",
+                                    "hdamoe_env/HdMoE-Mixtral-v0"])
+def test_v0_ids_are_retired_with_a_message_naming_v1(env_id):
+    successor = env_id.replace("-v0", "-v1")
+    with pytest.raises(ConfigError, match=successor):
+        gym.make(env_id)
+    with pytest.raises(ConfigError, match=successor):
+        gym.make_vec(env_id, num_envs=2, vectorization_mode="vector_entry_point")
+
+
+
+def test_env_pickle_rebuilds_the_trace_and_continues_the_same_rollout():
+    """A synthetic trace is left out of the pickle and rebuilt on load; the rollout goes on."""
+    from hdamoe_env.env.environment import HdMoeEnv
+
+    env = HdMoeEnv(fidelity="analytic", gammas=[0.7] * 26, **dict(TINY, steps_per_episode=2))
+    env.reset(seed=3)
+    noop = np.array([64] * 8 + [0, 0])
+    for _ in range(5):
+        env.step(noop)
+    blob = pickle.dumps(env)
+    assert len(blob) < len(pickle.dumps(env.trace))           # the trace is not in it
+    twin = pickle.loads(blob)
+    for _ in range(40):
+        a = env.step(noop)
+        b = twin.step(noop)
+        assert a[1:4] == b[1:4]
+        for key in a[0]:
+            np.testing.assert_array_equal(a[0][key], b[0][key])
+
+
+@pytest.mark.slow
+def test_default_env_pickles_under_2_mb():
+    from hdamoe_env.env.environment import HdMoeEnv
+
+    env = HdMoeEnv(fidelity="des")
+    env.reset(seed=0)
+    assert len(pickle.dumps(env)) <= 2_000_000
