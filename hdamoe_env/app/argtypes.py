@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hdamoe_env.config.errors import HdMoeError
-from hdamoe_env.config.run import RUN_OPTIONS, RunSpec
+from hdamoe_env.config.run import RUN_OPTIONS, RunSpec, check_hardware, check_run_memory
 
 __all__ = ["add_decision_arguments", "add_run_arguments", "bounded_int", "float_list", "hp_item", "int_list",
            "nonneg_float", "nonneg_int", "positive_float", "positive_int", "run_from_args"]
@@ -208,6 +208,7 @@ def run_from_args(args: argparse.Namespace, *, cache: bool = False,
         if cache:
             args._resolved_run = run
     if hardware_overrides:
-        run = dataclasses.replace(run, hardware=dataclasses.replace(run.hardware,
-                                                                    **hardware_overrides))
+        hardware = check_hardware(dataclasses.replace(run.hardware, **hardware_overrides))
+        run = dataclasses.replace(run, hardware=hardware)
+        check_run_memory(run.model, run.hardware, run.batch)
     return run
