@@ -25,13 +25,15 @@ from hdamoe_env.app import (bench, crossover, envbench, methods, place, record, 
 from hdamoe_env.app.argtypes import (
     add_decision_arguments,
     add_run_arguments,
+    check_output_options,
     float_list,
-    int_list,
+    name_list,
     nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
     run_from_args,
+    seed_list,
 )
 from hdamoe_env.app.logs import configure_logging
 from hdamoe_env.config.errors import HdMoeError
@@ -105,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--dram-gib", type=positive_float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
     add_run_arguments(sim, ("batch",))
-    sim.add_argument("--placement", default="tp,ep",
+    sim.add_argument("--placement", type=name_list, default="tp,ep",
                      help="comma list of tp, ep or paths to placement .npz files")
     add_run_arguments(sim, ("trace", "trace_requests", "conventions"))
     sim.add_argument("--evaluator", default="sampled", choices=("sampled", "static"),
@@ -204,11 +206,11 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_run_arguments(p, ("model", "trace", "trace_requests", "trace_skew", "mesh", "topology",
                           "setting", "batch", "conventions"),
                       helps={"trace_skew": "; placements are optimised on the same trace"})
-    p.add_argument("--methods", default=",".join(methods.DEFAULT_METHODS),
+    p.add_argument("--methods", type=name_list, default=",".join(methods.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
                    "an agent, tuned:PATH/tuned.json[@placement] the tuned heuristic of "
                    "`hdamoe tune`")
-    p.add_argument("--seeds", type=int_list, default="0,1,2", help="comma list of episode seeds")
+    p.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma list of episode seeds")
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
     add_decision_arguments(p)
     p.add_argument("--k-b", type=nonneg_int, default=None,
@@ -270,7 +272,7 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(Mixtral cells are skipped when it is missing)")
     p.add_argument("--cache-dir", default=None,
                    help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
-    p.add_argument("--seeds", type=int_list, default=None, help="comma list of episode seeds")
+    p.add_argument("--seeds", type=seed_list, default=None, help="comma list of episode seeds")
     p.add_argument("--fresh", action="store_true",
                    help="ignore finished cells in --out and compute everything again")
     p.add_argument("--report-only", action="store_true",
@@ -444,6 +446,7 @@ def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
     from hdamoe_env.config.errors import OutputPathError
     from hdamoe_env.config.fileio import check_output_dir, check_output_file
 
+    check_output_options(args, _OUT_KIND.get(command))
     resume = bool(getattr(args, "resume", False)) or bool(getattr(args, "force", False))
     for opt in _FILE_OPTIONS:
         value = getattr(args, opt, None)

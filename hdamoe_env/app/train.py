@@ -25,7 +25,8 @@ from agents.learned.policy import ALGORITHMS, read_meta
 from agents.learned.train import to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app.methods import parse_method
-from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
+from hdamoe_env.app.argtypes import (bounded_float, check_hyperparams, hp_item, nonneg_int,
+                                     positive_int, seed_list)
 from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, add_env_arguments, env_kwargs_from_args,
                                      parse_seeds, evaluate, held_out_evaluation, resolve_placement)
 from hdamoe_env.app.plots import plot_seed_curves
@@ -56,7 +57,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--action-mode", default="ranked", choices=ACTION_MODES,
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
                    "expert ids; residual: HDA-MoE's action + a learned deviation")
-    p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
+    p.add_argument("--keep-logit", type=bounded_float(-100.0, 100.0), default=RESIDUAL_KEEP_LOGIT,
                    help="residual mode: initial logit bonus of 'keep the greedy's choice'")
     p.add_argument("--candidates", type=positive_int, default=4, help="K of the ranked action")
     p.add_argument("--replica-shares", type=positive_int, default=None, metavar="K",
@@ -70,7 +71,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="env copies, SubprocVecEnv if > 1 (default: n_envs of --hyperparams, "
                    "else 1)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
-    p.add_argument("--seeds", type=int_list, default=None, metavar="S,S,...",
+    p.add_argument("--seeds", type=seed_list, default=None, metavar="S,S,...",
                    help="train one policy per seed into OUT/seed<S>/, then evaluate all of them "
                    "together on the held-out streams (mean and 95 %% t-interval over seeds)")
     p.add_argument("--hyperparams", default=None, metavar="FILE.yml",
@@ -83,16 +84,16 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
     p.add_argument("--hp", type=hp_item, action="append", default=[], metavar="NAME=VALUE",
                    help="hyperparameter override, e.g. --hp n_steps=128 (repeatable)")
-    p.add_argument("--quality-target", type=float, default=None,
+    p.add_argument("--quality-target", type=bounded_float(0.0, 1.0), default=None,
                    help="charge the reward for top-1 retention below this target "
                    "(QualityRewardWrapper; default: latency reward only)")
-    p.add_argument("--quality-weight", type=float, default=100.0,
+    p.add_argument("--quality-weight", type=bounded_float(0.0, 1e9), default=100.0,
                    help="fixed penalty weight per unit of missing top-1 retention")
     p.add_argument("--lagrangian", action="store_true",
                    help="update the weight by projected dual ascent instead (λ starts at 0)")
-    p.add_argument("--dual-step", type=float, default=50.0, help="dual ascent step size")
+    p.add_argument("--dual-step", type=bounded_float(0.0, 1e9), default=50.0, help="dual ascent step size")
     p.add_argument("--eval-steps", type=positive_int, default=16, help="decode steps per eval episode")
-    p.add_argument("--eval-seeds", type=int_list, default=None, help="comma list (default 10000,10001,10002)")
+    p.add_argument("--eval-seeds", type=seed_list, default=None, help="comma list (default 10000,10001,10002)")
     p.add_argument("--eval-trace", default=None, help="held-out trace (real traces)")
     p.add_argument("--eval-baselines", default=",".join(DEFAULT_BASELINES),
                    help="heuristic agents of the held-out evaluation, comma list; "
@@ -147,6 +148,7 @@ def _train_settings(args: argparse.Namespace) -> tuple[dict[str, Any], int, int,
         raise ConfigError(f"--hyperparams-section {args.hyperparams_section!r} needs "
                           "--hyperparams FILE.yml")
     hp.update(_parse_hp(args.hp))
+    check_hyperparams(hp)
     timesteps = args.timesteps or timesteps or 10_000
     n_envs = args.n_envs or n_envs or 1
     normalize = False if args.no_normalize else (True if normalize is None else normalize)

@@ -122,7 +122,7 @@ def check_run_memory(model: ModelSpec, hw: HardwareSpec, batch: int) -> None:
             + limits.mesh_bytes(nodes))
     limits.check_fits(need, f"a decode batch of {batch} tokens ({model.key}, "
                       f"{hw.mesh_shape[0]}x{hw.mesh_shape[1]} nodes)",
-                      "use a smaller batch or mesh")
+                      "use a smaller batch (--batch) or mesh (--mesh)")
 
 
 def check_trace_requests(value: Any) -> int | None:
