@@ -67,7 +67,7 @@ from agents.wrappers import ResidualChoice, ResidualHDA
 from hdamoe_env.env.actions import ActionLayout
 from hdamoe_env.config.errors import (ConfigError, DependencyNotInstalled, IntegrityError,
                                       unknown_name)
-from hdamoe_env.config.fileio import atomic_write
+from hdamoe_env.config.fileio import atomic_write, loads_json, read_input_bytes
 from hdamoe_env.env.wrappers import (ranked_mask, ranked_to_full, replica_share_fractions,
                                      replica_share_values)
 from hdamoe_env.config.run import RUN_DEFAULTS
@@ -522,7 +522,7 @@ def _find_files(path: Path) -> tuple[Path, Path | None, Path | None]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = loads_json(read_input_bytes(path, "agent metadata"), str(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); retrain or restore "
                           "it") from None

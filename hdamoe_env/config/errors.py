@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # defined in the bottom layer (so trace errors share the base class); re-exported here
-from traces.errors import (ConfigError, HdMoeError, TraceFormatError, UnknownNameError,
-                           unknown_name_message)
+from traces.errors import (ConfigError, HdMoeError, InputFileError, TraceFormatError,
+                           UnknownNameError, unknown_name_message)
 
 __all__ = [
     "ConfigError",
     "DependencyNotInstalled",
     "HdMoeError",
     "InfeasibleError",
+    "InputFileError",
     "IntegrityError",
     "InvalidAction",
     "OutputPathError",

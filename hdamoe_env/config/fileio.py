@@ -17,9 +17,12 @@ from typing import IO, Any
 import numpy as np
 
 from hdamoe_env.config.errors import OutputPathError
+# the readers of input files live in the bottom layer (traces reads traces with them)
+from traces.io import check_input_file, loads_json, read_input_bytes, read_json
 
-__all__ = ["apply_umask", "atomic_write", "check_output_dir", "check_output_file",
-           "json_default", "write_json"]
+__all__ = ["apply_umask", "atomic_write", "check_input_file", "check_output_dir",
+           "check_output_file", "json_default", "loads_json", "read_input_bytes", "read_json",
+           "write_json"]
 
 
 def _umask() -> int:

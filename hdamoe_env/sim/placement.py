@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError, InfeasibleError
-from hdamoe_env.config.fileio import atomic_write, json_default
+from hdamoe_env.config.fileio import atomic_write, check_input_file, json_default
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
@@ -254,6 +254,7 @@ class Placement:
         if path.is_dir():
             raise ConfigError(f"placement file {str(path)!r} is a directory; expected a .npz file "
                               "(for an `hdamoe place` output give DIR/placement.npz)")
+        check_input_file(path, "placement file")
         try:
             with np.load(path, allow_pickle=False) as data:
                 if not hasattr(data, "files"):
