@@ -68,6 +68,7 @@ from hdamoe_env.env.actions import ActionLayout
 from hdamoe_env.config.errors import (ConfigError, DependencyNotInstalled, IntegrityError,
                                       unknown_name)
 from hdamoe_env.config.fileio import atomic_write, loads_json, read_input_bytes
+from hdamoe_env.config.trust import verify_file
 from hdamoe_env.env.wrappers import (ranked_mask, ranked_to_full, replica_share_fractions,
                                      replica_share_values)
 from hdamoe_env.config.run import RUN_DEFAULTS
@@ -544,9 +545,8 @@ def verify_model(model_path: Path, meta: dict[str, Any]) -> None:
             expected = json.loads(model_path.with_suffix(".json").read_text()).get("sha256")
         except (OSError, ValueError, AttributeError):
             expected = None
-    if expected is None:
-        log.warning("%s has no recorded SHA-256; loading it runs code from the file (SB3 "
-                    "unpickles parts of it): only load models you trust", model_path)
+    if expected is None:                   # the signature (config.trust) decides instead
+        log.debug("%s has no recorded SHA-256", model_path)
         return
     actual = file_sha256(model_path)
     if actual != expected:
@@ -557,7 +557,7 @@ def verify_model(model_path: Path, meta: dict[str, Any]) -> None:
 
 
 def load_agent(path: str | os.PathLike[str], env: Any = None, *,
-               algo: str | None = None) -> LearnedAgent:
+               algo: str | None = None, trust: bool = False) -> LearnedAgent:
     """Load a learned agent saved by training (a directory, ``model.zip`` or checkpoint).
 
     Args:
@@ -568,6 +568,9 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
             agent is bound to it (:meth:`LearnedAgent.bind`: residual reference, replica
             shares applied to it).
         algo: Algorithm (default: from ``learned.json``, else inferred by trying the classes).
+        trust: Load the model even when it is not signed by this user's key
+            (``hdamoe_env.config.trust``). Loading an SB3 ``.zip`` runs code from the file:
+            pass True only for files whose origin you trust.
 
     Returns:
         A :class:`LearnedAgent`.
@@ -576,6 +579,7 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
         ConfigError: Missing or unreadable files, or an env whose action space differs from the
             model's.
         IntegrityError: ``model.zip`` differs from the SHA-256 recorded in ``learned.json``.
+        UntrustedFileError: The model is not signed by this user's key and ``trust`` is False.
         DependencyNotInstalled: The rl extra is missing.
 
     Warning:
@@ -585,19 +589,28 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
     set_threads(1)
     model_path, vecnorm_path, meta_path = _find_files(Path(path))
     meta = _read_json(meta_path) if meta_path is not None else {}
-    key = algo_key(algo or meta.get("algo", "ppo"))
+    known = algo or meta.get("algo")
     verify_model(model_path, meta)
-    try:
-        model = algo_class(key).load(str(model_path), device="cpu")
-    except (ValueError, KeyError, OSError, EOFError, AssertionError) as exc:
-        raise ConfigError(f"{str(model_path)!r} is not a {key} model saved by `hdamoe train` "
-                          f"({type(exc).__name__}: {exc})") from None
-    except Exception as exc:
-        import zipfile
+    verify_file(model_path, trust=trust, what="learned agent")
+    # without learned.json the algorithm is inferred by trying the classes (maskable first:
+    # a MaskablePPO zip read as PPO fails inside SB3 with a TypeError)
+    keys = [algo_key(known)] if known else ["maskable-ppo", "ppo", "a2c"]
+    for key in keys:
+        try:
+            model = algo_class(key).load(str(model_path), device="cpu")
+            break
+        except (ValueError, KeyError, OSError, EOFError, AssertionError, TypeError,
+                AttributeError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            import zipfile
 
-        if isinstance(exc, zipfile.BadZipFile):
-            raise ConfigError(f"{str(model_path)!r} is not a model .zip ({exc})") from None
-        raise
+            if isinstance(exc, zipfile.BadZipFile):
+                raise ConfigError(f"{str(model_path)!r} is not a model .zip ({exc})") from None
+            raise
+    else:
+        raise ConfigError(f"{str(model_path)!r} is not a {' or '.join(keys)} model saved by "
+                          f"`hdamoe train` ({problem}); pass algo= or keep its learned.json")
     meta.setdefault("algo", key)
     vecnorm = ObsNormalizer.load(vecnorm_path) if vecnorm_path is not None else None
     agent = LearnedAgent(model, vecnorm, meta, model_path)

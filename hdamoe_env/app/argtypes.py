@@ -29,7 +29,7 @@ from hdamoe_env.config.run import RUN_OPTIONS, RunSpec, check_hardware, check_ru
 
 __all__ = ["HYPERPARAM_RANGES", "add_decision_arguments", "add_run_arguments", "bounded_float",
            "bounded_int", "check_hyperparams", "check_output_options", "finite_float",
-           "batch_list", "float_list", "hp_item", "int_list", "model_list", "name_list", "nonneg_float", "nonneg_int",
+           "batch_list", "float_list", "hp_item", "int_list", "model_list", "name_list", "output_targets", "nonneg_float", "nonneg_int",
            "positive_float", "positive_int", "run_from_args", "seed_list", "setting_list"]
 
 def _int(text: str) -> int:
@@ -307,6 +307,19 @@ _OWN_FILES = re.compile(r"^(layer_\d+\.(json|npz)|run\.json|placement.*\.npz|sui
                         r"results\.jsonl|report\.md|learned\.json|model\.zip|"
                         r"vecnormalize\.npz|eval\.(json|md)|seeds\.(json|md)|crossover\.json|"
                         r"tuned\.json)$")
+
+
+def output_targets(args: argparse.Namespace, out_kind: str | None) -> list[tuple[str, str]]:
+    """Return the outputs a command writes, as ``(path, kind)`` for ``fileio.output_lock``.
+
+    ``--json``/``--csv`` files (not ``-``), and ``--out`` as a directory or a file.
+    """
+    targets = [(str(v), "file") for v in (getattr(args, o, None) for o in ("json", "csv"))
+               if isinstance(v, str) and v and v != "-"]
+    out = getattr(args, "out", None)
+    if isinstance(out, str) and out and out_kind in ("dir", "file"):
+        targets.append((out, out_kind))
+    return targets
 
 
 def check_output_options(args: argparse.Namespace, out_kind: str | None) -> None:

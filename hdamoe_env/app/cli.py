@@ -29,6 +29,7 @@ from hdamoe_env.app.argtypes import (
     float_list,
     name_list,
     nonneg_float,
+    output_targets,
     nonneg_int,
     positive_float,
     positive_int,
@@ -234,6 +235,10 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--heatmap-method", default=None,
                    help="method of the link heat map (default: the last with link data)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--trust-model", action="store_true",
+                   help="load SB3 models (agent:PATH.zip) not signed by this user's key (from another "
+                   "user or machine); loading one runs code from the file: only for files "
+                   "you trust")
     p.set_defaults(func=bench.cmd_bench)
     return p
 
@@ -528,6 +533,13 @@ def _one_line(exc: BaseException) -> str:
 
 def _run_command(args: argparse.Namespace) -> int:
     """Run the subcommand; with ``--json -`` its JSON goes to stdout and its text to stderr."""
+    from hdamoe_env.config.trust import consent
+
+    with consent(bool(getattr(args, "trust_model", False))):
+        return _run_command_json(args)
+
+
+def _run_command_json(args: argparse.Namespace) -> int:
     if getattr(args, "json", None) != "-":
         return int(args.func(args) or 0)
     stdout = sys.stdout
@@ -558,7 +570,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = _command(args)
         _preflight_outputs(args, command)
         _preflight_memory(args, command)
-        return _run_command(args)
+        from hdamoe_env.config.fileio import output_lock
+
+        line = "hdamoe " + " ".join(sys.argv[1:] if argv is None else argv)
+        with output_lock(output_targets(args, _OUT_KIND.get(command)), line):
+            return _run_command(args)
     except KeyboardInterrupt:
         print("hdamoe: interrupted (finished results were kept; rerun with --resume where "
               "available)", file=sys.stderr)

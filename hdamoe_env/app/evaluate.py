@@ -398,6 +398,10 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="evaluate on the given trace as is (default: the held-out split of a "
                    "learned agent's training trace)")
     p.add_argument("--out", default=None, help="write eval.json / eval.md here")
+    p.add_argument("--trust-model", action="store_true",
+                   help="load SB3 models not signed by this user's key (from another "
+                   "user or machine); loading one runs code from the file: only for files "
+                   "you trust")
     return p
 
 

@@ -101,6 +101,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--trust-model", action="store_true",
+                   help="load a --resume checkpoint not signed by this user's key (from another "
+                   "user or machine); loading one runs code from the file: only for files "
+                   "you trust")
     p.add_argument("--progress", action="store_true", help="SB3 progress bar")
     return p
 

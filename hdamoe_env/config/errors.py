@@ -20,11 +20,13 @@ __all__ = [
     "InputFileError",
     "IntegrityError",
     "InvalidAction",
+    "LockedError",
     "OutputPathError",
     "ResourceLimitError",
     "SolverError",
     "TraceFormatError",
     "UnknownNameError",
+    "UntrustedFileError",
     "unknown_name",
 ]
 
@@ -40,6 +42,15 @@ class OutputPathError(ConfigError):
 
 class IntegrityError(HdMoeError):
     """A file does not match the checksum recorded for it (modified, replaced or corrupted)."""
+
+
+class UntrustedFileError(ConfigError):
+    """A file that can run code when loaded (an SB3 ``.zip``) is neither signed by this user's
+    key nor loaded with explicit consent (``--trust-model`` / ``trust=True``)."""
+
+
+class LockedError(OutputPathError):
+    """An output is being written by another process (the message names it: pid, host, command)."""
 
 
 class ResourceLimitError(ConfigError):
