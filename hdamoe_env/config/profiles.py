@@ -195,6 +195,9 @@ def get_profile(name: str | Conventions, **overrides: Any) -> Conventions:
     """
     if isinstance(name, Conventions):
         base = name
+    elif not isinstance(name, str):
+        raise ConfigError(f"conventions must be a profile name or a Conventions object, got "
+                          f"{name!r}; e.g. 'faithful' or 'faithful+b_psum=4'")
     else:
         head, *parts = str(name).split("+")
         if head not in PROFILES:

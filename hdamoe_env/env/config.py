@@ -269,8 +269,11 @@ class EnvConfig:
                           "None (the default) or a positive integer")
         for name in ("dispatch_rules", "replica_rules"):
             value = getattr(self, name)
-            if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+            if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not all(
+                    isinstance(rule, str) for rule in value):
                 raise ConfigError(f"{name} must be a sequence of rule names, got {value!r}")
+        if not isinstance(self.replica_rule, str):
+            raise ConfigError(f"replica_rule must be a rule name, got {self.replica_rule!r}")
         rules = tuple(self.dispatch_rules)
         if len(set(rules)) != len(rules):
             raise ConfigError(f"dispatch_rules {rules} repeat a rule; give each rule once")
@@ -317,7 +320,10 @@ class EnvConfig:
 
         L = self.model_spec.num_moe_layers
         if self.k_b is not None:
-            raw = np.asarray(self.k_b)
+            try:
+                raw = np.asarray(self.k_b)
+            except (TypeError, ValueError):
+                raw = np.asarray([], dtype=np.float64)        # refused just below
             if raw.dtype.kind not in "iu" or raw.ndim > 1 or raw.size not in (1, L):
                 raise ConfigError(f"k_b must be an integer or one integer per layer (L={L}), "
                                   f"got {self.k_b!r}")

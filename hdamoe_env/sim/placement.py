@@ -248,6 +248,9 @@ class Placement:
         Raises:
             ConfigError: The file is missing, not a placement, or of a newer format version.
         """
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError(f"placement file must be a path, got {path!r} "
+                              f"({type(path).__name__})")
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"placement file {str(path)!r} does not exist")
