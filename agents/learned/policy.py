@@ -55,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -237,10 +238,41 @@ class ObsNormalizer:
                 stats = {k: (np.asarray(data[f"mean_{i}"], dtype=np.float64),
                              np.asarray(data[f"var_{i}"], dtype=np.float64),
                              float(data[f"count_{i}"])) for i, k in enumerate(keys)}
-                return cls(stats, float(meta["clip_obs"]), float(meta["epsilon"]))
+                norm = cls(stats, float(meta["clip_obs"]), float(meta["epsilon"]))
         except Exception as exc:  # noqa: BLE001 - any damage: one typed error naming the file
             raise ConfigError(f"{str(path)!r} is not an observation-statistics file "
                               f"({type(exc).__name__}: {exc}); retrain or restore it") from None
+        norm.check(str(path))
+        return norm
+
+    def check(self, source: str = "statistics", shapes: dict[str, Any] | None = None) -> None:
+        """Refuse statistics that would normalise silently wrong.
+
+        Args:
+            source: Where they come from (for the message).
+            shapes: Observation shapes the statistics must match (None: only self-consistency).
+
+        Raises:
+            ConfigError: Non-finite or negative values, mean and variance of different shapes,
+                or a shape other than the observation's (a length-1 array would broadcast).
+        """
+        for key, (mean, var, count) in self.stats.items():
+            problem = ""
+            if mean.shape != var.shape:
+                problem = f"mean {mean.shape} and var {var.shape} differ in shape"
+            elif not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all()
+                      and math.isfinite(count) and count > 0):
+                problem = "non-finite or negative values"
+            elif shapes is not None and key in shapes and tuple(mean.shape) != tuple(
+                    np.shape(np.empty(shapes[key]))):
+                problem = f"shape {mean.shape}, but the observation has {tuple(shapes[key])}"
+            if problem:
+                raise ConfigError(f"{source}: observation statistics of {key!r} have {problem}; "
+                                  "retrain or restore the file")
+        if not (math.isfinite(self.clip_obs) and self.clip_obs > 0
+                and math.isfinite(self.epsilon) and self.epsilon >= 0):
+            raise ConfigError(f"{source}: clip_obs={self.clip_obs} / epsilon={self.epsilon} are "
+                              "not valid; retrain or restore the file")
 
 
 # ------------------------------------------------------------------------------ the agent
@@ -613,8 +645,12 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
                           f"`hdamoe train` ({problem}); pass algo= or keep its learned.json")
     meta.setdefault("algo", key)
     vecnorm = ObsNormalizer.load(vecnorm_path) if vecnorm_path is not None else None
+    if vecnorm is not None and hasattr(getattr(model, "observation_space", None), "spaces"):
+        vecnorm.check(str(vecnorm_path), {k: space.shape for k, space in
+                                          model.observation_space.spaces.items()})
     agent = LearnedAgent(model, vecnorm, meta, model_path)
     if env is not None:
+        _check_observation_sizes(model, env, path)
         agent.bind(env)
         nvec = np.asarray(getattr(env, "unwrapped", env).action_space.nvec)
         if not np.array_equal(nvec, agent.layout.nvec):
@@ -624,6 +660,27 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
     return agent
 
 
+
+
+def _check_observation_sizes(model: Any, env: Any, path: Any) -> None:
+    """Refuse an env whose observations differ in size from the model's (another mesh/model).
+
+    Raises:
+        ConfigError: Naming the first differing key and both sizes.
+    """
+    theirs = getattr(getattr(env, "unwrapped", env), "observation_space", None)
+    ours = getattr(model, "observation_space", None)
+    spaces_ours = getattr(ours, "spaces", None)
+    spaces_theirs = getattr(theirs, "spaces", None)
+    if not spaces_ours or not spaces_theirs:
+        return
+    for key, space in spaces_ours.items():
+        if key in spaces_theirs and int(np.prod(space.shape)) != int(
+                np.prod(spaces_theirs[key].shape)):
+            raise ConfigError(f"the learned agent at {str(path)!r} was trained on observations "
+                              f"{key!r} of size {int(np.prod(space.shape))} but the env gives "
+                              f"{int(np.prod(spaces_theirs[key].shape))}; evaluate on the model, "
+                              "mesh and batch it was trained with")
 
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:

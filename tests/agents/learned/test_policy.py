@@ -316,3 +316,21 @@ def test_bench_agent_file_from_elsewhere_is_refused(trained, tmp_path, monkeypat
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("hdamoe: error:") and "--trust-model" in err[-1]
     assert "Traceback" not in "\n".join(err)
+
+
+def test_statistics_that_would_normalise_wrong_are_refused(trained, tmp_path):
+    """All-NaN statistics, or arrays of length 1 that would broadcast, are a typed error."""
+    norm = learned.ObsNormalizer.load(trained / "vecnormalize.npz")
+    key = norm.norm_obs_keys[0]
+    mean, var, count = norm.stats[key]
+    for stats in ((np.full_like(mean, np.nan), var, count), (mean[:1], var[:1], count),
+                  (mean, -np.ones_like(var), count)):
+        bad = learned.ObsNormalizer({**norm.stats, key: stats}, norm.clip_obs, norm.epsilon)
+        bad.save(trained / "vecnormalize.npz")
+        with pytest.raises(ConfigError, match="statistics"):
+            learned.load_agent(trained)
+
+
+def test_agent_on_an_env_of_another_shape_is_refused_at_load(trained, make_tiny_env):
+    with pytest.raises(ConfigError, match="trained on observations|trained for actions"):
+        learned.load_agent(trained, env=make_tiny_env(mesh="2x4", k_b=None))
