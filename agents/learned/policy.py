@@ -341,10 +341,15 @@ class LearnedAgent:
                               "its learned.json; retrain or pass the run directory")
         if saved:
             #: Layout of the env's (full) action; the model may act in a reshaped space.
-            self.layout = ActionLayout(int(saved["num_experts"]), int(saved["max_broadcast"]),
-                                       tuple(saved["dispatch_rules"]),
-                                       tuple(saved["gating_levels"]),
-                                       tuple(saved.get("replica_rules", ())))
+            try:
+                self.layout = ActionLayout(
+                    int(saved["num_experts"]), int(saved["max_broadcast"]),
+                    tuple(str(r) for r in saved["dispatch_rules"]),
+                    tuple(float(x) for x in saved["gating_levels"]),
+                    tuple(str(r) for r in saved.get("replica_rules", ())))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ConfigError(f"learned.json: its 'layout' is damaged ({type(exc).__name__}: "
+                                  f"{exc}); retrain or restore the file") from None
         else:                           # a bare model .zip: the layout read off its action
             num_experts = (self._shapes["pred_load"][0] if self.action_mode == "ranked"
                            else int(nvec[0]) - 1)

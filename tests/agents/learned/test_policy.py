@@ -334,3 +334,13 @@ def test_statistics_that_would_normalise_wrong_are_refused(trained, tmp_path):
 def test_agent_on_an_env_of_another_shape_is_refused_at_load(trained, make_tiny_env):
     with pytest.raises(ConfigError, match="trained on observations|trained for actions"):
         learned.load_agent(trained, env=make_tiny_env(mesh="2x4", k_b=None))
+
+
+@pytest.mark.parametrize("layout", [{"gating_levels": ["x"]}, {"num_experts": "many"},
+                                    {"dispatch_rules": 3}])
+def test_damaged_layout_in_learned_json_is_a_config_error(trained, layout):
+    meta = json.loads((trained / "learned.json").read_text())
+    meta["layout"] = {**meta["layout"], **layout}
+    (trained / "learned.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="layout"):
+        learned.load_agent(trained)
