@@ -24,7 +24,7 @@ from traces.errors import InputFileError, TraceFormatError
 from traces.trace import FORMAT_NAME, FORMAT_VERSION, RoutingTrace
 
 __all__ = ["MAX_INPUT_BYTES", "MAX_JSON_DEPTH", "check_input_file", "json_depth", "load",
-           "loads_json", "read_input_bytes", "read_json", "save"]
+           "loads_json", "max_input_bytes", "read_input_bytes", "read_json", "save"]
 
 #: Largest input file read (``HDAMOE_MAX_INPUT_BYTES`` overrides; hdamoe_env.config.limits).
 MAX_INPUT_BYTES = 2**30
@@ -36,7 +36,8 @@ _BRACKET_STEP[[0x5B, 0x7B]] = 1          # [ {
 _BRACKET_STEP[[0x5D, 0x7D]] = -1         # ] }
 
 
-def _max_input_bytes() -> int:
+def max_input_bytes() -> int:
+    """Return the input size cap: ``$HDAMOE_MAX_INPUT_BYTES`` or :data:`MAX_INPUT_BYTES`."""
     try:
         value = int(os.environ.get("HDAMOE_MAX_INPUT_BYTES", ""))
     except ValueError:
@@ -79,7 +80,7 @@ def check_input_file(path: str | os.PathLike[str], what: str = "input file",
                 "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
         raise InputFileError(f"{what} {str(target)!r} is {kind}; expected a regular file (copy "
                              "the data into a file first)")
-    cap = _max_input_bytes() if max_bytes is None else int(max_bytes)
+    cap = max_input_bytes() if max_bytes is None else int(max_bytes)
     if info.st_size > cap:
         raise InputFileError(f"{what} {str(target)!r} has {info.st_size} bytes, more than the "
                              f"input cap of {cap} bytes; set HDAMOE_MAX_INPUT_BYTES to read it")
@@ -94,7 +95,7 @@ def read_input_bytes(path: str | os.PathLike[str], what: str = "input file",
         InputFileError: As :func:`check_input_file`, or the file grew past the cap while read.
     """
     target = check_input_file(path, what, max_bytes)
-    cap = _max_input_bytes() if max_bytes is None else int(max_bytes)
+    cap = max_input_bytes() if max_bytes is None else int(max_bytes)
     try:
         with open(target, "rb") as fh:
             data = fh.read(cap + 1)

@@ -312,11 +312,16 @@ _OWN_FILES = re.compile(r"^(layer_\d+\.(json|npz)|run\.json|placement.*\.npz|sui
 def output_targets(args: argparse.Namespace, out_kind: str | None) -> list[tuple[str, str]]:
     """Return the outputs a command writes, as ``(path, kind)`` for ``fileio.output_lock``.
 
-    ``--json``/``--csv`` files (not ``-``), and ``--out`` as a directory or a file.
+    ``--json``/``--csv`` files (not ``-``), and ``--out`` as a directory or a file. A file
+    inside a locked ``--out`` directory is covered by the directory's lock (a lock file of its
+    own would be a stranger in the directory).
     """
-    targets = [(str(v), "file") for v in (getattr(args, o, None) for o in ("json", "csv"))
-               if isinstance(v, str) and v and v != "-"]
     out = getattr(args, "out", None)
+    root = (Path(os.path.abspath(out)) if isinstance(out, str) and out and out_kind == "dir"
+            else None)
+    targets = [(str(v), "file") for v in (getattr(args, o, None) for o in ("json", "csv"))
+               if isinstance(v, str) and v and v != "-"
+               and not (root is not None and root in Path(os.path.abspath(v)).parents)]
     if isinstance(out, str) and out and out_kind in ("dir", "file"):
         targets.append((out, out_kind))
     return targets

@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 
 from hdamoe_env.config.errors import ConfigError, ResourceLimitError
+# the input-file caps are enforced by the bottom layer's reader (traces.io); declared there once
+from traces.io import MAX_INPUT_BYTES, MAX_JSON_DEPTH, max_input_bytes
 
 __all__ = ["HARDWARE_BOUNDS", "MAX_INPUT_BYTES", "MAX_JSON_DEPTH", "MAX_MESH_NODES",
            "MAX_MESH_SIDE", "ROWS_PER_REQUEST", "SEED_MAX", "SKEW_RANGE", "Bound",
@@ -71,12 +73,6 @@ SEED_MAX = 2**32 - 1
 MAX_MESH_SIDE = 1024
 MAX_MESH_NODES = 16384
 
-#: Largest input file read (traces, records, placements); ``HDAMOE_MAX_INPUT_BYTES`` overrides.
-MAX_INPUT_BYTES = 2**30
-
-#: Deepest nesting accepted in a JSON input (traces nest 3 levels, records 4).
-MAX_JSON_DEPTH = 64
-
 _BASE = 400 * 2**20                 # interpreter, numpy, numba and the model tables
 ROWS_PER_REQUEST = 750
 
@@ -106,16 +102,6 @@ def check_bound(name: str, value: object, bound: Bound, fix: str = "") -> float:
         raise ConfigError(f"{name}={value!r} is outside {where} ({bound.reason})"
                           + (f"; {fix}" if fix else ""))
     return number
-
-
-def max_input_bytes() -> int:
-    """Return the input size cap: ``$HDAMOE_MAX_INPUT_BYTES`` or :data:`MAX_INPUT_BYTES`."""
-    text = os.environ.get("HDAMOE_MAX_INPUT_BYTES", "")
-    try:
-        value = int(text)
-    except ValueError:
-        return MAX_INPUT_BYTES
-    return value if value > 0 else MAX_INPUT_BYTES
 
 
 def available_bytes() -> int:

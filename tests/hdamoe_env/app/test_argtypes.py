@@ -105,3 +105,11 @@ def test_cli_refuses_in_one_line(argv, tmp_path, monkeypatch, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and "error" in err[0], err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_output_targets_lock_the_out_dir_and_outside_files(tmp_path):
+    out = tmp_path / "run"
+    args = _ns(out=str(out), json=str(out / "rows.json"), csv=str(tmp_path / "r.csv"))
+    assert argtypes.output_targets(args, "dir") == [(str(tmp_path / "r.csv"), "file"),
+                                                    (str(out), "dir")]
+    assert argtypes.output_targets(_ns(json="-", out=None), None) == []
