@@ -41,16 +41,41 @@ def spawn_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], wor
     except BaseException:
         # Ctrl-C or an error: drop the calls not started and stop the running workers now
         # (finished results were already handed to ``done``)
-        for fut in futures:
-            fut.cancel()
-        _terminate_workers(pool)
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(pool)
         raise
     pool.shutdown(wait=True)
 
 
-def _terminate_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+def _stop(pool: concurrent.futures.ProcessPoolExecutor, timeout_s: float = 5.0) -> None:
+    """Stop a pool at once without ever waiting on a cancelled future.
+
+    The pool's own manager thread cancels the calls not started (``cancel_futures``) and drops
+    them from its table *before* the workers are terminated: a future cancelled from outside
+    would stay in that table, and on Python 3.11 the manager thread then fails with
+    ``InvalidStateError`` when it marks the table broken, after which the interpreter can wait
+    for it forever at exit. The manager thread is joined with a timeout and, if it is still
+    alive, forgotten by ``concurrent.futures``' exit hook, so the process always exits.
+    """
+    # shutdown() forgets the workers and the manager thread: take them first
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pending = getattr(pool, "_pending_work_items", None) or {}
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 0.5          # let the manager drop the cancelled calls
+    while manager is not None and time.monotonic() < deadline and any(
+            not item.future.running() and not item.future.done()
+            for item in list(pending.values())):
+        time.sleep(0.01)
+    _terminate_workers(procs)
+    if manager is not None:
+        manager.join(timeout_s)
+        if manager.is_alive():
+            from concurrent.futures import process
+
+            getattr(process, "_threads_wakeups", {}).pop(manager, None)
+
+
+def _terminate_workers(procs: Sequence[Any]) -> None:
     for proc in procs:
         if proc.is_alive():
             proc.terminate()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# the model-signing key of the tests (hdamoe_env.config.trust): never the user's key file
+os.environ["HDAMOE_SIGNING_KEY"] = "hdamoe-env test signing key"
 
 import numpy as np
 import pytest

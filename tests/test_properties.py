@@ -178,3 +178,109 @@ def test_env_actions(small_env, action):
 @given(action=_actions)
 def test_env_actions_500(small_env, action):
     _check_action(small_env, action)
+
+
+# ------------------------------------------------ every parser and public constructor (issue 29)
+_anything = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+              st.sampled_from([np.int64(3), np.float64(2.5), np.bool_(True), "4x8", "5/50",
+                               "faithful+b_psum=2", "mixtral", "tp,ep", "0,1"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=2)),
+    max_leaves=6)
+
+_ENV_FIELDS = ("batch", "mesh", "setting", "trace_skew", "trace_seed", "gating_levels",
+               "batch_options", "predictor_accuracy", "reward_scale", "dispatch_rules",
+               "gammas", "gating_coefficients", "steps_per_episode", "k_b", "conventions",
+               "hardware", "topology", "trace", "trace_requests", "gating_protect_top")
+
+
+def _parsers():
+    import argparse
+
+    from hdamoe_env.app import argtypes
+    from hdamoe_env.config import limits, profiles, run, specs
+    from traces import io
+
+    text = {"seed_list": argtypes.seed_list, "name_list": argtypes.name_list,
+            "int_list": argtypes.int_list, "hp_item": argtypes.hp_item,
+            "float_list": argtypes.float_list(), "bounded_float": argtypes.bounded_float(0, 1),
+            "finite_float": argtypes.finite_float, "positive_int": argtypes.positive_int,
+            "model_list": argtypes.model_list, "setting_list": argtypes.setting_list,
+            "batch_list": argtypes.batch_list}
+    api = {"parse_mesh": specs.parse_mesh, "parse_setting": specs.parse_setting,
+           "get_model": specs.get_model, "get_profile": profiles.get_profile,
+           "check_seed": run.check_seed, "check_batch": run.check_batch,
+           "check_trace_skew": run.check_trace_skew,
+           "check_trace_requests": run.check_trace_requests,
+           "check_bound": lambda v: limits.check_bound("x", v, limits.SKEW_RANGE),
+           "loads_json": io.loads_json, "mesh_label": run.mesh_label}
+    return text, api, argparse.ArgumentTypeError
+
+
+def _check_parsers(value):
+    text, api, arg_error = _parsers()
+    for parse in text.values():               # command-line types: one argparse error line
+        try:
+            parse(str(value))
+        except (arg_error, HdMoeError):
+            pass
+    for name, parse in api.items():
+        if name == "loads_json" and not isinstance(value, str | bytes):
+            continue
+        try:
+            parse(value)
+        except HdMoeError:
+            pass
+        except ValueError as exc:             # json.JSONDecodeError is the one documented one
+            assert name == "loads_json" and isinstance(exc, json.JSONDecodeError), (name, exc)
+
+
+@_FAST
+@given(value=_anything)
+def test_parsers_raise_only_package_errors(value):
+    _check_parsers(value)
+
+
+@pytest.mark.slow
+@_SLOW
+@given(value=_anything)
+def test_parsers_raise_only_package_errors_500(value):
+    _check_parsers(value)
+
+
+def _check_constructors(field, value):
+    from hdamoe_env.config.run import RunSpec
+    from hdamoe_env.config.specs import HardwareSpec, TopologySpec
+    from hdamoe_env.env.config import EnvConfig
+
+    calls = [lambda: EnvConfig(model="mixtral-8x7b", **{**{"mesh": "2x2"}, field: value}),
+             lambda: EnvConfig.create(**{field + "_x": value}),
+             lambda: HardwareSpec(mesh_shape=value if field == "mesh" else (2, 2),
+                                  hop_latency_ns=value if field == "reward_scale" else None),
+             lambda: TopologySpec(kind=value)]
+    if field in ("batch", "mesh", "setting", "trace_skew", "conventions", "trace",
+                 "trace_requests", "topology"):
+        calls.append(lambda: RunSpec.resolve(model="mixtral", **{field: value}))
+    for call in calls:
+        try:
+            call()
+        except HdMoeError:
+            pass
+
+
+_ctor = dict(field=st.sampled_from(_ENV_FIELDS), value=_anything)
+
+
+@_FAST
+@given(**_ctor)
+def test_constructors_raise_only_package_errors(field, value):
+    _check_constructors(field, value)
+
+
+@pytest.mark.slow
+@_SLOW
+@given(**_ctor)
+def test_constructors_raise_only_package_errors_500(field, value):
+    _check_constructors(field, value)

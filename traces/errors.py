@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["ConfigError", "HdMoeError", "TraceFormatError", "UnknownNameError", "unknown_name",
+__all__ = ["ConfigError", "HdMoeError", "InputFileError", "TraceFormatError", "UnknownNameError", "unknown_name",
            "unknown_name_message"]
 
 
@@ -31,6 +31,11 @@ class TraceFormatError(HdMoeError, ValueError):
     The message names the file, the array or layer key, the first offending row and what was
     expected.
     """
+
+
+class InputFileError(HdMoeError, ValueError):
+    """An input file cannot be read safely: missing, not a regular file (a FIFO, a device, a
+    directory), larger than the input size cap, or JSON nested deeper than the depth cap."""
 
 
 class UnknownNameError(HdMoeError, ValueError):

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from traces.errors import TraceFormatError, unknown_name
-from traces.io import package_version, utc_now, save
+from traces.io import loads_json, package_version, read_input_bytes, save, utc_now
 from traces.trace import FORMAT_NAME, FORMAT_VERSION, RoutingTrace
 
 __all__ = [
@@ -465,12 +465,9 @@ def read_reference_json(
     """
     file_path = Path(path)
     source = str(file_path)
+    raw = read_input_bytes(file_path, "trace")
     try:
-        raw = file_path.read_bytes()
-    except OSError as exc:
-        raise TraceFormatError(f"{source}: cannot read file ({exc})") from exc
-    try:
-        document = json.loads(raw)
+        document = loads_json(raw, f"trace {source!r}")
     except json.JSONDecodeError as exc:
         raise TraceFormatError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"

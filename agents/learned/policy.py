@@ -55,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -67,7 +68,8 @@ from agents.wrappers import ResidualChoice, ResidualHDA
 from hdamoe_env.env.actions import ActionLayout
 from hdamoe_env.config.errors import (ConfigError, DependencyNotInstalled, IntegrityError,
                                       unknown_name)
-from hdamoe_env.config.fileio import atomic_write
+from hdamoe_env.config.fileio import atomic_write, loads_json, read_input_bytes
+from hdamoe_env.config.trust import verify_file
 from hdamoe_env.env.wrappers import (ranked_mask, ranked_to_full, replica_share_fractions,
                                      replica_share_values)
 from hdamoe_env.config.run import RUN_DEFAULTS
@@ -236,10 +238,41 @@ class ObsNormalizer:
                 stats = {k: (np.asarray(data[f"mean_{i}"], dtype=np.float64),
                              np.asarray(data[f"var_{i}"], dtype=np.float64),
                              float(data[f"count_{i}"])) for i, k in enumerate(keys)}
-                return cls(stats, float(meta["clip_obs"]), float(meta["epsilon"]))
+                norm = cls(stats, float(meta["clip_obs"]), float(meta["epsilon"]))
         except Exception as exc:  # noqa: BLE001 - any damage: one typed error naming the file
             raise ConfigError(f"{str(path)!r} is not an observation-statistics file "
                               f"({type(exc).__name__}: {exc}); retrain or restore it") from None
+        norm.check(str(path))
+        return norm
+
+    def check(self, source: str = "statistics", shapes: dict[str, Any] | None = None) -> None:
+        """Refuse statistics that would normalise silently wrong.
+
+        Args:
+            source: Where they come from (for the message).
+            shapes: Observation shapes the statistics must match (None: only self-consistency).
+
+        Raises:
+            ConfigError: Non-finite or negative values, mean and variance of different shapes,
+                or a shape other than the observation's (a length-1 array would broadcast).
+        """
+        for key, (mean, var, count) in self.stats.items():
+            problem = ""
+            if mean.shape != var.shape:
+                problem = f"mean {mean.shape} and var {var.shape} differ in shape"
+            elif not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all()
+                      and math.isfinite(count) and count > 0):
+                problem = "non-finite or negative values"
+            elif shapes is not None and key in shapes and tuple(mean.shape) != tuple(
+                    np.shape(np.empty(shapes[key]))):
+                problem = f"shape {mean.shape}, but the observation has {tuple(shapes[key])}"
+            if problem:
+                raise ConfigError(f"{source}: observation statistics of {key!r} have {problem}; "
+                                  "retrain or restore the file")
+        if not (math.isfinite(self.clip_obs) and self.clip_obs > 0
+                and math.isfinite(self.epsilon) and self.epsilon >= 0):
+            raise ConfigError(f"{source}: clip_obs={self.clip_obs} / epsilon={self.epsilon} are "
+                              "not valid; retrain or restore the file")
 
 
 # ------------------------------------------------------------------------------ the agent
@@ -308,10 +341,15 @@ class LearnedAgent:
                               "its learned.json; retrain or pass the run directory")
         if saved:
             #: Layout of the env's (full) action; the model may act in a reshaped space.
-            self.layout = ActionLayout(int(saved["num_experts"]), int(saved["max_broadcast"]),
-                                       tuple(saved["dispatch_rules"]),
-                                       tuple(saved["gating_levels"]),
-                                       tuple(saved.get("replica_rules", ())))
+            try:
+                self.layout = ActionLayout(
+                    int(saved["num_experts"]), int(saved["max_broadcast"]),
+                    tuple(str(r) for r in saved["dispatch_rules"]),
+                    tuple(float(x) for x in saved["gating_levels"]),
+                    tuple(str(r) for r in saved.get("replica_rules", ())))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ConfigError(f"learned.json: its 'layout' is damaged ({type(exc).__name__}: "
+                                  f"{exc}); retrain or restore the file") from None
         else:                           # a bare model .zip: the layout read off its action
             num_experts = (self._shapes["pred_load"][0] if self.action_mode == "ranked"
                            else int(nvec[0]) - 1)
@@ -522,7 +560,7 @@ def _find_files(path: Path) -> tuple[Path, Path | None, Path | None]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = loads_json(read_input_bytes(path, "agent metadata"), str(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); retrain or restore "
                           "it") from None
@@ -544,9 +582,8 @@ def verify_model(model_path: Path, meta: dict[str, Any]) -> None:
             expected = json.loads(model_path.with_suffix(".json").read_text()).get("sha256")
         except (OSError, ValueError, AttributeError):
             expected = None
-    if expected is None:
-        log.warning("%s has no recorded SHA-256; loading it runs code from the file (SB3 "
-                    "unpickles parts of it): only load models you trust", model_path)
+    if expected is None:                   # the signature (config.trust) decides instead
+        log.debug("%s has no recorded SHA-256", model_path)
         return
     actual = file_sha256(model_path)
     if actual != expected:
@@ -557,7 +594,7 @@ def verify_model(model_path: Path, meta: dict[str, Any]) -> None:
 
 
 def load_agent(path: str | os.PathLike[str], env: Any = None, *,
-               algo: str | None = None) -> LearnedAgent:
+               algo: str | None = None, trust: bool = False) -> LearnedAgent:
     """Load a learned agent saved by training (a directory, ``model.zip`` or checkpoint).
 
     Args:
@@ -568,6 +605,9 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
             agent is bound to it (:meth:`LearnedAgent.bind`: residual reference, replica
             shares applied to it).
         algo: Algorithm (default: from ``learned.json``, else inferred by trying the classes).
+        trust: Load the model even when it is not signed by this user's key
+            (``hdamoe_env.config.trust``). Loading an SB3 ``.zip`` runs code from the file:
+            pass True only for files whose origin you trust.
 
     Returns:
         A :class:`LearnedAgent`.
@@ -576,6 +616,7 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
         ConfigError: Missing or unreadable files, or an env whose action space differs from the
             model's.
         IntegrityError: ``model.zip`` differs from the SHA-256 recorded in ``learned.json``.
+        UntrustedFileError: The model is not signed by this user's key and ``trust`` is False.
         DependencyNotInstalled: The rl extra is missing.
 
     Warning:
@@ -585,23 +626,36 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
     set_threads(1)
     model_path, vecnorm_path, meta_path = _find_files(Path(path))
     meta = _read_json(meta_path) if meta_path is not None else {}
-    key = algo_key(algo or meta.get("algo", "ppo"))
+    known = algo or meta.get("algo")
     verify_model(model_path, meta)
-    try:
-        model = algo_class(key).load(str(model_path), device="cpu")
-    except (ValueError, KeyError, OSError, EOFError, AssertionError) as exc:
-        raise ConfigError(f"{str(model_path)!r} is not a {key} model saved by `hdamoe train` "
-                          f"({type(exc).__name__}: {exc})") from None
-    except Exception as exc:
-        import zipfile
+    verify_file(model_path, trust=trust, what="learned agent")
+    # without learned.json the algorithm is inferred by trying the classes (maskable first:
+    # a MaskablePPO zip read as PPO fails inside SB3 with a TypeError)
+    keys = [algo_key(known)] if known else ["maskable-ppo", "ppo", "a2c"]
+    for key in keys:
+        try:
+            model = algo_class(key).load(str(model_path), device="cpu")
+            break
+        except (ValueError, KeyError, OSError, EOFError, AssertionError, TypeError,
+                AttributeError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            import zipfile
 
-        if isinstance(exc, zipfile.BadZipFile):
-            raise ConfigError(f"{str(model_path)!r} is not a model .zip ({exc})") from None
-        raise
+            if isinstance(exc, zipfile.BadZipFile):
+                raise ConfigError(f"{str(model_path)!r} is not a model .zip ({exc})") from None
+            raise
+    else:
+        raise ConfigError(f"{str(model_path)!r} is not a {' or '.join(keys)} model saved by "
+                          f"`hdamoe train` ({problem}); pass algo= or keep its learned.json")
     meta.setdefault("algo", key)
     vecnorm = ObsNormalizer.load(vecnorm_path) if vecnorm_path is not None else None
+    if vecnorm is not None and hasattr(getattr(model, "observation_space", None), "spaces"):
+        vecnorm.check(str(vecnorm_path), {k: space.shape for k, space in
+                                          model.observation_space.spaces.items()})
     agent = LearnedAgent(model, vecnorm, meta, model_path)
     if env is not None:
+        _check_observation_sizes(model, env, path)
         agent.bind(env)
         nvec = np.asarray(getattr(env, "unwrapped", env).action_space.nvec)
         if not np.array_equal(nvec, agent.layout.nvec):
@@ -611,6 +665,27 @@ def load_agent(path: str | os.PathLike[str], env: Any = None, *,
     return agent
 
 
+
+
+def _check_observation_sizes(model: Any, env: Any, path: Any) -> None:
+    """Refuse an env whose observations differ in size from the model's (another mesh/model).
+
+    Raises:
+        ConfigError: Naming the first differing key and both sizes.
+    """
+    theirs = getattr(getattr(env, "unwrapped", env), "observation_space", None)
+    ours = getattr(model, "observation_space", None)
+    spaces_ours = getattr(ours, "spaces", None)
+    spaces_theirs = getattr(theirs, "spaces", None)
+    if not spaces_ours or not spaces_theirs:
+        return
+    for key, space in spaces_ours.items():
+        if key in spaces_theirs and int(np.prod(space.shape)) != int(
+                np.prod(spaces_theirs[key].shape)):
+            raise ConfigError(f"the learned agent at {str(path)!r} was trained on observations "
+                              f"{key!r} of size {int(np.prod(space.shape))} but the env gives "
+                              f"{int(np.prod(spaces_theirs[key].shape))}; evaluate on the model, "
+                              "mesh and batch it was trained with")
 
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.env.actions import ActionLayout
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write
+from hdamoe_env.config.trust import verify_file, write_signature
 from hdamoe_env.sim.placement import Placement
 
 __all__ = [
@@ -174,6 +175,7 @@ def _save_model(model: Any, vecnorm: Any, model_path: Path, vecnorm_path: Path) 
         ObsNormalizer.from_vecnormalize(vecnorm).save(vecnorm_path)      # arrays, no pickle
     data = buf.getvalue()
     _atomic_bytes(model_path, data)
+    write_signature(model_path, data)          # this user's HMAC: loadable without --trust-model
     return hashlib.sha256(data).hexdigest()
 
 
@@ -278,6 +280,7 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
         raise IntegrityError(f"--resume: checkpoint {str(ckpt)!r} does not match the SHA-256 "
                              "recorded next to it; it was modified and is not loaded (loading "
                              "runs code from the file)")
+    verify_file(ckpt, what="--resume checkpoint")
     return ckpt
 
 

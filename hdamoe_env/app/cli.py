@@ -25,13 +25,16 @@ from hdamoe_env.app import (bench, crossover, envbench, methods, place, record, 
 from hdamoe_env.app.argtypes import (
     add_decision_arguments,
     add_run_arguments,
+    check_output_options,
     float_list,
-    int_list,
+    name_list,
     nonneg_float,
+    output_targets,
     nonneg_int,
     positive_float,
     positive_int,
     run_from_args,
+    seed_list,
 )
 from hdamoe_env.app.flags import add_deprecated_alias, add_progress_flag
 from hdamoe_env.app.logs import configure_logging
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--dram-gib", type=positive_float, default=None,
                      help="DRAM capacity per node; placements that do not fit are rejected")
     add_run_arguments(sim, ("batch",))
-    sim.add_argument("--placement", default="tp,ep",
+    sim.add_argument("--placement", type=name_list, default="tp,ep",
                      help="comma list of tp, tp-tiled, ep, hybrid (greedy region balance) "
                           "or paths to placement .npz files")
     add_run_arguments(sim, ("trace", "trace_requests", "conventions"))
@@ -212,11 +215,11 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_run_arguments(p, ("model", "trace", "trace_requests", "trace_skew", "mesh", "topology",
                           "setting", "batch", "conventions"),
                       helps={"trace_skew": "; placements are optimised on the same trace"})
-    p.add_argument("--methods", default=",".join(methods.DEFAULT_METHODS),
+    p.add_argument("--methods", type=name_list, default=",".join(methods.DEFAULT_METHODS),
                    help="comma list of methods; agent:NAME[@placement] or agent:PATH.zip adds "
                    "an agent, tuned:PATH/tuned.json[@placement] the tuned heuristic of "
                    "`hdamoe tune`")
-    p.add_argument("--seeds", type=int_list, default="0,1,2", help="comma list of episode seeds")
+    p.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma list of episode seeds")
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
     add_decision_arguments(p)
     p.add_argument("--k-b", type=nonneg_int, default=None,
@@ -240,6 +243,10 @@ def _add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--heatmap-method", default=None,
                    help="method of the link heat map (default: the last with link data)")
     add_progress_flag(p, default=True)
+    p.add_argument("--trust-model", action="store_true",
+                   help="load SB3 models (agent:PATH.zip) not signed by this user's key (from "
+                   "another user or machine); loading one runs code from the file: only for "
+                   "files you trust")
     p.set_defaults(func=bench.cmd_bench)
     return p
 
@@ -283,7 +290,7 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(Mixtral cells are skipped when it is missing)")
     p.add_argument("--cache-dir", default=None,
                    help="placement cache root (default $HDAMOE_CACHE_DIR or ~/.cache/hdamoe-env)")
-    p.add_argument("--seeds", type=int_list, default=None, help="comma list of episode seeds")
+    p.add_argument("--seeds", type=seed_list, default=None, help="comma list of episode seeds")
     p.add_argument("--fresh", action="store_true",
                    help="ignore finished cells in --out and compute everything again")
     p.add_argument("--report-only", action="store_true",
@@ -462,6 +469,7 @@ def _preflight_outputs(args: argparse.Namespace, command: str) -> None:
     from hdamoe_env.config.errors import OutputPathError
     from hdamoe_env.config.fileio import check_output_dir, check_output_file
 
+    check_output_options(args, _OUT_KIND.get(command))
     resume = bool(getattr(args, "resume", False)) or bool(getattr(args, "force", False))
     for opt in _FILE_OPTIONS:
         value = getattr(args, opt, None)
@@ -543,6 +551,13 @@ def _one_line(exc: BaseException) -> str:
 
 def _run_command(args: argparse.Namespace) -> int:
     """Run the subcommand; with ``--json -`` its JSON goes to stdout and its text to stderr."""
+    from hdamoe_env.config.trust import consent
+
+    with consent(bool(getattr(args, "trust_model", False))):
+        return _run_command_json(args)
+
+
+def _run_command_json(args: argparse.Namespace) -> int:
     if getattr(args, "json", None) != "-":
         return int(args.func(args) or 0)
     stdout = sys.stdout
@@ -573,7 +588,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = _command(args)
         _preflight_outputs(args, command)
         _preflight_memory(args, command)
-        return _run_command(args)
+        from hdamoe_env.config.fileio import output_lock
+
+        line = "hdamoe " + " ".join(sys.argv[1:] if argv is None else argv)
+        with output_lock(output_targets(args, _OUT_KIND.get(command)), line):
+            return _run_command(args)
     except KeyboardInterrupt:
         print("hdamoe: interrupted (finished results were kept; rerun with --resume where "
               "available)", file=sys.stderr)

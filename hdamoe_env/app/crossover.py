@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from hdamoe_env.app.argtypes import batch_list, model_list, positive_int, seed_list, setting_list
 from hdamoe_env.app.records import read_jsonl, summarise
 from hdamoe_env.app.tables import render_table
 from hdamoe_env.app.reproduce import (
@@ -480,11 +481,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="grid size: tiny (seconds), quick (DeepSeek + Mixtral, 3 settings, "
                    "B=128), full (+ Qwen2, B=32 and 128, 2 seeds)")
     p.add_argument("--conventions", default="faithful", help="base profile (or derived name)")
-    p.add_argument("--models", type=csv(str), default=None, help="comma list of model presets "
+    p.add_argument("--models", type=model_list, default=None, help="comma list of model presets "
                    "(default: the suite's)")
-    p.add_argument("--settings", type=csv(str), default=None,
+    p.add_argument("--settings", type=setting_list, default=None,
                    help="comma list of TFLOPS/GBps settings (default: the suite's)")
-    p.add_argument("--batches", type=csv(int), default=None,
+    p.add_argument("--batches", type=batch_list, default=None,
                    help="comma list of batch sizes (default: the suite's)")
     p.add_argument("--knob", action="append", default=[], metavar="NAME[=V1,V2]",
                    help="knob values swept one at a time (repeatable; NAME alone: its default "
@@ -494,11 +495,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "skew power τ; context_len=512,8192 is nonmoe_ctx_len)")
     p.add_argument("--methods", type=csv(str), default=None, help="comma list of methods "
                    "(default: tp,ep,hybrid,node-balance,node-link,hd-moe,hda-moe)")
-    p.add_argument("--steps", type=int, default=None, help="decode steps per episode")
-    p.add_argument("--seeds", type=csv(int), default=None, help="comma list of episode seeds")
+    p.add_argument("--steps", type=positive_int, default=None, help="decode steps per episode")
+    p.add_argument("--seeds", type=lambda t: [int(v) for v in seed_list(t).split(",")],
+                   default=None, help="comma list of episode seeds")
     p.add_argument("--replace", action="store_true",
                    help="re-optimise placements under every derived profile")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="parallel worker processes (or Ray CPUs)")
     p.add_argument("--backend", default="process", choices=BACKENDS,
                    help="process pool or Ray")

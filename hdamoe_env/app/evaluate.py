@@ -35,7 +35,8 @@ from baselines.store import PLACEMENT_ARTIFACTS
 from hdamoe_env.app import bench
 from hdamoe_env.app.flags import add_progress_flag
 from hdamoe_env.app.methods import MethodSpec, parse_method
-from hdamoe_env.app.argtypes import add_run_arguments, int_list, nonneg_int, positive_int
+from hdamoe_env.app.argtypes import (add_run_arguments, name_list, nonneg_int, positive_int,
+                                     seed_list)
 from hdamoe_env.app.plots import plot_learning_curve
 from hdamoe_env.app.records import format_bench_table, summarise
 from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
@@ -385,7 +386,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     Returns:
         ``p``.
     """
-    p.add_argument("--agent", required=True,
+    p.add_argument("--agent", type=name_list, required=True,
                    help="comma list: PATH (learned) | greedy-hda | hd-moe | greedy | noop | any "
                    "registered agent")
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
@@ -393,7 +394,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     add_env_arguments(p, defaults=False)
     p.add_argument("--fidelity", default="des",
                    help="comma list of fidelities (des, analytic)")
-    p.add_argument("--seeds", type=int_list, default=None, help="episode seeds (default 10000,10001,10002)")
+    p.add_argument("--seeds", type=seed_list, default=None, help="episode seeds (default 10000,10001,10002)")
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps per episode")
     p.add_argument("--no-held-out", action="store_true",
                    help="evaluate on the given trace as is (default: the held-out split of a "
@@ -401,6 +402,10 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--out", default=None, help="write eval.json / eval.md here")
     p.add_argument("--json", default=None, help="write the result (JSON) here ('-' = stdout)")
     add_progress_flag(p, default=False)
+    p.add_argument("--trust-model", action="store_true",
+                   help="load SB3 models not signed by this user's key (from another "
+                   "user or machine); loading one runs code from the file: only for files "
+                   "you trust")
     return p
 
 

@@ -25,7 +25,8 @@ import numpy as np
 from hdamoe_env.app import intervals
 from hdamoe_env.app.tables import fmt, render_table
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.config.fileio import atomic_write, json_default, write_json
+from hdamoe_env.config.fileio import (atomic_write, json_default, loads_json, read_input_bytes,
+                                     write_json)
 
 __all__ = [
     "CSV_FIELDS",
@@ -69,8 +70,8 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = loads_json(read_input_bytes(path, "records file"), f"records file {str(path)!r}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); move it away or rerun "
                           "without --resume") from None
     if isinstance(data, dict) and "records" in data:

@@ -26,7 +26,8 @@ from agents.learned.train import to_jsonable, train
 from agents.wrappers import RESIDUAL_KEEP_LOGIT
 from hdamoe_env.app.flags import add_progress_flag
 from hdamoe_env.app.methods import parse_method
-from hdamoe_env.app.argtypes import hp_item, int_list, nonneg_int, positive_int
+from hdamoe_env.app.argtypes import (bounded_float, check_hyperparams, hp_item, nonneg_int,
+                                     positive_int, seed_list)
 from hdamoe_env.app.evaluate import (DEFAULT_BASELINES, add_env_arguments, env_kwargs_from_args,
                                      parse_seeds, evaluate, held_out_evaluation, resolve_placement)
 from hdamoe_env.app.plots import plot_seed_curves
@@ -58,7 +59,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="ranked: slot = rank among the K most-loaded predicted experts; full: "
                    "expert ids; residual: HDA-MoE's action + a learned deviation (default: "
                    "env_wrapper of --hyperparams, else ranked)")
-    p.add_argument("--keep-logit", type=float, default=RESIDUAL_KEEP_LOGIT,
+    p.add_argument("--keep-logit", type=bounded_float(-100.0, 100.0), default=RESIDUAL_KEEP_LOGIT,
                    help="residual mode: initial logit bonus of 'keep the greedy's choice'")
     p.add_argument("--candidates", type=positive_int, default=None,
                    help="K of the ranked action (default: num_candidates of --hyperparams, else 4)")
@@ -76,7 +77,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="env copies in one process each (subproc) or all in the batched "
                    "vector env of this process (batched; action modes full and ranked)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
-    p.add_argument("--seeds", type=int_list, default=None, metavar="S,S,...",
+    p.add_argument("--seeds", type=seed_list, default=None, metavar="S,S,...",
                    help="train one policy per seed into OUT/seed<S>/, then evaluate all of them "
                    "together on the held-out streams (mean and 95 %% t-interval over seeds)")
     p.add_argument("--hyperparams", default=None, metavar="FILE.yml",
@@ -89,16 +90,16 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard logs")
     p.add_argument("--hp", type=hp_item, action="append", default=[], metavar="NAME=VALUE",
                    help="hyperparameter override, e.g. --hp n_steps=128 (repeatable)")
-    p.add_argument("--quality-target", type=float, default=None,
+    p.add_argument("--quality-target", type=bounded_float(0.0, 1.0), default=None,
                    help="charge the reward for top-1 retention below this target "
                    "(QualityRewardWrapper; default: latency reward only)")
-    p.add_argument("--quality-weight", type=float, default=100.0,
+    p.add_argument("--quality-weight", type=bounded_float(0.0, 1e9), default=100.0,
                    help="fixed penalty weight per unit of missing top-1 retention")
     p.add_argument("--lagrangian", action="store_true",
                    help="update the weight by projected dual ascent instead (λ starts at 0)")
-    p.add_argument("--dual-step", type=float, default=50.0, help="dual ascent step size")
+    p.add_argument("--dual-step", type=bounded_float(0.0, 1e9), default=50.0, help="dual ascent step size")
     p.add_argument("--eval-steps", type=positive_int, default=16, help="decode steps per eval episode")
-    p.add_argument("--eval-seeds", type=int_list, default=None, help="comma list (default 10000,10001,10002)")
+    p.add_argument("--eval-seeds", type=seed_list, default=None, help="comma list (default 10000,10001,10002)")
     p.add_argument("--eval-trace", default=None, help="held-out trace (real traces)")
     p.add_argument("--eval-baselines", default=",".join(DEFAULT_BASELINES),
                    help="heuristic agents of the held-out evaluation, comma list; "
@@ -109,6 +110,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_progress_flag(p, default=True)
     p.add_argument("--sb3-progress-bar", action="store_true",
                    help="SB3's own (rich) progress bar instead of the package's")
+    p.add_argument("--trust-model", action="store_true",
+                   help="load a --resume checkpoint not signed by this user's key (from another "
+                   "user or machine); loading one runs code from the file: only for files "
+                   "you trust")
     return p
 
 
@@ -169,6 +174,7 @@ def _train_settings(args: argparse.Namespace) -> tuple[dict[str, Any], int, int,
         raise ConfigError(f"--hyperparams-section {args.hyperparams_section!r} needs "
                           "--hyperparams FILE.yml")
     hp.update(_parse_hp(args.hp))
+    check_hyperparams(hp)
     # the flags win over the file's env_wrapper (RL Zoo's action design)
     args.action_mode = args.action_mode or mode or "ranked"
     args.candidates = args.candidates or candidates or 4

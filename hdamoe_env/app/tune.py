@@ -39,8 +39,8 @@ from typing import Any
 from hdamoe_env.app.flags import add_deprecated_alias, add_progress_flag
 from hdamoe_env.app import bench
 from hdamoe_env.app.evaluate import EVAL_SEED_BASE, HELD_OUT_TRACE_OFFSET
-from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, int_list,
-                                     nonneg_int, positive_int, run_from_args)
+from hdamoe_env.app.argtypes import (add_decision_arguments, add_run_arguments, bounded_float,
+                                     nonneg_int, positive_int, run_from_args, seed_list)
 from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, write_json
@@ -307,16 +307,16 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-grid", type=positive_int, default=128,
                    help="largest grid 'auto' searches exhaustively")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the BO search")
-    p.add_argument("--quality-target", type=float, default=DEFAULT_QUALITY_TARGET,
+    p.add_argument("--quality-target", type=bounded_float(0.0, 1.0), default=DEFAULT_QUALITY_TARGET,
                    help="minimum mean top-1 retention")
-    p.add_argument("--penalty", type=float, default=DEFAULT_PENALTY,
+    p.add_argument("--penalty", type=bounded_float(0.0, 1e12), default=DEFAULT_PENALTY,
                    help="objective penalty factor per unit of missing top-1 retention")
     p.add_argument("--steps", type=positive_int, default=4,
                    help="decode steps per training episode")
-    p.add_argument("--train-seeds", type=int_list, default="0,1", help="training episode seeds")
+    p.add_argument("--train-seeds", type=seed_list, default="0,1", help="training episode seeds")
     p.add_argument("--eval-steps", type=positive_int, default=16,
                    help="decode steps per held-out episode")
-    p.add_argument("--eval-seeds", type=int_list, default=None,
+    p.add_argument("--eval-seeds", type=seed_list, default=None,
                    help="held-out episode seeds (default 10000,10001,10002)")
     p.add_argument("--oracle", action="store_true",
                    help="also compute the per-layer hindsight oracle on the held-out steps")

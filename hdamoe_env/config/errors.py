@@ -9,21 +9,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # defined in the bottom layer (so trace errors share the base class); re-exported here
-from traces.errors import (ConfigError, HdMoeError, TraceFormatError, UnknownNameError,
-                           unknown_name_message)
+from traces.errors import (ConfigError, HdMoeError, InputFileError, TraceFormatError,
+                           UnknownNameError, unknown_name_message)
 
 __all__ = [
     "ConfigError",
     "DependencyNotInstalled",
     "HdMoeError",
     "InfeasibleError",
+    "InputFileError",
     "IntegrityError",
     "InvalidAction",
+    "LockedError",
     "OutputPathError",
     "ResourceLimitError",
     "SolverError",
     "TraceFormatError",
     "UnknownNameError",
+    "UntrustedFileError",
     "unknown_name",
 ]
 
@@ -39,6 +42,15 @@ class OutputPathError(ConfigError):
 
 class IntegrityError(HdMoeError):
     """A file does not match the checksum recorded for it (modified, replaced or corrupted)."""
+
+
+class UntrustedFileError(ConfigError):
+    """A file that can run code when loaded (an SB3 ``.zip``) is neither signed by this user's
+    key nor loaded with explicit consent (``--trust-model`` / ``trust=True``)."""
+
+
+class LockedError(OutputPathError):
+    """An output is being written by another process (the message names it: pid, host, command)."""
 
 
 class ResourceLimitError(ConfigError):

@@ -7,19 +7,29 @@ half-written file; readers therefore see either the old or the new content.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from hdamoe_env.config.errors import OutputPathError
+from hdamoe_env.config.errors import LockedError, OutputPathError
+# the readers of input files live in the bottom layer (traces reads traces with them)
+from traces.io import check_input_file, loads_json, read_input_bytes, read_json
 
-__all__ = ["apply_umask", "atomic_write", "check_output_dir", "check_output_file",
-           "json_default", "write_json"]
+__all__ = ["apply_umask", "atomic_write", "check_input_file", "check_output_dir",
+           "check_output_file", "json_default", "loads_json", "lock_path", "output_lock",
+           "read_input_bytes", "read_json", "write_json"]
+
+#: Suffix of the lock file beside a locked output (outside a directory: its contents stay ours).
+LOCK_SUFFIX = ".hdamoe-lock"
 
 
 def _umask() -> int:
@@ -149,3 +159,83 @@ def write_json(path: str | os.PathLike[str], data: Any, *, sort_keys: bool = Fal
     """Write ``data`` as indented JSON atomically (numpy values converted)."""
     text = json.dumps(data, indent=1, sort_keys=sort_keys, default=json_default) + "\n"
     return atomic_write(path, lambda fh: fh.write(text))
+
+
+def lock_path(path: str | os.PathLike[str], kind: str) -> Path:
+    """Return the lock file of an output: ``.NAME.hdamoe-lock`` beside the directory or file.
+
+    Args:
+        path: The output.
+        kind: ``"dir"`` or ``"file"`` (both locks live beside the output, in its parent).
+    """
+    path = Path(os.path.abspath(path))
+    del kind                               # one naming for both: a dir and a file never share it
+    return path.with_name(f".{path.name}{LOCK_SUFFIX}")
+
+
+def _acquire(target: Path, kind: str, command: str) -> tuple[int, Path]:
+    import fcntl
+
+    lock = lock_path(target, kind)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = json.loads(os.read(fd, 4096).decode() or "{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            raise LockedError(
+                f"{'directory' if kind == 'dir' else 'file'} {str(target)!r} is being written by "
+                f"another process (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+                f"since {holder.get('started', '?')}: {holder.get('command', '?')}); wait for it "
+                "to finish or choose another output") from None
+        # the holder before us may have unlinked the file we opened: lock the live one only
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(info).encode())
+    return fd, lock
+
+
+@contextlib.contextmanager
+def output_lock(outputs: Iterable[tuple[str | os.PathLike[str], str]],
+                command: str | None = None) -> Iterator[None]:
+    """Hold an advisory lock (``fcntl.flock``) on each output while the block runs.
+
+    A second process asking for the same output is refused at once, with a message naming the
+    first (pid, host, start time, command). The lock files are removed on exit; a crashed
+    holder's lock is released by the kernel, so a stale file never blocks.
+
+    Args:
+        outputs: ``(path, kind)`` pairs, kind ``"dir"`` or ``"file"``.
+        command: The command line recorded in the lock (default: ``sys.argv``).
+
+    Raises:
+        LockedError: An output is locked by another process.
+    """
+    text = command if command is not None else " ".join(sys.argv)
+    held: list[tuple[int, Path]] = []
+    try:
+        seen = set()
+        for path, kind in outputs:
+            key = (os.path.abspath(path), kind)
+            if key not in seen:
+                seen.add(key)
+                held.append(_acquire(Path(path), kind, text))
+        yield
+    finally:
+        for fd, lock in reversed(held):
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            os.close(fd)

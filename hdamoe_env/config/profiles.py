@@ -224,13 +224,22 @@ def get_profile(name: str | Conventions, **overrides: Any) -> Conventions:
     """
     if isinstance(name, Conventions):
         base = name
+    elif not isinstance(name, str):
+        raise ConfigError(f"conventions must be a profile name or a Conventions object, got "
+                          f"{name!r}; e.g. 'faithful' or 'faithful+b_psum=4'")
     else:
         head, *parts = str(name).split("+")
         if head not in PROFILES:
             raise unknown_name("convention profile", head, PROFILES)
         base = PROFILES[head]
         if parts:
-            base = base.derive(**dict(_parse_override(base, part, str(name)) for part in parts))
+            pairs = [_parse_override(base, part, str(name)) for part in parts]
+            knobs = [knob for knob, _ in pairs]
+            repeated = sorted({k for k in knobs if knobs.count(k) > 1})
+            if repeated:
+                raise ConfigError(f"profile {str(name)!r} sets {repeated} more than once (only "
+                                  "the last would count); give each knob once")
+            base = base.derive(**dict(pairs))
     return base.derive(**overrides) if overrides else base
 
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hdamoe_env.config import limits
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.profiles import PROFILES, Conventions, get_profile
 from hdamoe_env.config.specs import (MODEL_PRESETS, TOPOLOGY_KINDS, HardwareSpec, ModelSpec,
@@ -34,7 +35,8 @@ from traces import synthetic
 from traces.batching import check_batch
 
 __all__ = ["RUN_DEFAULTS", "RUN_OPTIONS", "RunFields", "RunOption", "RunSpec", "check_batch",
-           "check_trace_requests", "check_trace_skew", "mesh_label", "profile_key"]
+           "check_hardware", "check_run_memory", "check_seed", "check_trace_requests",
+           "check_trace_skew", "mesh_label", "profile_key"]
 
 
 def _parse_batch(text: str) -> int:
@@ -59,10 +61,68 @@ def check_trace_skew(value: Any) -> float:
     if isinstance(value, bool | np.bool_):
         raise ConfigError(f"trace_skew must be a finite number > 0, got {value!r}")
     try:
-        return synthetic.check_skew(value)
+        skew = synthetic.check_skew(value)
     except ValueError as exc:
         raise ConfigError(f"trace_skew: {exc}; e.g. trace_skew=1.5 (sharper) or 0.5 "
                           "(flatter)") from None
+    return limits.check_bound("trace_skew", skew, limits.SKEW_RANGE,
+                              "e.g. trace_skew=1.5 (sharper) or 0.5 (flatter)")
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """Return a seed as an ``int``, or raise ``ConfigError`` if it is not one.
+
+    A seed is a non-negative integer up to ``limits.SEED_MAX`` (Python ``int`` or a NumPy
+    integer); booleans, floats (even integral ones) and text are refused rather than converted.
+
+    Args:
+        value: The seed received.
+        name: What it is, for the message (``"seed"``, ``"--seeds"``, ``"trace_seed"``).
+
+    Raises:
+        ConfigError: Not an integer, negative, or larger than ``SEED_MAX``.
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise ConfigError(f"{name} must be an integer in [0, {limits.SEED_MAX}], got "
+                          f"{value!r} ({type(value).__name__}); e.g. 0")
+    if not 0 <= int(value) <= limits.SEED_MAX:
+        raise ConfigError(f"{name}={int(value)} is outside [0, {limits.SEED_MAX}]; use a "
+                          "non-negative 32-bit integer, e.g. 0")
+    return int(value)
+
+
+def check_hardware(hw: HardwareSpec) -> HardwareSpec:
+    """Return ``hw`` when every value lies in its ``limits.HARDWARE_BOUNDS`` range.
+
+    Raises:
+        ConfigError: A value outside its physically meaningful range, or a mesh larger than
+            ``limits.MAX_MESH_SIDE`` per side / ``limits.MAX_MESH_NODES`` in total.
+    """
+    rows, cols = hw.mesh_shape
+    if max(rows, cols) > limits.MAX_MESH_SIDE or rows * cols > limits.MAX_MESH_NODES:
+        raise ConfigError(f"mesh {rows}x{cols} is larger than the simulator supports (at most "
+                          f"{limits.MAX_MESH_SIDE} per side and {limits.MAX_MESH_NODES} nodes); "
+                          "use a smaller mesh, e.g. 4x8")
+    for name, bound in limits.HARDWARE_BOUNDS.items():
+        value = getattr(hw, name)
+        if value is not None:
+            limits.check_bound(name, value, bound, f"give {name} in {bound.unit}")
+    return hw
+
+
+def check_run_memory(model: ModelSpec, hw: HardwareSpec, batch: int) -> None:
+    """The memory pre-flight of a run (the same estimate as the command line's).
+
+    Raises:
+        ResourceLimitError: The decode batch or the NoC tables need more memory than is
+            available (the message has the estimate and a fix).
+    """
+    nodes = hw.num_nodes
+    need = (limits.batch_bytes(batch, model.num_experts, model.top_k, nodes)
+            + limits.mesh_bytes(nodes))
+    limits.check_fits(need, f"a decode batch of {batch} tokens ({model.key}, "
+                      f"{hw.mesh_shape[0]}x{hw.mesh_shape[1]} nodes)",
+                      "use a smaller batch (--batch) or mesh (--mesh)")
 
 
 def check_trace_requests(value: Any) -> int | None:
@@ -213,18 +273,36 @@ class RunSpec:
             ConfigError: An unknown name or an invalid value (the message names it and a fix).
         """
         if hardware is None:
+            if not isinstance(hardware_overrides, Mapping | None):
+                raise ConfigError(f"hardware_overrides must be a mapping, got "
+                                  f"{type(hardware_overrides).__name__}")
+            known = {f.name for f in dataclasses.fields(HardwareSpec)} - {
+                "mesh_shape", "compute_tflops", "link_bw_gbps"}
+            unknown = sorted(map(str, set(hardware_overrides or {}) - known))
+            if unknown:
+                raise ConfigError(f"hardware overrides {unknown} are not allowed (compute and "
+                                  "link bandwidth come from setting, the grid from mesh); "
+                                  f"expected some of {sorted(known)}")
             hardware = hardware_from_setting(setting, mesh, **dict(hardware_overrides or {}))
+        elif not isinstance(hardware, HardwareSpec):
+            raise ConfigError(f"hardware must be a HardwareSpec or None, got "
+                              f"{type(hardware).__name__}")
         else:
             mesh = hardware.mesh_shape
+        check_hardware(hardware)
         topo = topology if isinstance(topology, TopologySpec) else TopologySpec(kind=topology)
         if not isinstance(trace, str | os.PathLike) and not hasattr(trace, "trace_id"):
             raise ConfigError(f"trace must be 'synthetic', a RoutingTrace or a path, got "
                               f"{type(trace).__name__}")
-        return cls(model=get_model(model), hardware=hardware, topology=topo,
+        if isinstance(trace, str) and not trace.strip():
+            raise ConfigError("trace is empty; expected 'synthetic' or a trace path")
+        spec = cls(model=get_model(model), hardware=hardware, topology=topo,
                    conventions=get_profile(conventions), batch=check_batch(batch),
                    setting=str(setting), mesh=mesh_label(mesh), trace=trace,
                    trace_requests=check_trace_requests(trace_requests),
                    trace_skew=check_trace_skew(trace_skew))
+        check_run_memory(spec.model, spec.hardware, spec.batch)
+        return spec
 
     @property
     def profile(self) -> str:

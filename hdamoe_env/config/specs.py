@@ -172,6 +172,9 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
     """
     if isinstance(name, ModelSpec):
         return name
+    if not isinstance(name, str):
+        raise ConfigError(f"model must be a preset name or a ModelSpec, got {name!r}; e.g. "
+                          "'mixtral-8x7b'")
     key = MODEL_ALIASES.get(name, name)
     if key not in MODEL_PRESETS:
         raise unknown_name("model preset", name, MODEL_PRESETS)
@@ -190,7 +193,10 @@ class HardwareSpec:
     node_dram_gib: float | None = None     # DRAM capacity per node (None = unconstrained)
 
     def __post_init__(self) -> None:
-        shape = tuple(self.mesh_shape)
+        try:
+            shape = tuple(self.mesh_shape)
+        except TypeError:
+            shape = ()
         if len(shape) != 2 or not all(isinstance(v, int) and v >= 1 for v in shape):
             raise ConfigError(f"mesh_shape must be two positive integers (rows, cols), got "
                               f"{self.mesh_shape!r}; e.g. (4, 8)")

@@ -11,8 +11,10 @@ again.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.config.profiles import Conventions
-from hdamoe_env.config.run import RUN_DEFAULTS, RunSpec
+from hdamoe_env.config.run import RUN_DEFAULTS, RunSpec, check_seed
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, TopologySpec
 from hdamoe_env.decisions.gating import COMM_PENALTIES, COMP_PENALTIES
 from hdamoe_env.decisions.dispatch import DISPATCH_RULES, REPLICA_RULES
@@ -52,6 +54,57 @@ def _positive_int(name: str, value: Any, minimum: int, what: str) -> int:
                                                    and value >= minimum):
         raise ConfigError(f"{name} must be {what}, got {value!r}")
     return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ConfigError(f"{name} must be True or False, got {value!r} "
+                          f"({type(value).__name__})")
+    return bool(value)
+
+
+def _number(value: Any) -> bool:
+    return (not isinstance(value, bool | np.bool_) and isinstance(value, int | float | np.number)
+            and math.isfinite(float(value)))
+
+
+def _gating_levels(value: Any) -> tuple[float, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | np.ndarray):
+        raise ConfigError(f"gating_levels must be a sequence of numbers such as (0, 0.5, 1, 2), "
+                          f"got {value!r}")
+    if not all(_number(x) for x in value):
+        raise ConfigError(f"gating_levels must hold finite numbers >= 0, got {list(value)!r}")
+    levels = tuple(float(x) for x in value)
+    if not levels or any(x < 0 for x in levels):
+        raise ConfigError(f"gating_levels must be finite multipliers >= 0, got {levels}")
+    if len(set(levels)) != len(levels):
+        raise ConfigError(f"gating_levels {levels} repeat a level (two actions would be the "
+                          "same); give each multiplier once")
+    return levels
+
+
+#: Options of the batching modes the env sets itself (not through ``batch_options``).
+_ENV_BATCH_ARGS = ("trace", "B", "rng", "n_steps", "view")
+
+
+def _batch_options(mode: str, value: Any) -> dict[str, Any] | None:
+    """Check ``batch_options`` against the keyword arguments of the batching mode."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"batch_options must be None or a dict such as {{'cycle': False}}, got "
+                          f"{value!r}")
+    params = {name: p for name, p in inspect.signature(batching.BATCH_MODES[mode]).parameters
+              .items() if name not in _ENV_BATCH_ARGS}
+    options = {}
+    for key, option in value.items():
+        if key not in params:
+            raise unknown_name(f"option of batching mode {mode!r}", key, params)
+        default = params[key].default
+        if isinstance(default, bool) and not isinstance(option, bool | np.bool_):
+            raise ConfigError(f"batch_options[{key!r}] must be True or False, got {option!r}")
+        options[str(key)] = bool(option) if isinstance(default, bool) else option
+    return options
 
 
 @dataclass(frozen=True)
@@ -165,8 +218,35 @@ class EnvConfig:
     replica_rule: str = "least_loaded"
     replica_rules: Sequence[str] = ENV_REPLICA_RULES
 
+    @classmethod
+    def create(cls, **kwargs: Any) -> EnvConfig:
+        """Return the configuration of keyword arguments, refusing unknown names.
+
+        Raises:
+            ConfigError: An unknown argument (with a near-miss suggestion) or an invalid value.
+        """
+        known = cls.field_names()
+        for name in kwargs:
+            if name not in known:
+                raise unknown_name("HdMoeEnv argument", name, known)
+        return cls(**kwargs)
+
+    def replace(self, **kwargs: Any) -> EnvConfig:
+        """Return a copy with ``kwargs`` changed (``dataclasses.replace``), refusing unknown names.
+
+        Raises:
+            ConfigError: An unknown argument or an invalid value.
+        """
+        known = self.field_names()
+        for name in kwargs:
+            if name not in known:
+                raise unknown_name("HdMoeEnv argument", name, known)
+        return dataclasses.replace(self, **kwargs)
+
     def __post_init__(self) -> None:  # noqa: C901 - one check per argument, in order
         set_ = object.__setattr__  # frozen: resolved values are set once, here
+        for name in ("measure_twin_error", "gating_include_future", "flatten_replicas"):
+            set_(self, name, _flag(name, getattr(self, name)))
         if self.render_mode is not None and self.render_mode not in RENDER_MODES:
             raise unknown_name("render mode", self.render_mode, RENDER_MODES)
         if self.fidelity not in FIDELITIES:
@@ -180,11 +260,24 @@ class EnvConfig:
         _positive_int("steps_per_episode", self.steps_per_episode, 1, "a positive integer")
         _positive_int("max_broadcast", self.max_broadcast, 0, "an integer >= 0")
         for name in ("trace_seed", "placement_seed", "gamma_seed"):
-            _positive_int(name, getattr(self, name), 0, "an integer >= 0 (a seed)")
+            set_(self, name, check_seed(getattr(self, name), name))
+        _positive_int("bc_max_messages", self.bc_max_messages, 1, "a positive integer")
+        if self.gating_candidate_window is not None:
+            _positive_int("gating_candidate_window", self.gating_candidate_window, 0,
+                          "None or an integer >= 0")
         if self.trace_tokens is not None:
             _positive_int("trace_tokens", self.trace_tokens, 1,
                           "None (the default) or a positive integer")
+        for name in ("dispatch_rules", "replica_rules"):
+            value = getattr(self, name)
+            if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not all(
+                    isinstance(rule, str) for rule in value):
+                raise ConfigError(f"{name} must be a sequence of rule names, got {value!r}")
+        if not isinstance(self.replica_rule, str):
+            raise ConfigError(f"replica_rule must be a rule name, got {self.replica_rule!r}")
         rules = tuple(self.dispatch_rules)
+        if len(set(rules)) != len(rules):
+            raise ConfigError(f"dispatch_rules {rules} repeat a rule; give each rule once")
         for rule in rules:
             if rule not in DISPATCH_RULES:
                 raise unknown_name("dispatch rule", rule, DISPATCH_RULES)
@@ -201,12 +294,9 @@ class EnvConfig:
                 raise unknown_name("replica rule", rule, ENV_REPLICA_RULES)
         ordered = tuple(dict.fromkeys((self.replica_rule, *self.replica_rules)))
         set_(self, "replica_rules", ordered)
-        levels = tuple(float(x) for x in self.gating_levels)
-        if not levels or any(not (math.isfinite(x) and x >= 0) for x in levels):
-            raise ConfigError(f"gating_levels must be finite multipliers >= 0, got {levels}")
-        set_(self, "gating_levels", levels)
+        set_(self, "gating_levels", _gating_levels(self.gating_levels))
         scale = self.reward_scale
-        if scale is not None and not (scale > 0 and math.isfinite(scale)):
+        if scale is not None and not (_number(scale) and scale > 0):
             raise ConfigError(f"reward_scale must be None or a positive number of seconds, got "
                               f"{scale!r}")
 
@@ -224,13 +314,17 @@ class EnvConfig:
         if mode not in batching.BATCH_MODES or mode == "random_rows_per_layer":
             raise unknown_name("batching mode", mode,
                                set(batching.BATCH_MODES) - {"random_rows_per_layer"})
+        set_(self, "batch_options", _batch_options(mode, self.batch_options))
         if not isinstance(self.placement, Placement | str | Path):
             raise ConfigError(f"placement must be 'tp', 'tp-tiled', 'ep', a Placement or a "
                               f"path, got {self.placement!r}")
 
         L = self.model_spec.num_moe_layers
         if self.k_b is not None:
-            raw = np.asarray(self.k_b)
+            try:
+                raw = np.asarray(self.k_b)
+            except (TypeError, ValueError):
+                raw = np.asarray([], dtype=np.float64)        # refused just below
             if raw.dtype.kind not in "iu" or raw.ndim > 1 or raw.size not in (1, L):
                 raise ConfigError(f"k_b must be an integer or one integer per layer (L={L}), "
                                   f"got {self.k_b!r}")
@@ -243,12 +337,25 @@ class EnvConfig:
             raise unknown_name("computation penalty", self.gating_comp_penalty, COMP_PENALTIES)
         if self.gating_comm_penalty not in COMM_PENALTIES:
             raise unknown_name("communication penalty", self.gating_comm_penalty, COMM_PENALTIES)
+        _positive_int("gating_protect_top", self.gating_protect_top, 0, "an integer >= 0")
+        if self.gating_coefficients is not None and not (
+                isinstance(self.gating_coefficients, Sequence)
+                and len(self.gating_coefficients) == 2
+                and all(_number(c) for c in self.gating_coefficients)):
+            raise ConfigError(f"gating_coefficients must be None or two finite numbers "
+                              f"(r_comp, r_comm), got {self.gating_coefficients!r}")
         if not 0 <= int(self.gating_protect_top) <= self.model_spec.top_k:
             raise ConfigError(f"gating_protect_top must lie in [0, k={self.model_spec.top_k}], "
                               f"got {self.gating_protect_top}")
         self.accuracies()                                  # validates predictor_accuracy
         if self.gammas is not None:
-            g = np.asarray(self.gammas, dtype=np.float64)
+            try:
+                g = np.asarray(self.gammas, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise ConfigError(f"gammas must be numbers, one per layer (L={L}), got "
+                                  f"{self.gammas!r}") from None
+            if g.ndim == 1 and not (np.isfinite(g).all() and (g > 0).all()):
+                raise ConfigError(f"gammas must be finite and > 0, got {g.tolist()}")
             if g.shape != (L,):
                 raise ConfigError(f"gammas must have one value per layer (L={L}), got shape "
                                   f"{g.shape}")
@@ -337,7 +444,14 @@ class EnvConfig:
         value = self.predictor_accuracy
         if value is None:
             return synthetic.default_oracle_accuracy(L)
-        acc = np.asarray(value, dtype=np.float64)
+        if isinstance(value, str | bytes | bool | np.bool_):
+            raise ConfigError(f"predictor_accuracy must be None, a number in [0, 1] or one per "
+                              f"layer, got {value!r}")
+        try:
+            acc = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ConfigError(f"predictor_accuracy must be None, a number in [0, 1] or one per "
+                              f"layer, got {value!r}") from None
         if acc.ndim == 0:
             acc = np.full(L, float(acc))
         elif acc.shape == (L - 1,):
@@ -347,7 +461,7 @@ class EnvConfig:
                               f"values, got shape {acc.shape}")
         acc = acc.copy()
         acc[0] = np.nan
-        if ((acc[1:] < 0) | (acc[1:] > 1)).any():
+        if not np.isfinite(acc[1:]).all() or ((acc[1:] < 0) | (acc[1:] > 1)).any():
             raise ConfigError(f"predictor_accuracy must lie in [0, 1], got {acc[1:].tolist()}")
         return acc
 

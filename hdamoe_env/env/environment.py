@@ -18,7 +18,6 @@ env; the arguments are documented once, in ``EnvConfig``.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -31,6 +30,7 @@ from gymnasium import spaces
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.config.run import check_seed
 from hdamoe_env.cost.broadcast import BroadcastPlan
 from hdamoe_env.decisions import dispatch, gating
 from hdamoe_env.decisions.prediction import StepPredictor
@@ -175,12 +175,12 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         """
         super().__init__()
         if config is None:
-            config = EnvConfig(**kwargs)
+            config = EnvConfig.create(**kwargs)
         elif not isinstance(config, EnvConfig):
             raise ConfigError(f"config must be an EnvConfig or None, got "
                               f"{type(config).__name__}; pass the other arguments by keyword")
         elif kwargs:
-            config = dataclasses.replace(config, **kwargs)
+            config = config.replace(**kwargs)
         self.config = config
         self.render_mode = config.render_mode
         self.model = config.model_spec
@@ -461,7 +461,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         Returns:
             The observation of layer 0 of the first decode step and an info dict.
         """
-        super().reset(seed=seed)
+        super().reset(seed=None if seed is None else check_seed(seed, "reset(seed=...)"))
         rng = self.np_random
         kwargs: dict[str, Any] = {"n_steps": self.steps_per_episode, "view": self.view}
         if self.batch_mode == "streams":

@@ -197,8 +197,15 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
         if int(num_candidates) < 1:
             raise ConfigError(f"num_candidates must be >= 1, got {num_candidates}")
         self.layout = ActionLayout.from_env(env)
+        experts = int(env.unwrapped.model.num_experts)
+        if int(num_candidates) > experts:
+            raise ConfigError(f"num_candidates={num_candidates} exceeds the model's E={experts} "
+                              f"experts; use at most {experts} (e.g. --candidates 4)")
         self.num_candidates = int(num_candidates)
         lay = self.layout
+        if lay.max_broadcast < 1:
+            raise ConfigError("the ranked action needs max_broadcast >= 1 pre-broadcast slot, "
+                              "got 0; use --max-broadcast 1 or more")
         self.action_space = spaces.MultiDiscrete(
             [self.num_candidates + 1] * lay.max_broadcast
             + lay.nvec[lay.max_broadcast:].tolist())           # R, G (and RR with replicas)

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError, InfeasibleError
-from hdamoe_env.config.fileio import atomic_write, json_default
+from hdamoe_env.config.fileio import atomic_write, check_input_file, json_default
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 
@@ -281,12 +281,16 @@ class Placement:
         Raises:
             ConfigError: The file is missing, not a placement, or of a newer format version.
         """
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError(f"placement file must be a path, got {path!r} "
+                              f"({type(path).__name__})")
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"placement file {str(path)!r} does not exist")
         if path.is_dir():
             raise ConfigError(f"placement file {str(path)!r} is a directory; expected a .npz file "
                               "(for an `hdamoe place` output give DIR/placement.npz)")
+        check_input_file(path, "placement file")
         try:
             with np.load(path, allow_pickle=False) as data:
                 if not hasattr(data, "files"):

@@ -67,3 +67,58 @@ def test_pool_workers_die_with_their_parent(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+
+
+_FAIL_SCRIPT = '''
+import errno, os, signal, sys, time
+sys.path.insert(0, {root!r})
+from baselines.pool import spawn_pool_map
+
+def work(i, folder):
+    open(os.path.join(folder, f"worker_{{os.getpid()}}_{{i}}"), "w").close()
+    time.sleep(0.1 if i == 0 else 120)
+    return i
+
+def done(result):
+    print("failing", flush=True)
+    if sys.argv[2] == "ENOSPC":       # the cache write of a finished result on a full disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+
+if __name__ == "__main__":
+    spawn_pool_map(work, [(i, sys.argv[1]) for i in range(6)], 2, done)
+'''
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC", "SIGINT"])
+def test_pool_exits_within_5_s_of_an_error_or_interrupt(tmp_path, fault):
+    """A failing result callback (full disk) or Ctrl-C: the process exits within 5 s, with no
+    InvalidStateError from the pool's manager thread, and leaves no worker behind."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "fail.py"
+    script.write_text(_FAIL_SCRIPT.format(root=root))
+    folder = tmp_path / "w"
+    folder.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(folder), fault],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "failing"       # blocks until the fault
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert elapsed < 5.0, f"exit took {elapsed:.1f} s"
+    assert "InvalidStateError" not in err
+    assert ("No space left" in err) if fault == "ENOSPC" else ("KeyboardInterrupt" in err)
+    workers = {int(p.name.split("_")[1]) for p in folder.glob("worker_*")}
+    time.sleep(0.5)
+    assert workers and not any(_alive(w) for w in workers)

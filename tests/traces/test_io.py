@@ -109,3 +109,44 @@ def test_load_rejects_non_npz(tmp_path: Path) -> None:
         traces.load(path)
 
 
+
+
+# ------------------------------------------------------------------ input files (size, type, depth)
+def test_input_files_must_be_regular_and_small(tmp_path, monkeypatch):
+    import os
+
+    from traces.errors import InputFileError
+    from traces.io import check_input_file, read_input_bytes
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(InputFileError, match="FIFO"):
+        read_input_bytes(fifo, "--trace")                  # returns at once, never blocks
+    with pytest.raises(InputFileError, match="device"):
+        check_input_file("/dev/zero", "--trace")
+    with pytest.raises(InputFileError, match="directory"):
+        check_input_file(tmp_path)
+    with pytest.raises(InputFileError, match="does not exist"):
+        check_input_file(tmp_path / "nothing.json")
+    small = tmp_path / "small.json"
+    small.write_text("[1, 2, 3]")
+    assert read_input_bytes(small) == b"[1, 2, 3]"
+    monkeypatch.setenv("HDAMOE_MAX_INPUT_BYTES", "4")
+    with pytest.raises(InputFileError, match="HDAMOE_MAX_INPUT_BYTES"):
+        read_input_bytes(small)
+    with pytest.raises(InputFileError, match="cap"):
+        traces.read_reference_json(small, E=8, k=2)
+
+
+def test_json_depth_is_bounded_without_recursion(tmp_path):
+    from traces.errors import InputFileError
+    from traces.io import MAX_JSON_DEPTH, json_depth, loads_json
+
+    assert json_depth(b'[[1, 2], {"a": [3]}]') == 3
+    assert json_depth(b'["[[[[[[", "]]]"]') <= 7
+    assert json_depth("[" * 70 + '"]]]]"' + "]" * 70) == 70      # strings skipped exactly
+    assert loads_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputFileError, match="100000 levels"):
+        traces.read_reference_json(deep, E=8, k=2)

@@ -267,3 +267,80 @@ def test_residual_on_a_replica_placement(env_kwargs, tmp_path, make_tiny_env,
         assert info["total_us"] == ref_info["total_us"]              # the default dispatch
         assert info["replica_rule"] == ("shares" if shares else ref_info["replica_rule"])
         done = term or trunc
+
+
+def test_models_load_only_when_signed_or_trusted(trained, tmp_path):
+    """The trust rule: this package's signed models load; a model from elsewhere (no
+    signature, a recomputed SHA-256, a checkpoint without its signature) needs trust=True."""
+    import shutil
+
+    from hdamoe_env.config import trust
+    from hdamoe_env.config.errors import UntrustedFileError
+
+    assert trust.signature_path(trained / "model.zip").exists()
+    learned.load_agent(trained)                                   # signed by this key
+    alone = tmp_path / "copied.zip"
+    shutil.copy(trained / "model.zip", alone)                     # a model passed alone
+    with pytest.raises(UntrustedFileError, match="trust"):
+        learned.load_agent(alone)
+    agent = learned.load_agent(alone, trust=True)
+    with trust.consent():                                         # --trust-model
+        learned.load_agent(alone)
+    ckpt = sorted((trained / "checkpoints").glob("ckpt_*.zip"))[-1]
+    # another valid model in place of model.zip, with a recomputed SHA-256 in learned.json
+    import torch
+
+    with torch.no_grad():
+        next(agent.model.policy.parameters()).add_(1.0)
+    agent.model.save(trained / "model.zip")
+    meta = json.loads((trained / "learned.json").read_text())
+    meta["model_sha256"] = learned.file_sha256(trained / "model.zip")
+    (trained / "learned.json").write_text(json.dumps(meta))
+    with pytest.raises(UntrustedFileError, match="does not match"):
+        learned.load_agent(trained)
+    trust.signature_path(ckpt).unlink()
+    ckpt.with_suffix(".json").unlink()
+    with pytest.raises(UntrustedFileError):
+        learned.load_agent(ckpt)
+
+
+def test_bench_agent_file_from_elsewhere_is_refused(trained, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from hdamoe_env.app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(trained / "model.zip", tmp_path / "evil.zip")
+    code = main(["bench", "--methods", "agent:evil.zip", "--seeds", "0", "--model", "mixtral",
+                 "--mesh", "2x2", "--steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("hdamoe: error:") and "--trust-model" in err[-1]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_statistics_that_would_normalise_wrong_are_refused(trained, tmp_path):
+    """All-NaN statistics, or arrays of length 1 that would broadcast, are a typed error."""
+    norm = learned.ObsNormalizer.load(trained / "vecnormalize.npz")
+    key = norm.norm_obs_keys[0]
+    mean, var, count = norm.stats[key]
+    for stats in ((np.full_like(mean, np.nan), var, count), (mean[:1], var[:1], count),
+                  (mean, -np.ones_like(var), count)):
+        bad = learned.ObsNormalizer({**norm.stats, key: stats}, norm.clip_obs, norm.epsilon)
+        bad.save(trained / "vecnormalize.npz")
+        with pytest.raises(ConfigError, match="statistics"):
+            learned.load_agent(trained)
+
+
+def test_agent_on_an_env_of_another_shape_is_refused_at_load(trained, make_tiny_env):
+    with pytest.raises(ConfigError, match="trained on observations|trained for actions"):
+        learned.load_agent(trained, env=make_tiny_env(mesh="2x4", k_b=None))
+
+
+@pytest.mark.parametrize("layout", [{"gating_levels": ["x"]}, {"num_experts": "many"},
+                                    {"dispatch_rules": 3}])
+def test_damaged_layout_in_learned_json_is_a_config_error(trained, layout):
+    meta = json.loads((trained / "learned.json").read_text())
+    meta["layout"] = {**meta["layout"], **layout}
+    (trained / "learned.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="layout"):
+        learned.load_agent(trained)

@@ -140,3 +140,34 @@ def test_unwritable_directories_are_refused(tmp_path):
             check_output_file(locked / "out.json")
     finally:
         os.chmod(locked, 0o700)
+
+
+# ---------------------------------------------------------------------------- output_lock
+def test_second_writer_is_refused_naming_the_first(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from hdamoe_env.config.errors import LockedError
+    from hdamoe_env.config.fileio import lock_path, output_lock
+
+    out = tmp_path / "run"
+    code = ("import sys, time; from hdamoe_env.config.fileio import output_lock\n"
+            f"with output_lock([({str(out)!r}, 'dir')], 'hdamoe train --out run'):\n"
+            "    print('locked', flush=True); time.sleep(30)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LockedError) as err:
+            with output_lock([(out, "dir")], "second"):
+                pass
+        text = str(err.value)
+        assert f"pid {holder.pid}" in text and "hdamoe train --out run" in text
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.05)
+    with output_lock([(out, "dir"), (tmp_path / "o.json", "file")], "third"):
+        assert lock_path(out, "dir").exists()
+    assert not lock_path(out, "dir").exists() and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -79,3 +79,12 @@ def test_derived_profile_records_overrides():
     with pytest.raises(ConfigError, match="unknown convention profile"):
         get_profile("papr")
     assert conv.to_dict()["knobs_sha256"] != PROFILES["faithful"].to_dict()["knobs_sha256"]
+
+
+def test_derived_profile_refuses_a_repeated_knob():
+    from hdamoe_env.config.errors import ConfigError
+    from hdamoe_env.config.profiles import get_profile
+
+    with pytest.raises(ConfigError, match="b_psum"):
+        get_profile("faithful+b_psum=1+b_psum=2")
+    assert get_profile("faithful+b_psum=2").b_psum == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from hdamoe_env.config.errors import ConfigError
@@ -53,3 +54,41 @@ def test_env_config_resolves_once_and_matches_kwargs():  # style.md R2, paper-mo
     assert c.conv is derived and c.sim.conv is derived
     with pytest.raises(ConfigError, match="batch must be a positive integer"):
         EnvConfig(batch=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"gating_levels": "0,1"}, "gating_levels"),
+    ({"gating_levels": ["x"]}, "gating_levels"),
+    ({"gating_levels": (0.0, 1.0, 1.0)}, "repeat"),
+    ({"batch_options": "x"}, "batch_options"),
+    ({"batch_options": {"nosuch": 1}}, "nosuch"),
+    ({"batch_options": {"cycle": "no"}}, "True or False"),
+    ({"predictor_accuracy": float("nan")}, "predictor_accuracy"),
+    ({"predictor_accuracy": "high"}, "predictor_accuracy"),
+    ({"hardware": "x"}, "HardwareSpec"),
+    ({"reward_scale": "x"}, "reward_scale"),
+    ({"trace_seed": 1.5}, "trace_seed"),
+    ({"placement_seed": -1}, "placement_seed"),
+    ({"dispatch_rules": "first"}, "dispatch_rules"),
+    ({"dispatch_rules": ("first", "first")}, "repeat"),
+    ({"measure_twin_error": "yes"}, "measure_twin_error"),
+    ({"gammas": [float("nan")] * 32}, "gammas"),
+    ({"gating_coefficients": (1.0,)}, "gating_coefficients"),
+])
+def test_every_bad_argument_is_a_config_error(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        EnvConfig(model="mixtral-8x7b", mesh="2x2", **kwargs)
+
+
+def test_unknown_keyword_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match="batch_mode"):
+        EnvConfig.create(model="mixtral-8x7b", batch_mod="streams")
+    cfg = EnvConfig.create(model="mixtral-8x7b", mesh="2x2")
+    with pytest.raises(ConfigError, match="foo"):
+        cfg.replace(foo=1)
+    assert cfg.replace(steps_per_episode=2).steps_per_episode == 2
+
+
+def test_batch_options_keep_real_booleans():
+    cfg = EnvConfig(model="mixtral-8x7b", mesh="2x2", batch_options={"cycle": np.bool_(False)})
+    assert cfg.batch_options == {"cycle": False} and type(cfg.batch_options["cycle"]) is bool
