@@ -282,10 +282,16 @@ def cell_verdict(knob_values: Mapping[str, Sequence[float]], winners: Sequence[s
 
 
 def mark(verdict: Mapping[str, Any]) -> str:
-    """Return the short mark of a verdict: ``robust``, ``depends on X`` or ``depends (…)``."""
+    """Return the short mark of a verdict: ``robust``, ``depends on X`` or ``conditional``.
+
+    The percentage is the share of samples won by the base profile's winner.
+    """
     share = verdict["base_share"]
     if verdict["robust"] and (verdict["base_winner"] in (None, verdict["modal"])):
         return f"robust ({share:.0%})"
+    if verdict["robust"]:   # a robust winner, but not the base profile's
+        return (f"conditional ({share:.0%}; {verdict['modal']} wins "
+                f"{verdict['modal_share']:.0%} of the samples)")
     if verdict["deciding"] is None:
         return f"conditional ({share:.0%}, no single knob)"
     return f"depends on {verdict['deciding']} ({share:.0%})"
@@ -355,8 +361,12 @@ def _split_text(row: Mapping[str, Any]) -> str:
     if knob is None:
         return "-"
     s = row["splits"][knob]
+    ties = [k for k, v in row["splits"].items()
+            if k != knob and v["threshold"] is not None and v["accuracy"] >= s["accuracy"] - 1e-12]
     return (f"{s['below']} if {knob} ≤ {_fmt(s['threshold'])}, {s['above']} above "
-            f"({s['accuracy']:.0%} of samples; majority alone {s['baseline']:.0%})")
+            f"({s['accuracy']:.0%} of samples; majority alone {s['baseline']:.0%})"
+            + (f"; {', '.join(ties)} split{'s' if len(ties) == 1 else ''} as well"
+               if ties else ""))
 
 
 def render_section(rows: Sequence[Mapping[str, Any]], *, command: str | None = None,
@@ -394,9 +404,10 @@ def render_section(rows: Sequence[Mapping[str, Any]], *, command: str | None = N
     lines += [render_table(["model", "setting", "B", "base winner", "share", "winners over "
                             "samples", "verdict", "deciding split"], table, style="markdown"),
               ""]
-    lines += ["Per knob, the accuracy of its best split (majority label alone in brackets):", ""]
-    head = ["model", "setting", "B", *knobs]
-    body = [[r["model"], r["setting"], str(r["batch"]),
+    lines += ["Per knob, the share of samples whose winner its best single split predicts "
+              "(the majority winner alone predicts the `majority` column):", ""]
+    head = ["model", "setting", "B", "majority", *knobs]
+    body = [[r["model"], r["setting"], str(r["batch"]), f"{r['modal_share']:.0%}",
              *[f"{r['splits'][k]['accuracy']:.0%}" for k in knobs]]
             for r in done]
     lines += [render_table(head, body, style="markdown"), ""]
