@@ -63,7 +63,7 @@ from hdamoe_env.config.specs import get_model
 from hdamoe_env.config.uncertainty import UNCERTAINTIES, Uncertainty, sample_profiles
 
 __all__ = ["FIGURE", "MIN_PUBLISHED_SAMPLES", "ROBUST_SHARE", "TIE_RTOL", "analyse_robust",
-           "check_out_dir", "cell_verdict", "cmd_robust", "robust_cells", "stump_split",
+           "check_out_dir", "cell_verdict", "cmd_robust", "finished_records", "robust_cells", "stump_split",
            "write_robust_report"]
 
 log = logging.getLogger(__name__)
@@ -312,10 +312,11 @@ def analyse_robust(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     for rec in records:
         if rec.get("kind") != "bench" or rec.get("figure") != FIGURE:
             continue
-        key = (rec["model"], rec["setting"], int(rec["batch"]), rec.get("mesh", "4x8"))
+        key = (rec["model"], rec["setting"], int(rec["batch"]), rec.get("mesh", "4x8"),
+               rec.get("base"), rec.get("robust_n"), rec.get("robust_seed"))
         groups.setdefault(key, {}).setdefault(str(rec["robust_sample"]), []).append(rec)
     rows = []
-    for (model, setting, batch, mesh), by_sample in groups.items():
+    for (model, setting, batch, mesh, *_), by_sample in groups.items():
         first = next(iter(by_sample.values()))[0]
         knobs = list(first.get("robust_knobs", ()))
         order: list[str] = []
@@ -414,6 +415,34 @@ def render_section(rows: Sequence[Mapping[str, Any]], *, command: str | None = N
     return "\n".join(lines)
 
 
+def finished_records(out: Path) -> list[dict[str, Any]]:
+    """Return the records of every finished cell file in ``OUT/cells`` (else ``results.jsonl``).
+
+    Reading the cell files, not ``results.jsonl`` (which holds the cells of the last call only),
+    lets runs of parts of a grid into one ``OUT`` (e.g. one model at a time, ``--resume``) and
+    an interrupted run report every cell that finished.
+
+    Raises:
+        ConfigError: Neither cell files nor ``results.jsonl`` exist.
+    """
+    import json
+
+    files = sorted((out / "cells").glob("*.json")) if (out / "cells").is_dir() else []
+    if not files:
+        return read_jsonl(out, hint="run `hdamoe crossover --robust --out DIR` first")
+    records = []
+    for path in files:
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, ValueError):
+            log.warning("%s is unreadable; skipped", path)
+            continue
+        records += [r for r in payload.get("records", []) if r.get("figure") == FIGURE]
+    records.sort(key=lambda r: (r["model"], r["setting"], int(r["batch"]),
+                                str(r.get("robust_sample"))))
+    return records
+
+
 def write_robust_report(out_dir: str | Path, *, command: str | None = None) -> Path:
     """Analyse ``OUT/results.jsonl``; write ``robust.json`` and ``robust.md``.
 
@@ -424,8 +453,7 @@ def write_robust_report(out_dir: str | Path, *, command: str | None = None) -> P
         ConfigError: ``results.jsonl`` is missing or has no robust records.
     """
     out = Path(out_dir)
-    rows = analyse_robust(read_jsonl(out, hint="run `hdamoe crossover --robust --out DIR` "
-                                               "first"))
+    rows = analyse_robust(finished_records(out))
     if not rows:
         raise ConfigError(f"{out / 'results.jsonl'} has no robust records; run "
                           f"`hdamoe crossover --robust --out {out}` first")

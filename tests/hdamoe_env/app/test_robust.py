@@ -165,3 +165,15 @@ def test_custom_uncertainties_are_sampled_within_their_ranges():
     # Latin hypercube: one sample per fifth of the log range
     strata = np.floor(5 * (np.log(values) - np.log(1e-8)) / np.log(10)).astype(int)
     assert sorted(strata.tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_parts_of_a_grid_run_into_one_out_are_reported_together(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "run_bench", _fake_run_bench(ep_tbt_us=1000.0))
+    out = tmp_path / "rb"
+    argv = ["crossover", "--robust", "--suite", "tiny", "--out", str(out), "--methods", "tp,ep",
+            "--knob", "gemm_overhead_s", "--samples", "3", "--workers", "1", "--resume"]
+    assert main([*argv, "--settings", "5/50"]) == 0
+    assert main([*argv, "--settings", "10/25"]) == 0        # results.jsonl: this part only
+    rows = json.loads((out / "robust.json").read_text())["rows"]
+    assert sorted(r["setting"] for r in rows) == ["10/25", "5/50"]
+    assert all(len(r["samples"]) == 3 and r["base"] is not None for r in rows)
