@@ -4,7 +4,7 @@ What lives here: the command-line parsers, pre-flight checks and ``main`` (``cli
 types and the generated run options (``argtypes``), logging and memory limits (``logs``,
 ``limits``); one module per command (``simulate``, ``simbench``, ``tracetools``, ``record``,
 ``bench`` with ``methods``, ``envbench``, ``place``, ``train``, ``evaluate``, ``tune``,
-``reproduce``, ``crossover``); their output (``records``, ``progress``, ``tb``, ``plots``,
+``reproduce``, ``crossover`` with ``robust`` for ``crossover --robust``); their output (``records``, ``progress``, ``tb``, ``plots``,
 ``report``, ``claims``) and helpers of the gating commands (``matched``, ``model_gating``).
 Nothing imports it.
 
