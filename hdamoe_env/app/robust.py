@@ -1,4 +1,4 @@
-"""Robust rankings: does a cell's winner survive the judgement knobs? (``hdamoe crossover --robust``)
+"""Robust rankings: does a winner survive the judgement knobs? (``hdamoe crossover --robust``)
 
 The crossover (:mod:`hdamoe_env.app.crossover`) moves one knob at a time. Here every judgement
 knob of :data:`hdamoe_env.config.uncertainty.UNCERTAINTIES` (whatever that table holds at run
@@ -62,9 +62,10 @@ from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.config.specs import get_model
 from hdamoe_env.config.uncertainty import UNCERTAINTIES, Uncertainty, sample_profiles
 
-__all__ = ["FIGURE", "MIN_PUBLISHED_SAMPLES", "ROBUST_SHARE", "TIE_RTOL", "analyse_robust",
-           "check_out_dir", "cell_verdict", "cmd_robust", "finished_records", "robust_cells", "stump_split",
-           "write_robust_report"]
+__all__ = ["FIGURE", "MIN_PUBLISHED_SAMPLES", "ROBUST_SEEDS", "ROBUST_SHARE", "ROBUST_STEPS",
+           "TIE_RTOL", "analyse_robust", "cell_verdict", "check_out_dir", "cmd_robust",
+           "finished_records", "mark", "placement_profile", "render_section", "robust_cells",
+           "sample_count_warning", "stump_split", "write_robust_report"]
 
 log = logging.getLogger(__name__)
 
