@@ -424,6 +424,10 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
 def cmd_crossover(args: argparse.Namespace) -> int:
     """Run ``hdamoe crossover``; return the exit code."""
     suite = SUITES[args.suite]
+    if getattr(args, "robust", False):
+        from hdamoe_env.app.robust import cmd_robust
+
+        return cmd_robust(args, suite)
     knobs = dict(parse_knob(k) for k in args.knob) if args.knob else None
     mixtral_dir = args.mixtral_dir if args.mixtral_dir and Path(args.mixtral_dir).is_dir() else None
     if "mixtral-8x7b" in (args.models or suite["models"]) and mixtral_dir is None:
@@ -514,4 +518,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-only", action="store_true",
                    help="only (re)write the analysis from --out/results.jsonl")
     p.add_argument("--list", action="store_true", help="list the cells and exit")
+    p.add_argument("--robust", action="store_true",
+                   help="robust rankings: every method under --samples joint Latin-hypercube "
+                   "samples of all judgement knobs (config/uncertainty.py); per cell robust or "
+                   "'depends on X' (writes robust.json, robust.md; --knob NAME restricts the "
+                   "sampled knobs)")
+    p.add_argument("--samples", type=int, default=64,
+                   help="--robust: samples per cell (>= 64 for a published table)")
+    p.add_argument("--seed", type=int, default=0, help="--robust: seed of the sampling")
+    p.add_argument("--resume", action="store_true",
+                   help="--robust: continue the run in a non-empty --out (finished cells skipped)")
+    p.add_argument("--force", action="store_true",
+                   help="--robust: recompute every cell in a non-empty --out")
     p.set_defaults(func=cmd_crossover)
