@@ -103,9 +103,13 @@ class LayerResult:
 
     @property
     def memory_s(self) -> float:
-        """Exposed memory time (the part of the rooflines not hidden behind compute)."""
-        return (self.t_nm_s - self.t_nm_compute_s - self.t_nm_comm_s) \
-            + (self.t_comp_s - self.t_comp_compute_s)
+        """Exposed memory time (the part of the rooflines not hidden behind compute).
+
+        Clamped at 0: a compute-bound layer's difference is a rounding residue (-1e-20 s), not
+        time.
+        """
+        return max(0.0, (self.t_nm_s - self.t_nm_compute_s - self.t_nm_comm_s)
+                   + (self.t_comp_s - self.t_comp_compute_s))
 
     @property
     def balancedness(self) -> float:
