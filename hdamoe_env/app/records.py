@@ -132,10 +132,11 @@ def read_jsonl(path: str | os.PathLike[str], *, default_name: str = "results.jso
 
 # ------------------------------------------------------------------------------------ summaries
 def _stat(values: Sequence[float | None]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0 for one value) of the finite values."""
     vals = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if vals.size == 0:
         return float("nan"), float("nan")
-    return float(vals.mean()), float(vals.std())
+    return float(vals.mean()), float(vals.std(ddof=1)) if vals.size > 1 else 0.0
 
 
 def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -181,7 +182,11 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
-    """Return the benchmark table (µs per decode step; mean over seeds, ± std over seeds)."""
+    """Return the benchmark table (µs per decode step; mean over seeds, ± sample std over seeds).
+
+    The ``±seeds`` column is the spread (ddof=1), not an interval: ``hdamoe compare`` reports
+    95 % intervals and paired differences.
+    """
     rows = summarise(records)
     present = {r["method"] for r in rows}
     bases = [b for b in SPEEDUP_BASELINES if b in present]
