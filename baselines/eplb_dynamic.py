@@ -398,7 +398,8 @@ def move_messages(moves: Sequence[Move], expert_bytes: float, pi: ArrayLike | No
 
 def simulate_moves(topology: Topology, moves: Sequence[Move], expert_bytes: float, *,
                    pi: ArrayLike | None = None, hop_latency_s: float = 0.0, chunks: int = 1,
-                   tie_break: str = "fifo") -> DesResult:
+                   tie_break: str = "fifo", switching: str = "store_and_forward",
+                   ni_bw_Bps: float | None = None) -> DesResult:
     """Simulate all moves of one rebalance at once on the NoC with the message DES (§6.3).
 
     Args:
@@ -410,10 +411,15 @@ def simulate_moves(topology: Topology, moves: Sequence[Move], expert_bytes: floa
         chunks: Split every expert into this many pipelined messages (store-and-forward of a
             whole expert overstates multi-hop moves).
         tie_break: DES tie rule.
+        switching: DES switching, ``"store_and_forward"`` or ``"cut_through"``
+            (``hdamoe_env.noc.des``; pass the profile's ``conv.switching``).
+        ni_bw_Bps: Network-interface port bandwidth (one injection and one ejection port per
+            node, ``des.simulate_messages``), or None; pass ``conv.ni_bw_for(BW_end)``.
 
     Returns:
         The DES result; ``makespan_s`` is the time the rebalance occupies the links.
     """
     src, dst, size = move_messages(moves, expert_bytes, pi)
     return simulate_messages(topology, src, dst, size, tie_break=tie_break,
-                             hop_latency_s=hop_latency_s, chunks=chunks)
+                             hop_latency_s=hop_latency_s, chunks=chunks, switching=switching,
+                             ni_bw_Bps=ni_bw_Bps)

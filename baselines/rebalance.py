@@ -6,7 +6,7 @@ vLLM and SGLang rebalance periodically). :class:`EplbRebalanceWrapper` does that
 and every ``period`` decode steps re-places the copies from the last window with
 :func:`baselines.eplb_dynamic.rebalance`, simulates the weight moves on the NoC with the
 message DES (:func:`baselines.eplb_dynamic.simulate_moves`, W_e bytes per move, the profile's hop
-latency) and swaps the placement with ``HdMoeEnv.replace_placement``, which charges the moves'
+latency, switching and network-interface ports) and swaps the placement with ``HdMoeEnv.replace_placement``, which charges the moves'
 makespan to the next layer [decision: serially, not overlapped with compute — an upper bound on
 the cost; over a long run this equals the makespan amortised over ``period`` steps]. Every
 episode starts from the wrapped env's initial placement (the static ``eplb`` one), so seeds are
@@ -111,9 +111,12 @@ class EplbRebalanceWrapper(gym.Wrapper):  # type: ignore[type-arg]
         self._window[:] = 0.0
         moves = plan_moves(self._current.holds, new.holds, topology=base.topology,
                            pi=base.placement.pi)
+        conv = base.conv
         makespan = (simulate_moves(base.topology, moves, self._expert_bytes,
                                    pi=base.placement.pi, hop_latency_s=self._hop_s,
-                                   chunks=self.chunks).makespan_s if moves else 0.0)
+                                   chunks=self.chunks, switching=conv.switching,
+                                   ni_bw_Bps=conv.ni_bw_for(base.topology.bw_end_Bps)
+                                   ).makespan_s if moves else 0.0)
         self.history.append({"decode_step": self._steps, "moves": len(moves),
                              "makespan_us": makespan * 1e6})
         self._current = new

@@ -6,6 +6,13 @@ pre-broadcast — go through
 * the DES of ``hdamoe_env.noc.des`` with ``switching="store_and_forward"`` and ``"cut_through"``,
 * the analytic link-load bound ``des.link_load_bound`` (busiest link, or longest route, at
   bandwidth; it has no per-hop serialisation term, so it is the same for both switchings),
+* the package's analytic twin (``fidelity="analytic"``, paper-model.md §5.5): for dispatch and
+  combine γ·t_comm of Eq. 2–3 with the ``faithful`` estimator (κ_a·max_c V_c / BW_end) and γ
+  fitted by ``sim.calibrate.fit_gamma`` (64 batch sizes in [B/2, 2B], dispatch + combine,
+  least squares through the origin) against the CT+NI DES of the same setting, the layer's
+  estimate split evenly between the two phases; for an all-reduce step the closed-form ring
+  step of ``perf.tp_allreduce_time`` (hop + bytes/BW); for the broadcast the α–β pipeline
+  T_bc(c; m) of ``cost.broadcast.broadcast_time_chunked`` (m = 2, H = the diameter, α = 0),
 * BookSim 2.0, cycle-accurate, driven by the trace traffic manager of ``benchmarks/booksim/``
   (built outside the repository by ``benchmarks/booksim/build.sh``).
 
@@ -62,12 +69,18 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hdamoe_env.config.profiles import PROFILES, Conventions  # noqa: E402
 from hdamoe_env.config.specs import MODEL_PRESETS, HardwareSpec  # noqa: E402
+from hdamoe_env.cost import perf  # noqa: E402
+from hdamoe_env.cost.broadcast import broadcast_time_chunked  # noqa: E402
 from hdamoe_env.noc import collectives  # noqa: E402
 from hdamoe_env.noc.broadcast import broadcast_messages  # noqa: E402
 from hdamoe_env.noc.des import link_load_bound, simulate_messages  # noqa: E402
 from hdamoe_env.noc.linksim import choose_aggregators, layer_messages  # noqa: E402
 from hdamoe_env.noc.topology import Topology, make_topology  # noqa: E402
+from hdamoe_env.sim.calibrate import fit_gamma  # noqa: E402
+from hdamoe_env.sim.placement import Placement  # noqa: E402
+from hdamoe_env.sim.simulator import MoESimulator  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "reference-traces"
 FIXTURE = ROOT / "benchmarks" / "booksim" / "fixtures" / "booksim_makespans.csv"
@@ -271,6 +284,63 @@ def run_des(msgs: Messages, topo_kind: str, grid: tuple[int, int], hop_latency_s
 
 
 # --------------------------------------------------------------------------------------------
+# the analytic twin
+
+
+def twin_profile() -> Conventions:
+    """``faithful`` with the DES configured as in this benchmark: no start-up α (BookSim has no
+    DMA start-up) and no partial-sum combine (every message is h·b_msg bytes, as here)."""
+    return PROFILES["faithful"].derive(msg_alpha_s=0.0, psum_combine=False)
+
+
+def _twin_simulator(model: str, topo_kind: str, grid: tuple[int, int],
+                    hop_latency_s: float) -> MoESimulator:
+    hw = HardwareSpec(mesh_shape=grid, link_bw_gbps=LINK_BW_GBPS,
+                      hop_latency_ns=hop_latency_s * 1e9)
+    return MoESimulator(model, hw, topo_kind, twin_profile())
+
+
+@functools.lru_cache(maxsize=None)
+def twin_gamma(model: str, batch: int, topo_kind: str, grid: tuple[int, int],
+               hop_latency_s: float) -> float:
+    """γ of the analytic twin for one setting: ``fit_gamma`` on the EP holders of the cases.
+
+    The twin's own procedure (paper-model.md §5.5, ``faithful``): 64 batch sizes in [B/2, 2B]
+    drawn from the layer's trace rows, y = dispatch + combine of the CT+NI DES, least squares
+    through the origin; seeded by ``SEED`` and B.
+    """
+    sim = _twin_simulator(model, topo_kind, grid, hop_latency_s)
+    nodes = grid[0] * grid[1]
+    holders = _holders(sim.model.num_experts, nodes)
+    shares = holders / holders.sum(axis=1, keepdims=True)
+    placement = Placement(shares[None], np.arange(nodes, dtype=np.int64)[None], method="ep")
+    fit = fit_gamma(sim, placement, 0, _layer_rows(model), batch,
+                    np.random.default_rng(SEED + batch))
+    return fit.gamma
+
+
+def twin_estimate(msgs: Messages, model: str, batch: int, kind: str, topo_kind: str,
+                  grid: tuple[int, int], hop_latency_s: float) -> float:
+    """The analytic twin's makespan of one case, seconds (module docstring)."""
+    topo = topology_for(topo_kind, grid)
+    bw = LINK_BW_GBPS * 1e9
+    if kind in ("dispatch", "combine"):
+        conv = twin_profile()
+        spec = MODEL_PRESETS[model]
+        holders = _holders(spec.num_experts, grid[0] * grid[1])
+        x, _volume = perf.analytic_comm_sampled(holders, _token_rows(model, batch),
+                                                spec.hidden_size, conv.kappa_a, topo.bw_end_Bps)
+        return twin_gamma(model, batch, topo_kind, grid, hop_latency_s) * x / 2.0
+    if kind == "allreduce":  # one step of the closed-form ring: hop + S/(p·BW)
+        return hop_latency_s + float(msgs.size_bytes[0]) / bw
+    if kind == "broadcast":
+        chunk = BROADCAST_BYTES / BROADCAST_CHUNKS
+        return float(broadcast_time_chunked(chunk, 2, float(BROADCAST_BYTES),
+                                            float(topo.diameter), 0.0, bw))
+    raise ValueError(kind)
+
+
+# --------------------------------------------------------------------------------------------
 # BookSim
 
 
@@ -318,7 +388,7 @@ def _err(x: float, ref: float) -> float:
 def write_fixture(rows: list[dict[str, object]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = ["case", "messages", "digest", "hop_latency_s", "booksim_s",
-              *(f"{v[0]}_s" for v in VARIANTS)]
+              *(f"{v[0]}_s" for v in VARIANTS), "twin_s"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -340,7 +410,10 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
         "BookSim of the makespan of the same message list, in %; `SAF` store-and-forward, `CT`",
         "cut-through, `+NI` with one 50 GB/s injection and one ejection port per endpoint",
         "(`ni_bw_Bps`, as BookSim's network interface), `bound` the analytic link-load bound",
-        "(`des.link_load_bound`, no per-hop term, no ports).",
+        "(`des.link_load_bound`, no per-hop term, no ports), `twin` the package's analytic twin",
+        "(`fidelity=\"analytic\"`: dispatch and combine γ·t_comm of paper-model.md Eq. 2–3 with",
+        "γ fitted against the CT+NI DES, half of the layer's estimate per phase; an all-reduce",
+        "step the closed-form ring step hop + bytes/BW; the broadcast the α–β T_bc(c; m)).",
         "",
         "## Configuration and why",
         "",
@@ -382,20 +455,35 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
         f"{BROADCAST_BYTES // 1024} KiB each in {BROADCAST_CHUNKS} chunks with the pipeline "
         "release times of `noc/broadcast.py` (a slice of an expert: whole experts are MBs and "
         "too slow for BookSim; the schedule's structure is the same).",
+        "* Analytic twin (`twin`): the `faithful` estimator t_comm = κ_a·max_c V_c / BW_end "
+        "(κ_a = 2, V_c = h · tokens touching node c) times γ, fitted as the env's twin fits it "
+        "(`sim.calibrate.fit_gamma`: 64 batch sizes in [B/2, 2B] from the same trace layer, "
+        "y = dispatch + combine makespan of the CT+NI DES of the same setting, least squares "
+        "through the origin, seed 27 + B; profile `faithful` with α = 0 and without partial "
+        "sums, as the DES here). The twin predicts a layer's dispatch + combine, so each phase "
+        "gets half; the table *MoE layer* below compares the sum, the twin's own quantity. "
+        "All-reduce step: hop latency + bytes/BW (one step of `perf.tp_allreduce_time`'s ring; "
+        "the env charges TP's all-reduce by the DES even under `fidelity=\"analytic\"`). "
+        "Broadcast: `cost.broadcast.broadcast_time_chunked` with m = 2, c = "
+        f"{BROADCAST_BYTES // BROADCAST_CHUNKS // 1024} KiB, H = the topology's diameter, α = 0 "
+        "(the α–β model behind k_b).",
         "",
         "## Summary",
         "",
     ]
     lines += meta["summary"]
+    lines += ["", "## MoE layer (dispatch + combine): the analytic twin's own quantity", ""]
+    lines += meta["layer"]
     lines += ["", "## Per case", "",
               "| case | msgs | flits | BookSim µs | SAF % | CT % | SAF+NI % | CT+NI % | bound % "
-              "| BookSim s | DES s |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| twin % | BookSim s | DES s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['messages']} | {r['flits']} | {r['booksim_s'] * 1e6:.3f} | "
             + " | ".join(fmt(r[f"err_{v[0]}"]) for v in VARIANTS)
-            + f" | {fmt(r['err_bound'])} | {r['wall_booksim']:.2f} | {r['wall_des']:.4f} |")
+            + f" | {fmt(r['err_bound'])} | {fmt(r['err_twin'])} | {r['wall_booksim']:.2f} | "
+            f"{r['wall_des']:.4f} |")
     lines += ["", "Runtimes are wall-clock seconds on a shared 2-core machine (`BookSim s` one "
               "BookSim run, `DES s` one CT+NI DES call after compilation).", ""]
     over = [r for r in rows if abs(r["err_ct_ni"]) > 5.0]
@@ -412,14 +500,15 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
 
 def summarise(rows: list[dict[str, object]]) -> list[str]:
     out = ["Mean / max absolute makespan error in % against BookSim 2.0.", "",
-           "| subset | cases | SAF | CT | SAF+NI | CT+NI |", "|---|---:|---:|---:|---:|---:|"]
+           "| subset | cases | SAF | CT | SAF+NI | CT+NI | twin |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
 
     def line(name: str, sel: list[dict[str, object]]) -> None:
         if not sel:
             return
         cells = []
-        for v in VARIANTS:
-            e = np.abs([r[f"err_{v[0]}"] for r in sel])
+        for col in [v[0] for v in VARIANTS] + ["twin"]:
+            e = np.abs([r[f"err_{col}"] for r in sel])
             cells.append(f"{e.mean():.1f} / {e.max():.1f}")
         out.append(f"| {name} | {len(sel)} | " + " | ".join(cells) + " |")
 
@@ -432,6 +521,36 @@ def summarise(rows: list[dict[str, object]]) -> list[str]:
     for topo_kind, grid in SETTINGS:
         line(f"{topo_kind} {grid[0]}x{grid[1]}",
              [r for r in rows if r["topo"] == topo_kind and r["grid"] == grid])
+    return out
+
+
+def layer_table(rows: list[dict[str, object]]) -> list[str]:
+    """Dispatch + combine per (model, B, setting): BookSim sum vs CT+NI DES sum vs the twin."""
+    by_key: dict[str, dict[str, dict[str, object]]] = {}
+    for r in rows:
+        if r["kind"] in ("dispatch", "combine"):
+            key = str(r["case"]).replace(f"/{r['kind']}/", "/")
+            by_key.setdefault(key, {})[str(r["kind"])] = r
+    out = ["Sum of the dispatch and combine makespans of each layer (BookSim runs the two phases "
+           "separately, as the DES does); error in % against BookSim's sum. `γ` is the twin's "
+           "fitted slope.", "",
+           "| layer | BookSim µs | CT+NI % | twin % | γ |", "|---|---:|---:|---:|---:|"]
+    errs: dict[str, list[float]] = {"ct_ni": [], "twin": []}
+    for key, pair in by_key.items():
+        if set(pair) != {"dispatch", "combine"}:
+            continue
+        ref = sum(float(p["booksim_s"]) for p in pair.values())
+        des = sum(float(p["ct_ni_s"]) for p in pair.values())
+        twin = sum(float(p["twin_s"]) for p in pair.values())
+        errs["ct_ni"].append(_err(des, ref))
+        errs["twin"].append(_err(twin, ref))
+        out.append(f"| {key} | {ref * 1e6:.3f} | {errs['ct_ni'][-1]:+.1f} | "
+                   f"{errs['twin'][-1]:+.1f} | {float(pair['combine']['gamma']):.3f} |")
+    if errs["twin"]:
+        ct, tw = np.abs(errs["ct_ni"]), np.abs(errs["twin"])
+        out += ["", f"Mean / max absolute error over {ct.size} layers: CT+NI DES "
+                f"{ct.mean():.1f} / {ct.max():.1f} %, analytic twin {tw.mean():.1f} / "
+                f"{tw.max():.1f} %."]
     return out
 
 
@@ -501,16 +620,23 @@ def main(argv: list[str] | None = None) -> int:
             topo = topology_for(topo_kind, grid)
             row["err_bound"] = _err(link_load_bound(topo, msgs.src, msgs.dst, msgs.size_bytes),
                                     ref)
+            row["twin_s"] = twin_estimate(msgs, model, batch, kind, topo_kind, grid, hop)
+            row["err_twin"] = _err(row["twin_s"], ref)
+            row["gamma"] = (twin_gamma(model, batch, topo_kind, grid, hop)
+                            if kind in ("dispatch", "combine") else float("nan"))
             rows.append(row)
             print(f"{row['case']:34s} msgs {row['messages']:5d} booksim {ref * 1e6:9.3f} us  "
                   + "  ".join(f"{n} {row['err_' + n]:+6.1f}%" for n, _s, _n in VARIANTS)
-                  + f"  bound {row['err_bound']:+6.1f}%  ({t1 - t0:.2f} s / {t2 - t1:.4f} s)",
+                  + f"  bound {row['err_bound']:+6.1f}%  twin {row['err_twin']:+6.1f}%"
+                  + f"  ({t1 - t0:.2f} s / {t2 - t1:.4f} s)",
                   flush=True)
     summary = summarise(rows)
     print("\n".join(summary))
     write_fixture(rows, args.fixture)
+    layer = layer_table(rows)
+    print("\n".join(layer))
     write_results(rows, {"quick": args.quick, "a": a, "b": b, "hop_ns": hop * 1e9,
-                         "summary": summary}, args.out)
+                         "summary": summary, "layer": layer}, args.out)
     return 0
 
 

@@ -18,8 +18,15 @@ Algorithms (``ALGORITHMS``; reduce-scatter then all-gather, S bytes per node, p 
 
 Every step of an algorithm repeats the same messages on idle links, so one DES round per distinct
 step kind is simulated and multiplied by its count (exact: the DES is shift-invariant). Results
-are cached per (topology, algorithm, bytes, α, hop latency); ``best_allreduce`` returns the
-fastest and its name, which the evaluators report.
+are cached per (topology, algorithm, bytes, α, hop latency, switching, ports); ``best_allreduce``
+returns the fastest and its name, which the evaluators report.
+
+Switching and network-interface ports (docs/PHYSICS.md §16) are those of the message DES
+(``des.simulate_messages``): with ``ni_bw_Bps`` every message also crosses its source's injection
+port and its destination's ejection port. A ring step then costs α + 3·hop + S/(p·BW) under
+cut-through (α + 3·(hop + S/(p·BW)) under store-and-forward), and ``biring``, whose nodes send
+and receive two messages per step, loses its advantage when the ports are as fast as a link:
+both messages share one injection and one ejection port.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import check_switching, des_kernel
+from hdamoe_env.noc.des import check_ni_bandwidth, check_switching, des_kernel, simulate_messages
 from hdamoe_env.noc.messages import check_scalar, prepare_messages
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
@@ -101,7 +108,8 @@ def default_ring(topology: Topology) -> NDArray[np.int64]:
 
 def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike | None = None,
                        chunks: int = 1, hop_latency_s: float = 0.0,
-                       switching: str = "store_and_forward") -> float:
+                       switching: str = "store_and_forward",
+                       ni_bw_Bps: float | None = None) -> float:
     """Simulate a ring all-reduce (reduce-scatter then all-gather) with the DES (§5.6).
 
     2(p−1) sequential steps; in every step each ring member sends ``size_bytes / p`` bytes to its
@@ -115,14 +123,17 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         chunks: Split every step's messages into this many parts.
         hop_latency_s: Latency added after every link traversal, seconds.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
+        ni_bw_Bps: Network-interface port bandwidth (``des.simulate_messages``), or None.
 
     Returns:
         The all-reduce time in seconds (0 for p <= 1).
 
     Raises:
-        ConfigError: Invalid ring, size, chunks, latency or switching.
+        ConfigError: Invalid ring, size, chunks, latency, switching or port bandwidth.
     """
     cut = check_switching(switching)
+    if ni_bw_Bps is not None:
+        check_ni_bandwidth(ni_bw_Bps)
     size = check_scalar("size_bytes", size_bytes)
     order = default_ring(topology) if ring is None else np.asarray(ring, dtype=np.int64)
     order = order.reshape(-1)
@@ -135,6 +146,13 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         return 0.0
     src = order
     dst = np.roll(order, -1)
+    if ni_bw_Bps is not None:
+        t = 0.0
+        for _ in range(2 * (p - 1)):
+            t = simulate_messages(topology, src, dst, np.full(p, size / p), np.full(p, t),
+                                  hop_latency_s=hop_latency_s, chunks=chunks,
+                                  switching=switching, ni_bw_Bps=ni_bw_Bps).makespan_s
+        return float(t)
     prep = prepare_messages(topology, src, dst, np.full(p, size / p), None, "fifo",
                             hop_latency_s, None, chunks)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
@@ -164,10 +182,16 @@ def _grid_groups(topology: Topology) -> tuple[NDArray[np.int64], NDArray[np.int6
 
 
 def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64], size: float,
-             alpha_s: float, hop_latency_s: float, cut: bool = False) -> float:
+             alpha_s: float, hop_latency_s: float, cut: bool = False,
+             ni_bw_Bps: float | None = None) -> float:
     """Return the time of one collective step: all messages start at α on idle links."""
     if src.size == 0 or size <= 0:
         return 0.0
+    if ni_bw_Bps is not None:
+        return simulate_messages(topology, src, dst, np.full(src.size, size),
+                                 np.full(src.size, alpha_s), hop_latency_s=hop_latency_s,
+                                 switching="cut_through" if cut else "store_and_forward",
+                                 ni_bw_Bps=ni_bw_Bps).makespan_s
     prep = prepare_messages(topology, src, dst, np.full(src.size, size), None, "fifo",
                             hop_latency_s, None, 1)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
@@ -206,17 +230,19 @@ def _schedule(topology: Topology, algorithm: str, size: float
                       f"{list(ALGORITHMS)}")
 
 
-#: All-reduce times by (topology id, algorithm, bytes, α, hop latency); a value keeps its topology
-#: (checked by identity, so a reused id can never hit). A run needs a few per batch size and
-#: topology, the whole test suite 71 (measured), so 4096 never evicts either working set.
-_TIMES: BoundedCache[tuple[int, str, float, float, float, bool],
+#: All-reduce times by (topology id, algorithm, bytes, α, hop latency, switching, port bandwidth);
+#: a value keeps its topology (checked by identity, so a reused id can never hit). A run needs a
+#: few per batch size and topology, the whole test suite 71 (measured), so 4096 never evicts
+#: either working set.
+_TIMES: BoundedCache[tuple[int, str, float, float, float, bool, float | None],
                      tuple[Topology, float]] = BoundedCache(
     4096, name="hdamoe_env.noc.collectives.allreduce_time")
 
 
 def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring", *,
                    alpha_s: float = 0.0, hop_latency_s: float = 0.0,
-                   switching: str = "store_and_forward") -> float:
+                   switching: str = "store_and_forward",
+                   ni_bw_Bps: float | None = None) -> float:
     """Return the DES time of an all-reduce of ``size_bytes`` per node by ``algorithm`` (cached).
 
     Args:
@@ -226,28 +252,30 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
         alpha_s: Start-up latency α of every step, seconds.
         hop_latency_s: Latency after every link traversal, seconds.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
+        ni_bw_Bps: Network-interface port bandwidth (``des.simulate_messages``), or None.
 
     Returns:
         Seconds (0 for one endpoint or S = 0).
 
     Raises:
         ConfigError: Unknown algorithm or switching, or a negative or non-finite size or
-            latency.
+            latency, or a non-positive port bandwidth.
     """
     cut = check_switching(switching)
+    ni = None if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
     size = check_scalar("size_bytes", size_bytes)
     alpha = check_scalar("alpha_s", alpha_s)
     hop = check_scalar("hop_latency_s", hop_latency_s)
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
                           f"{list(ALGORITHMS)}")
-    key = (id(topology), algorithm, size, alpha, hop, cut)
+    key = (id(topology), algorithm, size, alpha, hop, cut, ni)
     entry = _TIMES.get(key)
     if entry is None or entry[0] is not topology:
         if topology.num_endpoints <= 1 or size == 0:
             hit = 0.0
         else:
-            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop, cut)
+            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop, cut, ni)
                             for count, src, dst, part in _schedule(topology, algorithm, size))
         entry = _TIMES.put(key, (topology, hit))
     return entry[1]
@@ -256,7 +284,8 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
 def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.0,
                    hop_latency_s: float = 0.0,
                    algorithms: tuple[str, ...] = ALGORITHMS,
-                   switching: str = "store_and_forward") -> AllReduce:
+                   switching: str = "store_and_forward",
+                   ni_bw_Bps: float | None = None) -> AllReduce:
     """Return the fastest all-reduce algorithm the topology admits for ``size_bytes`` (§5.6).
 
     Args:
@@ -266,12 +295,14 @@ def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.
         hop_latency_s: Latency after every link traversal, seconds.
         algorithms: Candidates, default all of ``ALGORITHMS``.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
+        ni_bw_Bps: Network-interface port bandwidth (``des.simulate_messages``), or None.
 
     Returns:
         The time, the chosen algorithm and every candidate's time.
     """
     times = {name: allreduce_time(topology, size_bytes, name, alpha_s=alpha_s,
-                                  hop_latency_s=hop_latency_s, switching=switching)
+                                  hop_latency_s=hop_latency_s, switching=switching,
+                                  ni_bw_Bps=ni_bw_Bps)
              for name in algorithms}
     name = min(times, key=lambda n: (times[n], algorithms.index(n)))
     return AllReduce(times[name], name, times)

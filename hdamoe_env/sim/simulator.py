@@ -174,8 +174,9 @@ class MoESimulator:
         """Return TP's all-reduce of one MoE layer at batch ``batch`` (§5.6, docs/PHYSICS.md).
 
         ``tp_allreduce="best"`` (``faithful``): the fastest of ``collectives.ALGORITHMS`` for
-        B·h·b_psum bytes, simulated on the DES with α = ``msg_alpha_s`` per step and the hop
-        latency (cached per size in ``collectives``). ``"ring"`` and ``"const"`` use the closed
+        B·h·b_psum bytes, simulated on the DES with α = ``msg_alpha_s`` per step, the hop
+        latency and the profile's ``switching`` and ``ni_ports`` (cached per size in
+        ``collectives``). ``"ring"`` and ``"const"`` use the closed
         forms of ``perf.tp_allreduce_time`` (``paper*``: ``"const"``).
         """
         conv = self.conv
@@ -186,7 +187,8 @@ class MoESimulator:
         size = float(batch) * self.model.hidden_size * conv.b_psum
         return collectives.best_allreduce(self.topology, size, alpha_s=conv.msg_alpha_s,
                                           hop_latency_s=self.hw.hop_latency_for(conv),
-                                          switching=conv.switching)
+                                          switching=conv.switching,
+                                          ni_bw_Bps=conv.ni_bw_for(self.topology.bw_end_Bps))
 
     def dense_time(self, batch: int) -> float:
         """Return the time of the dense leading layers per step (0 unless ``faithful``)."""

@@ -75,3 +75,27 @@ def test_move_cost_on_the_noc(hw22):
     assert simulate_moves(topo, [], 1e6).makespan_s == 0.0
     moves = plan_moves(np.array([[[1, 0, 0, 0]]], bool), np.array([[[1, 0, 0, 1]]], bool))
     assert moves == [Move(0, 0, 0, 3)]
+
+
+def test_move_cost_follows_switching_and_ports(hw22):
+    """2x2 mesh at 1 GB/s, hop latency 0, 1 MB experts (1 ms per link or port crossing).
+
+    * 0 → 3 (two hops): store-and-forward 2 ms, cut-through 1 ms (the body follows the head);
+    * 0 → 1 and 0 → 2 (one source, two different links): without ports both leave at once,
+      1 ms; with one injection port per node (1 GB/s) they leave one after the other, 2 ms under
+      either switching (cut-through: 1 + 1 ms; store-and-forward: port, link, port = 3 ms for
+      the first, the second waits 1 ms for the port: 4 ms).
+    """
+    topo = make_topology("mesh", hw22)
+    diag = [Move(0, 0, 0, 3)]
+    assert simulate_moves(topo, diag, 1e6).makespan_s == pytest.approx(2e-3)
+    assert simulate_moves(topo, diag, 1e6, switching="cut_through").makespan_s \
+        == pytest.approx(1e-3)
+    fan = [Move(0, 0, 0, 1), Move(0, 1, 0, 2)]
+    assert simulate_moves(topo, fan, 1e6, switching="cut_through").makespan_s \
+        == pytest.approx(1e-3)
+    assert simulate_moves(topo, fan, 1e6, switching="cut_through",
+                          ni_bw_Bps=1e9).makespan_s == pytest.approx(2e-3)
+    assert simulate_moves(topo, fan, 1e6, ni_bw_Bps=1e9).makespan_s == pytest.approx(4e-3)
+    with pytest.raises(ConfigError, match="switching"):
+        simulate_moves(topo, diag, 1e6, switching="wormhole")

@@ -58,6 +58,30 @@ def test_rebalances_every_period_and_charges_the_moves():
     assert env.unwrapped.placement is pl and env.history == []
 
 
+@pytest.mark.parametrize("profile", ["faithful", "paper"])
+def test_move_charge_uses_the_profile_noc(profile, monkeypatch):
+    """The weight moves run on the env profile's DES: faithful cut-through with ports at BW_end,
+    paper* store-and-forward without ports (the charge is that DES's makespan)."""
+    import baselines.rebalance as rebalance_mod
+
+    seen = []
+    real = rebalance_mod.simulate_moves
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["switching"], kwargs["ni_bw_Bps"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rebalance_mod, "simulate_moves", spy)
+    env = HdMoeEnv(model=TINY, hardware=HW, batch=8, steps_per_episode=2, max_broadcast=0,
+                   trace_tokens=512, trace_requests=8, placement=_skewed_start(),
+                   conventions=profile)
+    wrapped = EplbRebalanceWrapper(env, period=1, min_gain=0.0)
+    _run(wrapped, ActionLayout.from_env(env).encode())
+    assert wrapped.history and wrapped.history[0]["moves"] > 0
+    want = ("cut_through", 1e9) if profile == "faithful" else ("store_and_forward", None)
+    assert seen and all(s == want for s in seen)
+
+
 def test_deterministic_and_static_when_the_period_exceeds_the_episode():
     pl = _skewed_start()
     a = ActionLayout.from_env(_env(pl)).encode()

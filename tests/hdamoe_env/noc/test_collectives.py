@@ -155,3 +155,65 @@ def test_ring_fattree():
     assert ring_allreduce_des(fat, size, ring=[5]) == 0.0
     with pytest.raises(ConfigError):
         ring_allreduce_des(fat, size, ring=[1, 1])
+
+
+# --- network-interface ports (docs/PHYSICS.md §16) ----------------------------------------
+
+
+def test_ring_with_ports_hand_worked():
+    """1 MiB on the 4×8 mesh, α = 100 ns, hop 2 ns, ports at 50 GB/s, S/(32·BW) = 655.36 ns.
+
+    Every ring step is one one-hop message crossing injection port, link and ejection port:
+    cut-through 62·(α + 3·hop + S/(32·BW)) = 62·761.36 ns = 47.20432 µs;
+    store-and-forward 62·(α + 3·(hop + S/(32·BW))) = 62·2072.08 ns = 128.46896 µs.
+    """
+    for switching, want_us in (("cut_through", 47.20432), ("store_and_forward", 128.46896)):
+        t = allreduce_time(MESH, MIB, "ring", alpha_s=100e-9, hop_latency_s=HOP,
+                           switching=switching, ni_bw_Bps=50e9)
+        assert t == pytest.approx(want_us * 1e-6, rel=1e-9), switching
+    # without ports the same cut-through ring pays one hop per step: 62·(102 + 655.36) ns
+    plain = allreduce_time(MESH, MIB, "ring", alpha_s=100e-9, hop_latency_s=HOP,
+                           switching="cut_through")
+    assert plain == pytest.approx(46.95632e-6, rel=1e-9)
+    # the step-by-step ring DES agrees (α = 0): 62·(6 + 655.36) ns = 41.00432 µs
+    step = ring_allreduce_des(MESH, MIB, hop_latency_s=HOP, switching="cut_through",
+                              ni_bw_Bps=50e9)
+    assert step == pytest.approx(41.00432e-6, rel=1e-9)
+
+
+def test_biring_loses_its_edge_with_ports():
+    """biring, 1 MiB, α = 100 ns, cut-through: a node's two messages of S/(64·BW) = 327.68 ns
+    share its injection port (and two arrive at its ejection port), so a step costs
+    α + 3·hop + 2·327.68 ns = 761.36 ns, exactly the ring's: 62·761.36 ns = 47.20432 µs (without
+    ports 62·(102 + 327.68) ns = 26.64016 µs). ring2d (folded 2-hop messages, one per node and
+    step) only gains two port hops per step: 42.71232 + 20·4 ns = 42.79232 µs, and becomes the
+    fastest.
+    """
+    with_ports = best_allreduce(MESH, MIB, alpha_s=100e-9, hop_latency_s=HOP,
+                                switching="cut_through", ni_bw_Bps=50e9)
+    without = best_allreduce(MESH, MIB, alpha_s=100e-9, hop_latency_s=HOP,
+                             switching="cut_through")
+    assert with_ports.times_s["biring"] == pytest.approx(47.20432e-6, rel=1e-9)
+    assert with_ports.times_s["ring"] == pytest.approx(47.20432e-6, rel=1e-9)
+    assert without.times_s["biring"] == pytest.approx(26.64016e-6, rel=1e-9)
+    assert with_ports.times_s["ring2d"] == pytest.approx(
+        without.times_s["ring2d"] + 20 * 2 * HOP, rel=1e-9)
+    assert with_ports.algorithm == "ring2d" and without.algorithm == "biring"
+    with pytest.raises(ConfigError, match="ni_bw_Bps"):
+        allreduce_time(MESH, MIB, "ring", ni_bw_Bps=0.0)
+
+
+def test_profiles_pass_ports_to_the_tp_allreduce():
+    """``faithful`` (cut-through + ports) charges the ports; ``paper`` keeps its closed form."""
+    from hdamoe_env.sim.simulator import MoESimulator
+
+    sim = MoESimulator("deepseek-v2-lite", HW, "mesh", "faithful")
+    conv = sim.conv
+    size = 128 * sim.model.hidden_size * conv.b_psum
+    got = sim.tp_allreduce(128)
+    want = best_allreduce(MESH, size, alpha_s=conv.msg_alpha_s,
+                          hop_latency_s=HW.hop_latency_for(conv), switching="cut_through",
+                          ni_bw_Bps=sim.topology.bw_end_Bps)
+    assert got.time_s == want.time_s and got.algorithm == want.algorithm
+    paper = MoESimulator("deepseek-v2-lite", HW, "mesh", "paper").tp_allreduce(128)
+    assert paper.algorithm == "const"
