@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,13 +185,17 @@ def save_resume_state(path: Path, model: Any, vecnorm: Any, venv: Any) -> Path:
     return path
 
 
-def load_resume_state(path: Path) -> ResumeState:
+def load_resume_state(path: str | os.PathLike[str]) -> ResumeState:
     """Read a resume state written by :func:`save_resume_state`, checking its signature.
+
+    Args:
+        path: The ``ckpt_<steps>_state.npz`` file.
 
     Raises:
         UntrustedFileError: Not signed by this user's key (and no ``--trust-model``).
         ConfigError: Not a regular file, too large, or not a resume state.
     """
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--resume: {str(path)!r} is not a regular file")
     if path.stat().st_size > MAX_STATE_BYTES:

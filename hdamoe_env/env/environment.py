@@ -910,7 +910,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         for key, shape in shapes.items():
             if key not in arrays or tuple(np.shape(arrays[key])) != shape:
                 raise ConfigError(f"set_state: array {key!r} missing or not of shape {shape}")
-        rows = np.asarray(arrays.get("rows", np.zeros((0, self.batch))), dtype=np.int64)
+        rows = np.asarray(arrays.get("rows", np.zeros(0)), dtype=np.int64)
         if rows.ndim != 2 or rows.shape[1] != self.batch:
             raise ConfigError(f"set_state: array 'rows' must have shape [steps, {self.batch}]")
         try:
