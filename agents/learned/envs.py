@@ -215,7 +215,7 @@ def restore_training_env_state(env: Any, meta: dict[str, Any], arrays: dict[str,
     if not isinstance(meta, dict) or meta.get("format") != "hdamoe-training-env-state":
         raise ConfigError("not a training-env state written by training_env_state")
     wrappers, base = _chain(env)
-    base.set_state(meta["env"], arrays)
+    obs = base.set_state(meta["env"], arrays)                # what the wrappers last saw
     quality = [w for w in wrappers if isinstance(w, QualityRewardWrapper)]
     saved = [w for w in meta.get("wrappers", []) if w.get("class") == "QualityRewardWrapper"]
     if len(quality) != len(saved):
@@ -223,12 +223,9 @@ def restore_training_env_state(env: Any, meta: dict[str, Any], arrays: dict[str,
                           "reward); resume with the same arguments")
     for w, st in zip(quality, saved, strict=True):
         w.lam = float(st["lam"])
-    obs = base._observation()                         # what the wrappers last saw
     for w in reversed(wrappers):                      # inside out
-        if isinstance(w, RankedBroadcastWrapper):
-            w._obs = obs
-        elif isinstance(w, ResidualHDAWrapper):
-            w._update(obs)
+        if isinstance(w, RankedBroadcastWrapper | ResidualHDAWrapper):
+            w.sync_observation(obs)
         elif hasattr(w, "episode_returns") and "monitor" in meta:          # Monitor
             mon = meta["monitor"]
             w.rewards = [float(r) for r in mon["rewards"]]

@@ -886,12 +886,17 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             arrays["pending_fractions"] = self._pending_fractions
         return meta, {k: np.array(v, copy=True) for k, v in arrays.items()}
 
-    def set_state(self, meta: dict[str, Any], arrays: dict[str, NDArray[Any]]) -> None:
+    def set_state(self, meta: dict[str, Any], arrays: dict[str, NDArray[Any]]
+                  ) -> dict[str, NDArray[np.float32]]:
         """Continue the episode saved by :meth:`get_state` (same configuration).
 
         Args:
             meta: The JSON part of :meth:`get_state`.
             arrays: Its arrays.
+
+        Returns:
+            The observation of the restored state (what the last ``step`` / ``reset`` of the
+            saved env returned).
 
         Raises:
             ConfigError: Not a state of this package, one of an env with another
@@ -941,6 +946,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._step_latency_s, self._pending_charge_s = latency, charge
         self._tbts_us = tbts
         self._cand_key, self._cand_step = None, None           # recomputed on demand
+        return self._observation()
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict[str, Any]:
