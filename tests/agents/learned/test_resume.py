@@ -97,6 +97,28 @@ def test_resume_after_a_clean_stop_repeats_the_uninterrupted_run(env_kwargs, tmp
     assert not _identical(ref, stale)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("algo, extra", [
+    ("ppo", {"action_mode": "full"}),
+    ("a2c", {"action_mode": "ranked", "hyperparams": {"n_steps": 8}}),
+    ("maskable-ppo", {"action_mode": "residual"}),
+    ("maskable-ppo", {"quality": {"target": 0.99, "weight": 100.0, "lagrangian": True,
+                                  "dual_step": 50.0}}),
+], ids=["ppo-full", "a2c-ranked", "residual", "quality-lagrangian"])
+def test_resume_is_exact_for_other_algorithms_and_designs(env_kwargs, tmp_path, algo, extra):
+    kw = {**env_kwargs, "steps_per_episode": 3}
+    extra = {"hyperparams": SMALL_PPO, **extra}
+
+    def run(out, steps, resume=False):
+        learned_train.train(algo, kw, steps, out_dir=out, checkpoint_every=64,
+                            tensorboard=False, resume=resume, **extra)
+
+    run(tmp_path / "ref", 160)
+    run(tmp_path / "run", 64)
+    run(tmp_path / "run", 160, True)
+    assert _identical(tmp_path / "ref", tmp_path / "run")
+
+
 def test_resume_state_is_signed_and_checked(env_kwargs, tmp_path):
     _train(env_kwargs, tmp_path, 64)
     path = resume_state_path(tmp_path / "checkpoints" / "ckpt_64.zip")
