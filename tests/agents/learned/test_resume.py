@@ -188,3 +188,13 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run(env_kwargs, tmp_path
     meta = json.loads((tmp_path / "run" / "learned.json").read_text())
     assert 0 < meta["resumed_at"] < timesteps
     assert _identical(tmp_path / "ref", tmp_path / "run")
+
+
+def test_resume_skips_a_checkpoint_killed_while_written(env_kwargs, tmp_path, caplog):
+    """A checkpoint without its sidecar (written last) is skipped for the one before it."""
+    _train(env_kwargs, tmp_path, 96)
+    (tmp_path / "checkpoints" / "ckpt_96.json").unlink()
+    with caplog.at_level("WARNING"):
+        _train(env_kwargs, tmp_path, 128, resume=True)
+    assert "ckpt_96.zip is incomplete" in caplog.text
+    assert json.loads((tmp_path / "learned.json").read_text())["resumed_at"] == 64
