@@ -183,6 +183,10 @@ class ResidualHDAWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np.int
     def _update(self, obs: Any) -> None:
         self._choice = self.residual.choose(obs, self._env_masks())
 
+    def sync_observation(self, obs: Any) -> None:
+        """Recompute the reference decision for ``obs`` (after the env's state was restored)."""
+        self._update(obs)
+
     def _require_choice(self) -> ResidualChoice:
         if self._choice is None:
             raise ConfigError("ResidualHDAWrapper: call reset() before step() or "

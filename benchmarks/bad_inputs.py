@@ -210,6 +210,14 @@ def _setup_issue29(tmp: Path) -> None:
                                                      "steps": 8}))
     (tmp / "p").mkdir()
     (tmp / "p" / "layer_000.json").write_text('{"mine": 1}')
+    # resume states (train --resume): unsigned, signed but not one, signed with a list as meta
+    from hdamoe_env.config.trust import write_signature
+
+    np.savez(tmp / "state_unsigned.npz", meta=np.frombuffer(b'{"format": 1}', np.uint8))
+    np.savez(tmp / "state_junk.npz", x=np.zeros(3))
+    np.savez(tmp / "state_list.npz", meta=np.frombuffer(b"[1, 2]", np.uint8))
+    for name in ("state_junk.npz", "state_list.npz"):
+        write_signature(tmp / name, (tmp / name).read_bytes())
     (tmp / "nan_stats").mkdir()
     np.savez(tmp / "nan_stats" / "vecnormalize.npz", mean_0=np.full(3, np.nan),
              var_0=np.full(3, np.nan), count=np.array(np.nan),
@@ -417,7 +425,46 @@ def _issue29_cases() -> dict[str, Callable[[Path], Any]]:
     c["evaluate --agent evil.zip"] = _cli("evaluate", "--agent", "TMP/evil.zip")
     c["train --resume with a recomputed sidecar"] = _cli(*_TRAIN, "--out", "TMP/forged",
                                                          "--resume")
+    c.update(_resume_state_cases())
     return c
+
+
+def _set_state(change: Callable[[dict[str, Any], dict[str, Any]], Any],
+               **other: Any) -> Callable[[Path], Any]:
+    """``HdMoeEnv.set_state`` of a changed state (of ``_ENV_SMALL``) on an env with ``other``."""
+    def run(tmp: Path) -> Any:
+        from hdamoe_env.env.environment import HdMoeEnv
+
+        env = HdMoeEnv(**_ENV_SMALL)
+        env.reset(seed=0)
+        meta, arrays = env.get_state()
+        changed = change(meta, arrays)
+        target = HdMoeEnv(**{**_ENV_SMALL, **other}) if other else env
+        return target.set_state(*(changed if changed is not None else (meta, arrays)))
+    return _api(run)
+
+
+def _resume_state_cases() -> dict[str, Callable[[Path], Any]]:
+    """Resume states of ``train --resume`` and env states: damaged, unsigned, mismatched."""
+    load = "agents.learned.resume:load_resume_state"
+    return {
+        "resume state FIFO": _call(load, "TMP/fifo.npz"),
+        "resume state directory": _call(load, "TMP/p"),
+        "resume state missing": _call(load, "TMP/nosuch_state.npz"),
+        "resume state unsigned": _call(load, "TMP/state_unsigned.npz"),
+        "resume state signed, no meta": _call(load, "TMP/state_junk.npz"),
+        "resume state signed, meta a list": _call(load, "TMP/state_list.npz"),
+        "env set_state of another batch": _set_state(lambda m, a: None, batch=16),
+        "env set_state meta {}": _set_state(lambda m, a: ({}, a)),
+        "env set_state meta a list": _set_state(lambda m, a: ([1], a)),
+        "env set_state no arrays": _set_state(lambda m, a: (m, {})),
+        "env set_state rows 1-D": _set_state(lambda m, a: (m, {**a, "rows": a["rows"][0]})),
+        "env set_state layer 99": _set_state(lambda m, a: ({**m, "layer": 99}, a)),
+        "env set_state unknown bit generator": _set_state(lambda m, a: (
+            {**m, "np_random": {**m["np_random"], "bit_generator": "os.system"}}, a)),
+        "env set_state RNG state None": _set_state(lambda m, a: ({**m, "twin_rng": None}, a)),
+        "env set_state tbts_us a string": _set_state(lambda m, a: ({**m, "tbts_us": "x"}, a)),
+    }
 
 
 CASES_BEFORE_29 = len(CASES)

@@ -41,7 +41,8 @@ from hdamoe_env.sim.placement import Placement
 from hdamoe_env.env.wrappers import (QualityRewardWrapper, RankedBroadcastWrapper,
                                      ReplicaSharesWrapper)
 
-__all__ = ["ACTION_MODES", "VEC_BACKENDS", "check_replica_shares", "make_vec_env"]
+__all__ = ["ACTION_MODES", "VEC_BACKENDS", "check_replica_shares", "make_vec_env",
+           "restore_training_env_state", "training_env_state"]
 
 
 # ------------------------------------------------------------------------------------- envs
@@ -129,8 +130,6 @@ class _EnvFactory:
     replica_shares: int | None = None
 
     def __call__(self) -> Any:
-        from stable_baselines3.common.monitor import Monitor
-
         from hdamoe_env.env.environment import HdMoeEnv
 
         env = HdMoeEnv(**self.kwargs)
@@ -143,7 +142,97 @@ class _EnvFactory:
         if self.replica_shares:                  # residual: share value 0 = the env's rule
             env = ReplicaSharesWrapper(env, self.replica_shares,
                                        rule_value=share_rule_value(self.action_mode))
-        return Monitor(env)
+        return _monitor_class()(env)
+
+
+# ------------------------------------------------------------------------- resumable state
+_MONITOR_CLASS: Any = None
+
+
+def _monitor_class() -> Any:
+    """Return SB3's ``Monitor`` with the resume methods (created once, SB3 imported lazily)."""
+    global _MONITOR_CLASS
+    if _MONITOR_CLASS is None:
+        from stable_baselines3.common.monitor import Monitor
+
+        class ResumableMonitor(Monitor):  # type: ignore[misc]
+            """``Monitor`` whose wrapper chain's state can be read and restored (resume)."""
+
+            def resume_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+                return training_env_state(self)
+
+            def restore_resume_state(self, meta: dict[str, Any],
+                                     arrays: dict[str, Any]) -> None:
+                restore_training_env_state(self, meta, arrays)
+
+        _MONITOR_CLASS = ResumableMonitor
+    return _MONITOR_CLASS
+
+
+def _chain(env: Any) -> tuple[list[Any], Any]:
+    """Return (the wrappers from outside in, the ``HdMoeEnv`` inside)."""
+    import gymnasium as gym
+
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        wrappers.append(env)
+        env = env.env
+    return wrappers, env
+
+
+def training_env_state(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the state of a training env (``Monitor`` → wrappers → ``HdMoeEnv``) for resume.
+
+    The ``Monitor``'s episode counters (not its wall-clock times), the Lagrange multiplier of
+    a ``QualityRewardWrapper`` and the env's :meth:`HdMoeEnv.get_state`; the ranked and
+    residual wrappers keep only what they recompute from the env's observation.
+
+    Returns:
+        ``(meta, arrays)``: JSON-ready values and numpy arrays.
+    """
+    wrappers, base = _chain(env)
+    meta: dict[str, Any] = {"format": "hdamoe-training-env-state", "wrappers": []}
+    for w in wrappers:
+        if hasattr(w, "episode_returns") and hasattr(w, "total_steps"):      # Monitor
+            meta["monitor"] = {"rewards": [float(r) for r in w.rewards],
+                               "episode_returns": [float(r) for r in w.episode_returns],
+                               "episode_lengths": [int(n) for n in w.episode_lengths],
+                               "total_steps": int(w.total_steps),
+                               "needs_reset": bool(w.needs_reset)}
+        elif isinstance(w, QualityRewardWrapper):
+            meta["wrappers"].append({"class": "QualityRewardWrapper", "lam": float(w.lam)})
+    env_meta, arrays = base.get_state()
+    meta["env"] = env_meta
+    return meta, arrays
+
+
+def restore_training_env_state(env: Any, meta: dict[str, Any], arrays: dict[str, Any]) -> None:
+    """Restore :func:`training_env_state` into a training env built with the same arguments.
+
+    Raises:
+        ConfigError: Not such a state, or one of another wrapper chain or configuration.
+    """
+    if not isinstance(meta, dict) or meta.get("format") != "hdamoe-training-env-state":
+        raise ConfigError("not a training-env state written by training_env_state")
+    wrappers, base = _chain(env)
+    obs = base.set_state(meta["env"], arrays)                # what the wrappers last saw
+    quality = [w for w in wrappers if isinstance(w, QualityRewardWrapper)]
+    saved = [w for w in meta.get("wrappers", []) if w.get("class") == "QualityRewardWrapper"]
+    if len(quality) != len(saved):
+        raise ConfigError("the training-env state is of another wrapper chain (quality "
+                          "reward); resume with the same arguments")
+    for w, st in zip(quality, saved, strict=True):
+        w.lam = float(st["lam"])
+    for w in reversed(wrappers):                      # inside out
+        if isinstance(w, RankedBroadcastWrapper | ResidualHDAWrapper):
+            w.sync_observation(obs)
+        elif hasattr(w, "episode_returns") and "monitor" in meta:          # Monitor
+            mon = meta["monitor"]
+            w.rewards = [float(r) for r in mon["rewards"]]
+            w.episode_returns = [float(r) for r in mon["episode_returns"]]
+            w.episode_lengths = [int(n) for n in mon["episode_lengths"]]
+            w.total_steps = int(mon["total_steps"])
+            w.needs_reset = bool(mon["needs_reset"])
 
 
 def make_vec_env(env_kwargs: dict[str, Any], n_envs: int = 1, *, seed: int = 0,

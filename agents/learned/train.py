@@ -43,6 +43,8 @@ import numpy as np
 from agents.learned.envs import (bias_keep, env_arguments, share_rule_value,
                                  check_replica_shares, make_vec_env)
 from agents.learned.hyperparams import HYPERPARAMS, check_hyperparam_types, model_kwargs
+from agents.learned.resume import (ResumeState, load_resume_state, resume_state_path,
+                                   save_resume_state)
 from agents.learned.policy import (
     META_FILE,
     MODEL_FILE,
@@ -117,8 +119,12 @@ def _hparam_callback(hparams: dict[str, Any]) -> Any:
 
 def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str = "",
                on_progress: Callable[[int, float], None] | None = None,
-               hparams: dict[str, Any] | None = None) -> Any:
-    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams."""
+               hparams: dict[str, Any] | None = None, state_venv: Any = None) -> Any:
+    """Return the SB3 callbacks: latency logging, atomic checkpoints, progress, hparams.
+
+    ``state_venv`` is the vector env (inside ``VecNormalize``) whose copies' states the
+    checkpoints save for an exact resume; None: checkpoints without them.
+    """
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
     class LatencyCallback(BaseCallback):
@@ -136,7 +142,12 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str =
             return True
 
     class AtomicCheckpoint(BaseCallback):
-        """Save model (+ VecNormalize) every ``every`` steps to ``checkpoints/`` atomically."""
+        """Save a resumable checkpoint at the first rollout start after every ``every`` steps.
+
+        At a rollout start the previous update is done and the rollout buffer is empty, so
+        the model, the normaliser, the RNG states, the envs and SB3's last observation are
+        the whole state of training (``_save_checkpoint``).
+        """
 
         def __init__(self) -> None:
             super().__init__()
@@ -146,11 +157,13 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str =
             n = self.model.num_timesteps
             self.next_at = (n // checkpoint_every + 1) * checkpoint_every
 
-        def _on_step(self) -> bool:
+        def _on_rollout_start(self) -> None:
             if self.model.num_timesteps >= self.next_at:
-                _save_checkpoint(self.model, vecnorm, out_dir, digest)
+                _save_checkpoint(self.model, vecnorm, out_dir, digest, state_venv)
                 self.next_at = (self.model.num_timesteps // checkpoint_every + 1) \
                     * checkpoint_every
+
+        def _on_step(self) -> bool:
             return True
 
     callbacks: list[Any] = [LatencyCallback()]
@@ -179,13 +192,21 @@ def _save_model(model: Any, vecnorm: Any, model_path: Path, vecnorm_path: Path) 
     return hashlib.sha256(data).hexdigest()
 
 
-def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path, digest: str = "") -> Path:
+def _save_checkpoint(model: Any, vecnorm: Any, out_dir: Path, digest: str = "",
+                     state_venv: Any = None) -> Path:
+    """Write a checkpoint: model, statistics, resume state (with ``state_venv``), sidecar last."""
     steps = int(model.num_timesteps)
     ckpt = checkpoint_path(out_dir, steps)
+    state_file = None
+    if state_venv is not None:
+        state_file = save_resume_state(resume_state_path(ckpt), model, vecnorm, state_venv)
     sha = _save_model(model, vecnorm, ckpt, ckpt.with_name(f"ckpt_{steps}_{VECNORM_FILE}"))
-    # the sidecar marks the checkpoint as this run's: its SHA-256 and the run digest (resume)
-    _atomic_bytes(ckpt.with_suffix(".json"), (json.dumps(
-        {"sha256": sha, "run_digest": digest, "steps": steps}, indent=1) + "\n").encode())
+    # the sidecar marks the checkpoint as this run's: its SHA-256 and the run digest (resume);
+    # written last, so a checkpoint with a sidecar is complete
+    record: dict[str, Any] = {"sha256": sha, "run_digest": digest, "steps": steps}
+    if state_file is not None:
+        record["resume_state"] = state_file.name
+    _atomic_bytes(ckpt.with_suffix(".json"), (json.dumps(record, indent=1) + "\n").encode())
     log.info("checkpoint %s", ckpt)
     return ckpt
 
@@ -243,6 +264,11 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
     if ckpt is None:
         log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
         return None
+    complete = _latest_complete_checkpoint(out)
+    if complete is not None and complete != ckpt:
+        log.warning("resume: %s is incomplete (no sidecar: the run stopped while writing "
+                    "it); resuming from %s", ckpt.name, complete.name)
+        ckpt = complete
     earlier: dict[str, Any] = {}
     if (out / META_FILE).exists():
         earlier = json.loads((out / META_FILE).read_text())
@@ -282,6 +308,33 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
                              "runs code from the file)")
     verify_file(ckpt, what="--resume checkpoint")
     return ckpt
+
+
+def _latest_complete_checkpoint(out: Path) -> Path | None:
+    """Return the checkpoint with the most steps that has its sidecar (written last)."""
+    found = []
+    for path in (out / "checkpoints").glob("ckpt_*.zip"):
+        stem = path.stem[len("ckpt_"):]
+        if stem.isdigit() and path.with_suffix(".json").is_file():
+            found.append((int(stem), path))
+    return max(found)[1] if found else None
+
+
+def _resume_state(ckpt: Path | None, vec_backend: str) -> ResumeState | None:
+    """Return the resume state of ``ckpt`` (None: none, resuming only approximately)."""
+    if ckpt is None:
+        return None
+    path = resume_state_path(ckpt)
+    if vec_backend != "subproc":
+        log.warning("resume: the %s vector backend has no exact resume; the envs start new "
+                    "episodes (vec_backend='subproc' resumes bit for bit)", vec_backend)
+        return None
+    if not path.exists():
+        log.warning("resume: checkpoint %s has no resume state (%s; written by an older "
+                    "version or the batched backend); the envs start new episodes and the "
+                    "run will not repeat an uninterrupted one exactly", ckpt.name, path.name)
+        return None
+    return load_resume_state(path)
 
 
 # ----------------------------------------------------------------------------------- train
@@ -382,11 +435,22 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                "replica_shares": replica_shares}
     ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
             if resume else None)
+    state = _resume_state(ckpt, vec_backend)
+    if state is not None and state.n_envs != n_envs:        # before any worker starts
+        raise ConfigError(f"--resume: the checkpoint was taken with {state.n_envs} env copies, "
+                          f"this run has {n_envs}; resume with --n-envs {state.n_envs}")
     seed_everything(seed)
     venv = make_vec_env(env_args, n_envs, seed=seed, start_method=start_method,
                         action_mode=action_mode, num_candidates=num_candidates,
                         quality=quality, replica_shares=replica_shares,
                         vec_backend=vec_backend)
+    state_venv = venv if vec_backend == "subproc" else None     # checkpoints save its state
+    if state is not None:
+        try:
+            state.restore_envs(venv)               # before VecNormalize: its reset is unseen
+        except Exception:
+            venv.close()
+            raise
     layout_meta = _layout_meta(venv)
     vecnorm = None
     if normalize_obs:
@@ -410,6 +474,8 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     t0 = time.perf_counter()
     if ckpt is not None:
         model = cls.load(str(ckpt), env=venv_train, tensorboard_log=tb_dir, seed=seed)
+        if state is not None:                      # last: loading reseeded the generators
+            state.restore_model(model, vecnorm)
         log.info("resumed from %s at %d steps", ckpt, model.num_timesteps)
     else:
         model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
@@ -435,11 +501,12 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
                                  "replica_shares": replica_shares or 0,
                                  "seed": seed, "n_envs": n_envs, "normalize_obs": normalize_obs,
                                  **{f"env/{k}": v for k, v in user_kwargs.items()},
-                                 **{f"hp/{k}": v for k, v in dataclasses.asdict(hp).items()}}),
+                                 **{f"hp/{k}": v for k, v in dataclasses.asdict(hp).items()}},
+                        state_venv=state_venv),
                     reset_num_timesteps=ckpt is None, tb_log_name=key, progress_bar=progress)
     wall = time.perf_counter() - t0
     if checkpoint_every > 0 and remaining > 0:     # resume continues from the exact end
-        _save_checkpoint(model, vecnorm, out, digest)
+        _save_checkpoint(model, vecnorm, out, digest, state_venv)
     model_path = out / MODEL_FILE
     model_sha = _save_model(model, vecnorm, model_path, out / VECNORM_FILE)
     if vecnorm is None and (out / VECNORM_FILE).exists():

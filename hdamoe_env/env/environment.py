@@ -848,6 +848,106 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
+    # ------------------------------------------------------------------ episode state
+    def get_state(self) -> tuple[dict[str, Any], dict[str, NDArray[Any]]]:
+        """Return the episode state as JSON-ready values and arrays (resumable training).
+
+        Everything a rollout reads from that is not rebuilt from the configuration: the
+        decode steps of the episode, the position in it, the predictions already drawn, the
+        last link utilisation, and the bit-generator states of ``np_random`` and the twin's
+        generator. :meth:`set_state` on an env built from the same configuration continues
+        the episode exactly as this one would. Caches derived from the configuration (router
+        candidates, γ of the twin) are not part of it; neither are ``last_info`` /
+        ``last_layer`` (rendering only).
+
+        Returns:
+            ``(meta, arrays)``: ``meta`` holds plain Python values (``json.dumps`` accepts it),
+            ``arrays`` numpy arrays (``np.savez`` accepts them, no objects).
+        """
+        meta: dict[str, Any] = {
+            "format": "hdamoe-env-state", "format_version": 1,
+            "config_digest": self.config_digest(),
+            "np_random": _jsonable_state(self.np_random.bit_generator.state),
+            "twin_rng": _jsonable_state(self._twin_rng.bit_generator.state),
+            "decode_step": int(self._decode_step), "layer": int(self._layer),
+            "episode_over": bool(self._episode_over),
+            "step_latency_s": float(self._step_latency_s),
+            "pending_charge_s": float(self._pending_charge_s),
+            "tbts_us": [float(t) for t in self._tbts_us],
+        }
+        arrays: dict[str, NDArray[Any]] = {
+            "rows": self._rows, "sets": self._sets, "tp_totals": self._tp_totals,
+            "pred_counts_all": self._pred_counts_all, "obs_pred": self._obs_pred,
+            "obs_node": self._obs_node, "prev_busy": self._prev_busy,
+        }
+        if self._pred_all is not None:
+            arrays["pred_all"] = self._pred_all
+        if self._pending_fractions is not None:
+            arrays["pending_fractions"] = self._pending_fractions
+        return meta, {k: np.array(v, copy=True) for k, v in arrays.items()}
+
+    def set_state(self, meta: dict[str, Any], arrays: dict[str, NDArray[Any]]
+                  ) -> dict[str, NDArray[np.float32]]:
+        """Continue the episode saved by :meth:`get_state` (same configuration).
+
+        Args:
+            meta: The JSON part of :meth:`get_state`.
+            arrays: Its arrays.
+
+        Returns:
+            The observation of the restored state (what the last ``step`` / ``reset`` of the
+            saved env returned).
+
+        Raises:
+            ConfigError: Not a state of this package, one of an env with another
+                configuration, or a missing / mis-shaped array.
+        """
+        if not isinstance(meta, dict) or meta.get("format") != "hdamoe-env-state":
+            raise ConfigError("set_state: not an env state written by HdMoeEnv.get_state")
+        if meta.get("config_digest") != self.config_digest():
+            raise ConfigError(f"set_state: the state is of an env with configuration "
+                              f"{meta.get('config_digest')!r}, this env's is "
+                              f"{self.config_digest()!r}; build the env with the same arguments")
+        L, E, D = self.num_layers, self.num_experts, self.num_nodes
+        shapes = {"sets": (L, self.batch, self.top_k), "tp_totals": (L,),
+                  "pred_counts_all": (L, E), "obs_pred": (L, E), "obs_node": (L, D),
+                  "prev_busy": (self.topology.num_links,)}
+        for key, shape in shapes.items():
+            if key not in arrays or tuple(np.shape(arrays[key])) != shape:
+                raise ConfigError(f"set_state: array {key!r} missing or not of shape {shape}")
+        rows = np.asarray(arrays.get("rows", np.zeros(0)), dtype=np.int64)
+        if rows.ndim != 2 or rows.shape[1] != self.batch:
+            raise ConfigError(f"set_state: array 'rows' must have shape [steps, {self.batch}]")
+        try:
+            rng, twin = _generator(meta["np_random"]), _generator(meta["twin_rng"])
+            decode_step, layer = int(meta["decode_step"]), int(meta["layer"])
+            episode_over = bool(meta["episode_over"])
+            latency, charge = float(meta["step_latency_s"]), float(meta["pending_charge_s"])
+            tbts = [float(t) for t in meta["tbts_us"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"set_state: damaged env state ({type(exc).__name__}: {exc})"
+                              ) from None
+        if not 0 <= layer < L or not 0 <= decode_step <= rows.shape[0]:
+            raise ConfigError(f"set_state: layer {layer} / decode step {decode_step} out of range")
+        self._np_random = rng
+        self._twin_rng = twin
+        self._rows = rows
+        self._sets = np.asarray(arrays["sets"], dtype=np.int64).copy()
+        self._tp_totals = np.asarray(arrays["tp_totals"], dtype=np.float64).copy()
+        self._pred_all = (None if "pred_all" not in arrays
+                          else np.asarray(arrays["pred_all"], dtype=np.int64).copy())
+        self._pred_counts_all = np.asarray(arrays["pred_counts_all"], dtype=np.float64).copy()
+        self._obs_pred = np.asarray(arrays["obs_pred"], dtype=np.float32).copy()
+        self._obs_node = np.asarray(arrays["obs_node"], dtype=np.float32).copy()
+        self._prev_busy = np.asarray(arrays["prev_busy"], dtype=np.float32).copy()
+        self._pending_fractions = (None if "pending_fractions" not in arrays else
+                                   np.asarray(arrays["pending_fractions"], np.float64).copy())
+        self._decode_step, self._layer, self._episode_over = decode_step, layer, episode_over
+        self._step_latency_s, self._pending_charge_s = latency, charge
+        self._tbts_us = tbts
+        self._cand_key, self._cand_step = None, None           # recomputed on demand
+        return self._observation()
+
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without a synthetic trace: it is rebuilt from the configuration on load.
@@ -883,3 +983,24 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             self.trace = self.config.load_trace()
             self._routing = (self.trace.orig_topk_ids if self.trace.orig_topk_ids is not None
                              else self.trace.topk_ids)
+
+
+def _jsonable_state(state: Any) -> Any:
+    """Return a bit generator's state with numpy values as plain Python values (JSON)."""
+    if isinstance(state, dict):
+        return {str(k): _jsonable_state(v) for k, v in state.items()}
+    if isinstance(state, np.ndarray):
+        return state.tolist()
+    if isinstance(state, np.generic):
+        return state.item()
+    return state
+
+
+def _generator(state: dict[str, Any]) -> np.random.Generator:
+    """Return a Generator whose bit generator (numpy's, by name) has ``state``."""
+    name = state["bit_generator"]
+    if name not in ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"):
+        raise ValueError(f"unknown bit generator {name!r}")
+    bit = getattr(np.random, name)()
+    bit.state = state
+    return np.random.Generator(bit)

@@ -218,6 +218,10 @@ class RankedBroadcastWrapper(gym.Wrapper[Any, NDArray[np.int64], Any, NDArray[np
         self._obs = obs
         return obs, info
 
+    def sync_observation(self, obs: Any) -> None:
+        """Take ``obs`` as the env's last observation (after the env's state was restored)."""
+        self._obs = obs
+
     def _require_obs(self) -> Any:
         if self._obs is None:
             raise ConfigError("RankedBroadcastWrapper: call reset() before step() or "

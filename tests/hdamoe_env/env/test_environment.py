@@ -661,3 +661,59 @@ def test_plain_ppo_and_evaluate_policy_on_default_env():
                 device="cpu").learn(64)
     mean, std = evaluate_policy(model, env, n_eval_episodes=1)
     assert np.isfinite(mean) and mean < 0 and std == 0.0
+
+
+# ------------------------------------------------------------------------------ episode state
+def _continue(env: HdMoeEnv, rng: np.random.Generator, episodes: int = 2) -> list:
+    """Step to the end of the episode, then ``episodes - 1`` whole episodes more."""
+    out, done = [], False
+    for _ in range(episodes):
+        while not done:
+            obs, r, term, trunc, info = env.step(valid_action(env, rng))
+            out.append((obs, r, info))
+            done = term or trunc
+        obs, info = env.reset()
+        out.append((obs, None, info))
+        done = False
+    return out
+
+
+def test_get_state_set_state_continues_the_episode_bit_for_bit(tmp_path):
+    import io
+    import json
+
+    kw = dict(steps_per_episode=3, predictor="noisy_oracle", gating_levels=(0, 1))
+    env = make(**kw)
+    env.reset(seed=5)
+    act_rng = np.random.default_rng(1)
+    for _ in range(4):                                   # mid-episode: decode step 1, layer 1
+        env.step(valid_action(env, act_rng))
+    meta, arrays = env.get_state()
+    buf = io.BytesIO()                                    # through the file formats: JSON, npz
+    np.savez(buf, **arrays)
+    buf.seek(0)
+    with np.load(buf, allow_pickle=False) as data:
+        arrays2 = {k: data[k] for k in data.files}
+    meta2 = json.loads(json.dumps(meta))
+    other = make(**kw)
+    other.reset(seed=99)                                  # another episode, overwritten
+    other.set_state(meta2, arrays2)
+    rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
+    first, second = _continue(env, rng_a), _continue(other, rng_b)
+    assert len(first) == len(second) > 4
+    for (o1, r1, i1), (o2, r2, i2) in zip(first, second, strict=True):
+        assert _equal(o1, o2) and r1 == r2 and _equal(i1, i2)
+
+
+def test_set_state_refuses_another_configuration_and_damage():
+    env = make()
+    env.reset(seed=0)
+    meta, arrays = env.get_state()
+    with pytest.raises(ConfigError, match="configuration"):
+        make(batch=4).set_state(meta, arrays)
+    with pytest.raises(ConfigError, match="not an env state"):
+        make().set_state({"format": "x"}, arrays)
+    with pytest.raises(ConfigError, match="obs_node"):
+        make().set_state(meta, {k: v for k, v in arrays.items() if k != "obs_node"})
+    with pytest.raises(ConfigError, match="damaged"):
+        make().set_state({**meta, "np_random": {"bit_generator": "PCG64"}}, arrays)
