@@ -304,6 +304,39 @@ def _pareto_points(rows: dict[str, dict[str, Any]], curve: list[tuple[float, str
     return [(x, y, labels) for (x, y), labels in points.items()]
 
 
+def _spread_labels(ys: list[float], gap: float) -> list[float]:
+    """Return label heights near ``ys`` with at least ``gap`` between neighbours (order kept).
+
+    Labels of points closer than ``gap`` are pushed apart symmetrically around their group's
+    mean, so no two labels overlap and each stays as close to its point as the gap allows.
+    """
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    out = [0.0] * len(ys)
+    groups: list[list[int]] = []
+    for i in order:
+        groups.append([i])
+        # merge while the last two groups' label blocks overlap
+        while len(groups) > 1:
+            a, b = groups[-2], groups[-1]
+            top_a = _block(ys, a, gap)[1]
+            low_b = _block(ys, b, gap)[0]
+            if low_b - top_a >= gap:
+                break
+            groups[-2:] = [a + b]
+    for g in groups:
+        low = _block(ys, g, gap)[0]
+        for k, i in enumerate(g):
+            out[i] = low + k * gap
+    return out
+
+
+def _block(ys: list[float], group: list[int], gap: float) -> tuple[float, float]:
+    """Lowest and highest label height of ``group`` centred on its points' mean."""
+    mean = sum(ys[i] for i in group) / len(group)
+    low = mean - gap * (len(group) - 1) / 2
+    return low, low + gap * (len(group) - 1)
+
+
 def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") -> None:
     """Draw TBT (µs) against top-1 routing retention (%) on ``ax``.
 
@@ -327,13 +360,7 @@ def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") ->
         ax.plot(xs, ys, "-", color="C0", lw=1.0, zorder=1,
                 label="HDA-MoE family by gating scale s")
     family = {m for _, m in curve}
-    for j, (x, y, labels) in enumerate(points):
-        in_family = any(lab.split(" (s=")[0] in family for lab in labels)
-        ax.plot([x], [y], "s" if in_family else "o", color="C0" if in_family else f"C{j % 9 + 1}",
-                ms=6, zorder=3)
-        note = ax.annotate(" = ".join(labels), (x, y), fontsize=6, xytext=(4, 4 + 7 * (j % 2)),
-                           textcoords="offset points", zorder=4)
-        note.set_in_layout(False)          # long labels must not squeeze small report panels
+    label_y: list[float] = []
     if points:
         px = [p[0] for p in points]
         py = [p[1] for p in points]
@@ -343,6 +370,18 @@ def draw_pareto(ax: Any, rows: dict[str, dict[str, Any]], *, title: str = "") ->
         ax.set_xlim(min(x1, 100.05), x0)                      # inverted: 100 % on the left
         ax.ticklabel_format(axis="both", useOffset=False, style="plain")
         ax.set_ylim(y0, y1 + 0.1 * (y1 - y0))
+        label_y = _spread_labels(py, gap=0.045 * (y1 + 0.1 * (y1 - y0) - y0))
+        dx = 0.03 * (max(x1, x0) - min(x1, x0))    # the x axis is inverted: right = lower x
+    for j, (x, y, labels) in enumerate(points):
+        in_family = any(lab.split(" (s=")[0] in family for lab in labels)
+        ax.plot([x], [y], "s" if in_family else "o", color="C0" if in_family else f"C{j % 9 + 1}",
+                ms=6, zorder=3)
+        moved = abs(label_y[j] - y) > 1e-12
+        note = ax.annotate(" = ".join(labels), (x, y), xytext=(x - dx, label_y[j]), fontsize=6,
+                           textcoords="data", zorder=4, va="center", ha="left",
+                           arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.5",
+                                       "shrinkA": 0, "shrinkB": 3} if moved else None)
+        note.set_in_layout(False)          # long labels must not squeeze small report panels
     ax.set_xlabel("top-1 routing retention (%), ← better\n"
                   "labels: method, (s=…) gating scale × default coefficients, a = b: same point",
                   fontsize=7)

@@ -129,3 +129,16 @@ def test_normalised_bars_zoom_with_visible_error_bars(tmp_path):
     assert "zoomed" in ax.get_ylabel() and "95 % t interval" in ax.get_title()
     _png(tmp_path / "n.png")
     plt.close("all")
+
+
+def test_pareto_labels_are_spread_apart_in_order():
+    """Close points get labels at least one gap apart around their mean; far ones stay put."""
+    from hdamoe_env.app.plots import _spread_labels
+
+    ys = [7250.0, 5.0, 7251.0, 7249.0, 9000.0]
+    out = _spread_labels(ys, gap=10.0)
+    assert out[1] == 5.0 and out[4] == 9000.0
+    close = sorted((ys[i], out[i]) for i in (0, 2, 3))
+    assert [y for _, y in close] == sorted(y for _, y in close)        # order of the points kept
+    assert all(b - a >= 10.0 - 1e-9 for (_, a), (_, b) in zip(close, close[1:]))
+    assert abs(sum(y for _, y in close) / 3 - 7250.0) < 1e-9           # centred on their mean
