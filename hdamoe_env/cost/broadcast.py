@@ -283,7 +283,7 @@ class BroadcastPlan:
 
 def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch: int,
                    topology_diameter: int | None, t_nm_prev: float | None,
-                   t_comp_prev: float | None, max_m: int) -> BroadcastPlan:
+                   t_comp_prev: float | None, max_m: int, fanout: int = 1) -> BroadcastPlan:
     """Return the budget, k_b, payload, depth and chunk size of a pre-broadcast (§10.3–10.4).
 
     Args:
@@ -295,14 +295,20 @@ def broadcast_plan(model: ModelSpec, hw: HardwareSpec, conv: Conventions, batch:
         t_nm_prev: t_nm of the layer the broadcast hides behind (``bc_budget="layer"``), s.
         t_comp_prev: Its expert phase (static evaluator at B), s.
         max_m: Cap on k_b (e.g. the env's ``max_broadcast``, at most E).
+        fanout: Largest number of children of a node in the broadcast trees when every node
+            injects through one network-interface port (``ni_ports``): that port carries each
+            chunk once per child, so the pipeline runs at BW / fanout (docs/PHYSICS.md §16).
+            1 (the default, and ``paper*``): the links are the only limit.
 
     Returns:
         The plan.
     """
+    if isinstance(fanout, bool) or not isinstance(fanout, int | np.integer) or fanout < 1:
+        raise ConfigError(f"fanout must be an integer >= 1, got {fanout!r}")
     budget = float(broadcast_budget(model, hw, conv, batch, t_nm_prev, t_comp_prev))
     S = broadcast_payload(model, conv)
     H = broadcast_depth(conv, hw.num_nodes, topology_diameter)
-    alpha, bw = conv.broadcast_alpha_s, hw.link_bw_Bps
+    alpha, bw = conv.broadcast_alpha_s, hw.link_bw_Bps / int(fanout)
     k_b = num_broadcast(budget, S, H, alpha, bw, max_m)
     chunk = float(broadcast_chunk(max(k_b, 1), S, H, alpha, bw))
     time = float(broadcast_time(k_b, S, H, alpha, bw))

@@ -22,7 +22,8 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.des import simulate_messages
 from hdamoe_env.noc.topology import Topology
 
-__all__ = ["BroadcastMessages", "BroadcastResult", "broadcast_messages", "broadcast_tree",
+__all__ = ["BroadcastMessages", "BroadcastResult", "broadcast_fanout", "broadcast_messages",
+           "broadcast_tree",
            "simulate_broadcast"]
 
 
@@ -80,6 +81,21 @@ class BroadcastMessages:
     expert: NDArray[np.int64]
     chunks: int
     chunk_bytes: float
+
+
+def broadcast_fanout(topology: Topology) -> int:
+    """Return the largest number of children of any endpoint in any source's broadcast tree.
+
+    With one injection port per endpoint (``ni_ports``) a forwarding endpoint injects each chunk
+    once per child, so its port, not a link, bounds the broadcast's pipeline rate at
+    BW / fanout. Cached on the topology object's id by the caller if needed; O(N²) routes.
+    """
+    best = 1
+    for source in range(topology.num_endpoints):
+        parent, _ = broadcast_tree(topology, source)
+        children = np.bincount(parent[parent >= 0], minlength=topology.num_endpoints)
+        best = max(best, int(children.max()))
+    return best
 
 
 def broadcast_messages(topology: Topology, P_layer: ArrayLike, experts: Sequence[int],

@@ -28,7 +28,7 @@ from hdamoe_env.cost import perf
 from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.decisions.dispatch import (DispatchResult, dispatch_broadcast,
                                            replica_expected_shares)
-from hdamoe_env.noc.broadcast import BroadcastResult, simulate_broadcast
+from hdamoe_env.noc.broadcast import BroadcastResult, broadcast_fanout, simulate_broadcast
 from hdamoe_env.sim.evaluator import LayerEvaluator, LayerResult, SimulatorParts
 from hdamoe_env.sim.placement import Placement
 
@@ -120,6 +120,9 @@ class DecisionEvaluator:
         cap = min(int(max_broadcast), model.num_experts)
         self.slot_cap = cap
         self.plans: list[prebroadcast.BroadcastPlan | None] = [None]
+        # with network-interface ports a tree node injects every chunk once per child: the
+        # budget rule sees the same bottleneck the DES charges (docs/PHYSICS.md §16)
+        fanout = broadcast_fanout(sim.topology) if conv.ni_ports else 1
         for layer in range(1, placement.num_layers):
             nm_prev = sim.nonmoe(self.batch, layer - 1)   # its all-reduce uses the links
             t_nm_prev = nm_prev.total_s - nm_prev.comm_s
@@ -128,7 +131,7 @@ class DecisionEvaluator:
                                                    self.batch, model, hw, conv))
             self.plans.append(prebroadcast.broadcast_plan(
                 model, hw, conv, self.batch, sim.topology.diameter, float(t_nm_prev),
-                t_comp_prev, cap))
+                t_comp_prev, cap, fanout))
         self.budgets_s = [0.0] + [p.budget_s for p in self.plans[1:] if p is not None]
         self.bc_max_messages = int(bc_max_messages)
         self.gating_coefficients = gating_coefficients

@@ -72,3 +72,28 @@ def test_broadcast_message_cap():
     P = expert_parallel(1, 64, 32, np.random.default_rng(0)).P[0]
     res = simulate_broadcast(topo, P, [0, 1, 2], 17e6, 10e3, max_messages=3000)
     assert res.num_messages <= 3000 and res.chunks == 3000 // (3 * 31)
+
+
+def test_broadcast_fanout_bounds_the_budget_rule_under_ports():
+    """With one injection port per node a tree node injects each chunk once per child: the
+    dimension-ordered tree of a 4x8 mesh or torus has a node with 4 children, the fat-tree's star
+    31; the budget rule then runs the pipeline at BW / fanout, so fewer experts fit."""
+    from hdamoe_env.config.errors import ConfigError
+    from hdamoe_env.config.profiles import PROFILES
+    from hdamoe_env.config.specs import HardwareSpec, get_model
+    from hdamoe_env.cost.broadcast import broadcast_plan
+    from hdamoe_env.noc.broadcast import broadcast_fanout
+    from hdamoe_env.noc.topology import make_topology
+
+    hw = HardwareSpec(mesh_shape=(4, 8))
+    assert broadcast_fanout(make_topology("mesh", hw)) == 4
+    assert broadcast_fanout(make_topology("torus", hw)) == 4
+    assert broadcast_fanout(make_topology("fattree", hw)) == 31
+    model, conv = get_model("deepseek-v2-lite"), PROFILES["faithful"]
+    one = broadcast_plan(model, hw, conv, 128, 10, 200e-6, 240e-6, 8)
+    four = broadcast_plan(model, hw, conv, 128, 10, 200e-6, 240e-6, 8, fanout=4)
+    assert one.k_b >= 1 and four.k_b < one.k_b
+    S = one.payload_bytes
+    assert four.time_s == 0.0 or four.time_s > S * four.k_b * 4 / hw.link_bw_Bps
+    with pytest.raises(ConfigError, match="fanout"):
+        broadcast_plan(model, hw, conv, 128, 10, 200e-6, 240e-6, 8, fanout=0)
