@@ -161,6 +161,20 @@ def _knob_grid(base: Conventions, knobs: Mapping[str, Sequence[Any]]) -> list[tu
     return grid
 
 
+
+def model_trace(model: str, mixtral_dir: str | None) -> str | None:
+    """Return the trace of a model's cells: Mixtral's real reasoning trace, else "synthetic".
+
+    None (with a warning) when Mixtral's trace is not in ``mixtral_dir``: its cells are skipped.
+    """
+    if model != "mixtral-8x7b":
+        return "synthetic"
+    trace = mixtral_trace_path(mixtral_dir)
+    if trace is None:
+        log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped", mixtral_dir)
+    return trace
+
+
 def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["quick"]["models"],
                     settings: Sequence[str] = SUITES["quick"]["settings"],
                     batches: Sequence[int] = (128,),
@@ -193,14 +207,9 @@ def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["q
     cells: list[Cell] = []
     needs_placement = any(m not in ("tp", "tp-tiled", "ep") for m in methods)
     for model in models:
-        if model == "mixtral-8x7b":
-            trace = mixtral_trace_path(mixtral_dir)
-            if trace is None:
-                log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped",
-                            mixtral_dir)
-                continue
-        else:
-            trace = "synthetic"
+        trace = model_trace(model, mixtral_dir)
+        if trace is None:
+            continue
         extra = {} if requests is None else {"trace_requests": int(requests)}
         model_grid = grid
         if trace != "synthetic" and any(knob in TRACE_KNOBS for knob, _ in grid):

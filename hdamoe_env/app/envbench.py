@@ -19,14 +19,14 @@ from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.fileio import write_json
 from hdamoe_env.config.run import RUN_DEFAULTS
 
-__all__ = ["bench_env", "cmd_bench_env", "format_bench_env"]
+__all__ = ["bench_env", "cmd_bench_env", "format_bench_env", "items_per_second"]
 
 
 # ------------------------------------------------------------------------------------ bench-env
 #: Interleaved measurement rounds per env policy (each keeps its best round).
 ROUNDS = 5
 
-def _rate(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
+def items_per_second(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
     """Call ``fn`` (returns the number of items it did) until ``seconds`` pass; items/s."""
     count = 0
     t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def _policy_rates(env: Any, policies: dict[str, Callable[[Any], Any]], seconds: 
     best = dict.fromkeys(runners, 0.0)
     for _ in range(ROUNDS):
         for suffix, run in runners.items():
-            best[suffix] = max(best[suffix], _rate(run, seconds / ROUNDS)[0])
+            best[suffix] = max(best[suffix], items_per_second(run, seconds / ROUNDS)[0])
     return best, warm
 
 
@@ -138,7 +138,7 @@ def bench_env(*, seconds: float = 2.0, model: str = RUN_DEFAULTS.model, mesh: st
             return n
 
         raw_layers()
-        out[f"raw_{fidelity}_layers_per_s"], _ = _rate(raw_layers, seconds)
+        out[f"raw_{fidelity}_layers_per_s"], _ = items_per_second(raw_layers, seconds)
         out[f"ratio_{fidelity}"] = (out[f"env_{fidelity}_steps_per_s"]
                                     / out[f"raw_{fidelity}_layers_per_s"])
     env = HdMoeEnv(model=model, mesh=mesh, setting=setting, batch=batch,

@@ -47,15 +47,16 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.app.records import read_jsonl, render_table, summarise
+from hdamoe_env.app.crossover import model_trace
+from hdamoe_env.app.records import read_jsonl, summarise
 from hdamoe_env.app.reproduce import (
     DEFAULT_MIXTRAL_DIR,
     Cell,
     bench_cfg,
     dedupe_cells,
-    mixtral_trace_path,
     placement_key,
 )
+from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, OutputPathError
 from hdamoe_env.config.fileio import atomic_write, write_json
 from hdamoe_env.config.profiles import Conventions, get_profile
@@ -169,14 +170,9 @@ def robust_cells(*, base: str = "faithful", models: Sequence[str], settings: Seq
     needs_placement = any(parse_method(m).placement not in ("tp", "ep") for m in methods)
     cells: list[Cell] = []
     for model in models:
-        if model == "mixtral-8x7b":
-            trace = mixtral_trace_path(mixtral_dir)
-            if trace is None:
-                log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped",
-                            mixtral_dir)
-                continue
-        else:
-            trace = "synthetic"
+        trace = model_trace(model, mixtral_dir)
+        if trace is None:
+            continue
         spec = get_model(model)
         extra = {} if requests is None else {"trace_requests": int(requests)}
         for setting in settings:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from hdamoe_env.app.envbench import items_per_second
 from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = ["ROUNDS", "bench_vector", "format_vector_bench", "masked_sample"]
@@ -45,16 +46,6 @@ def masked_sample(masks: NDArray[np.bool_], nvec: NDArray[np.int64],
         out[:, d] = np.argmax(rng.random(part.shape) * part, axis=1)
         start += size
     return out
-
-
-def _rate(fn: Callable[[], int], seconds: float) -> float:
-    count = 0
-    t0 = time.perf_counter()
-    while True:
-        count += fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds:
-            return count / elapsed
 
 
 def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAULTS.model,
@@ -127,7 +118,7 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
         best = dict.fromkeys(runners, 0.0)
         for _ in range(ROUNDS):
             for key, run in runners.items():
-                best[key] = max(best[key], _rate(run, seconds / ROUNDS))
+                best[key] = max(best[key], items_per_second(run, seconds / ROUNDS)[0])
         for policy in ("noop", "random_masked"):
             s = best[f"{fidelity}_{policy}_single"]
             b = best[f"{fidelity}_{policy}_batched"]

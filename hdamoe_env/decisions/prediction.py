@@ -137,24 +137,8 @@ def noisy_oracle_sets(actual: NDArray[np.int64], acc: float | NDArray[np.float64
         r = rows[pending]
         cand = sampler.sample(lay[pending], oversample, rng)               # [P, m]
         # Forbidden: the actual set and the replacements accepted so far.
-        if small:
-            member = (np.right_shift(forbid[r][:, None], cand.astype(np.uint64)) & one) \
-                .astype(bool)
-        else:
-            taken = np.concatenate([actual[r], pred[r]], axis=1)
-            member = (taken[:, None, :] == cand[:, :, None]).any(axis=2)
-        ok = ~member.all(axis=1)
-        pick = cand[np.arange(pending.size), np.argmax(~member, axis=1)]
-        key = np.where(ok, r * num_experts + pick, -1 - np.arange(pending.size))
-        order = np.argsort(key, kind="stable")       # stable: the earlier slot of a row wins
-        dup = np.zeros(pending.size, dtype=bool)
-        dup[order[1:]] = key[order][1:] == key[order][:-1]
-        accept = ok & ~dup
-        pred[r[accept], cols[pending[accept]]] = pick[accept]
-        if small:
-            np.bitwise_or.at(forbid, r[accept], np.left_shift(one, pick[accept].astype(
-                np.uint64)))
-        pending = pending[~accept]
+        pending = _accept_round(cand, r, pending, cols, pred, actual,
+                                forbid if small else None, num_experts)
         if pending.size == 0:
             return pred
     for slot in pending.tolist():                    # pathological popularity: uniform fallback
@@ -215,24 +199,8 @@ def noisy_oracle_sets_many(actual: NDArray[np.int64], acc: float | NDArray[np.fl
         per = np.bincount(problem[pending], minlength=num_problems).tolist()
         u = np.concatenate([rngs[j].random((c, oversample)) for j, c in enumerate(per) if c])
         cand = sampler.sample_uniform(lay[pending], u)                        # [P, m]
-        if small:
-            member = (np.right_shift(forbid[r][:, None], cand.astype(np.uint64)) & one) \
-                .astype(bool)
-        else:
-            taken = np.concatenate([flat_actual[r], pred[r]], axis=1)
-            member = (taken[:, None, :] == cand[:, :, None]).any(axis=2)
-        ok = ~member.all(axis=1)
-        pick = cand[np.arange(pending.size), np.argmax(~member, axis=1)]
-        key = np.where(ok, r * num_experts + pick, -1 - np.arange(pending.size))
-        order = np.argsort(key, kind="stable")       # stable: the earlier slot of a row wins
-        dup = np.zeros(pending.size, dtype=bool)
-        dup[order[1:]] = key[order][1:] == key[order][:-1]
-        accept = ok & ~dup
-        pred[r[accept], cols[pending[accept]]] = pick[accept]
-        if small:
-            np.bitwise_or.at(forbid, r[accept], np.left_shift(one, pick[accept].astype(
-                np.uint64)))
-        pending = pending[~accept]
+        pending = _accept_round(cand, r, pending, cols, pred, flat_actual,
+                                forbid if small else None, num_experts)
         if pending.size == 0:
             return pred.reshape(actual.shape)
     for slot in pending.tolist():                    # pathological popularity: uniform fallback
@@ -393,3 +361,30 @@ class StepPredictor:
             pred[:, 1:] = flat.reshape(n, L - 1, B, k)
         counts = prediction_kernels.count_sets(pred, E).reshape(n, L, E)
         return StepPrediction(pred, counts)
+
+
+def _accept_round(cand: NDArray[np.int64], r: NDArray[np.int64], pending: NDArray[np.int64],
+                  cols: NDArray[np.int64], pred: NDArray[np.int64], actual: NDArray[np.int64],
+                  forbid: NDArray[np.uint64] | None, num_experts: int) -> NDArray[np.int64]:
+    """One rejection round of the noisy oracle: accept each pending slot's first candidate that
+    is neither in its row's actual set nor already predicted (the earlier slot of a row wins a
+    tie); write it to ``pred`` (and to the row bitmask ``forbid`` when E ≤ 64) and return the
+    slots still pending. ``r`` are the pending slots' rows, ``cand`` their candidates [P, m].
+    """
+    one = np.uint64(1)
+    if forbid is not None:
+        member = (np.right_shift(forbid[r][:, None], cand.astype(np.uint64)) & one).astype(bool)
+    else:
+        taken = np.concatenate([actual[r], pred[r]], axis=1)
+        member = (taken[:, None, :] == cand[:, :, None]).any(axis=2)
+    ok = ~member.all(axis=1)
+    pick = cand[np.arange(pending.size), np.argmax(~member, axis=1)]
+    key = np.where(ok, r * num_experts + pick, -1 - np.arange(pending.size))
+    order = np.argsort(key, kind="stable")           # stable: the earlier slot of a row wins
+    dup = np.zeros(pending.size, dtype=bool)
+    dup[order[1:]] = key[order][1:] == key[order][:-1]
+    accept = ok & ~dup
+    pred[r[accept], cols[pending[accept]]] = pick[accept]
+    if forbid is not None:
+        np.bitwise_or.at(forbid, r[accept], np.left_shift(one, pick[accept].astype(np.uint64)))
+    return pending[~accept]
