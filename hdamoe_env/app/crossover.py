@@ -50,9 +50,9 @@ from hdamoe_env.app.reproduce import (
     DEFAULT_MIXTRAL_DIR,
     Cell,
     bench_cfg,
-    mixtral_trace_path,
-    placement_key,
     dedupe_cells,
+    model_trace,
+    placement_key,
     run_suite,
 )
 from hdamoe_env.config.errors import ConfigError
@@ -162,17 +162,6 @@ def _knob_grid(base: Conventions, knobs: Mapping[str, Sequence[Any]]) -> list[tu
 
 
 
-def model_trace(model: str, mixtral_dir: str | None) -> str | None:
-    """Return the trace of a model's cells: Mixtral's real reasoning trace, else "synthetic".
-
-    None (with a warning) when Mixtral's trace is not in ``mixtral_dir``: its cells are skipped.
-    """
-    if model != "mixtral-8x7b":
-        return "synthetic"
-    trace = mixtral_trace_path(mixtral_dir)
-    if trace is None:
-        log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped", mixtral_dir)
-    return trace
 
 
 def crossover_cells(*, base: str = "faithful", models: Sequence[str] = SUITES["quick"]["models"],

@@ -15,26 +15,17 @@ from typing import Any
 
 import numpy as np
 
+from hdamoe_env.app.vecbench import items_per_second
 from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.fileio import write_json
 from hdamoe_env.config.run import RUN_DEFAULTS
 
-__all__ = ["bench_env", "cmd_bench_env", "format_bench_env", "items_per_second"]
+__all__ = ["bench_env", "cmd_bench_env", "format_bench_env"]
 
 
 # ------------------------------------------------------------------------------------ bench-env
 #: Interleaved measurement rounds per env policy (each keeps its best round).
 ROUNDS = 5
-
-def items_per_second(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
-    """Call ``fn`` (returns the number of items it did) until ``seconds`` pass; items/s."""
-    count = 0
-    t0 = time.perf_counter()
-    while True:
-        count += fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds:
-            return count / elapsed, count
 
 
 def _policy_rates(env: Any, policies: dict[str, Callable[[Any], Any]], seconds: float,

@@ -58,6 +58,7 @@ __all__ = [
     "run_cell",
     "run_suite",
     "dedupe_cells",
+    "model_trace",
     "shrink",
     "suite_cells",
 ]
@@ -262,6 +263,19 @@ METHODS_MATCHED = ("hda-moe@q99", "hda-moe@q95")
 #: Extra gating scales of the speed-vs-quality (Pareto) curve, 5/50 B = 128 cells only; with
 #: hd-moe (scale 0), the matched-quality points and hda-moe (scale 1) they trace the curve.
 METHODS_PARETO = ("hda-moe@s0.0625", "hda-moe@s0.25")
+
+
+def model_trace(model: str, mixtral_dir: str | None) -> str | None:
+    """Return the trace of a model's cells: Mixtral's real reasoning trace, else "synthetic".
+
+    None (with a warning) when Mixtral's trace is not in ``mixtral_dir``: its cells are skipped.
+    """
+    if model != "mixtral-8x7b":
+        return "synthetic"
+    trace = mixtral_trace_path(mixtral_dir)
+    if trace is None:
+        log.warning("no Mixtral reasoning trace in %s; Mixtral cells are skipped", mixtral_dir)
+    return trace
 
 
 def mixtral_trace_path(mixtral_dir: str | None, category: str = "reasoning") -> str | None:

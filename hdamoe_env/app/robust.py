@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.app.crossover import model_trace
 from hdamoe_env.app.records import read_jsonl, summarise
 from hdamoe_env.app.reproduce import (
     DEFAULT_MIXTRAL_DIR,
     Cell,
     bench_cfg,
     dedupe_cells,
+    model_trace,
     placement_key,
 )
 from hdamoe_env.app.tables import render_table

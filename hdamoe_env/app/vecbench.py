@@ -18,13 +18,23 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env.app.envbench import items_per_second
 from hdamoe_env.config.run import RUN_DEFAULTS
 
-__all__ = ["ROUNDS", "bench_vector", "format_vector_bench", "masked_sample"]
+__all__ = ["ROUNDS", "bench_vector", "format_vector_bench", "items_per_second", "masked_sample"]
 
 #: Interleaved measurement rounds (each side keeps its best round).
 ROUNDS = 3
+
+
+def items_per_second(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
+    """Call ``fn`` (returns the number of items it did) until ``seconds`` pass; items/s."""
+    count = 0
+    t0 = time.perf_counter()
+    while True:
+        count += fn()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return count / elapsed, count
 
 
 def masked_sample(masks: NDArray[np.bool_], nvec: NDArray[np.int64],
