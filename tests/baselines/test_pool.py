@@ -10,7 +10,9 @@ pytest.importorskip("pulp")
 
 
 _POOL_SCRIPT = '''
-import os, sys, time
+import os, signal, sys, time
+# a test run started in the background inherits SIGINT ignored: Ctrl-C must work here
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {root!r})
 from baselines.pool import spawn_pool_map
 
@@ -71,6 +73,8 @@ def test_pool_workers_die_with_their_parent(tmp_path, sig):
 
 _FAIL_SCRIPT = '''
 import errno, os, signal, sys, time
+# a test run started in the background inherits SIGINT ignored: Ctrl-C must work here
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {root!r})
 from baselines.pool import spawn_pool_map
 
