@@ -115,6 +115,7 @@ def test_process_pool_matches_inline(tmp_path: Path) -> None:
     assert [r["tbt_us"] for r in pooled.records] == [r["tbt_us"] for r in inline.records]
 
 
+@pytest.mark.slow   # Ray's start-up alone is about a minute on 2 cores
 def test_ray_backend_matches_process_pool(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="ray is not installed (extra `ray`); the Ray backend "
                         "of `hdamoe reproduce` cannot be tested")
