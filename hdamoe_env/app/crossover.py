@@ -53,7 +53,7 @@ from hdamoe_env.app.reproduce import (
     dedupe_cells,
     model_trace,
     placement_key,
-    run_suite,
+    run_suite_printing,
 )
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write, write_json
@@ -453,14 +453,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         + ([f"--conventions {args.conventions}"] if args.conventions != "faithful" else [])
         + (["--replace"] if args.replace else []))
     if not args.report_only:
-        def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
-            print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
-
-        result = run_suite(cells, args.out, workers=args.workers, backend=args.backend,
-                           cache_dir=args.cache_dir, resume=not args.fresh,
-                           ray_address=args.ray_address, on_cell=tick)
-        print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
-              f"wall {result.wall_s:.1f} s")
+        run_suite_printing(cells, args.out, args, resume=not args.fresh)
     path = write_crossover_report(args.out, command=command)
     print(f"wrote {path}")
     return 0

@@ -57,6 +57,7 @@ __all__ = [
     "read_results",
     "run_cell",
     "run_suite",
+    "run_suite_printing",
     "dedupe_cells",
     "model_trace",
     "shrink",
@@ -597,6 +598,25 @@ def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers
 
 
 # ----------------------------------------------------------------------------------------- CLI
+
+def run_suite_printing(cells: Sequence[Cell], out: str | Path, args: argparse.Namespace, *,
+                       resume: bool) -> ReproduceResult:
+    """``run_suite`` with the commands' progress: one line per finished cell, then a summary.
+
+    ``args`` carries the pool options every grid command shares (``workers``, ``backend``,
+    ``cache_dir``, ``ray_address``).
+    """
+    def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
+        print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
+
+    result = run_suite(cells, out, workers=args.workers, backend=args.backend,
+                       cache_dir=args.cache_dir, resume=resume, ray_address=args.ray_address,
+                       on_cell=tick)
+    print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
+          f"wall {result.wall_s:.1f} s")
+    return result
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run ``hdamoe reproduce``; return the exit code."""
     from hdamoe_env.app import report
@@ -623,14 +643,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                           if args.mixtral_dir != DEFAULT_MIXTRAL_DIR else [])
                        + ([f"--seeds {args.seeds}"] if args.seeds else []))
     if not args.report_only:
-        def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
-            print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
-
-        result = run_suite(cells, out, workers=args.workers, backend=args.backend,
-                           cache_dir=args.cache_dir, resume=not args.fresh,
-                           ray_address=args.ray_address, on_cell=tick)
-        print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
-              f"wall {result.wall_s:.1f} s")
+        result = run_suite_printing(cells, out, args, resume=not args.fresh)
         meta = {"suite": args.suite, "command": command, "wall_s": result.wall_s,
                 "computed": len(result.computed), "resumed": len(result.skipped),
                 "workers": args.workers, "backend": args.backend}

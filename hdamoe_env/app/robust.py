@@ -513,7 +513,7 @@ def cmd_robust(args: Any, suite: Mapping[str, Any]) -> int:
     """
     import sys
 
-    from hdamoe_env.app.reproduce import run_suite
+    from hdamoe_env.app.reproduce import run_suite_printing
 
     knob_names = []
     for text in args.knob:
@@ -555,14 +555,7 @@ def cmd_robust(args: Any, suite: Mapping[str, Any]) -> int:
     if not args.report_only:
         check_out_dir(out, resume=args.resume, force=args.force)
 
-        def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
-            print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
-
-        result = run_suite(cells, out, workers=args.workers, backend=args.backend,
-                           cache_dir=args.cache_dir, resume=not args.force,
-                           ray_address=args.ray_address, on_cell=tick)
-        print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
-              f"wall {result.wall_s:.1f} s")
+        run_suite_printing(cells, out, args, resume=not args.force)
     path = write_robust_report(out, command=command)
     print(f"wrote {path}")
     return 0
