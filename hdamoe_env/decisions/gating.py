@@ -32,6 +32,7 @@ of the k picks). Pure functions, numpy and numba only (style.md §2).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -169,6 +170,18 @@ class TileCost:
         active = (n > 0).astype(np.float64)
         compute = rows @ self.row_s + (active @ (self.row_s > 0)) * self.gemm_s
         return compute, active @ self.stream_s
+
+    @functools.cached_property
+    def holder_tables(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return (row_s, stream_s) of every shard in holder order (by expert, then node).
+
+        The order of ``gating._prepared_arrays``' holders of a placement whose support is
+        ``row_s > 0`` (``check``); computed once per object.
+        """
+        row_s = np.asarray(self.row_s, dtype=np.float64)
+        rows, cols = np.nonzero(row_s > 0)
+        return (np.ascontiguousarray(row_s[rows, cols]),
+                np.ascontiguousarray(np.asarray(self.stream_s, dtype=np.float64)[rows, cols]))
 
     def node_cost(self, counts: ArrayLike) -> NDArray[np.float64]:
         """Return the seconds max(compute_c, stream_c) [D] charged every node at counts n."""
@@ -488,10 +501,11 @@ def _initial_state(cands: _Candidates, k: int, P: NDArray[np.float64], w: float,
 
 def _prepared_tiles(P: NDArray[np.float64], tile_cost: TileCost
                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Return the holder tables (row_s, stream_s) in ``_prepared_arrays``' holder order."""
-    rows, cols = np.nonzero(P > 0)
-    return (np.ascontiguousarray(np.asarray(tile_cost.row_s, dtype=np.float64)[rows, cols]),
-            np.ascontiguousarray(np.asarray(tile_cost.stream_s, dtype=np.float64)[rows, cols]))
+    """Return the holder tables (row_s, stream_s) in ``_prepared_arrays``' holder order.
+
+    ``tile_cost`` has been checked against ``P`` (same support), so its own holder order is P's.
+    """
+    return tile_cost.holder_tables
 
 
 def _initial_loads(cands: _Candidates, k: int, Pw: NDArray[np.float64], include_future: bool,
