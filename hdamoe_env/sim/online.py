@@ -210,7 +210,8 @@ class DecisionEvaluator:
                 chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
                 hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
                 max_messages=self.bc_max_messages, trees=self._trees, switching=conv.switching,
-                ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps))
+                ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps),
+                ni_latency_s=conv.ni_latency_for(hw.hop_latency_for(conv)))
             self._bc_cache.put(key, hit)
         return hit
 
