@@ -11,7 +11,7 @@ Hardware view [decision, stated in every result]: the recorded model's routing (
 number of MoE layers L) is evaluated with the layer shapes (h, I, attention) of a model preset —
 by default Mixtral-8x7B, whose E = 8 and k = 2 match the tiny model — with ``num_moe_layers``
 replaced by L. Penalties use that preset's w = F_e and the setting's C (under a profile with the
-tile model, the evaluator's tile-model node cost, ``sim.online.gating_tile_cost``); the
+tile model, the evaluator's tile-model compute, ``sim.online.gating_tile_cost``, as in the env); the
 coefficients are
 ``level × (r_comp, r_comm)`` of the preset's §11.7 defaults; the placement is EP (seeded) or TP.
 Gating is applied to consecutive rows in chunks of ``batch`` (one decode step of B tokens; the

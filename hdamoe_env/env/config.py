@@ -159,6 +159,11 @@ class EnvConfig:
         gating_comm_penalty: ``"dispersion"`` or ``"new_nodes"``.
         gating_candidate_window: Only original ranks < k + J may enter.
         gating_include_future: Count later rows' original choices in the penalties.
+        gating_streaming: Under the tile model (``faithful``), whether the computation penalty
+            charges each node max(compute, weight streaming) as the evaluator does (True), or
+            the tile-model compute alone (False, default: tile-padded tokens and columns,
+            per-GEMM overhead; measured faster, docs/PHYSICS.md §4.1a); no effect under
+            ``paper*`` (fluid penalty).
         k_b: Manual pre-broadcast slots (int, or one per layer) instead of the budget rule.
         bc_max_messages: Cap on DES messages of one layer's pre-broadcast.
         invalid_action: ``"coerce"`` (default: masked values become "none", duplicates
@@ -210,6 +215,7 @@ class EnvConfig:
     gating_comm_penalty: str = "dispersion"
     gating_candidate_window: int | None = None
     gating_include_future: bool = False
+    gating_streaming: bool = False
     k_b: int | Sequence[int] | None = None
     bc_max_messages: int = 20_000
     invalid_action: str = "coerce"
@@ -245,7 +251,8 @@ class EnvConfig:
 
     def __post_init__(self) -> None:  # noqa: C901 - one check per argument, in order
         set_ = object.__setattr__  # frozen: resolved values are set once, here
-        for name in ("measure_twin_error", "gating_include_future", "flatten_replicas"):
+        for name in ("measure_twin_error", "gating_include_future", "gating_streaming",
+                     "flatten_replicas"):
             set_(self, name, _flag(name, getattr(self, name)))
         if self.render_mode is not None and self.render_mode not in RENDER_MODES:
             raise unknown_name("render mode", self.render_mode, RENDER_MODES)

@@ -329,6 +329,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.decisions = self.sim.decision_evaluator(
             self.placement, self.batch, freqs=self._freqs, max_broadcast=self.max_broadcast,
             bc_max_messages=config.bc_max_messages, gating_coefficients=self.gating_coefficients,
+            gating_streaming=bool(config.gating_streaming),
             gating_options=dict(                             # validated by EnvConfig
                 comp_penalty=config.gating_comp_penalty,
                 comm_penalty=config.gating_comm_penalty,

@@ -92,12 +92,15 @@ class DecisionEvaluator:
         gating_coefficients: (r_comp, r_comm) at gating level 1.
         gating_options: Keyword arguments of ``gating.hardware_aware_gating`` (penalties,
             protect_top, candidate_window, include_future, renormalize, diagnostics).
+        gating_streaming: Under the tile model, whether the penalties charge weight streaming
+            too (``gating_tile_cost(streaming=)``; default False, the env's default).
     """
 
     def __init__(self, sim: DecisionSimulator, placement: Placement, batch: int, *,
                  freqs: NDArray[np.float64], max_broadcast: int, bc_max_messages: int = 20_000,
                  gating_coefficients: tuple[float, float] = (0.0, 0.0),
-                 gating_options: dict[str, Any] | None = None) -> None:
+                 gating_options: dict[str, Any] | None = None,
+                 gating_streaming: bool = False) -> None:
         model, hw, conv = sim.model, sim.hw, sim.conv
         self.sim, self.placement, self.conv = sim, placement, conv
         self.batch = int(batch)
@@ -136,6 +139,7 @@ class DecisionEvaluator:
         self.bc_max_messages = int(bc_max_messages)
         self.gating_coefficients = gating_coefficients
         self.gating_options = dict(gating_options or {})
+        self.gating_streaming = bool(gating_streaming)
         # the gating penalties charge the evaluator's tile model (None: fluid), per layer, lazily
         self._tile_costs: list[gating_mod.TileCost | None] = [None] * placement.num_layers
         # one entry per (layer, broadcast set) met; the bound keeps a long episode's memory flat
@@ -186,7 +190,8 @@ class DecisionEvaluator:
         shares = self.expected_shares[layer]
         tile_cost = self._tile_costs[layer]
         if tile_cost is None and self.conv.tiled:
-            tile_cost = gating_tile_cost(shares, self.sim.model, self.sim.hw, self.conv)
+            tile_cost = gating_tile_cost(shares, self.sim.model, self.sim.hw, self.conv,
+                                         streaming=self.gating_streaming)
             self._tile_costs[layer] = tile_cost
         return gating_mod.hardware_aware_gating(
             candidates, self.sim.model.top_k, shares, self.w_flops,
@@ -288,21 +293,28 @@ class DecisionEvaluator:
         return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin, replica)
 
 
-def gating_tile_cost(P: ArrayLike, model: ModelSpec, hw: HardwareSpec, conv: Conventions
-                     ) -> gating_mod.TileCost | None:
+def gating_tile_cost(P: ArrayLike, model: ModelSpec, hw: HardwareSpec, conv: Conventions, *,
+                     streaming: bool = False) -> gating_mod.TileCost | None:
     """Return the node cost the evaluator charges for shares ``P`` [E, D], for the gating (§11.3).
 
     Under the tile model (``conv.tiled``, docs/PHYSICS.md §4) the terms of the evaluator's
     expert phase: seconds per padded token row of every shard (``perf.tile_columns`` ·
     m·2h/C), m·o per active shard, and the shard's weight streaming P_ic·W_e/(BW_mem·η) when the
-    profile charges it (``conv.weight_streaming``); None for the fluid model (``paper*``), whose
-    penalties stay in FLOP (Eq. 1).
+    profile charges it (``conv.weight_streaming``) and ``streaming`` is True; None for the fluid
+    model (``paper*``), whose penalties stay in FLOP (Eq. 1).
+
+    [decision] ``streaming`` is False by default: the greedy's marginal cost of the running
+    counts is myopic, and a streaming floor under every node hides the compute a token adds
+    until the node's compute passes it, too late to balance (DeepSeek-V2-Lite 10/25: mean
+    expert phase 81.4 µs with streaming vs 78.9 µs without, fluid 78.0; docs/PHYSICS.md §4.1a).
 
     Args:
         P: Placement shares of one layer, float [E, D] (replicas as expected shares).
         model: The model.
         hw: The hardware.
         conv: The conventions.
+        streaming: Include the weight streaming (the evaluator's whole charge) or not (the
+            tile-model compute alone, the env's default ``gating_streaming=False``).
 
     Returns:
         The tables of ``gating.TileCost``, or None without tiles.
@@ -313,7 +325,7 @@ def gating_tile_cost(P: ArrayLike, model: ModelSpec, hw: HardwareSpec, conv: Con
     tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
     row_s = perf.tile_columns(shares, model, conv) * tile_flop_s
     stream = (shares * (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv))
-              if conv.weight_streaming else np.zeros_like(shares))
+              if conv.weight_streaming and streaming else np.zeros_like(shares))
     return gating_mod.TileCost(np.ascontiguousarray(row_s), conv.expert_matrices
                                * conv.gemm_overhead_s, np.ascontiguousarray(stream),
                                int(conv.tile_tokens))

@@ -32,7 +32,7 @@ def test_gating_tile_cost_is_what_the_evaluator_charges(profile):
     is the growth of that maximum when one token of it is added."""
     model, hw, conv, placement = _deepseek_case(profile)
     sim = MoESimulator(model, hw, "mesh", conv)
-    tile = gating_tile_cost(placement.P[0], model, hw, conv)
+    tile = gating_tile_cost(placement.P[0], model, hw, conv, streaming=True)
     assert tile is not None and tile.tile_tokens == conv.tile_tokens
     rng = np.random.default_rng(0)
     B, k = 16, model.top_k
@@ -48,6 +48,9 @@ def test_gating_tile_cost_is_what_the_evaluator_charges(profile):
         extra[i] += 1
         assert dT[i] == tile.node_cost(extra).max() - tile.node_cost(counts).max()
     assert dT.min() >= 0 and dT.max() > 0
+    compute_only = gating_tile_cost(placement.P[0], model, hw, conv)   # the env's default
+    assert not compute_only.stream_s.any()
+    np.testing.assert_allclose(compute_only.node_cost(counts), res.node_compute_s, rtol=1e-12)
 
 
 def test_gating_tile_cost_is_none_for_the_paper_profiles():
@@ -80,3 +83,12 @@ def test_decision_evaluator_gates_with_the_profiles_cost(profile):
     want = tiled if profile == "faithful" else fluid
     np.testing.assert_array_equal(got.sets, want.sets)
     np.testing.assert_array_equal(got.weights, want.weights)
+    if profile == "faithful":                 # gating_streaming=True: the evaluator's roofline
+        dec_s = sim.decision_evaluator(placement, B, freqs=np.full((1, model.num_experts), 0.1),
+                                       max_broadcast=0, gating_coefficients=(-4.5e4, -0.015),
+                                       gating_options={"diagnostics": False},
+                                       gating_streaming=True)
+        tile_s = gating_tile_cost(placement.P[0], model, hw, conv, streaming=True)
+        want_s = gating.hardware_aware_gating(cands, model.top_k, placement.P[0], w, C, -4.5e4,
+                                              -0.015, diagnostics=False, tile_cost=tile_s)
+        np.testing.assert_array_equal(dec_s.gate(0, cands, 1.0).sets, want_s.sets)
