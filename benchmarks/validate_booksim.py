@@ -475,8 +475,9 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
         "link an independent FCFS queue, no head-of-line blocking); with 2 VCs and speedup 1 "
         "BookSim's input-queued routers lose 10–20 % to head-of-line blocking at B = 128 "
         "(measured: Mixtral B128 combine mesh8x8 CT+NI −16.5 %, DS-V2-Lite B128 dispatch "
-        "torus8x8 −21.6 %; with 8 VCs alone −17.7 % and −12.6 %; with 8 VCs and speedup 2 "
-        "−4.8 % and −2.3 %). Real routers sit between the two; the DES models the better one.",
+        "torus8x8 −21.6 % (with a full hop latency per port); with 8 VCs alone −17.7 % and "
+        "−12.6 %; with 8 VCs and speedup 2 −4.8 % and −2.3 %; `--hol`, reading below). Real "
+        "routers sit between the two; the DES models the better one.",
         f"* Router delay: measured at zero load from 1-flit messages over 1–7 hops: arrival = "
         f"{meta['a']:.2f} + {meta['b']:.2f}·hops cycles. The DES runs with hop latency "
         f"{meta['b']:.2f} cycles = {meta['hop_ns']:.3f} ns, so both see the same per-hop "
