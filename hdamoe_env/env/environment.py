@@ -32,6 +32,7 @@ from numpy.typing import ArrayLike, NDArray
 from hdamoe_env.config.errors import ConfigError, InvalidAction
 from hdamoe_env.config.run import check_seed
 from hdamoe_env.cost.broadcast import BroadcastPlan
+from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.decisions import dispatch, gating
 from hdamoe_env.decisions.prediction import StepPredictor
 from hdamoe_env.env import render
@@ -263,8 +264,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
             P, 1.0 / D) else self.sim.evaluator(tensor_parallel(L, E, D), self.batch))
         self._dense_s = self.sim.dense_time(self.batch)
-        self._dense_j = (self._energy.dense().total_j + self._energy.spec.static_w_per_node
-                         * self.num_nodes * self._dense_s)
+        self._dense_j = self._energy.dense() + EnergyBreakdown(
+            static_j=self._energy.spec.static_w_per_node * self.num_nodes * self._dense_s)
 
         # --- γ of the analytic twin
         self._gammas: NDArray[np.float64] | None = (
@@ -308,7 +309,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._step_latency_s = 0.0
         self._tp_totals = np.zeros(L)
         self._tp_energy = np.zeros(L)
-        self._step_energy_j = 0.0
+        self._step_energy_j = EnergyBreakdown()
         self._tbts_us: list[float] = []
         self._twin_rng = np.random.default_rng(0)
         self.last_layer: LayerResult | None = None
@@ -521,7 +522,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._predict_step()
         self._layer = 0
         self._step_latency_s = 0.0
-        self._step_energy_j = 0.0
+        self._step_energy_j = EnergyBreakdown()
         self._prev_busy = self._zeros_links
 
     def _tp_energy_of(self, sets: NDArray[np.int64], tp_totals: NDArray[np.float64]
@@ -647,7 +648,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.last_layer = res
         self.last_sets = out.token_sets             # the executed (gated) expert sets [B, k]
         self._step_latency_s += total
-        self._step_energy_j += energy_j
+        self._step_energy_j = self._step_energy_j + joules
         self._prev_busy = (self._zeros_links if busy is None or total <= 0 else
                            np.minimum(busy / total, 1.0).astype(np.float32))
         terminated = truncated = False
@@ -657,8 +658,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             tbt_us = (self._step_latency_s + self._dense_s) * 1e6
             info["tbt_us"] = tbt_us
             step_j = self._step_energy_j + self._dense_j
-            info["step_energy_j"] = step_j
-            info["j_per_token"] = step_j / self.batch
+            info["step_energy_j"] = step_j.to_dict()
+            info["j_per_token"] = step_j.total_j / self.batch
             self._tbts_us.append(tbt_us)
             self._decode_step += 1
             if self._decode_step >= self.steps_per_episode:
@@ -928,7 +929,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "step_latency_s": float(self._step_latency_s),
             "pending_charge_s": float(self._pending_charge_s),
             "tbts_us": [float(t) for t in self._tbts_us],
-            "step_energy_j": float(self._step_energy_j),
+            "step_energy_j": [self._step_energy_j.dram_j, self._step_energy_j.noc_j,
+                              self._step_energy_j.compute_j, self._step_energy_j.static_j],
         }
         arrays: dict[str, NDArray[Any]] = {
             "rows": self._rows, "sets": self._sets, "tp_totals": self._tp_totals,
@@ -981,7 +983,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             episode_over = bool(meta["episode_over"])
             latency, charge = float(meta["step_latency_s"]), float(meta["pending_charge_s"])
             tbts = [float(t) for t in meta["tbts_us"]]
-            step_j = float(meta.get("step_energy_j", 0.0))
+            step_j = EnergyBreakdown(*(float(v) for v in meta.get("step_energy_j", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"set_state: damaged env state ({type(exc).__name__}: {exc})"
                               ) from None

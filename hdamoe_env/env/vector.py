@@ -46,6 +46,7 @@ from gymnasium.vector.utils import batch_space
 from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.sim import batch_kernels
@@ -86,7 +87,7 @@ def spawn(env: HdMoeEnv) -> HdMoeEnv:
         "_pred_counts_all": np.zeros((L, E)), "_obs_pred": np.zeros((L, E), dtype=np.float32),
         "_obs_node": np.zeros((L, D), dtype=np.float32), "_prev_busy": env._zeros_links,
         "_step_latency_s": 0.0, "_tp_totals": np.zeros(L), "_tp_energy": np.zeros(L),
-        "_step_energy_j": 0.0, "_tbts_us": [],
+        "_step_energy_j": EnergyBreakdown(), "_tbts_us": [],
         "_twin_rng": np.random.default_rng(0), "last_layer": None, "last_sets": None,
         "last_info": {}, "_coerced": (), "_cand_key": None, "_cand_step": None,
     }
@@ -111,7 +112,7 @@ class _Copy(HdMoeEnv):
     def _begin_decode_step(self) -> None:
         self._layer = 0
         self._step_latency_s = 0.0
-        self._step_energy_j = 0.0
+        self._step_energy_j = EnergyBreakdown()
         self._prev_busy = self._zeros_links
         self._begin_pending = True
 
@@ -395,6 +396,11 @@ class HdMoeVectorEnv(VectorEnv):
             has = np.zeros(N, dtype=bool)
             has[ended] = True
             infos["tbt_us"], infos["_tbt_us"] = tbt, has
+            if self.envs[0].reward_kind != "latency":   # every copy stepped by its own env
+                jpt = np.zeros(N)
+                jpt[ended] = [float(self.envs[i].last_info.get("j_per_token", np.nan))
+                              for i in ended]
+                infos["j_per_token"], infos["_j_per_token"] = jpt, has.copy()
         if self.max_episode_steps is not None:
             self._elapsed[stepping] += 1
             self._trunc |= stepping & (self._elapsed >= self.max_episode_steps)
