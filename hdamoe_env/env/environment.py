@@ -442,6 +442,14 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               f"layer {self._layer}); call it between decode steps")
         if not (math.isfinite(charge_s) and charge_s >= 0):
             raise ConfigError(f"charge_s={charge_s!r} must be a finite number of seconds >= 0")
+        busy = None
+        if charge_link_busy_s is not None:
+            busy = np.asarray(charge_link_busy_s, dtype=np.float64)
+            if busy.shape != (self.topology.num_links,) or not (np.isfinite(busy).all()
+                                                                and (busy >= 0).all()):
+                raise ConfigError(f"charge_link_busy_s must be {self.topology.num_links} finite "
+                                  f"seconds >= 0 (one per directed link), got shape "
+                                  f"{busy.shape}")
         placement = self.sim.check_replacement(placement)
         if placement.has_replicas != bool(self.replica_rules):
             raise ConfigError("the new placement " + ("has" if placement.has_replicas else
@@ -454,13 +462,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         if self.config.gammas is None:
             self._gammas = None                              # refitted lazily for the new one
         self._pending_charge_s += float(charge_s)
-        if charge_link_busy_s is not None:
-            busy = np.asarray(charge_link_busy_s, dtype=np.float64)
-            if busy.shape != (self.topology.num_links,) or not (np.isfinite(busy).all()
-                                                                and (busy >= 0).all()):
-                raise ConfigError(f"charge_link_busy_s must be {self.topology.num_links} finite "
-                                  f"seconds >= 0 (one per directed link), got shape "
-                                  f"{busy.shape}")
+        if busy is not None:
             self._pending_busy_s = busy if self._pending_busy_s is None \
                 else self._pending_busy_s + busy
         return self._observation()
