@@ -54,6 +54,14 @@ class EnergyAccount:
         self.num_nodes = hw.num_nodes
         self.macs_per_s = hw.compute_flops / 2.0           # one MAC = 2 FLOP (§4.0)
         self.eff_mem_bw = perf.effective_mem_bw(hw, conv)
+        spec = self.spec
+        # J per byte / byte-hop / MAC / second of all nodes: the multipliers of the pure
+        # functions of cost.energy, applied to floats on the env's hot path
+        self._k_dram = float(energy.dram_energy_j(1.0, spec))
+        self._k_noc = float(energy.noc_energy_j(1.0, spec))
+        self._k_mac = float(energy.compute_energy_j(1.0, spec))
+        self._p_static = float(energy.static_energy_j(1.0, self.num_nodes, spec))
+        self._link_bw = sim.topology.link_bw_Bps
         self._nm: dict[int, EnergyBreakdown] = {}
         self._dense: EnergyBreakdown | None = None
         self._ar_hops: float | None = None
@@ -102,20 +110,22 @@ class EnergyAccount:
     # ------------------------------------------------------------------ layers and steps
     def expert(self, res: LayerResult) -> EnergyBreakdown:
         """Dynamic energy of a layer's expert phase and MoE communication, J."""
+        nbytes, hops, macs = self._expert_counts(res)
+        return EnergyBreakdown(nbytes * self._k_dram, hops * self._k_noc, macs * self._k_mac,
+                               0.0)
+
+    def _expert_counts(self, res: LayerResult) -> tuple[float, float, float]:
+        """(weight bytes, MoE byte-hops, MACs) of a layer's expert phase and communication."""
         mac_s = res.node_mac_s if res.node_mac_s is not None else res.node_compute_s
         if res.node_weight_bytes is not None:
             nbytes = float(res.node_weight_bytes.sum())
         else:
             nbytes = float(res.node_stream_s.sum()) * self.eff_mem_bw
         if res.noc_byte_hops is not None:
-            hops = res.noc_byte_hops
+            hops = float(res.noc_byte_hops)
         else:
-            hops = energy.link_byte_hops(res.link_busy_s, self.sim.topology.link_bw_Bps)
-        return EnergyBreakdown(float(energy.dram_energy_j(nbytes, self.spec)),
-                               float(energy.noc_energy_j(hops, self.spec)),
-                               float(energy.compute_energy_j(float(mac_s.sum())
-                                                             * self.macs_per_s, self.spec)),
-                               0.0)
+            hops = energy.link_byte_hops(res.link_busy_s, self._link_bw)
+        return nbytes, hops, float(mac_s.sum()) * self.macs_per_s
 
     def layer(self, res: LayerResult, *, extra_link_busy_s: NDArray[np.float64] | None = None,
               extra_s: float = 0.0) -> EnergyBreakdown:
@@ -127,13 +137,13 @@ class EnergyAccount:
                 (the pre-broadcast's, EPLB weight moves), or None.
             extra_s: Further time charged to the layer beyond ``res.total_s`` (static energy).
         """
-        out = self.nonmoe(res.layer) + self.expert(res)
+        nm = self.nonmoe(res.layer)
+        nbytes, hops, macs = self._expert_counts(res)
         if extra_link_busy_s is not None:
-            out = out + EnergyBreakdown(noc_j=float(energy.noc_energy_j(
-                energy.link_byte_hops(extra_link_busy_s, self.sim.topology.link_bw_Bps),
-                self.spec)))
-        return out + EnergyBreakdown(static_j=float(energy.static_energy_j(
-            res.total_s + extra_s, self.num_nodes, self.spec)))
+            hops += energy.link_byte_hops(extra_link_busy_s, self._link_bw)
+        return EnergyBreakdown(nm.dram_j + nbytes * self._k_dram, nm.noc_j + hops * self._k_noc,
+                               nm.compute_j + macs * self._k_mac,
+                               (res.total_s + extra_s) * self._p_static)
 
     def step(self, layers: Sequence[LayerResult], dense_s: float) -> EnergyBreakdown:
         """Energy of one decode step: every MoE layer, the dense layers and their static, J."""
