@@ -109,7 +109,8 @@ def energy_spec_for(conv: Conventions | str, **overrides: Any) -> EnergySpec:
     """Return the energy spec of a convention profile (its base name's), with overrides.
 
     Args:
-        conv: A ``Conventions`` or a profile name (derived names resolve to their base).
+        conv: A ``Conventions`` or a profile name (derived names resolve to their base; a
+            ``Conventions`` built by hand under another name gets the ``faithful`` values).
         **overrides: Energy knob values (``EnergySpec`` fields).
 
     Raises:
@@ -117,9 +118,13 @@ def energy_spec_for(conv: Conventions | str, **overrides: Any) -> EnergySpec:
     """
     name = conv.name if isinstance(conv, Conventions) else str(conv)
     head = name.split("+")[0]
-    if head not in ENERGY_PROFILES:
+    if head in ENERGY_PROFILES:
+        base = ENERGY_PROFILES[head]
+    elif isinstance(conv, Conventions):   # a hand-built profile: the faithful values
+        base = dataclasses.replace(ENERGY_PROFILES["faithful"], name=head)
+    else:
         raise unknown_name("convention profile", head, ENERGY_PROFILES)
-    return ENERGY_PROFILES[head].derive(**overrides) if overrides else ENERGY_PROFILES[head]
+    return base.derive(**overrides) if overrides else base
 
 
 # ------------------------------------------------------------------------------ pure functions

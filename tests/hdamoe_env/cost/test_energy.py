@@ -72,6 +72,11 @@ def test_spec_per_profile_and_derive():
         EnergySpec(mac_pj=-1.0)
     with pytest.raises(ConfigError):
         energy_spec_for("nonsense")
+    import dataclasses
+
+    from hdamoe_env.config.profiles import PROFILES
+    own = dataclasses.replace(PROFILES["paper"], name="mine")
+    assert energy_spec_for(own).mac_pj == EnergySpec().mac_pj
     for knob, u in ENERGY_UNCERTAINTIES.items():       # every default inside its range
         assert u.low <= getattr(EnergySpec(), knob) <= u.high
 
