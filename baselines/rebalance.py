@@ -112,12 +112,13 @@ class EplbRebalanceWrapper(gym.Wrapper):  # type: ignore[type-arg]
         moves = plan_moves(self._current.holds, new.holds, topology=base.topology,
                            pi=base.placement.pi)
         conv = base.conv
-        makespan = (simulate_moves(base.topology, moves, self._expert_bytes,
-                                   pi=base.placement.pi, hop_latency_s=self._hop_s,
-                                   chunks=self.chunks, switching=conv.switching,
-                                   ni_bw_Bps=conv.ni_bw_for(base.topology.bw_end_Bps),
-                                   ni_latency_s=conv.ni_latency_for(self._hop_s)
-                                   ).makespan_s if moves else 0.0)
+        des = (simulate_moves(base.topology, moves, self._expert_bytes,
+                              pi=base.placement.pi, hop_latency_s=self._hop_s,
+                              chunks=self.chunks, switching=conv.switching,
+                              ni_bw_Bps=conv.ni_bw_for(base.topology.bw_end_Bps),
+                              ni_latency_s=conv.ni_latency_for(self._hop_s))
+               if moves else None)
+        makespan = des.makespan_s if des is not None else 0.0
         self.history.append({"decode_step": self._steps, "moves": len(moves),
                              "makespan_us": makespan * 1e6})
         self._current = new
@@ -125,4 +126,6 @@ class EplbRebalanceWrapper(gym.Wrapper):  # type: ignore[type-arg]
             return None
         placement = eplb_placement(new, pi=base.placement.pi, method="eplb-dynamic",
                                    period=self.period, rebalance_mode=self.mode)
-        return base.replace_placement(placement, charge_s=makespan)
+        # the moves' link busy time is charged to the next layer's NoC energy (PHYSICS.md §18)
+        return base.replace_placement(placement, charge_s=makespan,
+                                      charge_link_busy_s=None if des is None else des.link_busy_s)

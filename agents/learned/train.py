@@ -136,6 +136,9 @@ def _callbacks(out_dir: Path, checkpoint_every: int, vecnorm: Any, digest: str =
                     self.logger.record_mean("latency/total_us", float(info["total_us"]))
                 if "tbt_us" in info:
                     self.logger.record_mean("latency/tbt_us", float(info["tbt_us"]))
+                if "j_per_token" in info:           # energy (docs/PHYSICS.md §18)
+                    self.logger.record_mean("energy/uj_per_token",
+                                            1e6 * float(info["j_per_token"]))
                 if "tp_total_us" in info and info["tp_total_us"] > 0:
                     self.logger.record_mean("latency/total_over_tp",
                                             float(info["total_us"]) / float(info["tp_total_us"]))

@@ -210,6 +210,7 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
     obs, _ = env.reset(seed=seed)
     tbts: list[float] = []
     totals: list[float] = []
+    step_energy: list[dict[str, float]] = []
     sums = {"compute_us": 0.0, "t_comm_us": 0.0, "t_nm_comm_us": 0.0, "memory_us": 0.0,
             "t_extra_us": 0.0,
             "t_nm_us": 0.0, "t_comp_us": 0.0, "t_dispatch_us": 0.0, "t_combine_us": 0.0,
@@ -257,8 +258,13 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
             tbts.append(float(info["tbt_us"]))
             totals.append(layer_total)
             layer_total = 0.0
+            if "step_energy_j" in info:
+                step_energy.append(dict(info["step_energy_j"]))
             if writer is not None:              # x = env step (docs/TENSORBOARD.md)
                 writer.add_scalar("latency/tbt_us", float(info["tbt_us"]), step)
+                if "j_per_token" in info:
+                    writer.add_scalar("energy/uj_per_token", 1e6 * float(info["j_per_token"]),
+                                      step)
         if done and writer is not None and "episode_tbt_us" in info:
             writer.add_scalar("latency/episode_tbt_us", float(info["episode_tbt_us"]), step)
         step += 1
@@ -279,6 +285,13 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
         "broadcast_makespan_us": sums["bc_makespan_us"] / n_dec,
     }
     link = None if busy_sum is None or not busy_sum.any() else (busy_sum / n_dec).tolist()
+    energy: dict[str, Any] = {}
+    if step_energy and len(step_energy) == len(tbts):     # docs/PHYSICS.md §18
+        parts = {k: float(np.mean([e[k] for e in step_energy])) for k in step_energy[0]}
+        totals_j = np.array([e["total"] for e in step_energy])
+        energy = {"energy_j": parts, "j_per_token": parts["total"] / base.batch,
+                  "edp_js": float(np.mean(totals_j * tbt * 1e-6)),
+                  "energy_steps_j": totals_j.tolist()}
     return {
         "tbt_us": float(tbt.mean()) if tbts else float("nan"),
         "tbt_std_us": float(tbt.std()) if tbts else float("nan"),
@@ -295,6 +308,7 @@ def run_episode(env: Any, agent: Any, seed: int, *, writer: Any = None,
         "balancedness_mean": _nanmean(balance),
         "link_busy_us": link,
         "episode_wall_s": wall,
+        **energy,
     }
 
 
@@ -319,6 +333,7 @@ def _write_step(writer: Any, step: int, info: dict[str, Any], total_us: float,
         "latency/nm_us": float(info.get("t_nm_us", 0.0)),
         "latency/memory_us": float(info.get("memory_us", 0.0)),
         "latency/extra_us": float(info.get("t_extra_us", 0.0)),
+        **{f"energy/{k}_uj": 1e6 * float(v) for k, v in (info.get("energy_j") or {}).items()},
         "broadcast/k_b": float(info.get("k_b", 0)),
         "broadcast/experts": float(len(info.get("broadcast", ()))),
         "agent/decision_ms": 1e3 * decision_s,
@@ -601,7 +616,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print("\nµs per decode step (compute incl. dense layers); ×m = speed-up over m; changed / "
           "top1 kept: routing quality over all layers (quality from routing only; KL / PPL of "
           "gating need a recorded model trace: `hdamoe traces fidelity`); scale = gating scale "
-          "(× default coefficients); decide = agent.predict per env step")
+          "(× default coefficients); decide = agent.predict per env step; mJ/token = energy "
+          "per token, E/TP = its ratio to TP's (docs/PHYSICS.md §18)")
     if result.skipped:
         print(f"resumed {len(result.skipped)} record(s) from {args.json}")
     if args.plots:

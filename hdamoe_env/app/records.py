@@ -50,7 +50,8 @@ __all__ = [
 SPEEDUP_BASELINES: tuple[str, ...] = ("tp", "ep", "hybrid", "hd-moe")
 
 CSV_FIELDS = ("method", "seed", "tbt_us", "tbt_std_us", "compute_us", "communication_us",
-              "memory_us", "extra_us", "changed_fraction", "top1_retention", "score_mass_kept",
+              "memory_us", "extra_us", "j_per_token", "edp_js", "dram_j", "noc_j", "compute_j",
+              "static_j", "changed_fraction", "top1_retention", "score_mass_kept",
               "gating_scale", "quality_target",
               "decision_ms_per_step", "env_steps", "decode_steps", "k_b_mean", "broadcast_mean",
               "balancedness_mean", "model", "setting", "mesh", "topology", "batch", "fidelity",
@@ -92,7 +93,8 @@ def write_csv(path: str | os.PathLike[str], records: Sequence[dict[str, Any]]) -
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
     for rec in records:
-        row = {**rec, **rec.get("breakdown_us", {}), **(rec.get("gating") or {})}
+        row = {**rec, **rec.get("breakdown_us", {}), **(rec.get("gating") or {}),
+               **{f"{k}_j": v for k, v in (rec.get("energy_j") or {}).items()}}
         w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
     text = buf.getvalue()
     return atomic_write(path, lambda fh: fh.write(text))
@@ -177,6 +179,16 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             [r["decision_ms_per_step"] for r in recs])
         row["k_b_mean"] = _stat([r.get("k_b_mean", 0.0) for r in recs])[0]
         row["broadcast_mean"] = _stat([r.get("broadcast_mean", 0.0) for r in recs])[0]
+        # energy (docs/PHYSICS.md §18): J per token, EDP, breakdown; None for old records
+        row["j_per_token"] = _stat([r.get("j_per_token") for r in recs])[0]
+        row["edp_js"] = _stat([r.get("edp_js") for r in recs])[0]
+        for part in ("dram", "noc", "compute", "static"):
+            row[f"{part}_j"] = _stat([(r.get("energy_j") or {}).get(part) for r in recs])[0]
+        if "tp" in by_method:
+            e_norm = [per_seed[s]["j_per_token"] / by_method["tp"][s]["j_per_token"]
+                      for s in per_seed if s in by_method["tp"]
+                      and per_seed[s].get("j_per_token") and by_method["tp"][s].get("j_per_token")]
+            row["energy_over_tp"] = _stat(e_norm)[0]
         rows.append(row)
     return rows
 
@@ -191,15 +203,17 @@ def format_bench_table(records: Sequence[dict[str, Any]]) -> str:
     present = {r["method"] for r in rows}
     bases = [b for b in SPEEDUP_BASELINES if b in present]
     head = ["method", "TBT µs", "±seeds", "TBT/TP"] + [f"×{b}" for b in bases] + [
-        "compute", "comm", "memory", "other", "k_b", "bcast", "scale", "changed", "top1 kept",
-        "decide ms"]
+        "compute", "comm", "memory", "other", "mJ/token", "E/TP", "k_b", "bcast", "scale",
+        "changed", "top1 kept", "decide ms"]
     cells = []
     for r in rows:
         line = [r["method"], fmt(r["tbt_us"]), fmt(r["tbt_seed_std_us"]),
                 fmt(r.get("tbt_over_tp"), "{:.3f}")]
         line += [fmt(r.get(f"speedup_over_{b}"), "{:.3f}") for b in bases]
         line += [fmt(r["compute_us"]), fmt(r["communication_us"]), fmt(r["memory_us"]),
-                 fmt(r["extra_us"]), fmt(r["k_b_mean"], "{:.1f}"),
+                 fmt(r["extra_us"]),
+                 fmt(1e3 * r["j_per_token"], "{:.3f}"),
+                 fmt(r.get("energy_over_tp"), "{:.3f}"), fmt(r["k_b_mean"], "{:.1f}"),
                  fmt(r["broadcast_mean"], "{:.1f}"), fmt(r["gating_scale"], "{:.3g}"),
                  fmt(r["changed_fraction"], "{:.1%}"), fmt(r["top1_retention"], "{:.1%}"),
                  fmt(r["decision_ms"], "{:.3f}") + (

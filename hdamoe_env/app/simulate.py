@@ -98,6 +98,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     dense = sim.dense_time(run.batch)
     if dense:
         print(f"(compute includes {dense * US:.2f} µs of dense leading layers)")
+    print(f"\nenergy (mJ per decode step; docs/PHYSICS.md §18, {sim.energy_spec.name})")
+    rows = []
+    for name in names:
+        e = evals[name].energy_j
+        rows.append([name, evals[name].j_per_token * 1e3, e["total"] * 1e3, e["dram"] * 1e3,
+                     e["noc"] * 1e3, e["compute"] * 1e3, e["static"] * 1e3,
+                     evals[name].edp_js * 1e6, e["total"] / evals["tp"].energy_j["total"]])
+    print(render_table(["placement", "mJ/token", "total", "dram", "noc", "compute", "static",
+                        "EDP µJ·s", "E/TP"], rows, number="{:.3f}"))
     print(f"\ntrace {t_trace:.1f} s, simulation {t_sim:.1f} s")
     if args.json:
         records = []
@@ -106,6 +115,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "method": name, "tbt_us": ev.tbt_s * US, "tbt_std_us": ev.tbt_std_s * US,
                 "tbt_over_tp": ev.tbt_s / tp_tbt, "evaluator": ev.evaluator, "steps": ev.steps,
                 "breakdown_us": {k: v * US for k, v in ev.breakdown.items()},
+                "energy_j": ev.energy_j, "j_per_token": ev.j_per_token, "edp_js": ev.edp_js,
+                "energy_spec": sim.energy_spec.to_dict(),
                 "layers_us": {k: (v * US if k != "balancedness" else v)
                               for k, v in ev.layer_means.items()},
                 "meta": ev.meta, "version": __version__,

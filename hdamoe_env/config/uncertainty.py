@@ -23,7 +23,8 @@ import numpy as np
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.config.profiles import Conventions, get_profile
 
-__all__ = ["UNCERTAINTIES", "Uncertainty", "latin_hypercube", "sample_profiles"]
+__all__ = ["ENERGY_UNCERTAINTIES", "UNCERTAINTIES", "Uncertainty", "latin_hypercube",
+           "sample_profiles"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,25 @@ UNCERTAINTIES: dict[str, Uncertainty] = {
         Uncertainty("nonmoe_ctx_len", 512, 8192, "short chat turns (Azure conversation 20th "
                     "percentile 526) to long code/agent contexts (Azure code 95th percentile "
                     "7035 tokens, 8k context windows)", scale="log", integer=True),
+    )
+}
+
+
+#: The credible ranges of the energy knobs (fields of ``hdamoe_env.cost.energy.EnergySpec``,
+#: docs/PHYSICS.md §18). They change no latency, so ``sample_profiles`` (which derives
+#: ``Conventions``) does not draw them; ``EnergySpec.derive`` applies a value.
+ENERGY_UNCERTAINTIES: dict[str, Uncertainty] = {
+    u.knob: u for u in (
+        Uncertainty("dram_pj_per_bit", 0.4, 4.0, "fine-pitch hybrid-bonded stacked DRAM "
+                    "(SeDRAM, 0.66 pJ/bit) to HBM2-class TSV stacks (about 4 pJ/bit, "
+                    "O'Connor et al. MICRO 2017)", scale="log"),
+        Uncertainty("noc_pj_per_bit_hop", 0.2, 2.0, "a low-swing 1 mm link plus a lean router "
+                    "to a full-swing 5 mm link plus a buffered VC router", scale="log"),
+        Uncertainty("mac_pj", 0.1, 2.0, "a bf16 MAC in a 5-7 nm logic die to the 45 nm "
+                    "fp16-multiply + fp32-add of Horowitz (ISSCC 2014)", scale="log"),
+        Uncertainty("static_w_per_node", 0.1, 2.0, "a power-gated small logic die over a "
+                    "low-refresh stack to a leaky 2.5k-MAC die plus a hot stack's refresh",
+                    scale="log"),
     )
 }
 

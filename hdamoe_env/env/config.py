@@ -34,8 +34,8 @@ from hdamoe_env.sim.placement import Placement
 from hdamoe_env.sim.sources import check_skew_applies, load_trace
 from traces import RoutingTrace, batching, synthetic
 
-__all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES", "RUN_FIELDS",
-           "EnvConfig"]
+__all__ = ["ENV_REPLICA_RULES", "INVALID_ACTION_MODES", "PREDICTORS", "RENDER_MODES", "REWARDS",
+           "RUN_FIELDS", "EnvConfig"]
 
 #: The ``EnvConfig`` arguments that are the run's identity (``RunSpec``), not the env's own.
 RUN_FIELDS = ("model", "setting", "mesh", "topology", "batch", "conventions", "trace",
@@ -44,6 +44,8 @@ RUN_FIELDS = ("model", "setting", "mesh", "topology", "batch", "conventions", "t
 INVALID_ACTION_MODES = ("raise", "coerce")
 DUPLICATE_MODES = ("raise", "ignore")
 RENDER_MODES = ("ansi", "rgb_array")
+#: Reward objectives: the layer's latency, its energy, or their product (docs/PHYSICS.md §18).
+REWARDS = ("latency", "energy", "edp")
 #: Replica rules the env can offer: ``"shares"`` needs per-copy fractions, which the discrete
 #: action does not carry.
 ENV_REPLICA_RULES = tuple(r for r in REPLICA_RULES if r != "shares")
@@ -136,7 +138,9 @@ class EnvConfig:
         gating_levels: Multipliers of the default (r_comp, r_comm) of §11.7.
         dispatch_rules: Dispatch rules offered (subset of ``dispatch.DISPATCH_RULES``).
         reward_scale: None: reward = −latency / TP latency of the layer; a float s:
-            −latency / s (seconds).
+            −latency / s (seconds). ``reward="latency"`` only.
+        reward: ``"latency"`` (default), ``"energy"`` (−energy / TP's energy of the layer) or
+            ``"edp"`` (−(energy · latency) / (TP's energy · TP's latency) of the layer).
         render_mode: None, ``"ansi"`` (one line of text) or ``"rgb_array"`` (link heat map).
         hardware: Full ``HardwareSpec`` (overrides ``setting`` and ``mesh``).
         trace_tokens: Rows of the synthetic trace (default max(8192, 16·B)).
@@ -196,6 +200,7 @@ class EnvConfig:
     gating_levels: Sequence[float] = (0.0, 0.5, 1.0, 2.0)
     dispatch_rules: Sequence[str] = ("least_loaded", "first", "home")
     reward_scale: float | None = None
+    reward: str = "latency"
     render_mode: str | None = None
     hardware: HardwareSpec | None = None
     trace_tokens: int | None = None
@@ -306,6 +311,11 @@ class EnvConfig:
         if scale is not None and not (_number(scale) and scale > 0):
             raise ConfigError(f"reward_scale must be None or a positive number of seconds, got "
                               f"{scale!r}")
+        if not isinstance(self.reward, str) or self.reward not in REWARDS:
+            raise unknown_name("reward", self.reward, REWARDS)
+        if scale is not None and self.reward != "latency":
+            raise ConfigError(f"reward_scale (seconds) applies to reward='latency' only; "
+                              f"reward={self.reward!r} is normalised by TP's value of the layer")
 
         # names -> spec objects, once (RunSpec.resolve; spec objects pass through unchanged)
         run = RunSpec.resolve(model=self.model, setting=self.setting, mesh=self.mesh,

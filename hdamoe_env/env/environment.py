@@ -32,6 +32,7 @@ from numpy.typing import ArrayLike, NDArray
 from hdamoe_env.config.errors import ConfigError, InvalidAction
 from hdamoe_env.config.run import check_seed
 from hdamoe_env.cost.broadcast import BroadcastPlan
+from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.decisions import dispatch, gating
 from hdamoe_env.decisions.prediction import StepPredictor
 from hdamoe_env.env import render
@@ -125,6 +126,13 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
     −(layer latency) ÷ (TP latency of the same layer and routing), so a TP placement earns ≈ −1
     per step; with ``reward_scale=s`` (seconds) the reward is −latency / s instead.
+    ``reward="energy"``: −(layer energy) ÷ (TP's energy of the same layer and routing);
+    ``reward="edp"``: −(energy · latency) ÷ (TP's energy · TP's latency) of the layer (the
+    per-layer energy-delay product). Layer energy: docs/PHYSICS.md §18 (DRAM, NoC incl. the
+    pre-broadcast and EPLB weight moves, compute incl. padded MACs, static power of all nodes
+    over the layer's time). ``info["energy_j"]`` gives its breakdown (J: ``dram``, ``noc``,
+    ``compute``, ``static``, ``total``) every step whatever the reward; at the end of a decode
+    step ``info["step_energy_j"]`` (dense layers included) and ``info["j_per_token"]``.
 
     ## Starting State
 
@@ -196,6 +204,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.dispatch_rules = rules = tuple(config.dispatch_rules)
         self.gating_levels = levels = tuple(config.gating_levels)
         self.reward_scale = config.reward_scale
+        self.reward_kind = config.reward
+        self._energy = self.sim.energy_account(self.batch)
         self.measure_twin_error = bool(config.measure_twin_error)
         self.invalid_action = config.invalid_action
         self._ignore_duplicates = (config.duplicates == "ignore"
@@ -254,6 +264,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._tp_evaluator = (self.evaluator if self.placement.method == "tp" and np.allclose(
             P, 1.0 / D) else self.sim.evaluator(tensor_parallel(L, E, D), self.batch))
         self._dense_s = self.sim.dense_time(self.batch)
+        self._dense_j = self._energy.dense() + EnergyBreakdown(
+            static_j=self._energy.spec.static_w_per_node * self.num_nodes * self._dense_s)
 
         # --- γ of the analytic twin
         self._gammas: NDArray[np.float64] | None = (
@@ -282,6 +294,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
 
         # --- episode state
         self._pending_charge_s = 0.0
+        self._pending_busy_s: NDArray[np.float64] | None = None
         self._pending_fractions: NDArray[np.float64] | None = None
         self._rows: NDArray[np.int64] = np.zeros((0, self.batch), dtype=np.int64)
         self._sets: NDArray[np.int64] = np.zeros((L, self.batch, self.top_k), dtype=np.int64)
@@ -295,6 +308,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._prev_busy: NDArray[np.float32] = self._zeros_links
         self._step_latency_s = 0.0
         self._tp_totals = np.zeros(L)
+        self._tp_energy = np.zeros(L)
+        self._step_energy_j = EnergyBreakdown()
         self._tbts_us: list[float] = []
         self._twin_rng = np.random.default_rng(0)
         self.last_layer: LayerResult | None = None
@@ -399,7 +414,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               f"per cluster]; got shape {fr.shape}")
         self._pending_fractions = fr
 
-    def replace_placement(self, placement: Placement, *, charge_s: float = 0.0
+    def replace_placement(self, placement: Placement, *, charge_s: float = 0.0,
+                          charge_link_busy_s: NDArray[np.float64] | None = None
                           ) -> dict[str, NDArray[np.float32]]:
         """Swap the placement between decode steps (e.g. a periodic rebalance of the experts).
 
@@ -412,6 +428,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         Args:
             placement: The new placement (same model and mesh).
             charge_s: Seconds charged to the next layer, >= 0.
+            charge_link_busy_s: float [num_links] link busy time of the weight moves (the DES
+                result's ``link_busy_s``), charged to the next layer's NoC energy, or None.
 
         Returns:
             The observation of the current layer under the new placement.
@@ -425,6 +443,14 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
                               f"layer {self._layer}); call it between decode steps")
         if not (math.isfinite(charge_s) and charge_s >= 0):
             raise ConfigError(f"charge_s={charge_s!r} must be a finite number of seconds >= 0")
+        busy = None
+        if charge_link_busy_s is not None:
+            busy = np.asarray(charge_link_busy_s, dtype=np.float64)
+            if busy.shape != (self.topology.num_links,) or not (np.isfinite(busy).all()
+                                                                and (busy >= 0).all()):
+                raise ConfigError(f"charge_link_busy_s must be {self.topology.num_links} finite "
+                                  f"seconds >= 0 (one per directed link), got shape "
+                                  f"{busy.shape}")
         placement = self.sim.check_replacement(placement)
         if placement.has_replicas != bool(self.replica_rules):
             raise ConfigError("the new placement " + ("has" if placement.has_replicas else
@@ -437,6 +463,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         if self.config.gammas is None:
             self._gammas = None                              # refitted lazily for the new one
         self._pending_charge_s += float(charge_s)
+        if busy is not None:
+            self._pending_busy_s = busy if self._pending_busy_s is None \
+                else self._pending_busy_s + busy
         return self._observation()
 
     def _layer_mask(self, kb: int, broadcastable: NDArray[np.bool_]) -> NDArray[np.bool_]:
@@ -492,10 +521,23 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         rows = self._rows[self._decode_step]
         self._sets = self._routing[:, rows, :].astype(np.int64)
         self._tp_totals = self._tp_evaluator.tp_totals(self._sets)
+        self._tp_energy = self._tp_energy_of(self._sets, self._tp_totals)
         self._predict_step()
         self._layer = 0
         self._step_latency_s = 0.0
+        self._step_energy_j = EnergyBreakdown()
         self._prev_busy = self._zeros_links
+
+    def _tp_energy_of(self, sets: NDArray[np.int64], tp_totals: NDArray[np.float64]
+                      ) -> NDArray[np.float64]:
+        """Return TP's energy [L] of a decode step's layers (the energy/EDP reward reference);
+        zeros under ``reward="latency"``, which does not read it."""
+        if self.reward_kind == "latency":
+            return np.zeros(tp_totals.shape)
+        L, E = sets.shape[0], self.num_experts
+        flat = (sets.reshape(L, -1) + (np.arange(L) * E)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=L * E).astype(np.float64).reshape(L, E)
+        return self._energy.tp_layers(counts, tp_totals)
 
     def action_masks(self) -> NDArray[np.bool_]:
         """Return the flat bool mask of the next action (sb3-contrib ``MaskablePPO``).
@@ -565,7 +607,17 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         charge, self._pending_charge_s = self._pending_charge_s, 0.0
         total += charge
         tp_total = float(self._tp_totals[layer])
-        reward = -total / (tp_total if self.reward_scale is None else self.reward_scale)
+        moves, self._pending_busy_s = self._pending_busy_s, None
+        extra_busy = bc_busy if moves is None else (moves if bc_busy is None
+                                                    else bc_busy + moves)
+        joules = self._energy.layer(res, extra_link_busy_s=extra_busy, extra_s=charge)
+        energy_j = joules.total_j
+        if self.reward_kind == "latency":
+            reward = -total / (tp_total if self.reward_scale is None else self.reward_scale)
+        elif self.reward_kind == "energy":
+            reward = -energy_j / float(self._tp_energy[layer])
+        else:
+            reward = -(energy_j * total) / (float(self._tp_energy[layer]) * tp_total)
         info: dict[str, Any] = {
             "decode_step": self._decode_step, "layer": layer, "mode": res.mode,
             "t_nm_us": res.t_nm_s * 1e6, "t_comp_us": res.t_comp_s * 1e6,
@@ -586,6 +638,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "changed_fraction": gstats[0], "top1_retention": gstats[1],
             "score_mass_kept": gstats[2],
             "coerced": self._coerced,
+            "energy_j": joules.to_dict(),
             "balancedness": (1.0 if res.t_comp_compute_s <= 0 else float(
                 res.node_compute_s.sum()) / (self.num_nodes * res.t_comp_compute_s)),
         }
@@ -598,6 +651,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self.last_layer = res
         self.last_sets = out.token_sets             # the executed (gated) expert sets [B, k]
         self._step_latency_s += total
+        self._step_energy_j = self._step_energy_j + joules
         self._prev_busy = (self._zeros_links if busy is None or total <= 0 else
                            np.minimum(busy / total, 1.0).astype(np.float32))
         terminated = truncated = False
@@ -606,6 +660,9 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         else:
             tbt_us = (self._step_latency_s + self._dense_s) * 1e6
             info["tbt_us"] = tbt_us
+            step_j = self._step_energy_j + self._dense_j
+            info["step_energy_j"] = step_j.to_dict()
+            info["j_per_token"] = step_j.total_j / self.batch
             self._tbts_us.append(tbt_us)
             self._decode_step += 1
             if self._decode_step >= self.steps_per_episode:
@@ -875,6 +932,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             "step_latency_s": float(self._step_latency_s),
             "pending_charge_s": float(self._pending_charge_s),
             "tbts_us": [float(t) for t in self._tbts_us],
+            "step_energy_j": [self._step_energy_j.dram_j, self._step_energy_j.noc_j,
+                              self._step_energy_j.compute_j, self._step_energy_j.static_j],
         }
         arrays: dict[str, NDArray[Any]] = {
             "rows": self._rows, "sets": self._sets, "tp_totals": self._tp_totals,
@@ -885,6 +944,8 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             arrays["pred_all"] = self._pred_all
         if self._pending_fractions is not None:
             arrays["pending_fractions"] = self._pending_fractions
+        if self._pending_busy_s is not None:
+            arrays["pending_busy_s"] = self._pending_busy_s
         return meta, {k: np.array(v, copy=True) for k, v in arrays.items()}
 
     def set_state(self, meta: dict[str, Any], arrays: dict[str, NDArray[Any]]
@@ -925,6 +986,7 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
             episode_over = bool(meta["episode_over"])
             latency, charge = float(meta["step_latency_s"]), float(meta["pending_charge_s"])
             tbts = [float(t) for t in meta["tbts_us"]]
+            step_j = EnergyBreakdown(*(float(v) for v in meta.get("step_energy_j", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"set_state: damaged env state ({type(exc).__name__}: {exc})"
                               ) from None
@@ -935,6 +997,10 @@ class HdMoeEnv(gym.Env[dict[str, NDArray[np.float32]], NDArray[np.int64]]):
         self._rows = rows
         self._sets = np.asarray(arrays["sets"], dtype=np.int64).copy()
         self._tp_totals = np.asarray(arrays["tp_totals"], dtype=np.float64).copy()
+        self._tp_energy = self._tp_energy_of(self._sets, self._tp_totals)
+        self._step_energy_j = step_j
+        self._pending_busy_s = (None if "pending_busy_s" not in arrays else
+                                np.asarray(arrays["pending_busy_s"], np.float64).copy())
         self._pred_all = (None if "pred_all" not in arrays
                           else np.asarray(arrays["pred_all"], dtype=np.int64).copy())
         self._pred_counts_all = np.asarray(arrays["pred_counts_all"], dtype=np.float64).copy()

@@ -46,6 +46,7 @@ from gymnasium.vector.utils import batch_space
 from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.sim import batch_kernels
@@ -54,11 +55,11 @@ __all__ = ["HdMoeVectorEnv", "spawn"]
 
 #: Episode-state attributes of ``HdMoeEnv`` that a clone must not share with its prototype
 #: (everything else — specs, trace, placement, evaluators, caches, spaces — is shared).
-_EPISODE_STATE = ("_pending_charge_s", "_pending_fractions", "_rows", "_sets", "_decode_step",
-                  "_layer", "_episode_over", "_pred_all", "_pred_counts_all", "_obs_pred",
-                  "_obs_node", "_prev_busy", "_step_latency_s", "_tp_totals", "_tbts_us",
-                  "_twin_rng", "last_layer", "last_sets", "last_info", "_coerced", "_cand_key",
-                  "_cand_step")
+_EPISODE_STATE = ("_pending_charge_s", "_pending_busy_s", "_pending_fractions", "_rows",
+                  "_sets", "_decode_step", "_layer", "_episode_over", "_pred_all",
+                  "_pred_counts_all", "_obs_pred", "_obs_node", "_prev_busy", "_step_latency_s",
+                  "_tp_totals", "_tp_energy", "_step_energy_j", "_tbts_us", "_twin_rng",
+                  "last_layer", "last_sets", "last_info", "_coerced", "_cand_key", "_cand_step")
 
 
 def spawn(env: HdMoeEnv) -> HdMoeEnv:
@@ -79,13 +80,14 @@ def spawn(env: HdMoeEnv) -> HdMoeEnv:
     clone = copy.copy(env)
     L, E, D = env.num_layers, env.num_experts, env.num_nodes
     state: dict[str, Any] = {
-        "_pending_charge_s": 0.0, "_pending_fractions": None,
+        "_pending_charge_s": 0.0, "_pending_busy_s": None, "_pending_fractions": None,
         "_rows": np.zeros((0, env.batch), dtype=np.int64),
         "_sets": np.zeros((L, env.batch, env.top_k), dtype=np.int64), "_decode_step": 0,
         "_layer": 0, "_episode_over": True, "_pred_all": None,
         "_pred_counts_all": np.zeros((L, E)), "_obs_pred": np.zeros((L, E), dtype=np.float32),
         "_obs_node": np.zeros((L, D), dtype=np.float32), "_prev_busy": env._zeros_links,
-        "_step_latency_s": 0.0, "_tp_totals": np.zeros(L), "_tbts_us": [],
+        "_step_latency_s": 0.0, "_tp_totals": np.zeros(L), "_tp_energy": np.zeros(L),
+        "_step_energy_j": EnergyBreakdown(), "_tbts_us": [],
         "_twin_rng": np.random.default_rng(0), "last_layer": None, "last_sets": None,
         "last_info": {}, "_coerced": (), "_cand_key": None, "_cand_step": None,
     }
@@ -110,6 +112,7 @@ class _Copy(HdMoeEnv):
     def _begin_decode_step(self) -> None:
         self._layer = 0
         self._step_latency_s = 0.0
+        self._step_energy_j = EnergyBreakdown()
         self._prev_busy = self._zeros_links
         self._begin_pending = True
 
@@ -253,8 +256,11 @@ class HdMoeVectorEnv(VectorEnv):
         self.render_mode = None
         self.closed = False
         # --- shared static data: fit the lazy parts once, then clone
+        # the batched paths compute latency rewards only; energy and EDP rewards step every
+        # copy through its own HdMoeEnv.step (bit-identical by construction)
+        plain_reward = proto.reward_kind == "latency"
         batched = (proto.fidelity == "analytic" and not proto.measure_twin_error
-                   and not proto.replica_rules)
+                   and not proto.replica_rules and plain_reward)
         if proto.fidelity == "analytic" or proto.measure_twin_error:
             proto._gamma(0)
         if any(level > 0 for level in proto.gating_levels):
@@ -269,7 +275,7 @@ class HdMoeVectorEnv(VectorEnv):
         # DES copies with plain actions: the layer evaluator called directly (no action
         # decoding, no info dict), the rest batched
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
-                           and not proto.replica_rules)
+                           and not proto.replica_rules and plain_reward)
         # --- per-layer static observation parts and masks, stacked over L
         L, E, D, N = proto.num_layers, proto.num_experts, proto.num_nodes, self.num_envs
         self._L = L
@@ -390,6 +396,11 @@ class HdMoeVectorEnv(VectorEnv):
             has = np.zeros(N, dtype=bool)
             has[ended] = True
             infos["tbt_us"], infos["_tbt_us"] = tbt, has
+            if self.envs[0].reward_kind != "latency":   # every copy stepped by its own env
+                jpt = np.zeros(N)
+                jpt[ended] = [float(self.envs[i].last_info.get("j_per_token", np.nan))
+                              for i in ended]
+                infos["j_per_token"], infos["_j_per_token"] = jpt, has.copy()
         if self.max_episode_steps is not None:
             self._elapsed[stepping] += 1
             self._trunc |= stepping & (self._elapsed >= self.max_episode_steps)
@@ -481,6 +492,7 @@ class HdMoeVectorEnv(VectorEnv):
         for j, (i, env) in enumerate(zip(idx.tolist(), copies, strict=True)):
             env._sets = self._sets[i]
             env._tp_totals = self._tp_totals[i]
+            env._tp_energy = env._tp_energy_of(env._sets, env._tp_totals)
             env._pred_all = None if pred.sets is None else pred.sets[j]
             env._pred_counts_all = counts[j]
             env._obs_pred = self._obs_pred[i]

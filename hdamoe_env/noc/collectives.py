@@ -46,7 +46,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.topology import Topology
 
 __all__ = ["ALGORITHMS", "AllReduce", "allreduce_time", "best_allreduce", "default_ring",
-           "ring_allreduce_des"]
+           "ring_allreduce_des", "schedule"]
 
 ALGORITHMS = ("ring", "biring", "ring2d")
 
@@ -209,9 +209,13 @@ def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64],
     return float(t)
 
 
-def _schedule(topology: Topology, algorithm: str, size: float
-              ) -> list[tuple[int, NDArray[np.int64], NDArray[np.int64], float]]:
-    """Return the steps of an algorithm as (count, src, dst, bytes per message)."""
+def schedule(topology: Topology, algorithm: str, size: float
+             ) -> list[tuple[int, NDArray[np.int64], NDArray[np.int64], float]]:
+    """Return the steps of an algorithm as (count, src, dst, bytes per message).
+
+    Every step sends one message from ``src[j]`` to ``dst[j]`` for all j; a tuple stands for
+    ``count`` identical steps (the time model and ``cost.energy.allreduce_byte_hops`` read it).
+    """
     if algorithm == "ring":
         order = default_ring(topology)
         p = order.size
@@ -287,7 +291,7 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
         else:
             hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop, cut, ni,
                                              ni_lat)
-                            for count, src, dst, part in _schedule(topology, algorithm, size))
+                            for count, src, dst, part in schedule(topology, algorithm, size))
         entry = _TIMES.put(key, (topology, hit))
     return entry[1]
 

@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env.noc import collectives
 from hdamoe_env.noc import linksim
+from hdamoe_env.cost import energy
 from hdamoe_env.cost import nonmoe
 from hdamoe_env.cost import perf
 from hdamoe_env.decisions import dispatch
@@ -73,6 +74,12 @@ class LayerResult:
         tp_algorithm: TP layers: the all-reduce algorithm charged (``collectives.ALGORITHMS``,
             or ``"ring"`` / ``"const"`` closed forms); empty otherwise.
         t_nm_comm_s: The non-MoE all-reduce inside ``t_nm_s`` (``nonmoe_allreduce``).
+        node_mac_s: float64 [D] the part of ``node_compute_s`` the MAC array computes (padded
+            rows and columns included, the per-GEMM fixed time o excluded; dispatched replica
+            work counts whole), or None (energy, docs/PHYSICS.md §18).
+        node_weight_bytes: float64 [D] expert weight bytes read from each node's DRAM, or None.
+        noc_byte_hops: Σ bytes × links crossed of the layer's MoE communication (dispatch and
+            combine, or TP's all-reduce), or None.
     """
 
     layer: int
@@ -90,6 +97,9 @@ class LayerResult:
     mode: str
     tp_algorithm: str = ""
     t_nm_comm_s: float = 0.0
+    node_mac_s: NDArray[np.float64] | None = None
+    node_weight_bytes: NDArray[np.float64] | None = None
+    noc_byte_hops: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -289,6 +299,8 @@ class LayerEvaluator:
         self.num_experts = model.num_experts
         self.flops_per_s = perf.expert_flops(model, conv) / hw.compute_flops
         self.stream_per_s = perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
+        self.w_bytes = perf.expert_bytes(model, conv)
+        self.eff_mem_bw = perf.effective_mem_bw(hw, conv)
         # tile model (PHYSICS.md): s per padded token of each shard, and per active shard
         self.tiled = conv.tiled
         self.tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
@@ -314,6 +326,7 @@ class LayerEvaluator:
         self.stream_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
                          if conv.weight_streaming else 0.0)
         self._hops: NDArray[np.int64] | None = None
+        self._mean_hops: float | None = None
 
     @property
     def tp_allreduce(self) -> collectives.AllReduce:
@@ -434,26 +447,33 @@ class LayerEvaluator:
         P = const.P if P_layer is None else P_layer
         counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
         if self.tiled:
-            compute = self._tiled_compute(const, P_layer, counts, rep_key)
+            compute, mac = self._tiled_compute(const, P_layer, counts, rep_key)
         else:
             compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
+            mac = compute
+        held = np.einsum("...ed,...e->...d", P, (counts > 0).astype(np.float64))
+        weight_bytes = held * self.w_bytes
         if conv.weight_streaming:
-            active = (counts > 0).astype(np.float64)
-            stream = np.einsum("...ed,...e->...d", P, active) * self.stream_per_s
+            stream = held * self.stream_per_s
         else:
             stream = np.zeros_like(compute)
         if extra_compute_s is not None:
             compute = compute + extra_compute_s
-        if extra_stream_s is not None and conv.weight_streaming:
-            stream = stream + extra_stream_s
+            mac = mac + extra_compute_s
+        if extra_stream_s is not None:
+            weight_bytes = weight_bytes + extra_stream_s * self.eff_mem_bw
+            if conv.weight_streaming:
+                stream = stream + extra_stream_s
         t_compute = float(compute.max())
         # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
         t_comp = max(t_compute, float(stream.max())) if conv.weight_streaming else t_compute
         if P_layer is None and const.is_tp:
             tp = self.tp_allreduce
+            hops = energy.allreduce_byte_hops(self.sim.topology, self.psum_msg[0] * self.batch,
+                                              tp.algorithm)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
                                0.0, tp.time_s, extra_s, compute, stream, None, "tp",
-                               tp.algorithm, const.nm_comm)
+                               tp.algorithm, const.nm_comm, mac, weight_bytes, hops)
         if fidelity == "des":
             if P_layer is None:
                 support, holders = const.support, const.holders
@@ -472,21 +492,23 @@ class LayerEvaluator:
                 extra_holders, partial=partial, combine_bytes=self.psum_msg)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, t_d,
                                t_c, t_moe, extra_s, compute, stream, busy, "des", "",
-                               const.nm_comm)
+                               const.nm_comm, mac, weight_bytes,
+                               energy.link_byte_hops(busy, self.sim.topology.link_bw_Bps))
         if fidelity == "analytic":
             if gamma is None:
                 raise ConfigError("fidelity='analytic' needs gamma (fit it with "
                                   "hdamoe_env.sim.calibrate.fit_gamma)")
             # replica copies are holders only through extra_holders: count them (layers with
             # replicas only; the broadcast path keeps the paper's V_c of the zeroed shares)
-            peak = self._max_touch(token_sets, const, P_layer,
-                                   extra_holders if rep_key is not None else None)
+            peak, touched = self._max_touch(token_sets, const, P_layer,
+                                            extra_holders if rep_key is not None else None)
             x = conv.kappa_a * (float(self.model.hidden_size) * peak) \
                 / self.sim.topology.bw_end_Bps
             t_moe = gamma * x * (2.0 if conv.gamma_combine_only else 1.0)
             return LayerResult(layer, const.nm_total, const.nm_compute, t_comp, t_compute, 0.0,
                                0.0, t_moe, extra_s, compute, stream, None, "analytic", "",
-                               const.nm_comm)
+                               const.nm_comm, mac, weight_bytes,
+                               self._analytic_byte_hops(touched, token_sets.shape[0]))
         raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
 
     def tp_totals(self, step_sets: NDArray[np.int64], *,
@@ -538,14 +560,29 @@ class LayerEvaluator:
         nm = np.array([c.nm_total for c in consts[:num_layers]])
         return nm + t_comp + self.t_tp
 
+    def _analytic_byte_hops(self, touched: float, tokens: int) -> float:
+        """Return the estimated byte-hops of the analytic twin's dispatch and combine.
+
+        The twin draws no aggregators and routes no message. [judgement] Every token sends
+        one message to each cluster it touches but one (its aggregator), in both phases, over
+        the mean hop count of the topology's distinct endpoint pairs (docs/PHYSICS.md §18).
+        """
+        if self._mean_hops is None:
+            hops = self.sim.topology.hop_counts()
+            n = hops.shape[0]
+            self._mean_hops = float(hops.sum()) / (n * (n - 1)) if n > 1 else 0.0
+        messages = max(0.0, touched - tokens)
+        return 2.0 * messages * self.sim.msg_bytes * self._mean_hops
+
     def _tiled_compute(self, const: _LayerConst, P_layer: NDArray[np.float64] | None,
                        counts: NDArray[np.float64], rep_key: bytes | None = None
-                       ) -> NDArray[np.float64]:
+                       ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Return the per-node expert compute [D] of one step under the tile model (PHYSICS.md).
 
         The same terms as ``perf.tiled_node_compute``: [padded rows, activity] @ [[padded
         columns · m·2h/C], [holder · m·o]], the stacked [2E, D] matrix cached per layer and the
-        padded rows read from a table of 0..B tokens.
+        padded rows read from a table of 0..B tokens. The second array is the padded-MAC part
+        alone (padded rows @ padded columns · m·2h/C, the energy model's MAC time).
         """
         if P_layer is None:
             if const.tile_work is None:
@@ -567,7 +604,8 @@ class LayerEvaluator:
             x[:E] = np.ceil(counts / tile_t - 1e-9).clip(0.0) * tile_t
         x[E:] = counts > 0
         out: NDArray[np.float64] = x @ mat
-        return out
+        mac: NDArray[np.float64] = x[:E] @ mat[:E]
+        return out, mac
 
     def _tile_matrix(self, P: NDArray[np.float64]) -> NDArray[np.float64]:
         """Return the stacked [2E, D] tile-model matrix of shares ``P`` (``_tiled_compute``)."""
@@ -577,8 +615,8 @@ class LayerEvaluator:
     @staticmethod
     def _max_touch(token_sets: NDArray[np.int64], const: _LayerConst,
                    P_layer: NDArray[np.float64] | None,
-                   extra_holders: NDArray[np.int64] | None = None) -> float:
-        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| (the sampled V_c / h of Eq. 2).
+                   extra_holders: NDArray[np.int64] | None = None) -> tuple[float, float]:
+        """Return max_c |{t : S_t ∩ holders(c) ≠ ∅}| (the sampled V_c / h of Eq. 2) and Σ_c.
 
         With ``extra_holders`` [B, x] a token also touches its extra holder clusters.
         """
@@ -589,9 +627,11 @@ class LayerEvaluator:
             if extra_holders is not None:
                 r, j = np.nonzero(extra_holders >= 0)
                 touch[r, extra_holders[r, j]] = True
-            return float(touch.sum(axis=0).max(initial=0))
+            per = touch.sum(axis=0)
+            return float(per.max(initial=0)), float(per.sum())
         touched = np.bitwise_or.reduce(masks[token_sets], axis=1)          # [B] uint64
         if sys.byteorder != "little":
             touched = touched.byteswap()
         bits = np.unpackbits(touched.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-        return float(bits.sum(axis=0, dtype=np.int64).max(initial=0))
+        per = bits.sum(axis=0, dtype=np.int64)
+        return float(per.max(initial=0)), float(per.sum())

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env.cost import nonmoe
+from hdamoe_env.cost import energy, nonmoe
+from hdamoe_env.cost.energy import EnergyBreakdown, EnergySpec
 from hdamoe_env.noc import collectives
 from hdamoe_env.cost import perf
 from hdamoe_env.decisions.dispatch import REPLICA_RULES
@@ -37,6 +38,7 @@ from hdamoe_env.sim.evaluator import (
     partial_shards,
     simulate_moe_comm,
 )
+from hdamoe_env.sim.energy import EnergyAccount
 from hdamoe_env.sim.online import DecisionEvaluator
 from hdamoe_env.sim.placement import Placement, check_memory
 from hdamoe_env.config.profiles import Conventions, get_profile
@@ -66,11 +68,13 @@ class StepResult:
         layers: One ``LayerResult`` per MoE layer.
         dense_s: Time of dense leading layers (DeepSeek layer 0 in ``faithful``), 0 otherwise.
         meta: Profile, evaluator, placement method and seeds that produced the numbers.
+        energy: Energy of the step by part (docs/PHYSICS.md §18), or None.
     """
 
     layers: tuple[LayerResult, ...]
     dense_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    energy: EnergyBreakdown | None = None
 
     @property
     def tbt_s(self) -> float:
@@ -109,6 +113,8 @@ class MoESimulator:
         self.num_nodes = self.hw.num_nodes
         self.msg_bytes = float(self.model.hidden_size * self.conv.b_msg)
         self._nm_cache: dict[tuple[int, int], nonmoe.NonMoeTime] = {}
+        self.energy_spec: EnergySpec = energy.energy_spec_for(self.conv)
+        self._energy: dict[int, EnergyAccount] = {}
 
     # --------------------------------------------------------------------------- metadata
     def describe(self) -> dict[str, Any]:
@@ -191,6 +197,13 @@ class MoESimulator:
                                           ni_bw_Bps=conv.ni_bw_for(self.topology.bw_end_Bps),
                                           ni_latency_s=conv.ni_latency_for(
                                               self.hw.hop_latency_for(conv)))
+
+    def energy_account(self, batch: int) -> EnergyAccount:
+        """Return the energy account of decode steps of ``batch`` tokens (cached per batch)."""
+        hit = self._energy.get(batch)
+        if hit is None or hit.spec is not self.energy_spec:
+            hit = self._energy[batch] = EnergyAccount(self, batch, self.energy_spec)
+        return hit
 
     def dense_time(self, batch: int) -> float:
         """Return the time of the dense leading layers per step (0 unless ``faithful``)."""
@@ -323,12 +336,21 @@ class MoESimulator:
         tokens = freqs * batch
         active = perf.expected_active(freqs, batch)
         t_comp, t_compute, compute, stream = self._compute(P, tokens, active, None, None)
+        held = np.einsum("ed,e->d", P, active)
+        weight_bytes = held * perf.expert_bytes(self.model, self.conv)
+        mac = compute
+        if self.conv.tiled:  # the per-GEMM fixed time is no MAC work (energy, PHYSICS.md §18)
+            gemms = np.einsum("ed,e->d", (P > 0).astype(np.float64), active)
+            mac = compute - gemms * (self.conv.expert_matrices * self.conv.gemm_overhead_s)
         nm = self.nonmoe(batch, layer)
         if is_tensor_parallel(P) or (P_layer is None and placement.is_allreduce(layer)):
             tp = self.tp_allreduce(batch)
+            hops = energy.allreduce_byte_hops(
+                self.topology, float(batch) * self.model.hidden_size * self.conv.b_psum,
+                tp.algorithm)
             return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, 0.0, 0.0,
                                tp.time_s, 0.0, compute, stream, None, "tp", tp.algorithm,
-                               float(nm.comm_s))
+                               float(nm.comm_s), mac, weight_bytes, hops)
         groups = np.asarray(groups, dtype=np.int64)
         msg = np.asarray(group_freqs, dtype=np.float64) * batch * self.msg_bytes
         support = P > 0
@@ -338,7 +360,9 @@ class MoESimulator:
                                                   partial=partial_shards(P, self.conv),
                                                   combine_bytes=psum)
         return LayerResult(layer, nm.total_s, nm.compute_s, t_comp, t_compute, t_d, t_c, t_moe,
-                           0.0, compute, stream, busy, "des", "", float(nm.comm_s))
+                           0.0, compute, stream, busy, "des", "", float(nm.comm_s), mac,
+                           weight_bytes,
+                           energy.link_byte_hops(busy, self.topology.link_bw_Bps))
 
     # --------------------------------------------------------------------------- steps
     def step(self, placement: Placement, step_sets: NDArray[np.int64], *,
@@ -378,7 +402,9 @@ class MoESimulator:
                                 "placement": placement.method}
         if placement.has_replicas:
             meta["replica_rule"] = replica_rule
-        return StepResult(layers, self.dense_time(step_sets.shape[1]), meta)
+        dense_s = self.dense_time(step_sets.shape[1])
+        return StepResult(layers, dense_s, meta,
+                          self.energy_account(step_sets.shape[1]).step(layers, dense_s))
 
     def static(self, placement: Placement, layer_stats: Iterable[tuple[NDArray[np.float64],
                NDArray[np.int64], NDArray[np.float64]]], batch: int, *,
@@ -396,9 +422,11 @@ class MoESimulator:
         if len(layers) != self.model.num_moe_layers:
             raise ConfigError(f"layer_stats gives {len(layers)} layers, model has "
                               f"{self.model.num_moe_layers}")
-        return StepResult(layers, self.dense_time(batch),
+        dense_s = self.dense_time(batch)
+        return StepResult(layers, dense_s,
                           {"evaluator": "static", "fidelity": "des",
-                           "placement": placement.method})
+                           "placement": placement.method},
+                          self.energy_account(batch).step(layers, dense_s))
 
 
 # ------------------------------------------------------------------------------- trace evaluation
@@ -416,6 +444,10 @@ class Evaluation:
         steps: Number of steps evaluated.
         link_busy_s: float [num_links] mean busy time per directed link per step (all layers).
         meta: Seeds, profile, trace id.
+        energy_j: Mean energy per decode step by part, J (``dram``, ``noc``, ``compute``,
+            ``static``, ``total``; docs/PHYSICS.md §18); empty when not computed.
+        j_per_token: Mean energy per token (step energy ÷ B), J.
+        edp_js: Mean energy-delay product of a decode step (step energy × TBT), J·s.
     """
 
     method: str
@@ -427,6 +459,9 @@ class Evaluation:
     steps: int
     link_busy_s: NDArray[np.float64]
     meta: dict[str, Any]
+    energy_j: dict[str, float] = field(default_factory=dict)
+    j_per_token: float = 0.0
+    edp_js: float = 0.0
 
 
 _LAYER_FIELDS = ("t_nm_s", "t_comp_s", "t_dispatch_s", "t_combine_s", "t_comm_moe_s",
@@ -445,8 +480,17 @@ def _summarise(method: str, evaluator: str, results: list[StepResult], num_links
         for lr in r.layers:
             if lr.link_busy_s is not None:
                 busy += lr.link_busy_s
+    parts: dict[str, float] = {}
+    per_token = edp = 0.0
+    if all(r.energy is not None for r in results):
+        dicts = [r.energy.to_dict() for r in results if r.energy is not None]
+        parts = {k: float(np.mean([d[k] for d in dicts])) for k in dicts[0]}
+        totals = np.array([d["total"] for d in dicts])
+        edp = float(np.mean(totals * tbts))
+        batch = meta.get("batch")
+        per_token = parts["total"] / batch if batch else 0.0
     return Evaluation(method, evaluator, float(tbts.mean()), float(tbts.std()), layer_means,
-                      breakdown, len(results), busy / len(results), meta)
+                      breakdown, len(results), busy / len(results), meta, parts, per_token, edp)
 
 
 def _refuse_static_replicas(placement: Placement) -> None:

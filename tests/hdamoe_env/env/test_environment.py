@@ -717,3 +717,99 @@ def test_set_state_refuses_another_configuration_and_damage():
         make().set_state(meta, {k: v for k, v in arrays.items() if k != "obs_node"})
     with pytest.raises(ConfigError, match="damaged"):
         make().set_state({**meta, "np_random": {"bit_generator": "PCG64"}}, arrays)
+
+
+# ------------------------------------------------------------------------------ energy rewards
+@pytest.mark.parametrize("reward", ["energy", "edp"])
+def test_energy_rewards_pass_check_env_and_report_the_breakdown(reward):
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(gym.make(ENV_ID, reward=reward).unwrapped, skip_render_check=True)
+    env = make(reward=reward)
+    lat = make()
+    env.reset(seed=3)
+    lat.reset(seed=3)
+    done = False
+    while not done:
+        a = noop(env)
+        _, r, term, trunc, info = env.step(a)
+        _, r_lat, _, _, info_lat = lat.step(a)
+        e = info["energy_j"]
+        assert set(e) == {"dram", "noc", "compute", "static", "total"}
+        assert all(v >= 0 for v in e.values()) and e["total"] == pytest.approx(
+            e["dram"] + e["noc"] + e["compute"] + e["static"])
+        assert e == info_lat["energy_j"]                  # reported whatever the reward
+        assert info["total_us"] == info_lat["total_us"]   # energy changes no latency
+        assert r_lat == pytest.approx(-info["total_us"] / info["tp_total_us"], rel=1e-12)
+        # static energy: every node over the layer's time (docs/PHYSICS.md §18)
+        assert e["static"] == pytest.approx(
+            env._energy.spec.static_w_per_node * env.num_nodes * info["total_us"] * 1e-6)
+        tp_e = float(env._tp_energy[info["layer"]])
+        assert tp_e > 0
+        if reward == "energy":
+            assert r == pytest.approx(-e["total"] / tp_e, rel=1e-12)
+        else:
+            assert r == pytest.approx(-(e["total"] * info["total_us"])
+                                      / (tp_e * info["tp_total_us"]), rel=1e-12)
+        if "tbt_us" in info:
+            assert info["j_per_token"] == pytest.approx(info["step_energy_j"]["total"] / 8)
+        done = term or trunc
+
+
+def test_tp_energy_reward_is_minus_one():
+    env = make(placement="tp", reward="energy")
+    env.reset(seed=0)
+    for _ in range(env.num_layers):
+        _, r, *_ = env.step(noop(env))
+        assert r == pytest.approx(-1.0, rel=1e-9)
+
+
+def test_reward_argument_is_checked():
+    with pytest.raises(ConfigError, match="reward"):
+        make(reward="power")
+    with pytest.raises(ConfigError, match="reward_scale"):
+        make(reward="energy", reward_scale=1e-3)
+
+
+def test_rebalance_moves_are_charged_to_noc_energy():
+    env = make()
+    env.reset(seed=0)
+    with pytest.raises(ConfigError, match="charge_link_busy_s"):
+        env.replace_placement(env.placement, charge_link_busy_s=np.ones(3))
+    busy = np.full(env.topology.num_links, 1e-6)
+    env.replace_placement(env.placement, charge_s=2e-6, charge_link_busy_s=busy)
+    twin = make()
+    twin.reset(seed=0)
+    a = noop(env)
+    _, _, _, _, info = env.step(a)
+    _, _, _, _, plain = twin.step(a)
+    extra = float(busy @ env.topology.link_bw_Bps) * 8 * env._energy.spec.noc_pj_per_bit_hop \
+        * 1e-12
+    assert info["energy_j"]["noc"] == pytest.approx(plain["energy_j"]["noc"] + extra)
+    assert info["energy_j"]["static"] == pytest.approx(
+        plain["energy_j"]["static"] + 2e-6 * env.num_nodes * env._energy.spec.static_w_per_node)
+
+
+def _ppo_on_energy(env, steps: int) -> None:
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+
+    model = PPO("MultiInputPolicy", env, n_steps=32, batch_size=32, n_epochs=1, seed=0,
+                device="cpu").learn(steps)
+    assert model.num_timesteps == steps
+    obs, _ = env.reset(seed=1)
+    action, _ = model.predict(obs, deterministic=True)
+    _, r, *_ = env.step(action)
+    assert np.isfinite(r) and r < 0
+
+
+def test_ppo_trains_on_the_energy_reward():
+    _ppo_on_energy(make(reward="energy"), 64)
+
+
+@pytest.mark.slow
+def test_ppo_trains_a_few_hundred_steps_on_the_energy_reward():
+    _ppo_on_energy(make(reward="energy"), 320)
+    _ppo_on_energy(gym.make(ENV_ID, reward="energy"), 320)

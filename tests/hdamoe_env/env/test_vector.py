@@ -182,3 +182,10 @@ def test_default_env_pickles_under_2_mb():
     env = HdMoeEnv(fidelity="des")
     env.reset(seed=0)
     assert len(pickle.dumps(env)) <= 2_000_000
+
+
+@pytest.mark.parametrize("reward", ["energy", "edp"])
+def test_vector_env_equals_single_envs_energy_rewards(reward):
+    _compare("hdamoe_env/HdMoE-v1", 3, 24, dict(TINY, reward=reward))
+    _compare("hdamoe_env/HdMoE-v1", 2, 24, dict(TINY, fidelity="analytic", gammas=[0.7] * 26,
+                                                 reward=reward), policy="noop")

@@ -322,3 +322,38 @@ def test_simulator_check_placement_enforces_the_grid():
     with pytest.raises(ConfigError, match="tile unit 1/22"):
         MoESimulator("deepseek", hw, conventions="faithful").check_placement(p)
     MoESimulator("deepseek", hw, conventions="paper").check_placement(p)
+
+
+def test_evaluations_report_energy_per_token_and_edp(ds_trace):
+    trace = ds_trace
+    for profile in ("faithful", "paper"):
+        sim = MoESimulator("deepseek-v2-lite", conventions=profile)
+        m = sim.model
+        pl = expert_parallel(m.num_moe_layers, m.num_experts, sim.hw.num_nodes,
+                             np.random.default_rng(0))
+        ev = evaluate_sampled(sim, pl, trace, 16, steps=2, seed=0)
+        e = ev.energy_j
+        assert e["total"] == pytest.approx(e["dram"] + e["noc"] + e["compute"] + e["static"])
+        assert min(e.values()) > 0
+        assert ev.j_per_token == pytest.approx(e["total"] / 16)
+        # static energy of every node over the mean step time; EDP = mean(E_step · TBT_step)
+        assert e["static"] == pytest.approx(sim.energy_spec.static_w_per_node
+                                            * sim.hw.num_nodes * ev.tbt_s, rel=1e-9)
+        assert ev.edp_js == pytest.approx(e["total"] * ev.tbt_s, rel=0.05)
+
+
+def test_analytic_twin_noc_energy_estimate():
+    from hdamoe_env.sim.evaluator import LayerEvaluator
+
+    sim = MoESimulator("deepseek-v2-lite")
+    L, E, D = sim.model.num_moe_layers, sim.model.num_experts, sim.hw.num_nodes
+    P = np.zeros((L, E, D))
+    P[:, np.arange(E), np.arange(E) // 2] = 1.0
+    ev = LayerEvaluator(sim, Placement(P=P, pi=np.tile(np.arange(D), (L, 1)), method="x"), 8,
+                        layers=[0])
+    sets = np.tile(np.array([0, 2, 4, 6, 8, 10]), (8, 1))
+    res = ev.evaluate(0, sets, rng=np.random.default_rng(0), fidelity="analytic", gamma=1.0)
+    hops = sim.topology.hop_counts()
+    mean_hops = hops.sum() / (D * (D - 1))
+    # 6 clusters touched per token, one of them the aggregator: 5 messages, both phases
+    assert res.noc_byte_hops == pytest.approx(2 * 8 * 5 * sim.msg_bytes * mean_hops)
