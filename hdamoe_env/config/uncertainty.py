@@ -112,8 +112,9 @@ UNCERTAINTIES: dict[str, Uncertainty] = {
 ENERGY_UNCERTAINTIES: dict[str, Uncertainty] = {
     u.knob: u for u in (
         Uncertainty("dram_pj_per_bit", 0.4, 4.0, "a hybrid-bonded stack slightly better than "
-                    "SeDRAM's 0.66 pJ/bit (VLSI 2023) to TSV stacks: HBM2 about 3.5 pJ/bit plus activations "
-                    "(O'Connor et al. MICRO 2017: FGDRAM halves it), HBM3E 3.9 pJ/bit",
+                    "SeDRAM's 0.66 pJ/bit (VLSI 2023) to TSV stacks: HBM2 about 3.5 pJ/bit plus "
+                    "activations (O'Connor et al. MICRO 2017: FGDRAM halves it), HBM3E "
+                    "3.9 pJ/bit",
                     scale="log"),
         Uncertainty("noc_pj_per_bit_hop", 0.2, 2.0, "a measured 45 nm 4x4 mesh (0.6 pJ per "
                     "delivered bit over ~2.7 hops, DAC 2012) or a low-swing link with a lean "
