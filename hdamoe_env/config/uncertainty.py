@@ -111,16 +111,20 @@ UNCERTAINTIES: dict[str, Uncertainty] = {
 #: ``Conventions``) does not draw them; ``EnergySpec.derive`` applies a value.
 ENERGY_UNCERTAINTIES: dict[str, Uncertainty] = {
     u.knob: u for u in (
-        Uncertainty("dram_pj_per_bit", 0.4, 4.0, "fine-pitch hybrid-bonded stacked DRAM "
-                    "(SeDRAM, 0.66 pJ/bit) to HBM2-class TSV stacks (about 4 pJ/bit, "
-                    "O'Connor et al. MICRO 2017)", scale="log"),
-        Uncertainty("noc_pj_per_bit_hop", 0.2, 2.0, "a low-swing 1 mm link plus a lean router "
-                    "to a full-swing 5 mm link plus a buffered VC router", scale="log"),
-        Uncertainty("mac_pj", 0.1, 2.0, "a bf16 MAC in a 5-7 nm logic die to the 45 nm "
-                    "fp16-multiply + fp32-add of Horowitz (ISSCC 2014)", scale="log"),
-        Uncertainty("static_w_per_node", 0.1, 2.0, "a power-gated small logic die over a "
-                    "low-refresh stack to a leaky 2.5k-MAC die plus a hot stack's refresh",
+        Uncertainty("dram_pj_per_bit", 0.4, 4.0, "a hybrid-bonded stack slightly better than "
+                    "SeDRAM's 0.66 pJ/bit (VLSI 2023) to TSV stacks: HBM2 about 3.5 pJ/bit plus "
+                    "activations (O'Connor et al. MICRO 2017: FGDRAM halves it), HBM3E "
+                    "3.9 pJ/bit",
                     scale="log"),
+        Uncertainty("noc_pj_per_bit_hop", 0.2, 2.0, "a measured 45 nm 4x4 mesh (0.6 pJ per "
+                    "delivered bit over ~2.7 hops, DAC 2012) or a low-swing link with a lean "
+                    "router, to a full-swing 5 mm link plus a buffered VC router", scale="log"),
+        Uncertainty("mac_pj", 0.1, 2.0, "a bf16 MAC (8-bit significand) in a 5 nm die at low "
+                    "supply to the unscaled 45 nm fp16-multiply + fp32-add of Horowitz "
+                    "(ISSCC 2014, 1.1 + 0.9 pJ)", scale="log"),
+        Uncertainty("static_w_per_node", 0.2, 2.0, "a low-voltage embedded stack with a "
+                    "power-gated die to a hot 8 GB HBM2-class stack (DRAMsim3's HBM2 config: "
+                    "0.5-0.65 W standby + refresh per 4 GB) plus a leaky die", scale="log"),
     )
 }
 

@@ -63,7 +63,7 @@ class EnergySpec:
     dram_pj_per_bit: float = 0.66
     noc_pj_per_bit_hop: float = 0.7
     mac_pj: float = 0.4
-    static_w_per_node: float = 0.5
+    static_w_per_node: float = 0.6
 
     def __post_init__(self) -> None:
         for knob in _KNOBS:
