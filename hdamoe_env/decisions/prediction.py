@@ -335,6 +335,52 @@ class StepPredictor:
                 L, E).astype(np.float64)
         return StepPrediction(pred, counts)
 
+    @property
+    def compiled_one(self) -> bool:
+        """True when :meth:`predict_into` runs the compiled per-step kernel (noisy oracle,
+        E <= 64)."""
+        return self.predictor == "noisy_oracle" and self.num_experts <= 64
+
+    def predict_into(self, sets: NDArray[np.int64], rng: np.random.Generator,
+                     pred_out: NDArray[np.int64], counts_out: NDArray[np.float64]) -> None:
+        """``predict`` of one decode step written into ``pred_out`` / ``counts_out``, compiled.
+
+        The same draws from ``rng`` in the same order and the same sets and counts as
+        ``predict(sets, rows, rng)`` (``prediction_kernels.noisy_step``); only when
+        :attr:`compiled_one`.
+
+        Args:
+            sets: int64 [L, B, k] the step's actual expert sets (C-contiguous).
+            rng: The step's generator.
+            pred_out: int64 [L, B, k] output, the predicted sets.
+            counts_out: float64 [L, E] output, the predicted tokens per expert.
+        """
+        assert self.compiled_one
+        counts_out[:] = 0.0
+        alias = self._alias64
+        count, rows, cols = prediction_kernels.noisy_step(
+            sets, rng, self.row_acc, self.layer_rows, self.sampler.prob, alias,
+            self.num_experts, 3, pred_out, counts_out)
+        if count:                                    # pathological popularity: uniform fallback
+            k = self.top_k
+            actual = sets[1:].reshape(-1, k)
+            flat = pred_out[1:].reshape(-1, k)
+            for slot in range(count):
+                t = int(rows[slot])
+                allowed = np.setdiff1d(np.arange(self.num_experts),
+                                       np.concatenate([actual[t], flat[t]]))
+                flat[t, int(cols[slot])] = int(rng.choice(allowed))
+            counts_out[:] = prediction_kernels.count_sets(pred_out[None], self.num_experts)[
+                :, :].reshape(counts_out.shape)
+
+    @property
+    def _alias64(self) -> NDArray[np.int64]:
+        alias = self.__dict__.get("_alias_cache")
+        if alias is None:
+            alias = np.ascontiguousarray(self.sampler.alias, dtype=np.int64)
+            self.__dict__["_alias_cache"] = alias
+        return alias
+
     def predict_many(self, sets: NDArray[np.int64], rows: NDArray[np.int64],
                      rngs: list[np.random.Generator]) -> StepPrediction:
         """Predict n decode steps at once; the same as one ``predict`` per step.

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["round_kernel", "start_kernel"]
+__all__ = ["count_sets", "gather_sets", "noisy_step", "round_kernel", "start_kernel"]
 
 
 @njit(cache=True)
@@ -151,3 +151,79 @@ def count_sets(sets: NDArray[np.int64], num_experts: int) -> NDArray[np.float64]
             if v >= 0:
                 out[g, v] += 1.0
     return out
+
+
+@njit(cache=True)
+def gather_sets(routing: NDArray[np.integer], rows: NDArray[np.int64],
+                out: NDArray[np.int64]) -> None:
+    """Write ``routing[:, rows, :]`` (the decode step's sets, int64 [L, B, k]) into ``out``."""
+    num_layers, batch, top_k = out.shape
+    for layer in range(num_layers):
+        for b in range(batch):
+            r = rows[b]
+            for s in range(top_k):
+                out[layer, b, s] = routing[layer, r, s]
+
+
+@njit(cache=True)
+def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[np.float64],
+               layer_of_row: NDArray[np.int64], prob: NDArray[np.float64],
+               alias: NDArray[np.int64], num_experts: int, oversample: int,
+               pred_out: NDArray[np.int64], counts_out: NDArray[np.float64]
+               ):  # noqa: ANN201 - 3-tuple
+    """Predict layers 1..L−1 of one decode step with draws from ``gen``, in the order of
+    ``noisy_oracle_sets`` (``StepPredictor.predict``).
+
+    The draws: the [(L−1)·B, k] uniforms of the replacement decisions, then one
+    [pending, oversample] block per rejection round (at most 64 rounds), one ``gen.random()``
+    per value in row-major order — the values and the stream position of
+    ``gen.random(shape)`` (tests compare with the single env for equality).
+
+    Args:
+        sets: int64 [L, B, k] the step's actual sets.
+        gen: The copy's generator.
+        acc: float64 [(L−1)·B] accuracy per predicted row (``StepPredictor.row_acc``).
+        layer_of_row: int64 [(L−1)·B] alias table per predicted row.
+        prob, alias: The alias tables (``AliasSampler``).
+        num_experts: E (<= 64).
+        oversample: Candidates per pending slot and round.
+        pred_out: int64 [L, B, k] output: the predicted sets (−1 at layer 0).
+        counts_out: float64 [L, E] output, zero on entry: predicted tokens per expert.
+
+    Returns:
+        ``(count, rows, cols)``: the slots still pending after 64 rounds (pathological
+        popularity; the caller draws their uniform fallback) as rows / columns of
+        ``pred_out[1:].reshape(-1, k)``, the first ``count`` entries.
+    """
+    num_layers, batch, top_k = sets.shape
+    pred_out[0] = -1
+    if num_layers == 1:
+        return 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    num_rows = (num_layers - 1) * batch
+    actual = sets[1:].reshape(num_rows, top_k)
+    u = np.empty((num_rows, top_k))
+    for q in range(num_rows):
+        for j in range(top_k):
+            u[q, j] = gen.random()
+    rows, cols, lay, problem, forbid, pred = start_kernel(actual, u, acc, layer_of_row, 1)
+    count = rows.size
+    per = np.zeros(1, dtype=np.int64)
+    per[0] = count
+    rounds = 0
+    while count > 0 and rounds < 64:
+        draws = np.empty((count, oversample))
+        for p in range(count):
+            for j in range(oversample):
+                draws[p, j] = gen.random()
+        count = round_kernel(rows, cols, lay, problem, count, draws, num_experts, prob, alias,
+                             forbid, pred, per)
+        rounds += 1
+    flat = pred_out[1:].reshape(num_rows, top_k)
+    flat[:] = pred
+    for layer in range(1, num_layers):
+        for b in range(batch):
+            for s in range(top_k):
+                e = pred_out[layer, b, s]
+                if e >= 0:
+                    counts_out[layer, e] += 1.0
+    return count, rows, cols

@@ -48,6 +48,7 @@ from numpy.typing import NDArray
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.decisions import prediction_kernels
 from hdamoe_env.sim import batch_kernels
 
 __all__ = ["HdMoeVectorEnv", "spawn"]
@@ -296,6 +297,12 @@ class HdMoeVectorEnv(VectorEnv):
         self._obs_node = np.zeros((N, L, D), dtype=np.float32)
         self._autoreset = np.zeros(N, dtype=bool)
         self._pending = np.zeros(N, dtype=bool)      # decode step to form (``_form_steps``)
+        # decode steps formed by compiled per-copy kernels (noisy oracle, E and D <= 64)
+        self._compiled_steps = proto._predictor.compiled_one and D <= 64
+        if self._compiled_steps:
+            self._routing = np.ascontiguousarray(proto._routing)
+            self._pred = np.zeros((N, L, B, k), dtype=np.int64)
+            self._pred_counts = np.zeros((N, L, E))
         self._rewards = np.zeros(N)
         self._term = np.zeros(N, dtype=bool)
         self._trunc = np.zeros(N, dtype=bool)
@@ -462,6 +469,9 @@ class HdMoeVectorEnv(VectorEnv):
             return
         proto = self.envs[0]
         copies = [self.envs[i] for i in idx.tolist()]
+        if self._compiled_steps:
+            self._form_steps_compiled(idx, copies)
+            return
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         sets = proto._routing[:, rows, :].transpose(1, 0, 2, 3).astype(np.int64)  # [n, L, B, k]
         if self._layers is not None:
@@ -483,6 +493,43 @@ class HdMoeVectorEnv(VectorEnv):
             env._tp_totals = self._tp_totals[i]
             env._pred_all = None if pred.sets is None else pred.sets[j]
             env._pred_counts_all = counts[j]
+            env._obs_pred = self._obs_pred[i]
+            env._obs_node = self._obs_node[i]
+            env._begin_pending = False
+        self._pending[idx] = False
+
+    def _form_steps_compiled(self, idx: NDArray[np.int64], copies: list[HdMoeEnv]) -> None:
+        """``_form_steps`` with one compiled call per copy: gather, counts and V_c peaks,
+        noisy-oracle predictions drawn from the copy's generator (``StepPredictor.predict_into``),
+        straight into the batched buffers; then the TP latencies and the observation parts
+        batched."""
+        proto = self.envs[0]
+        predictor = proto._predictor
+        routing = self._routing
+        layers = self._layers
+        for i, env in zip(idx.tolist(), copies, strict=True):
+            sets = self._sets[i]
+            prediction_kernels.gather_sets(routing, env._rows[env._decode_step], sets)
+            if layers is not None:
+                self._counts[i] = 0.0
+                batch_kernels.step_table_one(sets, *layers.holders, layers.D, self._counts[i],
+                                             self._peak[i])
+            predictor.predict_into(sets, env.np_random, self._pred[i], self._pred_counts[i])
+        sel = self._sets[idx]
+        if layers is not None:
+            tp = proto._tp_evaluator.tp_totals(sel, counts=self._counts[idx])
+        else:
+            tp = proto._tp_evaluator.tp_totals(sel)
+        counts = self._pred_counts[idx]
+        node = np.matmul(proto._node_scale_all, counts[..., None])[..., 0]        # [n, L, D]
+        self._tp_totals[idx] = tp
+        self._obs_pred[idx] = np.minimum(counts / proto.batch, 1.0).astype(np.float32)
+        self._obs_node[idx] = np.minimum(node, float(proto.num_nodes)).astype(np.float32)
+        for i, env in zip(idx.tolist(), copies, strict=True):
+            env._sets = self._sets[i]
+            env._tp_totals = self._tp_totals[i]
+            env._pred_all = self._pred[i]
+            env._pred_counts_all = self._pred_counts[i]
             env._obs_pred = self._obs_pred[i]
             env._obs_node = self._obs_node[i]
             env._begin_pending = False

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["holder_csr", "step_tables"]
+__all__ = ["holder_csr", "step_table_one", "step_tables"]
 
 
 @njit(cache=True)
@@ -36,32 +36,50 @@ def step_tables(sets: NDArray[np.int64], h_ptr: NDArray[np.int64], h_node: NDArr
         ``counts`` float64 [n, L, E] tokens per expert and ``peak`` float64 [n, L]
         max_c |{t : S_t ∩ holders(c) ≠ ∅}|.
     """
-    n, num_layers, batch, top_k = sets.shape
+    n, num_layers = sets.shape[:2]
     counts = np.zeros((n, num_layers, num_experts))
     peak = np.zeros((n, num_layers))
+    for j in range(n):
+        step_table_one(sets[j], h_ptr, h_node, num_nodes, counts[j], peak[j])
+    return counts, peak
+
+
+@njit(cache=True)
+def step_table_one(sets: NDArray[np.int64], h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
+                   num_nodes: int, counts: NDArray[np.float64], peak: NDArray[np.float64]
+                   ) -> None:
+    """``step_tables`` of one decode step, written into ``counts`` [L, E] (zeroed) and
+    ``peak`` [L].
+
+    Args:
+        sets: int64 [L, B, k] expert sets (−1 entries are skipped).
+        h_ptr, h_node: The holder arrays (``holder_csr``).
+        num_nodes: D (<= 64).
+        counts: float64 [L, E] output, zero on entry.
+        peak: float64 [L] output.
+    """
+    num_layers, batch, top_k = sets.shape
     touch = np.zeros(num_nodes, dtype=np.int64)
     one = np.uint64(1)
-    for j in range(n):
-        for layer in range(num_layers):
-            touch[:] = 0
-            for t in range(batch):
-                bits = np.uint64(0)
-                for s in range(top_k):
-                    e = sets[j, layer, t, s]
-                    if e >= 0:
-                        counts[j, layer, e] += 1.0
-                        for h in range(h_ptr[layer, e], h_ptr[layer, e + 1]):
-                            c = h_node[layer, h]
-                            bit = one << np.uint64(c)
-                            if bits & bit == 0:
-                                bits |= bit
-                                touch[c] += 1
-            best = 0
-            for c in range(num_nodes):
-                if touch[c] > best:
-                    best = touch[c]
-            peak[j, layer] = best
-    return counts, peak
+    for layer in range(num_layers):
+        touch[:] = 0
+        for t in range(batch):
+            bits = np.uint64(0)
+            for s in range(top_k):
+                e = sets[layer, t, s]
+                if e >= 0:
+                    counts[layer, e] += 1.0
+                    for h in range(h_ptr[layer, e], h_ptr[layer, e + 1]):
+                        c = h_node[layer, h]
+                        bit = one << np.uint64(c)
+                        if bits & bit == 0:
+                            bits |= bit
+                            touch[c] += 1
+        best = 0
+        for c in range(num_nodes):
+            if touch[c] > best:
+                best = touch[c]
+        peak[layer] = best
 
 
 def holder_csr(support: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
