@@ -515,11 +515,11 @@ class HdMoeVectorEnv(VectorEnv):
                 batch_kernels.step_table_one(sets, *layers.holders, layers.D, self._counts[i],
                                              self._peak[i])
             predictor.predict_into(sets, env.np_random, self._pred[i], self._pred_counts[i])
-        sel = self._sets[idx]
-        if layers is not None:
-            tp = proto._tp_evaluator.tp_totals(sel, counts=self._counts[idx])
+        if layers is not None:       # the sets are read for their shape only (no copy)
+            shape = np.broadcast_to(self._sets[0], (idx.size, *self._sets.shape[1:]))
+            tp = proto._tp_evaluator.tp_totals(shape, counts=self._counts[idx])
         else:
-            tp = proto._tp_evaluator.tp_totals(sel)
+            tp = proto._tp_evaluator.tp_totals(self._sets[idx])
         counts = self._pred_counts[idx]
         node = np.matmul(proto._node_scale_all, counts[..., None])[..., 0]        # [n, L, D]
         self._tp_totals[idx] = tp
