@@ -154,15 +154,22 @@ def count_sets(sets: NDArray[np.int64], num_experts: int) -> NDArray[np.float64]
 
 
 @njit(cache=True)
-def gather_sets(routing: NDArray[np.integer], rows: NDArray[np.int64],
+def gather_sets(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
                 out: NDArray[np.int64]) -> None:
-    """Write ``routing[:, rows, :]`` (the decode step's sets, int64 [L, B, k]) into ``out``."""
+    """Write the decode step's sets ``routing[:, rows, :]`` (int64 [L, B, k]) into ``out``.
+
+    Args:
+        routing_t: int [T, L, k] the trace's routing token-major (``routing.transpose(1, 0, 2)``,
+            C-contiguous: a token's layers are adjacent, so a step reads B short runs).
+        rows: int64 [B] the step's rows.
+        out: int64 [L, B, k] output.
+    """
     num_layers, batch, top_k = out.shape
-    for layer in range(num_layers):
-        for b in range(batch):
-            r = rows[b]
+    for b in range(batch):
+        r = rows[b]
+        for layer in range(num_layers):
             for s in range(top_k):
-                out[layer, b, s] = routing[layer, r, s]
+                out[layer, b, s] = routing_t[r, layer, s]
 
 
 @njit(cache=True)
@@ -171,23 +178,26 @@ def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[n
                alias: NDArray[np.int64], num_experts: int, oversample: int,
                pred_out: NDArray[np.int64], counts_out: NDArray[np.float64]
                ):  # noqa: ANN201 - 3-tuple
-    """Predict layers 1..L−1 of one decode step with draws from ``gen``, in the order of
-    ``noisy_oracle_sets`` (``StepPredictor.predict``).
+    """Predict layers 1..L−1 of one decode step with draws from ``gen``: ``noisy_oracle_sets``
+    (``StepPredictor.predict``) fused into one pass per round.
 
-    The draws: the [(L−1)·B, k] uniforms of the replacement decisions, then one
-    [pending, oversample] block per rejection round (at most 64 rounds), one ``gen.random()``
-    per value in row-major order — the values and the stream position of
-    ``gen.random(shape)`` (tests compare with the single env for equality).
+    The draws, one ``gen.random()`` per value: the [(L−1)·B, k] uniforms of the replacement
+    decisions in row-major order, then per rejection round (at most 64) ``oversample`` values
+    per pending slot in slot order — the values and stream position of the single env's
+    ``rng.random(shape)`` calls. The decisions are those of ``start_kernel`` /
+    ``round_kernel`` (the forbidden set as of the start of the round, the first candidate not
+    in it, a pick taken earlier in the round by the same row rejected); tests compare the
+    batched env with the single env for equality.
 
     Args:
-        sets: int64 [L, B, k] the step's actual sets.
+        sets: int64 [L, B, k] the step's actual sets (C-contiguous).
         gen: The copy's generator.
         acc: float64 [(L−1)·B] accuracy per predicted row (``StepPredictor.row_acc``).
         layer_of_row: int64 [(L−1)·B] alias table per predicted row.
         prob, alias: The alias tables (``AliasSampler``).
         num_experts: E (<= 64).
         oversample: Candidates per pending slot and round.
-        pred_out: int64 [L, B, k] output: the predicted sets (−1 at layer 0).
+        pred_out: int64 [L, B, k] output (C-contiguous): the predicted sets (−1 at layer 0).
         counts_out: float64 [L, E] output, zero on entry: predicted tokens per expert.
 
     Returns:
@@ -201,29 +211,66 @@ def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[n
         return 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     num_rows = (num_layers - 1) * batch
     actual = sets[1:].reshape(num_rows, top_k)
-    u = np.empty((num_rows, top_k))
+    pred = pred_out[1:].reshape(num_rows, top_k)
+    prow = np.empty(num_rows * top_k, dtype=np.int64)
+    pcol = np.empty(num_rows * top_k, dtype=np.int64)
+    forbid = np.empty(num_rows, dtype=np.uint64)
+    one = np.uint64(1)
+    count = 0
     for q in range(num_rows):
+        a = acc[q]
+        bits = np.uint64(0)
         for j in range(top_k):
-            u[q, j] = gen.random()
-    rows, cols, lay, problem, forbid, pred = start_kernel(actual, u, acc, layer_of_row, 1)
-    count = rows.size
-    per = np.zeros(1, dtype=np.int64)
-    per[0] = count
+            e = actual[q, j]
+            bits |= one << np.uint64(e)
+            if gen.random() >= a:
+                pred[q, j] = -1
+                prow[count] = q
+                pcol[count] = j
+                count += 1
+            else:
+                pred[q, j] = e
+        forbid[q] = bits
     rounds = 0
     while count > 0 and rounds < 64:
-        draws = np.empty((count, oversample))
+        cur = -1
+        taken = np.uint64(0)
+        keep = 0
         for p in range(count):
-            for j in range(oversample):
-                draws[p, j] = gen.random()
-        count = round_kernel(rows, cols, lay, problem, count, draws, num_experts, prob, alias,
-                             forbid, pred, per)
+            r = prow[p]
+            if r != cur:
+                if cur >= 0:
+                    forbid[cur] |= taken
+                cur = r
+                taken = np.uint64(0)
+            f = forbid[r]
+            layer = layer_of_row[r]
+            pick = -1
+            for _ in range(oversample):
+                v = gen.random() * num_experts
+                if pick < 0:
+                    col = np.int64(v)
+                    if col > num_experts - 1:
+                        col = num_experts - 1
+                    coin = v - col
+                    c = col if coin < prob[layer, col] else alias[layer, col]
+                    if (f >> np.uint64(c)) & one == 0:
+                        pick = c
+            if pick >= 0 and (taken >> np.uint64(pick)) & one == 0:
+                taken |= one << np.uint64(pick)
+                pred[r, pcol[p]] = pick
+            else:
+                prow[keep] = r
+                pcol[keep] = pcol[p]
+                keep += 1
+        if cur >= 0:
+            forbid[cur] |= taken
+        count = keep
         rounds += 1
-    flat = pred_out[1:].reshape(num_rows, top_k)
-    flat[:] = pred
     for layer in range(1, num_layers):
         for b in range(batch):
             for s in range(top_k):
                 e = pred_out[layer, b, s]
                 if e >= 0:
                     counts_out[layer, e] += 1.0
-    return count, rows, cols
+    return count, prow, pcol

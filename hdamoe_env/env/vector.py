@@ -300,7 +300,7 @@ class HdMoeVectorEnv(VectorEnv):
         # decode steps formed by compiled per-copy kernels (noisy oracle, E and D <= 64)
         self._compiled_steps = proto._predictor.compiled_one and D <= 64
         if self._compiled_steps:
-            self._routing = np.ascontiguousarray(proto._routing)
+            self._routing_t = np.ascontiguousarray(proto._routing.transpose(1, 0, 2))  # [T, L, k]
             self._pred = np.zeros((N, L, B, k), dtype=np.int64)
             self._pred_counts = np.zeros((N, L, E))
         self._rewards = np.zeros(N)
@@ -505,11 +505,11 @@ class HdMoeVectorEnv(VectorEnv):
         batched."""
         proto = self.envs[0]
         predictor = proto._predictor
-        routing = self._routing
+        routing_t = self._routing_t
         layers = self._layers
         for i, env in zip(idx.tolist(), copies, strict=True):
             sets = self._sets[i]
-            prediction_kernels.gather_sets(routing, env._rows[env._decode_step], sets)
+            prediction_kernels.gather_sets(routing_t, env._rows[env._decode_step], sets)
             if layers is not None:
                 self._counts[i] = 0.0
                 batch_kernels.step_table_one(sets, *layers.holders, layers.D, self._counts[i],
