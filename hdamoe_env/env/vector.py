@@ -509,11 +509,12 @@ class HdMoeVectorEnv(VectorEnv):
         layers = self._layers
         for i, env in zip(idx.tolist(), copies, strict=True):
             sets = self._sets[i]
-            prediction_kernels.gather_sets(routing_t, env._rows[env._decode_step], sets)
             if layers is not None:
-                self._counts[i] = 0.0
-                batch_kernels.step_table_one(sets, *layers.holders, layers.D, self._counts[i],
-                                             self._peak[i])
+                batch_kernels.gather_tables(routing_t, env._rows[env._decode_step],
+                                            *layers.holders, layers.D, sets, self._counts[i],
+                                            self._peak[i])
+            else:
+                prediction_kernels.gather_sets(routing_t, env._rows[env._decode_step], sets)
             predictor.predict_into(sets, env.np_random, self._pred[i], self._pred_counts[i])
         if layers is not None:       # the sets are read for their shape only (no copy)
             shape = np.broadcast_to(self._sets[0], (idx.size, *self._sets.shape[1:]))

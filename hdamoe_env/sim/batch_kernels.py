@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["holder_csr", "step_table_one", "step_tables"]
+__all__ = ["gather_tables", "holder_csr", "step_table_one", "step_tables"]
 
 
 @njit(cache=True)
@@ -94,3 +94,46 @@ def holder_csr(support: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray[n
         e_idx, c_idx = np.nonzero(support[layer])                          # row-major: by expert
         h_node[layer, :c_idx.size] = c_idx
     return h_ptr, h_node
+
+
+@njit(cache=True)
+def gather_tables(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
+                  h_ptr: NDArray[np.int64], h_node: NDArray[np.int64], num_nodes: int,
+                  sets: NDArray[np.int64], counts: NDArray[np.float64],
+                  peak: NDArray[np.float64]) -> None:
+    """Gather one decode step's sets and count them in one pass (``step_table_one`` fused with
+    ``prediction_kernels.gather_sets``).
+
+    Args:
+        routing_t: int [T, L, k] the trace's routing, token-major.
+        rows: int64 [B] the step's rows.
+        h_ptr, h_node: The holder arrays (``holder_csr``).
+        num_nodes: D (<= 64).
+        sets: int64 [L, B, k] output, the step's sets.
+        counts: float64 [L, E] output: tokens per expert.
+        peak: float64 [L] output: max over clusters of the tokens whose set meets a holder.
+    """
+    num_layers, batch, top_k = sets.shape
+    touch = np.zeros((num_layers, num_nodes), dtype=np.int64)
+    counts[:] = 0.0
+    one = np.uint64(1)
+    for b in range(batch):
+        r = rows[b]
+        for layer in range(num_layers):
+            bits = np.uint64(0)
+            for s in range(top_k):
+                e = np.int64(routing_t[r, layer, s])
+                sets[layer, b, s] = e
+                counts[layer, e] += 1.0
+                for h in range(h_ptr[layer, e], h_ptr[layer, e + 1]):
+                    c = h_node[layer, h]
+                    bit = one << np.uint64(c)
+                    if bits & bit == 0:
+                        bits |= bit
+                        touch[layer, c] += 1
+    for layer in range(num_layers):
+        best = 0
+        for c in range(num_nodes):
+            if touch[layer, c] > best:
+                best = touch[layer, c]
+        peak[layer] = best
