@@ -356,12 +356,26 @@ class StepPredictor:
             counts_out: float64 [L, E] output, the predicted tokens per expert.
         """
         assert self.compiled_one
+        state = prediction_kernels.generator_state(rng)
+        if state is None:                            # not PCG64: the numpy path
+            out = self.predict(sets, np.zeros(0, dtype=np.int64), rng)
+            assert out.sets is not None
+            pred_out[:] = out.sets
+            counts_out[:] = out.counts
+            return
         counts_out[:] = 0.0
-        alias = self._alias64
         count, rows, cols = prediction_kernels.noisy_step(
-            sets, rng, self.row_acc, self.layer_rows, self.sampler.prob, alias,
+            sets, state, self.row_acc, self.layer_rows, self.sampler.prob, self.alias64,
             self.num_experts, 3, pred_out, counts_out)
-        if count:                                    # pathological popularity: uniform fallback
+        self.fallback(sets, rng, count, rows, cols, pred_out, counts_out)
+
+    def fallback(self, sets: NDArray[np.int64], rng: np.random.Generator, count: int,
+                 rows: NDArray[np.int64], cols: NDArray[np.int64], pred_out: NDArray[np.int64],
+                 counts_out: NDArray[np.float64]) -> None:
+        """The uniform fallback of the ``count`` slots a compiled step left pending after 64
+        rounds (pathological popularity), drawn from ``rng`` as ``noisy_oracle_sets`` does;
+        recounts ``counts_out``. No-op when ``count`` is 0."""
+        if count:
             k = self.top_k
             actual = sets[1:].reshape(-1, k)
             flat = pred_out[1:].reshape(-1, k)
@@ -374,7 +388,8 @@ class StepPredictor:
                 :, :].reshape(counts_out.shape)
 
     @property
-    def _alias64(self) -> NDArray[np.int64]:
+    def alias64(self) -> NDArray[np.int64]:
+        """The sampler's alias table as C-contiguous int64 (the compiled kernels' input)."""
         alias = self.__dict__.get("_alias_cache")
         if alias is None:
             alias = np.ascontiguousarray(self.sampler.alias, dtype=np.int64)

@@ -14,11 +14,33 @@ E <= 64 only (bitmasks); compiled once and cached on disk (``cache=True``).
 
 from __future__ import annotations
 
+import ctypes
+
+import llvmlite.binding as llvm
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numpy.typing import NDArray
 
-__all__ = ["count_sets", "gather_sets", "noisy_step", "round_kernel", "start_kernel"]
+__all__ = ["count_sets", "gather_sets", "generator_state", "noisy_step", "round_kernel",
+           "start_kernel"]
+
+#: PCG64's ``next_double`` (numpy's C function, the one ``Generator.random`` calls per value),
+#: registered under a fixed symbol name so that kernels calling it stay cacheable on disk; a
+#: kernel passes it the address of a generator's PCG64 state (:func:`generator_state`).
+_NEXT_DOUBLE = "hdamoe_env_pcg64_next_double"
+llvm.add_symbol(_NEXT_DOUBLE, ctypes.cast(np.random.PCG64(0).ctypes.next_double,
+                                          ctypes.c_void_p).value)
+next_double = types.ExternalFunction(_NEXT_DOUBLE, types.float64(types.uintp))
+
+
+def generator_state(rng: np.random.Generator) -> int | None:
+    """Return the address of ``rng``'s PCG64 state for :data:`next_double` (None: another bit
+    generator). The generator must outlive every kernel call given the address; the kernel
+    advances its stream exactly as ``rng.random`` would (the same C function)."""
+    bit_gen = rng.bit_generator
+    if type(bit_gen) is not np.random.PCG64:
+        return None
+    return int(bit_gen.ctypes.state_address)
 
 
 @njit(cache=True)
@@ -173,7 +195,7 @@ def gather_sets(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
 
 
 @njit(cache=True)
-def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[np.float64],
+def noisy_step(sets: NDArray[np.int64], state: int, acc: NDArray[np.float64],
                layer_of_row: NDArray[np.int64], prob: NDArray[np.float64],
                alias: NDArray[np.int64], num_experts: int, oversample: int,
                pred_out: NDArray[np.int64], counts_out: NDArray[np.float64]
@@ -181,7 +203,8 @@ def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[n
     """Predict layers 1..L−1 of one decode step with draws from ``gen``: ``noisy_oracle_sets``
     (``StepPredictor.predict``) fused into one pass per round.
 
-    The draws, one ``gen.random()`` per value: the [(L−1)·B, k] uniforms of the replacement
+    The draws, one :data:`next_double` of the generator state ``state`` (``generator_state``)
+    per value, i.e. ``rng.random()``: the [(L−1)·B, k] uniforms of the replacement
     decisions in row-major order, then per rejection round (at most 64) ``oversample`` values
     per pending slot in slot order — the values and stream position of the single env's
     ``rng.random(shape)`` calls. The decisions are those of ``start_kernel`` /
@@ -191,7 +214,7 @@ def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[n
 
     Args:
         sets: int64 [L, B, k] the step's actual sets (C-contiguous).
-        gen: The copy's generator.
+        state: Address of the copy's PCG64 state (``generator_state``).
         acc: float64 [(L−1)·B] accuracy per predicted row (``StepPredictor.row_acc``).
         layer_of_row: int64 [(L−1)·B] alias table per predicted row.
         prob, alias: The alias tables (``AliasSampler``).
@@ -223,7 +246,7 @@ def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[n
         for j in range(top_k):
             e = actual[q, j]
             bits |= one << np.uint64(e)
-            if gen.random() >= a:
+            if next_double(state) >= a:
                 pred[q, j] = -1
                 prow[count] = q
                 pcol[count] = j
@@ -247,7 +270,7 @@ def noisy_step(sets: NDArray[np.int64], gen: np.random.Generator, acc: NDArray[n
             layer = layer_of_row[r]
             pick = -1
             for _ in range(oversample):
-                v = gen.random() * num_experts
+                v = next_double(state) * num_experts
                 if pick < 0:
                     col = np.int64(v)
                     if col > num_experts - 1:

@@ -303,6 +303,8 @@ class HdMoeVectorEnv(VectorEnv):
             self._routing_t = np.ascontiguousarray(proto._routing.transpose(1, 0, 2))  # [T, L, k]
             self._pred = np.zeros((N, L, B, k), dtype=np.int64)
             self._pred_counts = np.zeros((N, L, E))
+            self._no_holders = (np.zeros((L, E + 1), dtype=np.int64),
+                                np.zeros((L, 1), dtype=np.int64))
         self._rewards = np.zeros(N)
         self._term = np.zeros(N, dtype=bool)
         self._trunc = np.zeros(N, dtype=bool)
@@ -499,23 +501,40 @@ class HdMoeVectorEnv(VectorEnv):
         self._pending[idx] = False
 
     def _form_steps_compiled(self, idx: NDArray[np.int64], copies: list[HdMoeEnv]) -> None:
-        """``_form_steps`` with one compiled call per copy: gather, counts and V_c peaks,
-        noisy-oracle predictions drawn from the copy's generator (``StepPredictor.predict_into``),
-        straight into the batched buffers; then the TP latencies and the observation parts
-        batched."""
+        """``_form_steps`` in one compiled call for every copy (``batch_kernels.form_steps``):
+        gather, counts and V_c peaks, noisy-oracle predictions drawn from each copy's own
+        generator in the single env's order, straight into the batched buffers; then the TP
+        latencies and the observation parts batched."""
         proto = self.envs[0]
         predictor = proto._predictor
-        routing_t = self._routing_t
         layers = self._layers
-        for i, env in zip(idx.tolist(), copies, strict=True):
-            sets = self._sets[i]
-            if layers is not None:
-                batch_kernels.gather_tables(routing_t, env._rows[env._decode_step],
-                                            *layers.holders, layers.D, sets, self._counts[i],
-                                            self._peak[i])
-            else:
-                prediction_kernels.gather_sets(routing_t, env._rows[env._decode_step], sets)
-            predictor.predict_into(sets, env.np_random, self._pred[i], self._pred_counts[i])
+        rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
+        states = [prediction_kernels.generator_state(env.np_random) for env in copies]
+        if any(s is None for s in states):        # a generator other than PCG64: per copy
+            for i, env in zip(idx.tolist(), copies, strict=True):
+                prediction_kernels.gather_sets(self._routing_t, env._rows[env._decode_step],
+                                               self._sets[i])
+                if layers is not None:
+                    self._counts[i] = 0.0
+                    batch_kernels.step_table_one(self._sets[i], *layers.holders, layers.D,
+                                                 self._counts[i], self._peak[i])
+                predictor.predict_into(self._sets[i], env.np_random, self._pred[i],
+                                       self._pred_counts[i])
+        else:
+            h_ptr, h_node = layers.holders if layers is not None else self._no_holders
+            addr = np.array(states, dtype=np.uint64)
+            start = 0
+            while start < idx.size:
+                stop, count, prow, pcol = batch_kernels.form_steps(
+                    self._routing_t, rows, idx, addr, start, predictor.row_acc,
+                    predictor.layer_rows, predictor.sampler.prob, predictor.alias64,
+                    proto.num_experts, 3, h_ptr, h_node, proto.num_nodes, layers is not None,
+                    self._sets, self._counts, self._peak, self._pred, self._pred_counts)
+                if stop < idx.size:                 # pathological popularity: the fallback
+                    i = int(idx[stop])
+                    predictor.fallback(self._sets[i], copies[stop].np_random, count, prow,
+                                       pcol, self._pred[i], self._pred_counts[i])
+                start = stop + 1
         if layers is not None:       # the sets are read for their shape only (no copy)
             shape = np.broadcast_to(self._sets[0], (idx.size, *self._sets.shape[1:]))
             tp = proto._tp_evaluator.tp_totals(shape, counts=self._counts[idx])

@@ -14,7 +14,9 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["gather_tables", "holder_csr", "step_table_one", "step_tables"]
+from hdamoe_env.decisions.prediction_kernels import gather_sets, noisy_step
+
+__all__ = ["form_steps", "gather_tables", "holder_csr", "step_table_one", "step_tables"]
 
 
 @njit(cache=True)
@@ -137,3 +139,53 @@ def gather_tables(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
             if touch[layer, c] > best:
                 best = touch[layer, c]
         peak[layer] = best
+
+
+@njit(cache=True)
+def form_steps(routing_t: NDArray[np.integer], rows: NDArray[np.int64], idx: NDArray[np.int64],
+               states: NDArray[np.uint64], start: int, acc: NDArray[np.float64],
+               layer_of_row: NDArray[np.int64], prob: NDArray[np.float64],
+               alias: NDArray[np.int64], num_experts: int, oversample: int,
+               h_ptr: NDArray[np.int64], h_node: NDArray[np.int64], num_nodes: int,
+               tables: bool, sets: NDArray[np.int64], counts: NDArray[np.float64],
+               peak: NDArray[np.float64], pred: NDArray[np.int64],
+               pred_counts: NDArray[np.float64]):  # noqa: ANN201 - 4-tuple
+    """Form the decode steps of copies ``idx[start:]`` of the batched env in one call.
+
+    Per copy j (in order): its sets (``gather_tables`` with ``tables``, else ``gather_sets``)
+    and its noisy-oracle predictions (``prediction_kernels.noisy_step``, drawing from the PCG64
+    state at ``states[j]``), written to row ``idx[j]`` of the outputs.
+
+    Args:
+        routing_t: int [T, L, k] the routing, token-major.
+        rows: int64 [n, B] every copy's trace rows.
+        idx: int64 [n] output row of every copy.
+        states: uint64 [n] every copy's PCG64 state address (``generator_state``).
+        start: First copy to form.
+        acc, layer_of_row, prob, alias, num_experts, oversample: The predictor
+            (``noisy_step``).
+        h_ptr, h_node, num_nodes: The holder arrays (``holder_csr``; unused without
+            ``tables``).
+        tables: Also count the experts and the V_c peaks (the analytic twin).
+        sets, counts, peak, pred, pred_counts: Outputs [N, L, B, k], [N, L, E], [N, L],
+            [N, L, B, k], [N, L, E].
+
+    Returns:
+        ``(stop, count, prow, pcol)``: ``stop`` = n when every copy is formed; otherwise copy
+        ``stop`` left ``count`` slots pending after 64 rounds (``noisy_step``'s rows /
+        columns); the caller draws their fallback and calls again from ``stop + 1``.
+    """
+    n = rows.shape[0]
+    for j in range(start, n):
+        i = idx[j]
+        if tables:
+            gather_tables(routing_t, rows[j], h_ptr, h_node, num_nodes, sets[i], counts[i],
+                          peak[i])
+        else:
+            gather_sets(routing_t, rows[j], sets[i])
+        pred_counts[i] = 0.0
+        count, prow, pcol = noisy_step(sets[i], states[j], acc, layer_of_row, prob, alias,
+                                       num_experts, oversample, pred[i], pred_counts[i])
+        if count:
+            return j, count, prow, pcol
+    return n, 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
