@@ -648,9 +648,16 @@ class HdMoeVectorEnv(VectorEnv):
             obs["node_load"][dead] = 0.0
             self._prev_busy[dead] = 0.0
         obs["link_busy"][idx] = self._prev_busy[idx]
-        obs["replicas"][idx] = self._replicas[layers]
-        obs["layer"][idx] = self._layer_frac[layers]
-        obs["budget"][idx] = self._budget_frac[layers]
+        rows: slice | NDArray[np.int64] = slice(None) if idx.size == self.num_envs else idx
+        if (layers == layers[0]).all():             # copies in lock step: broadcast one row
+            layer = int(layers[0])
+            obs["replicas"][rows] = self._replicas[layer]
+            obs["layer"][rows] = self._layer_frac[layer]
+            obs["budget"][rows] = self._budget_frac[layer]
+        else:
+            obs["replicas"][rows] = self._replicas[layers]
+            obs["layer"][rows] = self._layer_frac[layers]
+            obs["budget"][rows] = self._budget_frac[layers]
 
     def _obs_copy(self) -> dict[str, NDArray[np.float32]]:
         return {key: value.copy() for key, value in self._obs.items()}
