@@ -108,6 +108,12 @@ class _Copy(HdMoeEnv):
 
     _begin_pending = False
 
+    def _observation(self) -> dict[str, NDArray[np.float32]]:
+        # the vector env builds every copy's observation in its batched buffers
+        # (``HdMoeVectorEnv._write_obs``); the copy's own (returned by its ``reset`` / ``step``,
+        # which only the vector env calls) would be discarded
+        return {}
+
     def _begin_decode_step(self) -> None:
         self._layer = 0
         self._step_latency_s = 0.0
