@@ -243,16 +243,14 @@ def noisy_step(sets: NDArray[np.int64], state: int, acc: NDArray[np.float64],
     for q in range(num_rows):
         a = acc[q]
         bits = np.uint64(0)
-        for j in range(top_k):
+        for j in range(top_k):          # branch-free: the replace coin is unpredictable
             e = actual[q, j]
             bits |= one << np.uint64(e)
-            if next_double(state) >= a:
-                pred[q, j] = -1
-                prow[count] = q
-                pcol[count] = j
-                count += 1
-            else:
-                pred[q, j] = e
+            replace = np.int64(next_double(state) >= a)
+            pred[q, j] = e - replace * (e + 1)       # -1 when replaced
+            prow[count] = q
+            pcol[count] = j
+            count += replace
         forbid[q] = bits
     rounds = 0
     while count > 0 and rounds < 64:
