@@ -10,6 +10,10 @@ alias draw of ``AliasSampler.sample_uniform``), the forbidden set as of the star
 the first non-forbidden candidate, and a pick already taken in the round by an earlier slot of
 the row rejected (the stable sort of the vectorised version); tests compare them for equality.
 E <= 64 only (bitmasks); compiled once and cached on disk (``cache=True``).
+
+``noisy_step`` fuses both with the draws for one decode step of the batched env: it calls
+numpy's PCG64 ``next_double`` directly on a generator's state (:func:`generator_state`), the
+values ``Generator.random`` returns, in the single env's order.
 """
 
 from __future__ import annotations

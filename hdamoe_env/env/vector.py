@@ -22,10 +22,12 @@ How the work is shared:
   evaluator directly (their own aggregator draws; no action decoding, no ``info``). Every
   other action (pre-broadcast, gating, replica rules) goes through the copy's own
   ``HdMoeEnv.step``.
-* Decode steps of all copies are formed together (:class:`_Copy` defers them): routing rows,
-  per-expert counts and V_c peaks of every layer (``hdamoe_env.sim.batch_kernels``), TP
-  latencies, and the noisy-oracle predictions (``StepPredictor.predict_many``: every copy
-  draws from its own generator, in the single env's order).
+* Decode steps of all copies are formed together (:class:`_Copy` defers them), with the
+  noisy-oracle predictor in one compiled call (``hdamoe_env.sim.batch_kernels.form_steps``):
+  routing rows, per-expert counts and V_c peaks of every layer, and the predictions, every
+  copy drawing from its own generator in the single env's order (numpy's PCG64
+  ``next_double`` on the copy's state, ``prediction_kernels.generator_state``); then the TP
+  latencies batched. Other predictors, E or D > 64: ``StepPredictor.predict_many``.
 
 ``info`` is batched the Gymnasium way (arrays plus ``_key`` masks) but carries only what a
 learner reads: ``action_mask`` [N, sum(nvec)] every step, ``tbt_us`` when a decode step ends and
