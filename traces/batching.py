@@ -159,33 +159,48 @@ def _stream_steps(
     cycle: bool,
     stagger: bool,
 ) -> Steps:
-    queue: list[int] = []
+    # The queue is the current permutation, taken from the front; a new permutation is drawn
+    # when it is exhausted (only with ``cycle`` after the first). The first B slots are filled
+    # a queue's worth at a time, their stagger offsets drawn with one ``rng.integers`` call
+    # per chunk: an array ``high`` draws the same values, in the same order, as one scalar
+    # call per slot (tests/traces/test_batching.py checks the stream against that loop).
+    queue = np.zeros(0, dtype=np.int64)
+    head = 0
     shuffles = 0
 
-    def next_request() -> int | None:
-        nonlocal shuffles
-        if not queue:
-            if shuffles and not cycle:
-                return None
-            queue.extend(rng.permutation(lengths.size)[::-1].tolist())  # pop() takes the first
-            shuffles += 1
-        return queue.pop()
+    def refill() -> bool:
+        nonlocal queue, head, shuffles
+        if shuffles and not cycle:
+            return False
+        queue = rng.permutation(lengths.size)
+        head = 0
+        shuffles += 1
+        return True
 
     start = np.empty(batch, dtype=np.int64)
     length = np.empty(batch, dtype=np.int64)
     cursor = np.zeros(batch, dtype=np.int64)
-    for slot in range(batch):
-        request = next_request()
-        assert request is not None  # B <= number of requests was checked
-        start[slot], length[slot] = offsets[request], lengths[request]
-        cursor[slot] = rng.integers(length[slot]) if stagger else 0
+    slot = 0
+    while slot < batch:
+        if head >= queue.size:
+            filled = refill()
+            assert filled  # B <= number of requests was checked
+        take = min(queue.size - head, batch - slot)
+        chunk = queue[head:head + take]
+        head += take
+        start[slot:slot + take] = offsets[chunk]
+        length[slot:slot + take] = lengths[chunk]
+        if stagger:
+            cursor[slot:slot + take] = rng.integers(length[slot:slot + take])
+        slot += take
     for _ in steps:
         yield flat[start + cursor]
         cursor += 1
         for slot in np.flatnonzero(cursor >= length).tolist():
-            request = next_request()
-            if request is None:
+            if head >= queue.size and not refill():
                 return
+            request = queue[head]
+            head += 1
             start[slot], length[slot], cursor[slot] = offsets[request], lengths[request], 0
 
 

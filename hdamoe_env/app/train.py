@@ -38,7 +38,7 @@ from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.config.fileio import atomic_write
 from hdamoe_env.sim.placement import Placement
 
-__all__ = ["add_train_arguments", "cmd_train"]
+__all__ = ["add_train_arguments", "cmd_train", "resolve_vec_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--n-envs", type=positive_int, default=None,
                    help="env copies, SubprocVecEnv if > 1 (default: n_envs of --hyperparams, "
                    "else 1)")
-    p.add_argument("--vec-backend", default="subproc", choices=("subproc", "batched"),
+    p.add_argument("--vec-backend", default="auto", choices=("auto", "subproc", "batched"),
                    help="env copies in one process each (subproc) or all in the batched "
-                   "vector env of this process (batched; action modes full and ranked)")
+                   "vector env of this process (batched; action modes full and ranked, no "
+                   "quality reward or replica shares); auto: batched above one copy when it "
+                   "applies, else subproc (subproc resumes bit for bit, batched does not)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed")
     p.add_argument("--seeds", type=seed_list, default=None, metavar="S,S,...",
                    help="train one policy per seed into OUT/seed<S>/, then evaluate all of them "
@@ -247,6 +249,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def resolve_vec_backend(name: str, n_envs: int, action_mode: str,
+                        quality: dict[str, Any] | None, replica_shares: int | None) -> str:
+    """Return the vector backend of ``--vec-backend name``: ``auto`` is ``batched`` for more
+    than one copy when the batched backend supports the run (action mode full or ranked, no
+    quality reward, no replica shares), else ``subproc``; other names are returned as given."""
+    if name != "auto":
+        return name
+    from agents.learned.vector import VECTOR_ACTION_MODES
+
+    eligible = (n_envs > 1 and action_mode in VECTOR_ACTION_MODES and quality is None
+                and not replica_shares)
+    return "batched" if eligible else "subproc"
+
+
 def _check_replica_placement(replica_shares: int | None, env_kwargs: dict[str, Any]) -> None:
     """Refuse ``--replica-shares`` on a placement without redundant experts, before any work.
 
@@ -309,7 +325,9 @@ def _train_one(args: argparse.Namespace, env_kwargs: dict[str, Any], seed: int, 
                      residual_keep_logit=args.keep_logit, quality=quality,
                      replica_shares=args.replica_shares,
                      on_progress=on_progress if args.progress and not sb3_bar else None,
-                     vec_backend=getattr(args, "vec_backend", "subproc"))
+                     vec_backend=resolve_vec_backend(getattr(args, "vec_backend", "auto"),
+                                                     n_envs, args.action_mode, quality,
+                                                     args.replica_shares))
     finally:
         bar.close()
 

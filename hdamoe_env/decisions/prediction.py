@@ -335,6 +335,67 @@ class StepPredictor:
                 L, E).astype(np.float64)
         return StepPrediction(pred, counts)
 
+    @property
+    def compiled_one(self) -> bool:
+        """True when :meth:`predict_into` runs the compiled per-step kernel (noisy oracle,
+        E <= 64)."""
+        return self.predictor == "noisy_oracle" and self.num_experts <= 64
+
+    def predict_into(self, sets: NDArray[np.int64], rng: np.random.Generator,
+                     pred_out: NDArray[np.int64], counts_out: NDArray[np.float64]) -> None:
+        """``predict`` of one decode step written into ``pred_out`` / ``counts_out``, compiled.
+
+        The same draws from ``rng`` in the same order and the same sets and counts as
+        ``predict(sets, rows, rng)`` (``prediction_kernels.noisy_step``); only when
+        :attr:`compiled_one`.
+
+        Args:
+            sets: int64 [L, B, k] the step's actual expert sets (C-contiguous).
+            rng: The step's generator.
+            pred_out: int64 [L, B, k] output, the predicted sets.
+            counts_out: float64 [L, E] output, the predicted tokens per expert.
+        """
+        assert self.compiled_one
+        state = prediction_kernels.generator_state(rng)
+        if state is None:                            # not PCG64: the numpy path
+            out = self.predict(sets, np.zeros(0, dtype=np.int64), rng)
+            assert out.sets is not None
+            pred_out[:] = out.sets
+            counts_out[:] = out.counts
+            return
+        counts_out[:] = 0.0
+        count, rows, cols = prediction_kernels.noisy_step(
+            sets, state, self.row_acc, self.layer_rows, self.sampler.prob, self.alias64,
+            self.num_experts, 3, pred_out, counts_out)
+        self.fallback(sets, rng, count, rows, cols, pred_out, counts_out)
+
+    def fallback(self, sets: NDArray[np.int64], rng: np.random.Generator, count: int,
+                 rows: NDArray[np.int64], cols: NDArray[np.int64], pred_out: NDArray[np.int64],
+                 counts_out: NDArray[np.float64]) -> None:
+        """The uniform fallback of the ``count`` slots a compiled step left pending after 64
+        rounds (pathological popularity), drawn from ``rng`` as ``noisy_oracle_sets`` does;
+        recounts ``counts_out``. No-op when ``count`` is 0."""
+        if count:
+            k = self.top_k
+            actual = sets[1:].reshape(-1, k)
+            flat = pred_out[1:].reshape(-1, k)
+            for slot in range(count):
+                t = int(rows[slot])
+                allowed = np.setdiff1d(np.arange(self.num_experts),
+                                       np.concatenate([actual[t], flat[t]]))
+                flat[t, int(cols[slot])] = int(rng.choice(allowed))
+            counts_out[:] = prediction_kernels.count_sets(pred_out[None], self.num_experts)[
+                :, :].reshape(counts_out.shape)
+
+    @property
+    def alias64(self) -> NDArray[np.int64]:
+        """The sampler's alias table as C-contiguous int64 (the compiled kernels' input)."""
+        alias = self.__dict__.get("_alias_cache")
+        if alias is None:
+            alias = np.ascontiguousarray(self.sampler.alias, dtype=np.int64)
+            self.__dict__["_alias_cache"] = alias
+        return alias
+
     def predict_many(self, sets: NDArray[np.int64], rows: NDArray[np.int64],
                      rngs: list[np.random.Generator]) -> StepPrediction:
         """Predict n decode steps at once; the same as one ``predict`` per step.

@@ -22,10 +22,12 @@ How the work is shared:
   evaluator directly (their own aggregator draws; no action decoding, no ``info``). Every
   other action (pre-broadcast, gating, replica rules) goes through the copy's own
   ``HdMoeEnv.step``.
-* Decode steps of all copies are formed together (:class:`_Copy` defers them): routing rows,
-  per-expert counts and V_c peaks of every layer (``hdamoe_env.sim.batch_kernels``), TP
-  latencies, and the noisy-oracle predictions (``StepPredictor.predict_many``: every copy
-  draws from its own generator, in the single env's order).
+* Decode steps of all copies are formed together (:class:`_Copy` defers them), with the
+  noisy-oracle predictor in one compiled call (``hdamoe_env.sim.batch_kernels.form_steps``):
+  routing rows, per-expert counts and V_c peaks of every layer, and the predictions, every
+  copy drawing from its own generator in the single env's order (numpy's PCG64
+  ``next_double`` on the copy's state, ``prediction_kernels.generator_state``); then the TP
+  latencies batched. Other predictors, E or D > 64: ``StepPredictor.predict_many``.
 
 ``info`` is batched the Gymnasium way (arrays plus ``_key`` masks) but carries only what a
 learner reads: ``action_mask`` [N, sum(nvec)] every step, ``tbt_us`` when a decode step ends and
@@ -49,6 +51,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.decisions import prediction_kernels
 from hdamoe_env.sim import batch_kernels
 
 __all__ = ["HdMoeVectorEnv", "spawn"]
@@ -108,6 +111,12 @@ class _Copy(HdMoeEnv):
     """
 
     _begin_pending = False
+
+    def _observation(self) -> dict[str, NDArray[np.float32]]:
+        # the vector env builds every copy's observation in its batched buffers
+        # (``HdMoeVectorEnv._write_obs``); the copy's own (returned by its ``reset`` / ``step``,
+        # which only the vector env calls) would be discarded
+        return {}
 
     def _begin_decode_step(self) -> None:
         self._layer = 0
@@ -302,6 +311,14 @@ class HdMoeVectorEnv(VectorEnv):
         self._obs_node = np.zeros((N, L, D), dtype=np.float32)
         self._autoreset = np.zeros(N, dtype=bool)
         self._pending = np.zeros(N, dtype=bool)      # decode step to form (``_form_steps``)
+        # decode steps formed by compiled per-copy kernels (noisy oracle, E and D <= 64)
+        self._compiled_steps = proto._predictor.compiled_one and D <= 64
+        if self._compiled_steps:
+            self._routing_t = np.ascontiguousarray(proto._routing.transpose(1, 0, 2))  # [T, L, k]
+            self._pred = np.zeros((N, L, B, k), dtype=np.int64)
+            self._pred_counts = np.zeros((N, L, E))
+            self._no_holders = (np.zeros((L, E + 1), dtype=np.int64),
+                                np.zeros((L, 1), dtype=np.int64))
         self._rewards = np.zeros(N)
         self._term = np.zeros(N, dtype=bool)
         self._trunc = np.zeros(N, dtype=bool)
@@ -473,6 +490,9 @@ class HdMoeVectorEnv(VectorEnv):
             return
         proto = self.envs[0]
         copies = [self.envs[i] for i in idx.tolist()]
+        if self._compiled_steps:
+            self._form_steps_compiled(idx, copies)
+            return
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         sets = proto._routing[:, rows, :].transpose(1, 0, 2, 3).astype(np.int64)  # [n, L, B, k]
         if self._layers is not None:
@@ -495,6 +515,61 @@ class HdMoeVectorEnv(VectorEnv):
             env._tp_energy = env._tp_energy_of(env._sets, env._tp_totals)
             env._pred_all = None if pred.sets is None else pred.sets[j]
             env._pred_counts_all = counts[j]
+            env._obs_pred = self._obs_pred[i]
+            env._obs_node = self._obs_node[i]
+            env._begin_pending = False
+        self._pending[idx] = False
+
+    def _form_steps_compiled(self, idx: NDArray[np.int64], copies: list[HdMoeEnv]) -> None:
+        """``_form_steps`` in one compiled call for every copy (``batch_kernels.form_steps``):
+        gather, counts and V_c peaks, noisy-oracle predictions drawn from each copy's own
+        generator in the single env's order, straight into the batched buffers; then the TP
+        latencies and the observation parts batched."""
+        proto = self.envs[0]
+        predictor = proto._predictor
+        layers = self._layers
+        rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
+        states = [prediction_kernels.generator_state(env.np_random) for env in copies]
+        if any(s is None for s in states):        # a generator other than PCG64: per copy
+            for i, env in zip(idx.tolist(), copies, strict=True):
+                prediction_kernels.gather_sets(self._routing_t, env._rows[env._decode_step],
+                                               self._sets[i])
+                if layers is not None:
+                    self._counts[i] = 0.0
+                    batch_kernels.step_table_one(self._sets[i], *layers.holders, layers.D,
+                                                 self._counts[i], self._peak[i])
+                predictor.predict_into(self._sets[i], env.np_random, self._pred[i],
+                                       self._pred_counts[i])
+        else:
+            h_ptr, h_node = layers.holders if layers is not None else self._no_holders
+            addr = np.array(states, dtype=np.uint64)
+            start = 0
+            while start < idx.size:
+                stop, count, prow, pcol = batch_kernels.form_steps(
+                    self._routing_t, rows, idx, addr, start, predictor.row_acc,
+                    predictor.layer_rows, predictor.sampler.prob, predictor.alias64,
+                    proto.num_experts, 3, h_ptr, h_node, proto.num_nodes, layers is not None,
+                    self._sets, self._counts, self._peak, self._pred, self._pred_counts)
+                if stop < idx.size:                 # pathological popularity: the fallback
+                    i = int(idx[stop])
+                    predictor.fallback(self._sets[i], copies[stop].np_random, count, prow,
+                                       pcol, self._pred[i], self._pred_counts[i])
+                start = stop + 1
+        if layers is not None:       # the sets are read for their shape only (no copy)
+            shape = np.broadcast_to(self._sets[0], (idx.size, *self._sets.shape[1:]))
+            tp = proto._tp_evaluator.tp_totals(shape, counts=self._counts[idx])
+        else:
+            tp = proto._tp_evaluator.tp_totals(self._sets[idx])
+        counts = self._pred_counts[idx]
+        node = np.matmul(proto._node_scale_all, counts[..., None])[..., 0]        # [n, L, D]
+        self._tp_totals[idx] = tp
+        self._obs_pred[idx] = np.minimum(counts / proto.batch, 1.0).astype(np.float32)
+        self._obs_node[idx] = np.minimum(node, float(proto.num_nodes)).astype(np.float32)
+        for i, env in zip(idx.tolist(), copies, strict=True):
+            env._sets = self._sets[i]
+            env._tp_totals = self._tp_totals[i]
+            env._pred_all = self._pred[i]
+            env._pred_counts_all = self._pred_counts[i]
             env._obs_pred = self._obs_pred[i]
             env._obs_node = self._obs_node[i]
             env._begin_pending = False
@@ -593,9 +668,16 @@ class HdMoeVectorEnv(VectorEnv):
             obs["node_load"][dead] = 0.0
             self._prev_busy[dead] = 0.0
         obs["link_busy"][idx] = self._prev_busy[idx]
-        obs["replicas"][idx] = self._replicas[layers]
-        obs["layer"][idx] = self._layer_frac[layers]
-        obs["budget"][idx] = self._budget_frac[layers]
+        rows: slice | NDArray[np.int64] = slice(None) if idx.size == self.num_envs else idx
+        if (layers == layers[0]).all():             # copies in lock step: broadcast one row
+            layer = int(layers[0])
+            obs["replicas"][rows] = self._replicas[layer]
+            obs["layer"][rows] = self._layer_frac[layer]
+            obs["budget"][rows] = self._budget_frac[layer]
+        else:
+            obs["replicas"][rows] = self._replicas[layers]
+            obs["layer"][rows] = self._layer_frac[layers]
+            obs["budget"][rows] = self._budget_frac[layers]
 
     def _obs_copy(self) -> dict[str, NDArray[np.float32]]:
         return {key: value.copy() for key, value in self._obs.items()}

@@ -128,3 +128,57 @@ def test_make_steps_registry(conversations: RoutingTrace) -> None:
     assert steps.shape == (7, 3)
     with pytest.raises(traces.UnknownNameError, match="did you mean 'random_rows'"):
         traces.make_steps("random_row", conversations, 3, np.random.default_rng(1))
+
+
+def _streams_per_slot(trace: RoutingTrace, B: int, rng: np.random.Generator, n_steps: int,
+                      cycle: bool, stagger: bool) -> list[np.ndarray]:
+    """The per-slot reference of `streams`: one scalar `rng.integers` per initial slot, the
+    queue refilled by `rng.permutation` whenever it runs empty (the draw order `streams` keeps)."""
+    reqs = traces.requests(trace)
+    lengths = np.array([r.size for r in reqs])
+    queue: list[int] = []
+    shuffles = 0
+
+    def next_request() -> int | None:
+        nonlocal shuffles
+        if not queue:
+            if shuffles and not cycle:
+                return None
+            queue.extend(rng.permutation(lengths.size)[::-1].tolist())
+            shuffles += 1
+        return queue.pop()
+
+    slots = []
+    for _ in range(B):
+        request = next_request()
+        assert request is not None
+        slots.append([request, int(rng.integers(lengths[request])) if stagger else 0])
+    out = []
+    for _ in range(n_steps):
+        out.append(np.array([reqs[r][c] for r, c in slots]))
+        for slot in slots:
+            slot[1] += 1
+        for slot in slots:
+            if slot[1] >= lengths[slot[0]]:
+                request = next_request()
+                if request is None:
+                    return out
+                slot[0], slot[1] = request, 0
+    return out
+
+
+@pytest.mark.parametrize(("B", "cycle", "stagger"),
+                         [(1, True, True), (5, True, True), (13, True, True), (40, True, False),
+                          (6, False, True), (4, False, False)])
+def test_streams_match_the_per_slot_draws(conversations: RoutingTrace, B: int, cycle: bool,
+                                          stagger: bool) -> None:
+    # the chunked initial draws consume the generator exactly as one draw per slot
+    for seed in range(5):
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        got = list(traces.streams(conversations, B, a, n_steps=60, cycle=cycle,
+                                  stagger=stagger))
+        ref = _streams_per_slot(conversations, B, b, 60, cycle, stagger)
+        assert len(got) == len(ref)
+        for x, y in zip(got, ref, strict=True):
+            np.testing.assert_array_equal(x, y)
+        assert a.random() == b.random()                  # same stream position afterwards

@@ -32,6 +32,10 @@ def test_committed_file_loads_into_the_dataclass():
     hp = cls(**residual.hyperparams)
     assert (hp.n_steps, hp.batch_size, hp.gamma, hp.ent_coef, hp.net_arch) == \
         (512, 128, 0.0, 0.005, (64, 64))
+    batched = learned_hp.load_hyperparams(COMMITTED, "maskable-ppo", "maskable-ppo-batched")
+    hp = cls(**batched.hyperparams)
+    assert batched.n_envs == 16 and (hp.n_steps, hp.batch_size, hp.n_epochs) == (128, 512, 4)
+    assert hp.n_steps * batched.n_envs % hp.batch_size == 0     # whole minibatches per rollout
 
 
 def test_zoo_layout_values_reach_the_dataclass(tmp_path):

@@ -114,3 +114,16 @@ def test_seeds_train_and_evaluate_together(env_kwargs, tmp_path, monkeypatch, ca
         assert set(s["baselines"]) == {"noop", "hda-moe"}
     assert "mean ± 95 % CI" in (out / "seeds.md").read_text()
     assert "Student t" in capsys.readouterr().out
+
+
+def test_vec_backend_auto_picks_batched_when_it_applies():
+    assert cli.build_parser().parse_args(["train", "--out", "x"]).vec_backend == "auto"
+    resolve = train_app.resolve_vec_backend
+    assert resolve("auto", 16, "ranked", None, None) == "batched"
+    assert resolve("auto", 2, "full", None, None) == "batched"
+    assert resolve("auto", 1, "ranked", None, None) == "subproc"              # one copy
+    assert resolve("auto", 4, "residual", None, None) == "subproc"            # unsupported mode
+    assert resolve("auto", 4, "ranked", {"target": 0.99}, None) == "subproc"  # quality reward
+    assert resolve("auto", 4, "ranked", None, 4) == "subproc"                 # replica shares
+    assert resolve("subproc", 16, "ranked", None, None) == "subproc"          # explicit choice
+    assert resolve("batched", 1, "ranked", None, None) == "batched"

@@ -107,3 +107,45 @@ def test_noisy_oracle_sets_many_equals_one_call_per_problem(num_experts, acc):
         one = noisy_oracle_sets(actual[j], accs, sampler, ref_rng, layer_of_row=layer_of_row)
         np.testing.assert_array_equal(many[j], one)
         assert rngs[j].random() == ref_rng.random()         # the same draws were consumed
+
+
+@pytest.mark.parametrize("case", ["skewed", "pathological"])
+@pytest.mark.parametrize("bit_generator", ["pcg64", "philox"])
+def test_predict_into_equals_predict(case, bit_generator):
+    """The compiled per-step predictor (the vector env's) predicts the same sets and counts as
+    ``predict`` and leaves the generator at the same stream position: PCG64 through the compiled
+    kernel (``generator_state``), another bit generator through the numpy path; "pathological"
+    popularity (only the actual experts are popular) exercises the uniform fallback."""
+    from hdamoe_env.decisions import prediction_kernels
+    from hdamoe_env.decisions.prediction import StepPredictor
+
+    rng = np.random.default_rng(11)
+    L, B, k, E = 4, 16, 6, 16 if case == "pathological" else 64
+    sets = np.stack([np.stack([np.sort(rng.permutation(E)[:k]) for _ in range(B)])
+                     for _ in range(L)]).astype(np.int64)
+    if case == "pathological":
+        sets[:] = np.arange(k)                      # every token routes to experts 0..5
+        freqs = np.zeros((L, E))
+        freqs[:, :k] = 1.0                          # and only they are popular
+    else:
+        freqs = rng.random((L, E)) ** 3 + 1e-3
+    pred = StepPredictor("noisy_oracle", freqs, k, B, np.full(L, 0.6))
+    assert pred.compiled_one
+
+    def make(seed: int) -> np.random.Generator:
+        if bit_generator == "pcg64":
+            return np.random.default_rng(seed)
+        return np.random.Generator(np.random.Philox(seed))
+
+    for seed in range(3):
+        a, b = make(seed), make(seed)
+        assert (prediction_kernels.generator_state(a) is None) == (bit_generator != "pcg64")
+        want = pred.predict(sets, np.arange(B), a)
+        got_sets = np.zeros((L, B, k), dtype=np.int64)
+        got_counts = np.full((L, E), 7.0)
+        pred.predict_into(sets, b, got_sets, got_counts)
+        np.testing.assert_array_equal(got_sets, want.sets)
+        np.testing.assert_array_equal(got_counts, want.counts)
+        assert a.random() == b.random()
+        if case == "pathological":
+            assert (got_sets[1:] >= k).any()        # the fallback drew the unpopular experts

@@ -18,6 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 import hdamoe_env
 from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.env.vector import HdMoeVectorEnv
 
 TINY = dict(model="deepseek-v2-lite", mesh="2x4", batch=8, trace_tokens=512, trace_requests=8,
@@ -189,3 +190,26 @@ def test_vector_env_equals_single_envs_energy_rewards(reward):
     _compare("hdamoe_env/HdMoE-v1", 3, 24, dict(TINY, reward=reward))
     _compare("hdamoe_env/HdMoE-v1", 2, 24, dict(TINY, fidelity="analytic", gammas=[0.7] * 26,
                                                  reward=reward), policy="noop")
+
+
+def test_copies_with_another_bit_generator_take_the_numpy_path():
+    """A copy whose generator is not PCG64 forms its decode steps per copy (numpy predictor)
+    and still equals a single env holding the same generator."""
+    kwargs = dict(TINY, fidelity="analytic", gammas=[0.7] * 26, steps_per_episode=3)
+    venv = HdMoeVectorEnv(3, **kwargs)
+    singles = [HdMoeEnv(**kwargs) for _ in range(3)]
+    venv.reset(seed=5)
+    for i, env in enumerate(singles):
+        env.reset(seed=5 + i)
+    for i in (0, 2):                     # from now on (the next decode step on), Philox
+        venv.envs[i].np_random = np.random.Generator(np.random.Philox(i))
+        singles[i].np_random = np.random.Generator(np.random.Philox(i))
+    base = venv.envs[0]
+    noop = np.array([base.num_experts] * base.max_broadcast + [0, 0])
+    for _ in range(2 * base.num_layers + 3):
+        obs, rew, term, trunc, _ = venv.step(np.tile(noop, (3, 1)))
+        for i, env in enumerate(singles):
+            o, r, te, tr, _ = env.step(noop)
+            assert r == rew[i] and te == term[i] and tr == trunc[i]
+            for key in o:
+                np.testing.assert_array_equal(obs[key][i], o[key], err_msg=key)
