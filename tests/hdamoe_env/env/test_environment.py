@@ -397,9 +397,12 @@ def test_prebroadcast_changes_placement_and_dispatch(rng):
 
 
 def test_gating_protect_top_keeps_top1():
+    # the fluid penalty (paper) charges every token: under faithful's tile model a B = 8 step
+    # of this EP placement fits one token tile per expert, all nodes cost the same and the
+    # penalty never changes a choice (docs/PHYSICS.md §4.1a)
     strong = (-1e9, -10.0)
-    free = make(gating_coefficients=strong)
-    prot = make(gating_coefficients=strong, gating_protect_top=1)
+    free = make(gating_coefficients=strong, conventions="paper")
+    prot = make(gating_coefficients=strong, gating_protect_top=1, conventions="paper")
     top1 = {}
     for name, env in (("free", free), ("protected", prot)):
         env.reset(seed=0)
