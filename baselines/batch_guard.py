@@ -12,15 +12,19 @@ re-runs the selection, cheaply, at the batch of the evaluation:
   ``place_batch``, ``node-link@B<place_batch>``) and the raw Node + Link Balance layer
   (``nb-lb``).
 * **Scoring**: :class:`baselines.node_balance.local_search.LayerScorer` (the evaluator's own
-  cost, t_comp + t_comm_moe) on :attr:`BatchGuardSpec.steps` decode steps of ``batch`` rows
-  drawn from the trace the placement was optimised on, with the guard's own seed — never the
-  benchmark's evaluation episodes — and one aggregator stream per step shared by every
-  candidate (common random numbers, so differences are paired).
-* **Selection, ties and noise** [decision]: the best baseline b* (ties: the order of
-  :data:`BASELINES`) is kept unless the best optimised layer o* is faster by more than *both*
-  ``margin`` (relative, of b*'s cost) and ``z`` standard errors of the per-step paired
-  differences cost(b*) − cost(o*). A baseline therefore wins every tie and every gain that the
-  scored steps cannot tell from noise; an optimised layer must earn its place.
+  cost, t_comp + t_comm_moe) on :attr:`BatchGuardSpec.steps` independent decode steps of
+  ``batch`` rows, each formed as the env forms its steps (B request streams at random
+  positions, :func:`guard_steps`) from the trace the placement was optimised on, with the
+  guard's own seed — never the benchmark's evaluation episodes — and one aggregator stream per
+  step shared by every candidate (common random numbers, so differences are paired).
+* **Selection, ties and noise** [decision]: every layer starts from one *default*, the
+  baseline with the lowest cost summed over all layers (ties: the order of
+  :data:`BASELINES`); a layer takes another candidate (another baseline or an optimised layer)
+  only when that candidate beats the default's layer by more than *both* ``margin`` (relative,
+  of the default's cost) and ``z`` standard errors of the per-step paired differences. Ties
+  and gains the scored steps cannot tell from noise therefore keep one whole baseline (which
+  the benchmark then measures exactly as that baseline), and a layer-by-layer mix of baselines
+  or an optimised layer must earn its place.
 
 The result is a :class:`~hdamoe_env.sim.placement.Placement` (``method`` ``node_link``) whose
 ``meta["batch_guard"]`` records, per layer, every candidate's cost under its method name
@@ -47,20 +51,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from baselines.node_balance.local_search import LayerScorer, sample_steps
+from baselines.node_balance.local_search import LayerScorer
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.sim.placement import Placement
 
 if TYPE_CHECKING:
     from hdamoe_env.sim.simulator import MoESimulator
 
-__all__ = ["BASELINES", "GUARD_FORMAT", "BatchGuardSpec", "batch_guard", "guard_summary",
-           "guarded_placement"]
+__all__ = ["BASELINES", "GUARD_FORMAT", "BatchGuardSpec", "batch_guard", "guard_key",
+           "guard_steps", "guard_summary", "guarded_placement"]
 
 log = logging.getLogger(__name__)
 
 #: Bumped when the selection rule or the meaning of the artifact changes (invalidates caches).
-GUARD_FORMAT = 1
+GUARD_FORMAT = 2
 #: The baselines the optimiser's search space contains, in tie order.
 BASELINES = ("tp", "tp-tiled", "ep", "hybrid")
 #: Entropy word that separates the guard's streams from the pipeline's ("guard").
@@ -102,25 +106,49 @@ def _layer_arrays(pl: Placement, layer: int) -> tuple[NDArray[np.float64], NDArr
     return pl.P[layer], pl.pi[layer], red
 
 
+def guard_steps(trace: Any, batch: int, steps: int, rng: np.random.Generator, *,
+                view: str = "content") -> NDArray[np.int64]:
+    """Draw ``steps`` independent decode steps of ``batch`` trace rows, as the env forms them.
+
+    Each step is the first step of its own request streams (``traces.batching.streams``: B
+    requests from a seeded permutation, each at a uniform position), so a step has the env's
+    composition (B distinct requests where the trace has them) and the steps are independent
+    (the guard's standard errors assume it).
+
+    Returns:
+        int64 [S, B] row indices of ``trace``.
+    """
+    from traces import batching
+
+    return np.stack([next(iter(batching.streams(trace, batch, rng, n_steps=1, view=view)))
+                     for _ in range(steps)]).astype(np.int64)
+
+
 def batch_guard(sim: MoESimulator, baselines: Mapping[str, Placement],
-                optimised: Mapping[str, Placement],
-                layer_rows: Callable[[int], NDArray[np.int64]], batch: int,
-                spec: BatchGuardSpec = BatchGuardSpec()) -> Placement:
+                optimised: Mapping[str, Placement], trace: Any, batch: int,
+                spec: BatchGuardSpec = BatchGuardSpec(), *, view: str = "content") -> Placement:
     """Select, per layer, the best of the baselines and the optimised layers at ``batch``.
+
+    Rule (module docstring): the default of every layer is the baseline with the lowest summed
+    cost over all layers (ties: the order of :data:`BASELINES`); a layer takes the fastest
+    other candidate instead only when it beats the default's layer by more than
+    ``spec.margin`` and ``spec.z`` paired standard errors.
 
     Args:
         sim: The simulator of the evaluation (model, hardware, topology, profile).
-        baselines: Placement per baseline name (keys from :data:`BASELINES`, tie order).
+        baselines: Placement per baseline name (keys from :data:`BASELINES`).
         optimised: Optimised placements by method name (e.g. ``node-link@B128``, ``nb-lb``).
-        layer_rows: ``layer -> int [N, k]`` the expert sets of the trace the placements were
-            optimised on (the rows the guard samples its steps from).
+        trace: The trace the placements were optimised on (``RoutingTrace``); the guard's
+            steps are drawn from it (:func:`guard_steps`).
         batch: Tokens per decode step B of the evaluation.
         spec: Budget and rule.
+        view: Row view of the trace.
 
     Returns:
         The guarded placement (``method="node_link"``); ``meta["batch_guard"]`` holds the rule,
         ``method_costs_us`` per layer and method (``total_us``, ``compute_us``, ``comm_us``,
-        ``std_us`` over the steps; ``node-link`` = the chosen layer) and ``winner`` per layer.
+        ``std_us`` over the steps; ``node-link`` = the chosen layer; ``decision``: the default,
+        the best challenger, gain, standard error and margin in µs) and ``winner`` per layer.
 
     Raises:
         ConfigError: No baseline or no optimised placement, unknown baseline names, or
@@ -139,55 +167,59 @@ def batch_guard(sim: MoESimulator, baselines: Mapping[str, Placement],
         raise ConfigError(f"batch guard candidates have different shapes {sorted(shapes)}")
     L, E, D = next(iter(shapes))
     t0 = time.perf_counter()
-    P = np.empty((L, E, D))
-    pi = np.empty((L, D), dtype=np.int64)
-    red = np.zeros(L, dtype=bool)
+    streams = np.random.SeedSequence([spec.seed, GUARD_STREAM]).spawn(L + 1)
+    rows = guard_steps(trace, batch, spec.steps, np.random.default_rng(streams[L]), view=view)
+    per_step: list[dict[str, NDArray[np.float64]]] = []
     costs: dict[str, dict[str, Any]] = {}
-    winners: dict[str, str] = {}
-    streams = np.random.SeedSequence([spec.seed, GUARD_STREAM]).spawn(L)
     for layer in range(L):
-        s_steps, s_agg = streams[layer].spawn(2)
-        steps = sample_steps(layer_rows(layer), batch, spec.steps,
-                             np.random.default_rng(s_steps))
-        scorer = LayerScorer(sim, layer, steps, s_agg)
-        per_step: dict[str, NDArray[np.float64]] = {}
+        sets = np.asarray(trace.topk_ids[layer][rows], dtype=np.int64)       # [S, B, k]
+        scorer = LayerScorer(sim, layer, sets, streams[layer])
+        layer_steps: dict[str, NDArray[np.float64]] = {}
         layer_costs: dict[str, Any] = {}
         seen: dict[bytes, str] = {}
         for name, pl in cands.items():
             P_l, pi_l, red_l = _layer_arrays(pl, layer)
             key = P_l.tobytes() + pi_l.tobytes() + bytes([red_l])
             if key in seen:                         # the same layer: the same cost
-                per_step[name] = per_step[seen[key]]
+                layer_steps[name] = layer_steps[seen[key]]
                 layer_costs[name] = dict(layer_costs[seen[key]], same_as=seen[key])
                 continue
             seen[key] = name
             comp, comm, mode = scorer.step_terms(P_l, pi_l, red_l)
             total = (comp + comm) * 1e6
-            per_step[name] = total
+            layer_steps[name] = total
             layer_costs[name] = {"total_us": float(total.mean()),
                                  "compute_us": float(comp.mean() * 1e6),
                                  "comm_us": float(comm.mean() * 1e6),
                                  "std_us": float(total.std(ddof=1)), "mode": mode}
-        best_b = min(names_b, key=lambda n: per_step[n].mean())
-        best_o = min(optimised, key=lambda n: per_step[n].mean())
-        diff = per_step[best_b] - per_step[best_o]
+        per_step.append(layer_steps)
+        costs[str(layer)] = layer_costs
+    default = min(names_b, key=lambda n: sum(float(st[n].mean()) for st in per_step))
+    P = np.empty((L, E, D))
+    pi = np.empty((L, D), dtype=np.int64)
+    red = np.zeros(L, dtype=bool)
+    winners: dict[str, str] = {}
+    for layer, layer_steps in enumerate(per_step):
+        challenger = min((n for n in cands if n != default),
+                         key=lambda n: layer_steps[n].mean(), default=default)
+        diff = layer_steps[default] - layer_steps[challenger]
         gain = float(diff.mean())
         se = float(diff.std(ddof=1) / np.sqrt(diff.size))
-        base = float(per_step[best_b].mean())
-        take = gain > spec.margin * base and gain > spec.z * se
-        winner = best_o if take else best_b
+        base = float(layer_steps[default].mean())
+        winner = challenger if (gain > spec.margin * base and gain > spec.z * se) else default
         P[layer], pi[layer], red[layer] = _layer_arrays(cands[winner], layer)
+        layer_costs = costs[str(layer)]
         layer_costs["node-link"] = dict(layer_costs[winner], chosen=winner)
-        layer_costs["decision"] = {"best_baseline": best_b, "best_optimised": best_o,
+        layer_costs["decision"] = {"default": default, "challenger": challenger,
                                    "gain_us": gain, "se_us": se,
                                    "margin_us": spec.margin * base}
-        costs[str(layer)] = layer_costs
         winners[str(layer)] = winner
     meta = {"batch_guard": {
-        "format": GUARD_FORMAT, "batch": int(batch), **asdict(spec),
-        "rule": (f"keep the best of {list(names_b)} unless the best of {list(optimised)} is "
-                 f"faster by more than {spec.margin:.2%} and {spec.z:g} standard errors of the "
-                 f"paired per-step differences on {spec.steps} sampled steps"),
+        "format": GUARD_FORMAT, "batch": int(batch), **asdict(spec), "default": default,
+        "rule": (f"every layer keeps the baseline of {list(names_b)} with the lowest summed "
+                 f"cost ({default}) unless another candidate ({list(cands)}) is faster in "
+                 f"that layer by more than {spec.margin:.2%} and {spec.z:g} standard errors "
+                 f"of the paired per-step differences on {spec.steps} sampled steps"),
         "method_costs_us": costs, "winner": winners,
         "winner_counts": guard_summary(winners), "wall_s": time.perf_counter() - t0}}
     return Placement(P=P, pi=pi, method="node_link", meta=meta,

@@ -216,11 +216,8 @@ class PlacementStore:
             if raw_path.exists():
                 optimised["nb-lb"] = Placement.load(raw_path)
             trace, view = self._placement_trace(placed, run)
-            rows = trace.view(view)
             guarded = batch_guard(layer_simulator(self.place_config()), baselines, optimised,
-                                  lambda layer: np.asarray(trace.topk_ids[layer, rows],
-                                                           dtype=np.int64),
-                                  self.config.batch, self.config.guard)
+                                  trace, self.config.batch, self.config.guard, view=view)
             guarded.meta.update({k: v for k, v in placed.meta.items()
                                  if k in ("trace_id", "config_hash", "seed")})
             guarded.meta["batch_guard"].update(source=str(directory / "placement.npz"),
