@@ -399,7 +399,8 @@ def move_messages(moves: Sequence[Move], expert_bytes: float, pi: ArrayLike | No
 def simulate_moves(topology: Topology, moves: Sequence[Move], expert_bytes: float, *,
                    pi: ArrayLike | None = None, hop_latency_s: float = 0.0, chunks: int = 1,
                    tie_break: str = "fifo", switching: str = "store_and_forward",
-                   ni_bw_Bps: float | None = None) -> DesResult:
+                   ni_bw_Bps: float | None = None,
+                   ni_latency_s: float | None = None) -> DesResult:
     """Simulate all moves of one rebalance at once on the NoC with the message DES (§6.3).
 
     Args:
@@ -415,6 +416,8 @@ def simulate_moves(topology: Topology, moves: Sequence[Move], expert_bytes: floa
             (``hdamoe_env.noc.des``; pass the profile's ``conv.switching``).
         ni_bw_Bps: Network-interface port bandwidth (one injection and one ejection port per
             node, ``des.simulate_messages``), or None; pass ``conv.ni_bw_for(BW_end)``.
+        ni_latency_s: Port latency, seconds (None: the hop latency); pass
+            ``conv.ni_latency_for(hop_latency_s)``.
 
     Returns:
         The DES result; ``makespan_s`` is the time the rebalance occupies the links.
@@ -422,4 +425,4 @@ def simulate_moves(topology: Topology, moves: Sequence[Move], expert_bytes: floa
     src, dst, size = move_messages(moves, expert_bytes, pi)
     return simulate_messages(topology, src, dst, size, tie_break=tie_break,
                              hop_latency_s=hop_latency_s, chunks=chunks, switching=switching,
-                             ni_bw_Bps=ni_bw_Bps)
+                             ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)

@@ -202,7 +202,8 @@ class MappingObjective:
             self.sim.topology, self.groups, self.msg, self.support, pi, agg, phases=self.phases,
             tie_break=conv.tie_break, hop_latency_s=self.sim.hw.hop_latency_for(conv),
             layer=self.layer, chunks=conv.chunks, alpha_s=conv.msg_alpha_s,
-            switching=conv.switching, ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps))
+            switching=conv.switching, ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps),
+            ni_latency_s=conv.ni_latency_for(self.sim.hw.hop_latency_for(conv)))
         self.last_link_busy = res.link_busy_s.sum(axis=0)
         return res.total_s
 

@@ -59,6 +59,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Seconds between refreshes of the merged placement artifacts during a run (the per-layer
+#: files are written as each layer finishes; the merged files are always written at the end).
+MERGE_INTERVAL_S = 30.0
+
 PLACEMENT_FILE = "placement.npz"
 RUN_FILE = "run.json"
 METHOD_NAMES = ("tp", "ep", "hybrid", "node_balance", "node_link")
@@ -385,6 +389,7 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
             "profile": sim.conv.to_dict(), "seed": config.seed, "batch": config.batch,
             "config": config.to_dict(), "config_hash": config_hash, "evaluator": "static"}
     computed: list[int] = []
+    last_merge = [time.perf_counter()]
 
     def done(outcome: LayerOutcome) -> None:
         log.info("layer %d finished in %.1f s (%s)", outcome.layer,
@@ -392,12 +397,19 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
         _write_layer(out, outcome)
         outcomes[outcome.layer] = outcome
         computed.append(outcome.layer)
-        _merge(out, outcomes, model, hw.num_nodes, meta)
+        # The per-layer files are what resume reads; the merged artifacts (five placements of
+        # every layer) are refreshed at most every MERGE_INTERVAL_S and once at the end (also
+        # when the run stops early), not after every layer (that rewrote O(L²) layer arrays).
+        if time.perf_counter() - last_merge[0] >= MERGE_INTERVAL_S:
+            _merge(out, outcomes, model, hw.num_nodes, meta)
+            last_merge[0] = time.perf_counter()
         if on_layer is not None:
             on_layer(outcome)
 
-    if todo:
-        _run_tasks(_tasks(config, trace, todo, config_hash), workers, backend, done)
-    placement = _merge(out, outcomes, model, hw.num_nodes, meta)
+    try:
+        if todo:
+            _run_tasks(_tasks(config, trace, todo, config_hash), workers, backend, done)
+    finally:                            # also after an error or interrupt: the finished layers
+        placement = _merge(out, outcomes, model, hw.num_nodes, meta)
     return PipelineResult(placement, {l: outcomes[l] for l in sorted(outcomes)},
                           sorted(computed), skipped, out, time.perf_counter() - t0)

@@ -115,7 +115,8 @@ class EplbRebalanceWrapper(gym.Wrapper):  # type: ignore[type-arg]
         makespan = (simulate_moves(base.topology, moves, self._expert_bytes,
                                    pi=base.placement.pi, hop_latency_s=self._hop_s,
                                    chunks=self.chunks, switching=conv.switching,
-                                   ni_bw_Bps=conv.ni_bw_for(base.topology.bw_end_Bps)
+                                   ni_bw_Bps=conv.ni_bw_for(base.topology.bw_end_Bps),
+                                   ni_latency_s=conv.ni_latency_for(self._hop_s)
                                    ).makespan_s if moves else 0.0)
         self.history.append({"decode_step": self._steps, "moves": len(moves),
                              "makespan_us": makespan * 1e6})

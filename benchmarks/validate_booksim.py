@@ -23,8 +23,10 @@ first, on a torus tie the +1 direction), input-queued routers with 8 VCs of 1024
 (deeper than any message, so a blocked packet is buffered whole: virtual cut-through) and input
 speedup 2 (as BookSim's own mesh88_lat example), iSLIP allocators, 1-cycle VC and switch
 allocation. The DES gets the hop
-latency BookSim shows at zero load (measured here from single-flit messages), so the comparison
-is about contention and pipelining, not about a latency constant. Grids: 8x8 natively; a 4x8 mesh
+latency BookSim shows at zero load (measured here from single-flit messages: arrival = a + b·hops
+cycles, hop latency b), and its ports (``+NI``) the ``faithful`` ``ni_latency_hops`` (BookSim's
+a = 6 cycles of injection plus ejection = 0.75·b per port), so the comparison is about
+contention and pipelining, not about latency constants. Grids: 8x8 natively; a 4x8 mesh
 is the 4 x 8 corner of the 8x8 mesh (DOR never leaves the rectangle of its endpoints); a 4x8
 torus cannot be built by BookSim's k-ary n-cube (k equal in every dimension) and is left out;
 B = 512 runs on the 4x8 mesh only unless ``--full`` (BookSim is slow there).
@@ -41,6 +43,7 @@ Usage::
     python benchmarks/validate_booksim.py                 # full grid, writes the results page
     python benchmarks/validate_booksim.py --quick         # B in {16, 128}, 8x8 only
     python benchmarks/validate_booksim.py --booksim PATH  # use a built binary
+    python benchmarks/validate_booksim.py --hol CASE ...  # head-of-line study (prints only)
 
 Writes ``docs/results/validation.md`` (tables) and the CI fixture
 ``benchmarks/booksim/fixtures/booksim_makespans.csv`` (message-list hash, BookSim makespan, DES
@@ -100,7 +103,7 @@ topology = {topology};
 k = 8;
 n = 2;
 routing_function = dim_order;
-num_vcs = 8;
+num_vcs = {num_vcs};
 vc_buf_size = 1024;
 wait_for_tail_credit = 0;
 router = iq;
@@ -111,14 +114,28 @@ credit_delay = 1;
 routing_delay = 0;
 vc_alloc_delay = 1;
 sw_alloc_delay = 1;
-input_speedup = 2;
-output_speedup = 1;
-internal_speedup = 1.0;
+input_speedup = {input_speedup};
+output_speedup = {output_speedup};
+internal_speedup = {internal_speedup};
 sim_type = trace;
 trace_file = {trace};
 trace_out = {out};
 seed = 27;
 """
+
+#: the validation's router (``BOOKSIM_CONFIG``); ``--hol`` varies it
+ROUTER = {"num_vcs": 8, "input_speedup": 2, "output_speedup": 1, "internal_speedup": 1.0}
+#: router variants of the head-of-line study (``--hol``), from plain to output-queued: input
+#: speedup = VCs gives every VC its own crossbar input (no head-of-line blocking behind another
+#: VC of the same port), output speedup 5 (a mesh router's inputs) lets every input write to an
+#: output at once into its unbounded output buffer, i.e. an output-queued router as in the DES
+HOL_ROUTERS = (
+    {"num_vcs": 2, "input_speedup": 1, "output_speedup": 1, "internal_speedup": 1.0},
+    {"num_vcs": 8, "input_speedup": 1, "output_speedup": 1, "internal_speedup": 1.0},
+    ROUTER,
+    {"num_vcs": 8, "input_speedup": 8, "output_speedup": 1, "internal_speedup": 1.0},
+    {"num_vcs": 8, "input_speedup": 8, "output_speedup": 5, "internal_speedup": 1.0},
+)
 
 MODELS = {  # package key -> (trace file under TRACES, layer)
     "deepseek-v2-lite": ("ds/hd_gating/experts_reasoning_hd_sim_4_4.original_selected_experts.json",
@@ -269,18 +286,32 @@ def parse_case_id(case: str) -> tuple[str, int, str, str, tuple[int, int]]:
     return model, int(batch[1:]), kind, topo_kind, (int(x), int(y))
 
 
-#: DES variants: (column, switching, network-interface ports)
-VARIANTS = (("saf", "store_and_forward", False), ("ct", "cut_through", False),
-            ("saf_ni", "store_and_forward", True), ("ct_ni", "cut_through", True))
+#: latency of a network-interface port in hop latencies: the ``faithful`` profile's
+NI_HOPS = PROFILES["faithful"].ni_latency_hops
+
+#: DES variants: (column, switching, ports: None or their latency in hop latencies); the
+#: ``faithful`` model is ``ct_ni``; ``ct_ni_hop`` is it with a full hop latency per port (the
+#: model before ``ni_latency_hops``)
+VARIANTS = (("saf", "store_and_forward", None), ("ct", "cut_through", None),
+            ("saf_ni", "store_and_forward", NI_HOPS), ("ct_ni", "cut_through", NI_HOPS),
+            ("ct_ni_hop", "cut_through", 1.0))
+LABELS = {"saf": "SAF", "ct": "CT", "saf_ni": "SAF+NI", "ct_ni": "CT+NI",
+          "ct_ni_hop": "CT+NI₁"}
 
 
 def run_des(msgs: Messages, topo_kind: str, grid: tuple[int, int], hop_latency_s: float,
-            switching: str, ni: bool = False) -> float:
-    """The DES makespan of a message list (``ni``: 50 GB/s injection and ejection ports)."""
+            switching: str, ni: float | None = None) -> float:
+    """The DES makespan of a message list.
+
+    ``ni``: None (no ports) or 50 GB/s injection and ejection ports, each with a latency of
+    ``ni`` hop latencies.
+    """
     topo = topology_for(topo_kind, grid)
     return simulate_messages(topo, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
                              hop_latency_s=hop_latency_s, switching=switching,
-                             ni_bw_Bps=LINK_BW_GBPS * 1e9 if ni else None).makespan_s
+                             ni_bw_Bps=None if ni is None else LINK_BW_GBPS * 1e9,
+                             ni_latency_s=None if ni is None else ni * hop_latency_s
+                             ).makespan_s
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,13 +380,18 @@ def tools_missing() -> list[str]:
 
 
 def run_booksim(binary: Path, msgs: Messages, topo_kind: str, grid: tuple[int, int],
-                work: Path) -> tuple[int, NDArray[np.int64]]:
-    """Run BookSim on a message list; return (makespan cycles, per-message arrival cycles)."""
+                work: Path, router: dict[str, float] | None = None
+                ) -> tuple[int, NDArray[np.int64]]:
+    """Run BookSim on a message list; return (makespan cycles, per-message arrival cycles).
+
+    ``router`` overrides fields of ``ROUTER`` (VCs and speedups).
+    """
     trace, out, conf = work / "trace.txt", work / "arrivals.txt", work / "booksim.cfg"
     nodes = booksim_node(grid, msgs.src), booksim_node(grid, msgs.dst)
     np.savetxt(trace, np.column_stack([msgs.ready_cycle, nodes[0], nodes[1], msgs.flits]),
                fmt="%d")
-    conf.write_text(BOOKSIM_CONFIG.format(topology=topo_kind, trace=trace, out=out))
+    conf.write_text(BOOKSIM_CONFIG.format(topology=topo_kind, trace=trace, out=out,
+                                          **{**ROUTER, **(router or {})}))
     out.unlink(missing_ok=True)
     done = subprocess.run([str(binary), str(conf)], capture_output=True, cwd=work)
     if done.returncode not in (0, 255) or not out.exists():  # BookSim exits -1 on success
@@ -409,7 +445,9 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
         "outside the repository by benchmarks/booksim/build.sh). Errors are (DES − BookSim) /",
         "BookSim of the makespan of the same message list, in %; `SAF` store-and-forward, `CT`",
         "cut-through, `+NI` with one 50 GB/s injection and one ejection port per endpoint",
-        "(`ni_bw_Bps`, as BookSim's network interface), `bound` the analytic link-load bound",
+        f"(`ni_bw_Bps`, as BookSim's network interface) of {NI_HOPS:g} hop latency each (the",
+        "`faithful` `ni_latency_hops`; `CT+NI₁`: a full hop latency per port, the model before",
+        "it), `bound` the analytic link-load bound",
         "(`des.link_load_bound`, no per-hop term, no ports), `twin` the package's analytic twin",
         "(`fidelity=\"analytic\"`: dispatch and combine γ·t_comm of paper-model.md Eq. 2–3 with",
         "γ fitted against the CT+NI DES, half of the layer's estimate per phase; an all-reduce",
@@ -442,11 +480,14 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
         f"* Router delay: measured at zero load from 1-flit messages over 1–7 hops: arrival = "
         f"{meta['a']:.2f} + {meta['b']:.2f}·hops cycles. The DES runs with hop latency "
         f"{meta['b']:.2f} cycles = {meta['hop_ns']:.3f} ns, so both see the same per-hop "
-        "pipeline delay; BookSim's injection/ejection overhead (the constant) is not in the DES.",
+        "pipeline delay. The constant is BookSim's injection plus ejection: "
+        f"{meta['a'] / 2:.2f} cycles = {meta['a'] / 2 / meta['b']:.2f} hop latencies per port, "
+        f"which the `+NI` columns charge as {NI_HOPS:g} hop latency per port "
+        "(`ni_latency_hops`, docs/PHYSICS.md §16).",
         "* BookSim's network interface injects one flit per cycle per node and ejects one per "
         "cycle (one injection queue per node, messages in ready order). The DES of §6.3 has no "
         "such limit (the links are the only resources); the `+NI` columns add it "
-        "(`simulate_messages(..., ni_bw_Bps=50e9)`).",
+        "(`simulate_messages(..., ni_bw_Bps=50e9, ni_latency_s=...)`).",
         "* Messages: layer-1 token rows of the reference traces read in place (Mixtral: real "
         "reasoning trace; DeepSeek-V2-Lite and Qwen2: the short extracts, rows drawn with "
         "replacement), expert-parallel holders, uniform aggregators (seed 27). `allreduce` = "
@@ -475,9 +516,10 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
     lines += ["", "## MoE layer (dispatch + combine): the analytic twin's own quantity", ""]
     lines += meta["layer"]
     lines += ["", "## Per case", "",
-              "| case | msgs | flits | BookSim µs | SAF % | CT % | SAF+NI % | CT+NI % | bound % "
-              "| twin % | BookSim s | DES s |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| case | msgs | flits | BookSim µs | "
+              + " | ".join(f"{LABELS[v[0]]} %" for v in VARIANTS)
+              + " | bound % | twin % | BookSim s | DES s |",
+              "|---|---:|---:|---:|" + "---:|" * len(VARIANTS) + "---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['messages']} | {r['flits']} | {r['booksim_s'] * 1e6:.3f} | "
@@ -500,8 +542,8 @@ def write_results(rows: list[dict[str, object]], meta: dict[str, object], path: 
 
 def summarise(rows: list[dict[str, object]]) -> list[str]:
     out = ["Mean / max absolute makespan error in % against BookSim 2.0.", "",
-           "| subset | cases | SAF | CT | SAF+NI | CT+NI | twin |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           "| subset | cases | " + " | ".join(LABELS[v[0]] for v in VARIANTS) + " | twin |",
+           "|---|---:|" + "---:|" * len(VARIANTS) + "---:|"]
 
     def line(name: str, sel: list[dict[str, object]]) -> None:
         if not sel:
@@ -554,6 +596,34 @@ def layer_table(rows: list[dict[str, object]]) -> list[str]:
     return out
 
 
+def hol_study(binary: Path, case_ids: list[str], work: Path, hop: float) -> list[str]:
+    """BookSim under the routers of ``HOL_ROUTERS`` against the CT+NI DES (Markdown lines).
+
+    The DES's routers are ideal output queues; BookSim's are input-queued. Raising VCs and
+    speedups moves BookSim towards an output-queued router; the error of the DES should shrink
+    if head-of-line blocking is what separates them.
+    """
+    head = "| case | DES CT+NI µs | " + " | ".join(
+        f"{r['num_vcs']} VCs, in {r['input_speedup']}, out {r['output_speedup']}, "
+        f"int {r['internal_speedup']:g}" for r in HOL_ROUTERS) + " |"
+    out = ["BookSim makespan (µs) and CT+NI DES error (%) per router: VCs, input, output and "
+           "internal speedup.", "", head, "|---|---:|" + "---:|" * len(HOL_ROUTERS)]
+    for cid in case_ids:
+        model, batch, kind, topo_kind, grid = parse_case_id(cid)
+        msgs = build_messages(model, batch, kind, topo_kind, grid, hop)
+        des = run_des(msgs, topo_kind, grid, hop, "cut_through", NI_HOPS)
+        cells = []
+        for router in HOL_ROUTERS:
+            t0 = time.perf_counter()
+            cycles, _arrival = run_booksim(binary, msgs, topo_kind, grid, work, router)
+            ref = cycles * CYCLE_S
+            cells.append(f"{ref * 1e6:.3f} ({_err(des, ref):+.1f})")
+            print(f"{cid} {router}: booksim {ref * 1e6:.3f} us, DES {_err(des, ref):+.1f} % "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        out.append(f"| {cid} | {des * 1e6:.3f} | " + " | ".join(cells) + " |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--booksim", type=Path, help="a built trace-driven BookSim binary")
@@ -561,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--full", action="store_true", help="B = 512 on 8x8 too (slow)")
+    parser.add_argument("--hol", nargs="+", metavar="CASE",
+                        help="only the head-of-line study: these cases under every router of "
+                             "HOL_ROUTERS (prints a Markdown table, writes nothing)")
     parser.add_argument("--resume", type=Path,
                         help="JSON-lines file of finished cases: reused (same message hash) "
                              "and appended to, so an interrupted run continues")
@@ -583,9 +656,12 @@ def main(argv: list[str] | None = None) -> int:
         a, b = zero_load_hop_cycles(binary, work)
         hop = b * CYCLE_S
         print(f"zero load: arrival = {a:.2f} + {b:.2f} * hops cycles; DES hop latency "
-              f"{hop * 1e9:.3f} ns", flush=True)
+              f"{hop * 1e9:.3f} ns, port latency {NI_HOPS * hop * 1e9:.3f} ns", flush=True)
+        if args.hol:
+            print("\n".join(hol_study(binary, args.hol, work, hop)))
+            return 0
         run_des(Messages(np.array([0]), np.array([1]), np.array([1]), np.array([0])), "mesh",
-                (8, 8), hop, "cut_through")  # compile outside the timings
+                (8, 8), hop, "cut_through", NI_HOPS)  # compile outside the timings
         done: dict[tuple[str, str], dict[str, float]] = {}
         if args.resume is not None and args.resume.exists():
             for line in args.resume.read_text().splitlines():

@@ -10,7 +10,9 @@ It lives in ``agents`` because ``traces`` may not import the core (style.md §2)
 Hardware view [decision, stated in every result]: the recorded model's routing (E, k and its own
 number of MoE layers L) is evaluated with the layer shapes (h, I, attention) of a model preset —
 by default Mixtral-8x7B, whose E = 8 and k = 2 match the tiny model — with ``num_moe_layers``
-replaced by L. Penalties use that preset's w = F_e and the setting's C; the coefficients are
+replaced by L. Penalties use that preset's w = F_e and the setting's C (under a profile with the
+tile model, the evaluator's tile-model node cost, ``sim.online.gating_tile_cost``); the
+coefficients are
 ``level × (r_comp, r_comm)`` of the preset's §11.7 defaults; the placement is EP (seeded) or TP.
 Gating is applied to consecutive rows in chunks of ``batch`` (one decode step of B tokens; the
 running counts restart with every chunk), and :meth:`GatingSetup.simulate` runs exactly those
@@ -21,7 +23,7 @@ gated routing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,7 @@ from numpy.typing import NDArray
 from hdamoe_env.decisions import gating
 from hdamoe_env.cost import perf
 from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.sim.online import gating_tile_cost
 from hdamoe_env.sim.placement import TRIVIAL_PLACEMENTS, Placement, placement_by_name
 from hdamoe_env.config.profiles import Conventions, get_profile
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec, get_model, hardware_from_setting
@@ -43,6 +46,7 @@ RoutingPolicy = Callable[[int, NDArray[np.float64], NDArray[np.int64]], NDArray[
 
 def hag_policy(P: NDArray[np.float64], w_flops: float, compute_flops: float, r_comp: float,
                r_comm: float, *, batch: int = 32, renormalize: bool = True,
+               tile_costs: Sequence[gating.TileCost | None] | None = None,
                **options: Any) -> RoutingPolicy:
     """Return a routing policy running hardware-aware gating on chunks of ``batch`` rows.
 
@@ -54,6 +58,8 @@ def hag_policy(P: NDArray[np.float64], w_flops: float, compute_flops: float, r_c
         r_comm: Communication coefficient (negative).
         batch: Rows gated together (a decode step); counts restart per chunk.
         renormalize: Passed to the gating (does not affect the selected sets).
+        tile_costs: Per layer, the evaluator's tile-model node cost of ``P[layer]``
+            (``gating_tile_cost``), or None for the fluid penalties.
         **options: Further ``hardware_aware_gating`` options (``protect_top``, ...).
 
     Returns:
@@ -70,9 +76,10 @@ def hag_policy(P: NDArray[np.float64], w_flops: float, compute_flops: float, r_c
         out = np.empty_like(orig)
         for start in range(0, scores.shape[0], batch):
             chunk = scores[start:start + batch]
-            res = gating.hardware_aware_gating(chunk, k, P[layer], w_flops, compute_flops,
-                                               r_comp, r_comm, renormalize=renormalize,
-                                               diagnostics=False, **options)
+            res = gating.hardware_aware_gating(
+                chunk, k, P[layer], w_flops, compute_flops, r_comp, r_comm,
+                renormalize=renormalize, diagnostics=False,
+                tile_cost=None if tile_costs is None else tile_costs[layer], **options)
             out[start:start + batch] = res.sets
         return out
 
@@ -136,9 +143,11 @@ class GatingSetup:
 
     def policy(self, level: float, *, batch: int = 32, **options: Any) -> RoutingPolicy:
         """Return the hardware-aware policy with coefficients ``level × defaults``."""
+        tiles = [gating_tile_cost(P, self.model, self.hw, self.conv) for P in self.placement.P]
         return hag_policy(self.placement.P, self.w_flops, self.hw.compute_flops,
                           level * self.coefficients[0], level * self.coefficients[1],
-                          batch=batch, renormalize=self.model.renormalize_topk, **options)
+                          batch=batch, renormalize=self.model.renormalize_topk,
+                          tile_costs=tiles, **options)
 
     def simulate(self, orig_ids: NDArray[np.integer[Any]], new_ids: NDArray[np.integer[Any]],
                  *, batch: int = 32, seed: int = 0) -> dict[str, float]:

@@ -87,6 +87,8 @@ class Conventions:
     hop_latency_s: float = 2e-9       # router + link per hop; HardwareSpec.hop_latency_ns wins
     switching: str = "cut_through"    # NoC DES: or "store_and_forward" (docs/PHYSICS.md)
     ni_ports: bool = True             # one injection + one ejection port per node at BW_end
+    ni_latency_hops: float = 0.75     # latency of each port in hop latencies: BookSim's
+                                      # zero-load 6 + 4·hops cycles (docs/PHYSICS.md §16)
     # tile model of the expert GEMMs (docs/PHYSICS.md); 1, 1, 0 = the fluid model of §5.2
     tile_tokens: int = 8              # GEMM rows (tokens) are padded to a multiple of this
     tile_cols: int = 64               # GEMM columns padded to a multiple; shares on a tile_cols/I grid
@@ -111,12 +113,14 @@ class Conventions:
                 raise ConfigError(f"Conventions.{knob} must be >= 1, got {getattr(self, knob)}")
         if not self.kappa_a > 0 or not self.tp_const > 0:
             raise ConfigError("kappa_a and tp_const must be positive")
-        for knob in ("msg_alpha_s", "hop_latency_s", "bc_alpha_s", "gemm_overhead_s"):
+        for knob in ("msg_alpha_s", "hop_latency_s", "bc_alpha_s", "gemm_overhead_s",
+                     "ni_latency_hops"):
             value = getattr(self, knob)
             if value is None and knob == "bc_alpha_s":
                 continue
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ConfigError(f"Conventions.{knob} must be a finite number >= 0 (seconds), "
+                unit = " (hop latencies)" if knob == "ni_latency_hops" else " (seconds)"
+                raise ConfigError(f"Conventions.{knob} must be a finite number >= 0{unit}, "
                                   f"got {value!r}")
         eff = self.dram_efficiency
         if not (isinstance(eff, int | float) and math.isfinite(eff) and 0 < eff <= 1):
@@ -142,6 +146,13 @@ class Conventions:
     def ni_bw_for(self, bw_end_Bps: float) -> float | None:
         """The DES network-interface port bandwidth: ``bw_end_Bps`` with ``ni_ports``, else None."""
         return float(bw_end_Bps) if self.ni_ports else None
+
+    def ni_latency_for(self, hop_latency_s: float) -> float:
+        """The DES latency of one network-interface port: ``ni_latency_hops`` · hop latency.
+
+        Only read where ``ni_bw_for`` gives a port bandwidth (docs/PHYSICS.md §16).
+        """
+        return float(self.ni_latency_hops) * float(hop_latency_s)
 
     @property
     def broadcast_alpha_s(self) -> float:

@@ -85,6 +85,10 @@ UNCERTAINTIES: dict[str, Uncertainty] = {
                     "to a kernel launch per GEMM (about 1 us)", scale="log"),
         Uncertainty("hop_latency_s", 1e-9, 5e-9, "1-cycle router+link at 1 GHz to a 3-stage "
                     "router at 1 GHz plus a 2-cycle link", scale="linear"),
+        Uncertainty("ni_latency_hops", 0.25, 1.0, "latency of a network-interface port in hop "
+                    "latencies: a 1-cycle local-port crossing of a 4-cycle router to a full router "
+                    "pipeline per port; BookSim 2.0 measures 3 of 4 cycles (docs/PHYSICS.md §16)",
+                    scale="linear"),
         Uncertainty("msg_alpha_s", 20e-9, 500e-9, "a hardware NI injection to a DMA descriptor "
                     "set-up by a core", scale="log"),
         Uncertainty("col_granularity", 8, 64, "8-column reconfigurable systolic tiles of the "

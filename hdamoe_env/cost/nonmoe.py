@@ -212,7 +212,8 @@ def nonmoe_allreduce_time(
         ni = conv.ni_bw_for(topology.bw_end_Bps)
         times = [collectives.best_allreduce(topology, float(b) * model.hidden_size * conv.b_psum,
                                             alpha_s=alpha, hop_latency_s=hop,
-                                            switching=conv.switching, ni_bw_Bps=ni).time_s
+                                            switching=conv.switching, ni_bw_Bps=ni,
+                                            ni_latency_s=conv.ni_latency_for(hop)).time_s
                  for b in batch.reshape(-1)]
         return as_output(np.array(times, dtype=np.float64).reshape(batch.shape))
     return tp_allreduce_time(model, hw, conv, batch, bw_end_Bps=bw_end_Bps)

@@ -8,7 +8,10 @@ Implements paper-model.md §11 (paper §V-D):
   counts n (tokens already assigned in this step) are updated with S_t;
 * §11.3 — computation penalties ``marginal_max`` (default: increase of the compute critical path,
   (max_c(L_c + P_ic·w) − max_c L_c)/C with L_c = Σ_j P_jc·n_j·w), ``host_finish`` and
-  ``host_load_mean``;
+  ``host_load_mean``; with a ``TileCost`` (profiles with the tile model, docs/PHYSICS.md §4) the
+  same penalties on the seconds the evaluator charges every node (tile-padded tokens and columns,
+  per-GEMM overhead, weight streaming of the shards activated), so a token that fills an open
+  token tile costs nothing and one that opens a tile or activates a shard costs all of it;
 * §11.4 — communication penalties ``dispersion`` (default: |nodes(i)|) and ``new_nodes``
   (|nodes(i) \\ nodes already receiving token t|, experts chosen one at a time);
 * §11.5 — selection over all candidates, ``protect_top`` and ``candidate_window`` options, weights
@@ -29,6 +32,7 @@ of the k picks). Pure functions, numpy and numba only (style.md §2).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,14 +41,15 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
-from hdamoe_env.decisions.gating_kernels import (all_finite, fused_kernel, greedy_kernel,
-                                                 ids_in_range, kept_counts, sort_rows)
+from hdamoe_env.decisions.gating_kernels import (Tiles, all_finite, fused_kernel, greedy_kernel,
+                                                 ids_in_range, kept_counts, no_tiles, sort_rows)
 
 __all__ = [
     "COEFFICIENTS",
     "COMM_PENALTIES",
     "COMP_PENALTIES",
     "GatingResult",
+    "TileCost",
     "default_coefficients",
     "gating_diagnostics",
     "hardware_aware_gating",
@@ -128,6 +133,77 @@ class GatingResult:
     replaced_per_rank: NDArray[np.float64]
     entropy: float
     top_margin: float
+
+
+@dataclass(frozen=True, eq=False)
+class TileCost:
+    """The per-node expert cost the evaluator charges under the tile model (docs/PHYSICS.md §4).
+
+    A node c with n_i tokens of every expert is charged max(compute_c, stream_c) seconds:
+
+    compute_c = Σ_{i: P_ic > 0} ceil(n_i/T)·T·``row_s[i, c]`` + 1[n_i > 0]·``gemm_s``,
+    stream_c = Σ_i 1[n_i > 0]·``stream_s[i, c]``
+
+    (``perf.tiled_node_compute`` and the streaming of ``perf.expert_compute_times`` with the
+    step's counts; built from a profile by ``hdamoe_env.sim.online.gating_tile_cost``). The
+    gating penalties then charge what one more token changes in these seconds.
+
+    Attributes:
+        row_s: float [E, D] seconds per padded token row of every shard,
+            ceil(P_ic·I/T_c)·T_c·m·2h/C (0 where c holds no share of i).
+        gemm_s: Fixed seconds per active shard, m·o.
+        stream_s: float [E, D] weight-streaming seconds of every shard while its expert is
+            active, P_ic·W_e/(BW_mem·η) (zeros when the profile does not charge streaming).
+        tile_tokens: Token tile T (GEMM rows pad to a multiple of it).
+    """
+
+    row_s: NDArray[np.float64]
+    gemm_s: float
+    stream_s: NDArray[np.float64]
+    tile_tokens: int
+
+    def node_times(self, counts: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return (compute_c, stream_c) [D] of integer token counts n [E] (the formula above)."""
+        n = np.asarray(counts, dtype=np.float64)
+        T = self.tile_tokens
+        rows = np.ceil(np.maximum(n / T - 1e-9, 0.0)) * T
+        active = (n > 0).astype(np.float64)
+        compute = rows @ self.row_s + (active @ (self.row_s > 0)) * self.gemm_s
+        return compute, active @ self.stream_s
+
+    @functools.cached_property
+    def holder_tables(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return (row_s, stream_s) of every shard in holder order (by expert, then node).
+
+        The order of ``gating._prepared_arrays``' holders of a placement whose support is
+        ``row_s > 0`` (``check``); computed once per object.
+        """
+        row_s = np.asarray(self.row_s, dtype=np.float64)
+        rows, cols = np.nonzero(row_s > 0)
+        return (np.ascontiguousarray(row_s[rows, cols]),
+                np.ascontiguousarray(np.asarray(self.stream_s, dtype=np.float64)[rows, cols]))
+
+    def node_cost(self, counts: ArrayLike) -> NDArray[np.float64]:
+        """Return the seconds max(compute_c, stream_c) [D] charged every node at counts n."""
+        compute, stream = self.node_times(counts)
+        return np.maximum(compute, stream)
+
+    def check(self, P: NDArray[np.float64]) -> None:
+        """Raise ``ConfigError`` unless the tables match placement ``P`` [E, D]."""
+        row_s = np.asarray(self.row_s)
+        stream = np.asarray(self.stream_s)
+        if row_s.shape != P.shape or stream.shape != P.shape:
+            raise ConfigError(f"TileCost tables must have the placement's shape {P.shape}, got "
+                              f"{row_s.shape} and {stream.shape}")
+        if not np.array_equal(row_s > 0, P > 0):
+            raise ConfigError("TileCost.row_s must be positive exactly where P_ic > 0")
+        if not (isinstance(self.tile_tokens, int | np.integer) and self.tile_tokens >= 1):
+            raise ConfigError(f"TileCost.tile_tokens must be an integer >= 1, got "
+                              f"{self.tile_tokens!r}")
+        if not (math.isfinite(self.gemm_s) and self.gemm_s >= 0
+                and np.isfinite(row_s).all() and np.isfinite(stream).all()
+                and (stream >= 0).all()):
+            raise ConfigError("TileCost times must be finite and >= 0")
 
 
 # ------------------------------------------------------------------------------ candidates
@@ -225,21 +301,25 @@ def gating_diagnostics(scores: ArrayLike, k: int) -> tuple[float, float]:
 
 
 def penalties(P_layer: ArrayLike, counts: ArrayLike, w_flops: float, compute_flops: float, *,
-              comp_penalty: str = "marginal_max") -> tuple[NDArray[np.float64],
-                                                            NDArray[np.float64]]:
+              comp_penalty: str = "marginal_max", tile_cost: TileCost | None = None
+              ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Return ΔT_comp [E] (seconds) and the dispersion |nodes(i)| [E] for counts n (§11.3–11.4).
 
     L_c = Σ_j P_jc·n_j·w; ``marginal_max``: (max_c (L_c + P_ic·w) − max_c L_c)/C;
     ``host_finish``: max_{c ∈ nodes(i)} (L_c + P_ic·w)/C; ``host_load_mean``:
-    Σ_c P_ic·(L_c + P_ic·w)/C. The vectorised form of the penalties the greedy applies row by
-    row (for agents, diagnostics and tests).
+    Σ_c P_ic·(L_c + P_ic·w)/C. With ``tile_cost`` the same three on the charged seconds
+    T_c(n) = ``tile_cost.node_cost(n)`` in place of L_c/C and T_c(n + e_i) in place of
+    (L_c + P_ic·w)/C. The vectorised form of the penalties the greedy applies row by row (for
+    agents, diagnostics and tests; the greedy updates the costs incrementally, equal up to
+    rounding).
 
     Args:
         P_layer: float [E, D] placement shares.
-        counts: float [E] tokens already assigned per expert.
+        counts: float [E] tokens already assigned per expert (integers with ``tile_cost``).
         w_flops: Work per (token, expert), FLOP.
         compute_flops: Node throughput C, FLOP/s.
         comp_penalty: One of ``COMP_PENALTIES``.
+        tile_cost: The evaluator's tile-model node cost, or None for the fluid model.
 
     Returns:
         ``(dT_comp_s, dispersion)``.
@@ -250,6 +330,17 @@ def penalties(P_layer: ArrayLike, counts: ArrayLike, w_flops: float, compute_flo
         raise ConfigError(f"P_layer must be [E, D] and counts [E]; got {P.shape} and {n.shape}")
     if comp_penalty not in COMP_PENALTIES:
         raise unknown_name("computation penalty", comp_penalty, COMP_PENALTIES)
+    if tile_cost is not None:
+        tile_cost.check(P)
+        before = tile_cost.node_cost(n)                                          # [D]
+        after = np.stack([tile_cost.node_cost(n + e) for e in np.eye(P.shape[0])])  # [E, D]
+        if comp_penalty == "marginal_max":
+            comp = after.max(axis=1) - before.max()
+        elif comp_penalty == "host_finish":
+            comp = np.where(P > 0, after, 0.0).max(axis=1)
+        else:
+            comp = (P * after).sum(axis=1)
+        return comp, (P > 0).sum(axis=1).astype(np.float64)
     loads = (n @ P) * w_flops                                    # [D]
     after = loads[None, :] + P * w_flops                         # [E, D]
     if comp_penalty == "marginal_max":
@@ -282,6 +373,7 @@ def hardware_aware_gating(
     renormalize: bool = False,
     initial_counts: ArrayLike | None = None,
     diagnostics: bool = True,
+    tile_cost: TileCost | None = None,
 ) -> GatingResult:
     """Choose every row's k experts with hardware-aware penalties (paper-model.md §11.2–11.5).
 
@@ -291,8 +383,10 @@ def hardware_aware_gating(
     ``a_i = s_i + σ·(r_comp·ΔT_comp(i) + r_comm·ΔT_comm(i))``, S_t = top-k of a, n[S_t] += 1,
 
     with L_c = Σ_j P_jc·n_j·w and, by default, ΔT_comp(i) = (max_c (L_c + P_ic·w) − max_c L_c)/C
-    and ΔT_comm(i) = |nodes(i)|. With ``r_comp = r_comm = 0`` the result is exactly the original
-    top-k. The paper's coefficients are negative (penalties lower the score). Ties between equal
+    and ΔT_comm(i) = |nodes(i)|. With ``tile_cost`` the node costs are the seconds the
+    evaluator charges under the tile model instead of L_c/C (``TileCost``): ΔT_comp(i) =
+    max_c T_c(n + e_i) − max_c T_c(n). With ``r_comp = r_comm = 0`` the result is exactly the
+    original top-k. The paper's coefficients are negative (penalties lower the score). Ties between equal
     adjusted scores go to the better original rank; ties between equal original scores to the
     earlier candidate (expert id for full score rows).
 
@@ -319,6 +413,8 @@ def hardware_aware_gating(
         renormalize: Renormalise the weights over the k selected (Mixtral); else raw scores.
         initial_counts: float [E] tokens already assigned before the first row.
         diagnostics: Compute the entropy and top margin (§11.8); NaN otherwise.
+        tile_cost: The evaluator's tile-model node cost of ``P_layer`` (profiles with tiles);
+            None = the fluid model (``paper*``). ``initial_counts`` must then be integers.
 
     Returns:
         The gated sets, weights and perturbation statistics.
@@ -338,10 +434,12 @@ def hardware_aware_gating(
         raise ConfigError(f"compute_flops must be positive, got {compute_flops!r}")
     if not 0 <= protect_top <= k:
         raise ConfigError(f"protect_top must lie in [0, k={k}], got {protect_top}")
+    if tile_cost is not None:
+        tile_cost.check(P)
     fast = _fused_gating(scores, k, P, float(w_flops), float(compute_flops),
                          float(sigma) * float(r_comp), float(sigma) * float(r_comm),
                          comp_penalty, comm_penalty, int(protect_top), candidate_window,
-                         include_future, initial_counts, diagnostics, renormalize)
+                         include_future, initial_counts, diagnostics, renormalize, tile_cost)
     if fast is not None:
         return fast
     cands = _candidates(scores, k, num_experts, candidate_window)
@@ -363,12 +461,51 @@ def hardware_aware_gating(
         sets, weights, positions = _greedy(
             cands, k, P, float(w_flops), float(compute_flops), float(sigma) * float(r_comp),
             float(sigma) * float(r_comm), comp_penalty, comm_penalty, int(protect_top),
-            include_future, initial_counts)
+            include_future, initial_counts, tile_cost)
     raw_weights = weights
     if renormalize:
         total = weights.sum(axis=1, keepdims=True)
         weights = weights / np.where(total > 0, total, 1.0)
     return _statistics(sets, weights, raw_weights, orig, orig_vals, positions, entropy, margin)
+
+
+def _initial_state(cands: _Candidates, k: int, P: NDArray[np.float64], w: float,
+                   include_future: bool, initial_counts: ArrayLike | None,
+                   tile_cost: TileCost | None) -> tuple[NDArray[np.float64], Tiles]:
+    """Return the node costs and the kernels' ``tiles`` state before the first row.
+
+    Fluid: the loads L_c = Σ_j P_jc·n_j·w (``_initial_loads``) and ``no_tiles()``. Tiles: the
+    charged seconds max(compute_c, stream_c) of the integer counts n (``TileCost.node_times``)
+    and the state (counts, compute, stream, holder tables) behind them.
+    """
+    Pw = _prepared_arrays(P, w)[0]
+    if tile_cost is None:
+        return _initial_loads(cands, k, Pw, include_future, initial_counts), no_tiles()
+    num_experts = P.shape[0]
+    counts = np.zeros(num_experts, dtype=np.int64)
+    if initial_counts is not None:
+        n0 = np.asarray(initial_counts, dtype=np.float64)
+        if n0.shape != (num_experts,):
+            raise ConfigError(f"initial_counts must have shape [E={num_experts}], got {n0.shape}")
+        if not (np.all(n0 >= 0) and np.array_equal(n0, np.round(n0))):
+            raise ConfigError("initial_counts must be integers >= 0 under the tile model")
+        counts += n0.astype(np.int64)
+    if include_future:
+        counts += np.bincount(cands.ids[:, :k].ravel(), minlength=num_experts)
+    compute, stream = tile_cost.node_times(counts)
+    h_row, h_stream = _prepared_tiles(P, tile_cost)
+    tiles: Tiles = (counts, np.ascontiguousarray(compute), np.ascontiguousarray(stream), h_row,
+                    h_stream, float(tile_cost.gemm_s), int(tile_cost.tile_tokens), True)
+    return np.maximum(compute, stream), tiles
+
+
+def _prepared_tiles(P: NDArray[np.float64], tile_cost: TileCost
+                    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Return the holder tables (row_s, stream_s) in ``_prepared_arrays``' holder order.
+
+    ``tile_cost`` has been checked against ``P`` (same support), so its own holder order is P's.
+    """
+    return tile_cost.holder_tables
 
 
 def _initial_loads(cands: _Candidates, k: int, Pw: NDArray[np.float64], include_future: bool,
@@ -388,7 +525,7 @@ def _initial_loads(cands: _Candidates, k: int, Pw: NDArray[np.float64], include_
 
 def _greedy(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: float, rc: float,
             rm: float, comp_penalty: str, comm_penalty: str, protect: int, include_future: bool,
-            initial_counts: ArrayLike | None
+            initial_counts: ArrayLike | None, tile_cost: TileCost | None = None
             ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
     """Run the row loop (compiled kernel); return sets, raw weights and positions, each [B, k].
 
@@ -397,22 +534,23 @@ def _greedy(cands: _Candidates, k: int, P: NDArray[np.float64], w: float, C: flo
     ``tests/hdamoe_env/decisions/test_gating_kernels.py`` against the reference module
     ``tests/hdamoe_env/decisions/gating_reference.py``.
     """
-    Pw, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
-    loads = _initial_loads(cands, k, Pw, include_future, initial_counts)
+    _, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
+    loads, tiles = _initial_state(cands, k, P, w, include_future, initial_counts, tile_cost)
     raw_ids = (np.empty((0, 0), dtype=np.int64) if cands.raw_ids is None
                else np.ascontiguousarray(cands.raw_ids))
     return greedy_kernel(
         cands.ids, cands.vals, int(cands.width), raw_ids, cands.raw_ids is not None,
         np.ascontiguousarray(cands.raw_vals), k, loads, h_ptr, h_node, h_wc, h_share,
-        dispersion, float(rc), float(rm), 1.0 / C, int(protect),
-        COMP_PENALTIES.index(comp_penalty), comm_penalty == "new_nodes", bool(include_future))
+        dispersion, float(rc), float(rm), 1.0 / C if tile_cost is None else 1.0, int(protect),
+        COMP_PENALTIES.index(comp_penalty), comm_penalty == "new_nodes", bool(include_future),
+        tiles)
 
 
 def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
                   P: NDArray[np.float64], w: float, C: float, rc: float, rm: float,
                   comp_penalty: str, comm_penalty: str, protect: int, window: int | None,
                   include_future: bool, initial_counts: ArrayLike | None, diagnostics: bool,
-                  renormalize: bool) -> GatingResult | None:
+                  renormalize: bool, tile_cost: TileCost | None = None) -> GatingResult | None:
     """The env's common case in one compiled call; None when it does not apply.
 
     Applies to int64/float64 candidate pairs ``(ids, scores)`` of at most 4k + 4
@@ -434,9 +572,17 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
         return None
     ids, vals = np.ascontiguousarray(ids), np.ascontiguousarray(vals)
     _, h_ptr, h_node, h_wc, h_share, dispersion = _prepared_arrays(P, w)
+    if tile_cost is None:
+        tiles, inv_c = no_tiles(), 1.0 / C
+    else:
+        h_row, h_stream = _prepared_tiles(P, tile_cost)
+        zeros = np.zeros(P.shape[1])
+        tiles = (np.zeros(P.shape[0], dtype=np.int64), zeros, zeros.copy(), h_row, h_stream,
+                 float(tile_cost.gemm_s), int(tile_cost.tile_tokens), True)
+        inv_c = 1.0
     out = fused_kernel(ids, vals, P.shape[0], P.shape[1], k, h_ptr, h_node, h_wc, h_share,
-                       dispersion, rc, rm, 1.0 / C, protect, COMP_PENALTIES.index(comp_penalty),
-                       comm_penalty == "new_nodes")
+                       dispersion, rc, rm, inv_c, protect, COMP_PENALTIES.index(comp_penalty),
+                       comm_penalty == "new_nodes", tiles)
     if out is None:                    # invalid ids or scores: the general path raises
         return None
     sets, weights, positions, sorted_ids, sorted_vals, kept, changed = out

@@ -18,6 +18,18 @@ Holder arrays (CSR over experts): ``h_ptr`` int64 [E + 1], and per (expert, hold
 ``h_node`` int64 (the node c), ``h_wc`` float64 (P_ic·w) and ``h_share`` float64 (P_ic);
 ``dispersion`` float64 [E] = |nodes(i)|. ``mode`` indexes ``gating.COMP_PENALTIES``
 (0 ``marginal_max``, 1 ``host_finish``, 2 ``host_load_mean``).
+
+Node costs. Without tiles (``tiles[7]`` False) ``loads`` [D] are the fluid loads
+L_c = Σ_j P_jc·n_j·w (FLOP) and one more token of expert i adds ``h_wc`` = P_ic·w to each holder.
+With tiles (the evaluator's tile model, docs/PHYSICS.md §4) ``loads`` are the seconds the
+evaluator charges each node, max(compute_c, stream_c), and ``tiles`` carries the state behind
+them: ``(counts int64 [E], compute float64 [D], stream float64 [D], h_row float64 [H],
+h_stream float64 [H], gemm_s, tile_tokens, True)``, where ``h_row`` is the seconds per padded
+token row of the shard (ceil(P_ic·I/T_c)·T_c·m·2h/C), ``h_stream`` its weight streaming when the
+expert is active (P_ic·W_e/(BW_mem·η), 0 when not charged) and ``gemm_s`` = m·o per active
+shard. One more token of expert i then costs a holder what ``tile_step`` says (a whole token
+tile when it opens one, nothing when it fills one, plus the GEMM overhead and the streaming when
+it activates the shard); ``node_cost_after`` is the one formula of a holder's cost after it.
 """
 
 from __future__ import annotations
@@ -28,8 +40,104 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["all_finite", "base_score", "fused_kernel", "greedy_kernel", "ids_in_range",
-           "kept_counts", "scan_row", "scan_row_new_nodes", "sort_rows"]
+__all__ = ["add_expert", "all_finite", "base_score", "fused_kernel", "greedy_kernel",
+           "holder_after", "ids_in_range", "kept_counts", "no_tiles", "node_cost_after",
+           "remove_expert", "scan_row", "scan_row_new_nodes", "sort_rows", "tile_step"]
+
+#: The ``tiles`` tuple of a kernel call (see the module docstring).
+Tiles = tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64],
+              NDArray[np.float64], NDArray[np.float64], float, int, bool]
+
+
+def no_tiles() -> Tiles:
+    """Return the ``tiles`` argument of the fluid model (empty arrays, flag off)."""
+    empty = np.zeros(0)
+    return (np.zeros(0, dtype=np.int64), empty, empty, empty, empty, 0.0, 1, False)
+
+
+@njit(cache=True)
+def tile_step(n: int, row_s: float, gemm_s: float, tile_tokens: int) -> float:
+    """Return the compute seconds token n + 1 of an expert adds to one of its shards.
+
+    The evaluator charges a shard with n tokens ceil(n/T)·T·``row_s`` + 1[n > 0]·``gemm_s``
+    (``perf.tiled_node_compute``), so the (n + 1)-th token adds a whole token tile
+    T·``row_s`` when n is a multiple of T (it opens a tile) and nothing otherwise; the first
+    token also adds the GEMM overhead.
+    """
+    if n % tile_tokens != 0:
+        return 0.0
+    step = tile_tokens * row_s
+    return step + gemm_s if n == 0 else step
+
+
+@njit(cache=True)
+def node_cost_after(compute_c: float, stream_c: float, n: int, row_s: float, gemm_s: float,
+                    stream_j: float, tile_tokens: int) -> float:
+    """Return a holder's charged seconds max(compute, stream) after one more token of an expert.
+
+    ``compute_c``/``stream_c`` are the node's compute and weight-streaming seconds before, ``n``
+    the expert's tokens before, ``row_s``/``stream_j`` the shard's seconds per padded token row
+    and its streaming (added when the token activates the shard, n = 0).
+    """
+    c = compute_c + tile_step(n, row_s, gemm_s, tile_tokens)
+    s = stream_c + stream_j if n == 0 else stream_c
+    return c if c >= s else s
+
+
+@njit(cache=True)
+def holder_after(i: int, j: int, loads: NDArray[np.float64], h_node: NDArray[np.int64],
+                 h_wc: NDArray[np.float64], tiles: Tiles) -> float:
+    """Return holder entry j's node cost after one more token of expert i (fluid or tiles)."""
+    if tiles[7]:
+        c = h_node[j]
+        return node_cost_after(tiles[1][c], tiles[2][c], tiles[0][i], tiles[3][j], tiles[5],
+                               tiles[4][j], tiles[6])
+    return loads[h_node[j]] + h_wc[j]
+
+
+@njit(cache=True)
+def add_expert(i: int, loads: NDArray[np.float64], peak: float, h_ptr: NDArray[np.int64],
+               h_node: NDArray[np.int64], h_wc: NDArray[np.float64], tiles: Tiles) -> float:
+    """Add one token of expert i to the node costs (and the tile state); return the new peak."""
+    if tiles[7]:
+        counts, comp, strm, h_row, h_stream = tiles[0], tiles[1], tiles[2], tiles[3], tiles[4]
+        n = counts[i]
+        for j in range(h_ptr[i], h_ptr[i + 1]):
+            c = h_node[j]
+            comp[c] = comp[c] + tile_step(n, h_row[j], tiles[5], tiles[6])
+            if n == 0:
+                strm[c] = strm[c] + h_stream[j]
+            v = comp[c] if comp[c] >= strm[c] else strm[c]
+            loads[c] = v
+            if v > peak:
+                peak = v
+        counts[i] = n + 1
+        return peak
+    for j in range(h_ptr[i], h_ptr[i + 1]):
+        v = loads[h_node[j]] + h_wc[j]
+        loads[h_node[j]] = v
+        if v > peak:
+            peak = v
+    return peak
+
+
+@njit(cache=True)
+def remove_expert(i: int, loads: NDArray[np.float64], h_ptr: NDArray[np.int64],
+                  h_node: NDArray[np.int64], h_wc: NDArray[np.float64], tiles: Tiles) -> None:
+    """Remove one token of expert i from the node costs (``include_future``); peak not updated."""
+    if tiles[7]:
+        counts, comp, strm, h_row, h_stream = tiles[0], tiles[1], tiles[2], tiles[3], tiles[4]
+        n = counts[i] - 1
+        counts[i] = n
+        for j in range(h_ptr[i], h_ptr[i + 1]):
+            c = h_node[j]
+            comp[c] = comp[c] - tile_step(n, h_row[j], tiles[5], tiles[6])
+            if n == 0:
+                strm[c] = strm[c] - h_stream[j]
+            loads[c] = comp[c] if comp[c] >= strm[c] else strm[c]
+        return
+    for j in range(h_ptr[i], h_ptr[i + 1]):
+        loads[h_node[j]] -= h_wc[j]
 
 
 @njit(cache=True)
@@ -80,29 +188,29 @@ def sort_rows(vals: NDArray[np.float64], raw_ids: NDArray[np.int64], has_ids: bo
 def base_score(i: int, s: float, loads: NDArray[np.float64], peak: float,
                h_ptr: NDArray[np.int64], h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
                h_share: NDArray[np.float64], dispersion: NDArray[np.float64], rc: float,
-               rm: float, inv_c: float, mode: int, new_nodes: bool) -> float:
+               rm: float, inv_c: float, mode: int, new_nodes: bool, tiles: Tiles) -> float:
     """Return s + r_comp·ΔT_comp(i) (+ r_comm·|nodes(i)| unless ``new_nodes``) (§11.3–11.4).
 
-    The oracle's ``RowState.base``; ``loads`` [D] are the running node loads L_c, ``peak`` their
-    maximum.
+    The oracle's ``RowState.base``; ``loads`` [D] are the running node costs (fluid loads L_c
+    or tile-model seconds, see the module docstring), ``peak`` their maximum.
     """
     if mode == 0:
         top = -np.inf
         for j in range(h_ptr[i], h_ptr[i + 1]):
-            v = loads[h_node[j]] + h_wc[j]
+            v = holder_after(i, j, loads, h_node, h_wc, tiles)
             if v > top:
                 top = v
         comp = top - peak if top > peak else 0.0
     elif mode == 1:
         comp = 0.0
         for j in range(h_ptr[i], h_ptr[i + 1]):
-            v = loads[h_node[j]] + h_wc[j]
+            v = holder_after(i, j, loads, h_node, h_wc, tiles)
             if v > comp:
                 comp = v
     else:
         comp = 0.0
         for j in range(h_ptr[i], h_ptr[i + 1]):
-            comp += h_share[j] * (loads[h_node[j]] + h_wc[j])
+            comp += h_share[j] * holder_after(i, j, loads, h_node, h_wc, tiles)
     a = s + rc * comp * inv_c
     return a if new_nodes else a + rm * dispersion[i]
 
@@ -114,7 +222,7 @@ def scan_row(cand: NDArray[np.int64], sv: NDArray[np.float64], width: int, k: in
              h_share: NDArray[np.float64], dispersion: NDArray[np.float64], rc: float,
              rm: float, inv_c: float, protect: int, mode: int, prune: bool, offset: float,
              out: NDArray[np.int64], top_a: NDArray[np.float64],
-             top_p: NDArray[np.int64]) -> bool:
+             top_p: NDArray[np.int64], tiles: Tiles) -> bool:
     """Choose one row's k candidates (dispersion penalty); False when ``cand`` is too short.
 
     The oracle's ``RowState.scan``: candidates in original-score order, exact pruning once k
@@ -142,7 +250,7 @@ def scan_row(cand: NDArray[np.int64], sv: NDArray[np.float64], width: int, k: in
             if mode == 0:
                 best = -np.inf
                 for j in range(h_ptr[i], h_ptr[i + 1]):
-                    v = loads[h_node[j]] + h_wc[j]
+                    v = holder_after(i, j, loads, h_node, h_wc, tiles)
                     if v > best:
                         best = v
                 a = s + rm * dispersion[i]
@@ -150,7 +258,7 @@ def scan_row(cand: NDArray[np.int64], sv: NDArray[np.float64], width: int, k: in
                     a += rc_c * (best - peak)
             else:
                 a = base_score(i, s, loads, peak, h_ptr, h_node, h_wc, h_share, dispersion,
-                                rc, rm, inv_c, mode, False)
+                               rc, rm, inv_c, mode, False, tiles)
         na = -a
         if held < k or na < top_a[k - 1] or (na == top_a[k - 1] and pos < top_p[k - 1]):
             n = held if held < k else k - 1          # insert (na, pos) into the sorted prefix
@@ -180,7 +288,8 @@ def scan_row_new_nodes(cand: NDArray[np.int64], sv: NDArray[np.float64], width: 
                        h_share: NDArray[np.float64], dispersion: NDArray[np.float64],
                        rc: float, rm: float, inv_c: float, protect: int, mode: int,
                        prune: bool, covered: NDArray[np.bool_], out: NDArray[np.int64],
-                       bases: NDArray[np.float64], taken: NDArray[np.bool_]) -> bool:
+                       bases: NDArray[np.float64], taken: NDArray[np.bool_],
+                       tiles: Tiles) -> bool:
     """Choose one row's k candidates one at a time with ΔT_comm = |nodes(i) \\ covered| (§11.4).
 
     The oracle's ``RowState._scan_new_nodes``; False when ``cand`` is a too-short prefix.
@@ -215,7 +324,7 @@ def scan_row_new_nodes(cand: NDArray[np.int64], sv: NDArray[np.float64], width: 
                 b = np.inf
             else:
                 b = base_score(i, sv[pos], loads, peak, h_ptr, h_node, h_wc, h_share,
-                                dispersion, rc, rm, inv_c, mode, True)
+                               dispersion, rc, rm, inv_c, mode, True, tiles)
             bases[pos] = b
             n_bases += 1
             fresh = 0
@@ -241,20 +350,23 @@ def greedy_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], width: int,
                   h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
                   h_share: NDArray[np.float64], dispersion: NDArray[np.float64], rc: float,
                   rm: float, inv_c: float, protect: int, mode: int, new_nodes: bool,
-                  include_future: bool
+                  include_future: bool, tiles: Tiles
                   ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
     """Run the greedy over all rows; return sets, raw weights and positions, each [B, k].
 
     The compiled row loop of the oracle's ``greedy_reference`` (``RowState``). ``ids``/``vals``
     [B, W] are the sorted candidate prefixes of ``width`` candidates per row in total; a row
     whose scan runs off its prefix is redone on the whole row of ``raw_ids``/``raw_vals``
-    (sorted stably here). ``loads`` [D] are the loads before the first row (not modified).
+    (sorted stably here). ``loads`` [D] are the node costs before the first row and ``tiles``
+    the tile state behind them (neither is modified).
     """
     num_rows = ids.shape[0]
     sets = np.empty((num_rows, k), dtype=np.int64)
     weights = np.empty((num_rows, k))
     positions = np.empty((num_rows, k), dtype=np.int64)
     loads = loads.copy()
+    tiles = (tiles[0].copy(), tiles[1].copy(), tiles[2].copy(), tiles[3], tiles[4], tiles[5],
+             tiles[6], tiles[7])
     peak = loads.max() if loads.shape[0] else -np.inf
     prune = rc <= 0 and rm <= 0
     offset = 0.0
@@ -272,19 +384,17 @@ def greedy_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], width: int,
         sv = vals[t]
         if include_future:                                  # remove the row's own choices
             for q in range(k):
-                i = cand[q]
-                for j in range(h_ptr[i], h_ptr[i + 1]):
-                    loads[h_node[j]] -= h_wc[j]
+                remove_expert(cand[q], loads, h_ptr, h_node, h_wc, tiles)
             peak = loads.max()
         for _attempt in range(2):
             if new_nodes:
                 ok = scan_row_new_nodes(cand, sv, width, k, loads, peak, h_ptr, h_node, h_wc,
-                                         h_share, dispersion, rc, rm, inv_c, protect, mode,
-                                         prune, covered, picks, bases, taken)
+                                        h_share, dispersion, rc, rm, inv_c, protect, mode,
+                                        prune, covered, picks, bases, taken, tiles)
             else:
                 ok = scan_row(cand, sv, width, k, loads, peak, h_ptr, h_node, h_wc, h_share,
-                               dispersion, rc, rm, inv_c, protect, mode, prune, offset, picks,
-                               top_a, top_p)
+                              dispersion, rc, rm, inv_c, protect, mode, prune, offset, picks,
+                              top_a, top_p, tiles)
             if ok:
                 break
             # the prefix was not enough: the whole row, sorted stably (the oracle's ``full_row``)
@@ -297,11 +407,7 @@ def greedy_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], width: int,
             sets[t, q] = i
             weights[t, q] = sv[p]
             positions[t, q] = p
-            for j in range(h_ptr[i], h_ptr[i + 1]):
-                v = loads[h_node[j]] + h_wc[j]
-                loads[h_node[j]] = v
-                if v > peak:
-                    peak = v
+            peak = add_expert(i, loads, peak, h_ptr, h_node, h_wc, tiles)
     return sets, weights, positions
 
 
@@ -311,7 +417,7 @@ def fused_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], num_experts:
                  h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
                  h_wc: NDArray[np.float64], h_share: NDArray[np.float64],
                  dispersion: NDArray[np.float64], rc: float, rm: float, inv_c: float,
-                 protect: int, mode: int, new_nodes: bool) -> Any:
+                 protect: int, mode: int, new_nodes: bool, tiles: Tiles) -> Any:
     """Validate, sort, gate and count in one call (``gating._fused_gating``); None if invalid.
 
     Returns:
@@ -325,7 +431,7 @@ def fused_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], num_experts:
     loads = np.zeros(num_nodes)
     sets, weights, positions = greedy_kernel(
         sorted_ids, sorted_vals, width, ids, True, vals, k, loads, h_ptr, h_node, h_wc,
-        h_share, dispersion, rc, rm, inv_c, protect, mode, new_nodes, False)
+        h_share, dispersion, rc, rm, inv_c, protect, mode, new_nodes, False, tiles)
     kept, changed = kept_counts(positions)
     return sets, weights, positions, sorted_ids, sorted_vals, kept, changed
 

@@ -194,7 +194,7 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
                        tie_break: str = "fifo", max_messages: int = 20_000,
                        trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] | None = None,
                        switching: str = "store_and_forward", ni_bw_Bps: float | None = None,
-                       ) -> BroadcastResult:
+                       ni_latency_s: float | None = None) -> BroadcastResult:
     """Simulate the pre-broadcast of ``experts`` on idle links with the DES (§10.8).
 
     Chunks per expert = ⌈S / chunk_bytes⌉ (the caller passes c*(m) of the α–β model); to bound
@@ -215,6 +215,7 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
         trees: Optional broadcast-tree cache.
         switching: DES switching (``hdamoe_env.noc.des``).
         ni_bw_Bps: DES network-interface port bandwidth, or None (``des.simulate_messages``).
+        ni_latency_s: DES port latency, seconds; ``None`` = the hop latency.
 
     Returns:
         Makespan and per-link busy time.
@@ -231,6 +232,6 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
                               alpha_s=alpha_s, hop_latency_s=hop_latency_s, trees=trees)
     des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
                             tie_break=tie_break, hop_latency_s=hop_latency_s,
-                            switching=switching, ni_bw_Bps=ni_bw_Bps)
+                            switching=switching, ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
     return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), chunks,
                            msgs.chunk_bytes)

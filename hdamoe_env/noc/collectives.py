@@ -18,13 +18,14 @@ Algorithms (``ALGORITHMS``; reduce-scatter then all-gather, S bytes per node, p 
 
 Every step of an algorithm repeats the same messages on idle links, so one DES round per distinct
 step kind is simulated and multiplied by its count (exact: the DES is shift-invariant). Results
-are cached per (topology, algorithm, bytes, α, hop latency, switching, ports); ``best_allreduce``
-returns the fastest and its name, which the evaluators report.
+are cached per (topology, algorithm, bytes, α, hop latency, switching, ports and their
+latency); ``best_allreduce`` returns the fastest and its name, which the evaluators report.
 
 Switching and network-interface ports (docs/PHYSICS.md §16) are those of the message DES
 (``des.simulate_messages``): with ``ni_bw_Bps`` every message also crosses its source's injection
-port and its destination's ejection port. A ring step then costs α + 3·hop + S/(p·BW) under
-cut-through (α + 3·(hop + S/(p·BW)) under store-and-forward), and ``biring``, whose nodes send
+port and its destination's ejection port, each paying the port latency t_ni (``ni_latency_s``,
+default the hop latency). A ring step then costs α + 2·t_ni + hop + S/(p·BW) under cut-through
+(α + 2·t_ni + hop + 3·S/(p·BW) under store-and-forward), and ``biring``, whose nodes send
 and receive two messages per step, loses its advantage when the ports are as fast as a link:
 both messages share one injection and one ejection port.
 """
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import check_ni_bandwidth, check_switching, des_kernel, simulate_messages
+from hdamoe_env.noc.des import (check_ni_bandwidth, check_ni_latency, check_switching,
+                                des_kernel, simulate_messages)
 from hdamoe_env.noc.messages import check_scalar, prepare_messages
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError
@@ -109,7 +111,8 @@ def default_ring(topology: Topology) -> NDArray[np.int64]:
 def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike | None = None,
                        chunks: int = 1, hop_latency_s: float = 0.0,
                        switching: str = "store_and_forward",
-                       ni_bw_Bps: float | None = None) -> float:
+                       ni_bw_Bps: float | None = None,
+                       ni_latency_s: float | None = None) -> float:
     """Simulate a ring all-reduce (reduce-scatter then all-gather) with the DES (§5.6).
 
     2(p−1) sequential steps; in every step each ring member sends ``size_bytes / p`` bytes to its
@@ -124,6 +127,7 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         hop_latency_s: Latency added after every link traversal, seconds.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
         ni_bw_Bps: Network-interface port bandwidth (``des.simulate_messages``), or None.
+        ni_latency_s: Port latency, seconds; ``None`` = the hop latency.
 
     Returns:
         The all-reduce time in seconds (0 for p <= 1).
@@ -134,6 +138,7 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
     cut = check_switching(switching)
     if ni_bw_Bps is not None:
         check_ni_bandwidth(ni_bw_Bps)
+    check_ni_latency(ni_latency_s, check_scalar("hop_latency_s", hop_latency_s))
     size = check_scalar("size_bytes", size_bytes)
     order = default_ring(topology) if ring is None else np.asarray(ring, dtype=np.int64)
     order = order.reshape(-1)
@@ -151,7 +156,8 @@ def ring_allreduce_des(topology: Topology, size_bytes: float, *, ring: ArrayLike
         for _ in range(2 * (p - 1)):
             t = simulate_messages(topology, src, dst, np.full(p, size / p), np.full(p, t),
                                   hop_latency_s=hop_latency_s, chunks=chunks,
-                                  switching=switching, ni_bw_Bps=ni_bw_Bps).makespan_s
+                                  switching=switching, ni_bw_Bps=ni_bw_Bps,
+                                  ni_latency_s=ni_latency_s).makespan_s
         return float(t)
     prep = prepare_messages(topology, src, dst, np.full(p, size / p), None, "fifo",
                             hop_latency_s, None, chunks)
@@ -183,7 +189,7 @@ def _grid_groups(topology: Topology) -> tuple[NDArray[np.int64], NDArray[np.int6
 
 def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64], size: float,
              alpha_s: float, hop_latency_s: float, cut: bool = False,
-             ni_bw_Bps: float | None = None) -> float:
+             ni_bw_Bps: float | None = None, ni_latency_s: float | None = None) -> float:
     """Return the time of one collective step: all messages start at α on idle links."""
     if src.size == 0 or size <= 0:
         return 0.0
@@ -191,7 +197,7 @@ def _round_s(topology: Topology, src: NDArray[np.int64], dst: NDArray[np.int64],
         return simulate_messages(topology, src, dst, np.full(src.size, size),
                                  np.full(src.size, alpha_s), hop_latency_s=hop_latency_s,
                                  switching="cut_through" if cut else "store_and_forward",
-                                 ni_bw_Bps=ni_bw_Bps).makespan_s
+                                 ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s).makespan_s
     prep = prepare_messages(topology, src, dst, np.full(src.size, size), None, "fifo",
                             hop_latency_s, None, 1)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
@@ -230,11 +236,12 @@ def _schedule(topology: Topology, algorithm: str, size: float
                       f"{list(ALGORITHMS)}")
 
 
-#: All-reduce times by (topology id, algorithm, bytes, α, hop latency, switching, port bandwidth);
+#: All-reduce times by (topology id, algorithm, bytes, α, hop latency, switching, port bandwidth,
+#: port latency);
 #: a value keeps its topology (checked by identity, so a reused id can never hit). A run needs a
 #: few per batch size and topology, the whole test suite 71 (measured), so 4096 never evicts
 #: either working set.
-_TIMES: BoundedCache[tuple[int, str, float, float, float, bool, float | None],
+_TIMES: BoundedCache[tuple[int, str, float, float, float, bool, float | None, float],
                      tuple[Topology, float]] = BoundedCache(
     4096, name="hdamoe_env.noc.collectives.allreduce_time")
 
@@ -242,7 +249,8 @@ _TIMES: BoundedCache[tuple[int, str, float, float, float, bool, float | None],
 def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring", *,
                    alpha_s: float = 0.0, hop_latency_s: float = 0.0,
                    switching: str = "store_and_forward",
-                   ni_bw_Bps: float | None = None) -> float:
+                   ni_bw_Bps: float | None = None,
+                   ni_latency_s: float | None = None) -> float:
     """Return the DES time of an all-reduce of ``size_bytes`` per node by ``algorithm`` (cached).
 
     Args:
@@ -253,29 +261,32 @@ def allreduce_time(topology: Topology, size_bytes: float, algorithm: str = "ring
         hop_latency_s: Latency after every link traversal, seconds.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
         ni_bw_Bps: Network-interface port bandwidth (``des.simulate_messages``), or None.
+        ni_latency_s: Port latency, seconds; ``None`` = the hop latency.
 
     Returns:
         Seconds (0 for one endpoint or S = 0).
 
     Raises:
         ConfigError: Unknown algorithm or switching, or a negative or non-finite size or
-            latency, or a non-positive port bandwidth.
+            hop or port latency, or a non-positive port bandwidth.
     """
     cut = check_switching(switching)
     ni = None if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
     size = check_scalar("size_bytes", size_bytes)
     alpha = check_scalar("alpha_s", alpha_s)
     hop = check_scalar("hop_latency_s", hop_latency_s)
+    ni_lat = check_ni_latency(ni_latency_s, hop)
     if algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown all-reduce algorithm {algorithm!r}; expected one of "
                           f"{list(ALGORITHMS)}")
-    key = (id(topology), algorithm, size, alpha, hop, cut, ni)
+    key = (id(topology), algorithm, size, alpha, hop, cut, ni, ni_lat)
     entry = _TIMES.get(key)
     if entry is None or entry[0] is not topology:
         if topology.num_endpoints <= 1 or size == 0:
             hit = 0.0
         else:
-            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop, cut, ni)
+            hit = math.fsum(count * _round_s(topology, src, dst, part, alpha, hop, cut, ni,
+                                             ni_lat)
                             for count, src, dst, part in _schedule(topology, algorithm, size))
         entry = _TIMES.put(key, (topology, hit))
     return entry[1]
@@ -285,7 +296,8 @@ def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.
                    hop_latency_s: float = 0.0,
                    algorithms: tuple[str, ...] = ALGORITHMS,
                    switching: str = "store_and_forward",
-                   ni_bw_Bps: float | None = None) -> AllReduce:
+                   ni_bw_Bps: float | None = None,
+                   ni_latency_s: float | None = None) -> AllReduce:
     """Return the fastest all-reduce algorithm the topology admits for ``size_bytes`` (§5.6).
 
     Args:
@@ -296,13 +308,14 @@ def best_allreduce(topology: Topology, size_bytes: float, *, alpha_s: float = 0.
         algorithms: Candidates, default all of ``ALGORITHMS``.
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
         ni_bw_Bps: Network-interface port bandwidth (``des.simulate_messages``), or None.
+        ni_latency_s: Port latency, seconds; ``None`` = the hop latency.
 
     Returns:
         The time, the chosen algorithm and every candidate's time.
     """
     times = {name: allreduce_time(topology, size_bytes, name, alpha_s=alpha_s,
                                   hop_latency_s=hop_latency_s, switching=switching,
-                                  ni_bw_Bps=ni_bw_Bps)
+                                  ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
              for name in algorithms}
     name = min(times, key=lambda n: (times[n], algorithms.index(n)))
     return AllReduce(times[name], name, times)

@@ -31,7 +31,10 @@ Validated against BookSim 2.0 in docs/results/validation.md.
 Network-interface ports (``ni_bw_Bps``, off by default): one injection port per source and one
 ejection port per destination endpoint, modelled as two extra links at the ends of every
 non-empty route (ids ``num_links + src`` and ``num_links + N + dst``), so a node sends and
-receives one message at a time at port bandwidth, as a router's local port does.
+receives one message at a time at port bandwidth, as a router's local port does. A port pays its
+own latency ``ni_latency_s`` (default: the hop latency) where a link pays the hop latency; the
+kernel reads one latency per link (``link_lat``). On an idle path of H links with ports,
+cut-through takes ``2·ni_latency + H·hop_latency + size/bw`` (docs/PHYSICS.md §16).
 
 Two implementations share those semantics and agree bit for bit (same floating-point operations
 in the same order):
@@ -58,7 +61,7 @@ from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError, unknown_name
-from hdamoe_env.noc.messages import TIE_BREAKS, PreparedMessages, prepare_messages
+from hdamoe_env.noc.messages import TIE_BREAKS, PreparedMessages, check_scalar, prepare_messages
 from hdamoe_env.noc.topology import Topology
 
 SWITCHINGS: tuple[str, ...] = ("store_and_forward", "cut_through")
@@ -68,11 +71,13 @@ __all__ = [
     "TIE_BREAKS",
     "DesResult",
     "check_ni_bandwidth",
+    "check_ni_latency",
     "check_switching",
     "count_trailing_zeros",
     "des_core",
     "des_kernel",
     "link_load_bound",
+    "port_latencies",
     "simulate_messages",
     "simulate_messages_oracle",
 ]
@@ -182,18 +187,20 @@ def _stable_sort_by_key(run: NDArray[np.int64], count: int, key: NDArray[np.int6
 def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     pos: NDArray[np.int64], stop: NDArray[np.int64], msg_size: NDArray[np.float64],
     msg_ready: NDArray[np.float64], msg_rank: NDArray[np.int64],
-    route_links: NDArray[np.int32], link_bw: NDArray[np.float64], hop_latency: float,
-    tie_ref: bool, busy_time: NDArray[np.float64], finish: NDArray[np.float64],
-    cut_through: bool,
+    route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
+    link_lat: NDArray[np.float64], tie_ref: bool, busy_time: NDArray[np.float64],
+    finish: NDArray[np.float64], cut_through: bool,
 ) -> float:
     """Run the §6.3 event loop; fill ``busy_time`` [L] (accumulated) and ``finish`` [M].
 
     Message m crosses the links ``route_links[pos[m]:stop[m]]``; ``pos`` is the cursor of the
     next hop and is advanced in place (callers pass a scratch array). ``msg_rank`` is the
-    route's lexicographic rank (read with ``tie_ref`` only). ``cut_through`` selects the
-    switching of the module docstring: the next hop's event is the head's arrival (start +
-    hop latency) instead of the tail's (end + hop latency), and a hop ends no earlier than the
-    previous hop's end plus the hop latency.
+    route's lexicographic rank (read with ``tie_ref`` only). ``link_lat`` [L] is the latency
+    paid after crossing each link (the hop latency; network-interface ports their own).
+    ``cut_through`` selects the switching of the module docstring: the next hop's event is the
+    head's arrival (start + latency) instead of the tail's (end + latency), and a hop ends no
+    earlier than the tail's arrival from upstream (the previous hop's end plus that hop's
+    latency).
 
     Events are ordered by (time, tie key, sequence): the tie key is 0 (``fifo``) or the dense
     rank of the message by (size, route rank) (``ref``), and the sequence is the insertion
@@ -225,7 +232,7 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     num_msg = pos.shape[0]
     busy_until = np.zeros(link_bw.shape[0])
     kbase = np.zeros(num_msg, dtype=np.int64)
-    tail_end = np.full(num_msg, -np.inf)  # cut-through: end of the message's previous hop
+    tail_in = np.full(num_msg, -np.inf)  # cut-through: the tail's arrival from upstream
     if tie_ref and num_msg > 0:
         size_rank = _dense_rank(msg_size)
         kbase = _dense_rank(size_rank * (msg_rank.max() + 1) + msg_rank)
@@ -330,14 +337,15 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
             bu = busy_until[link]
             start = t if t > bu else bu
             end = start + msg_size[m] / link_bw[link]
+            lat = link_lat[link]
             if cut_through:  # the tail cannot leave before it has arrived from upstream
-                tail_ready = tail_end[m] + hop_latency
+                tail_ready = tail_in[m]
                 if tail_ready > end:
                     end = tail_ready
-                tail_end[m] = end
+                tail_in[m] = end + lat
             busy_until[link] = end
             busy_time[link] += end - start
-            arrive = end + hop_latency
+            arrive = end + lat
             if p + 1 == stop[m]:
                 finish[m] = arrive
                 if arrive > makespan:
@@ -345,7 +353,7 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
                 m = nm
                 continue
             if cut_through:
-                arrive = start + hop_latency  # the head reaches the next router
+                arrive = start + lat  # the head reaches the next router
             pos[m] = p + 1
             if tie_ref and arrive == t and nm >= 0 and kbase[m] < max_key:
                 # zero-duration hop that sorts before waiting events of this bucket: link it in
@@ -445,8 +453,9 @@ def des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
     """
     busy = np.zeros(link_bw.shape[0])
     finish = np.zeros(msg_route.shape[0])
+    link_lat = np.full(link_bw.shape[0], hop_latency)
     makespan = des_core(route_ptr[msg_route], route_ptr[msg_route + 1], msg_size, msg_ready,
-                        msg_rank, route_links, link_bw, hop_latency, tie_ref, busy, finish,
+                        msg_rank, route_links, link_bw, link_lat, tie_ref, busy, finish,
                         cut_through)
     return makespan, busy, finish
 
@@ -468,7 +477,8 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
                       ready_s: ArrayLike | None = None, *, tie_break: str = "fifo",
                       hop_latency_s: float = 0.0, flow_keys: ArrayLike | None = None,
                       chunks: int = 1, switching: str = "store_and_forward",
-                      ni_bw_Bps: float | None = None) -> DesResult:
+                      ni_bw_Bps: float | None = None,
+                      ni_latency_s: float | None = None) -> DesResult:
     """Simulate a set of messages with the compiled busy-until DES (§6.3).
 
     Args:
@@ -489,26 +499,30 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
             injection port per source and one ejection port per destination endpoint: every
             message with a non-empty route then crosses its source's injection port first and
             its destination's ejection port last, as two extra links (each with the hop
-            latency). Their busy time is not part of ``link_busy_s``.
+            latency of ``ni_latency_s``). Their busy time is not part of ``link_busy_s``.
+        ni_latency_s: Latency after crossing a network-interface port, seconds; ``None`` = the
+            hop latency. Ignored without ports.
 
     Returns:
         The makespan, per-link busy time [num_links] and per-message finish time [M].
 
     Raises:
         ConfigError: Mismatched lengths, endpoint ids out of range, negative or non-finite sizes
-            or ready times, an unknown tie rule or switching, a negative hop latency, a
+            or ready times, an unknown tie rule or switching, a negative hop or port latency, a
             non-positive port bandwidth or ``chunks < 1``.
     """
     cut = check_switching(switching)
     prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
                             flow_keys, chunks)
+    ni_lat = check_ni_latency(ni_latency_s, prep.hop_latency)
     routes = topology.select_routes(prep.src, prep.dst, prep.keys)
     rank = topology.route_lex_rank[routes] if prep.tie_ref else np.zeros(routes.size, np.int64)
     if ni_bw_Bps is not None:
         pos, stop, links, bw = _with_ports(topology, prep, routes, ni_bw_Bps)
+        lat = port_latencies(topology, prep.hop_latency, ni_lat)
         busy = np.zeros(bw.shape[0])
         finish = np.zeros(routes.size)
-        makespan = des_core(pos, stop, prep.size, prep.ready, rank, links, bw, prep.hop_latency,
+        makespan = des_core(pos, stop, prep.size, prep.ready, rank, links, bw, lat,
                             prep.tie_ref, busy, finish, cut)
         return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
     makespan, busy, finish = des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
@@ -523,6 +537,20 @@ def check_ni_bandwidth(ni_bw_Bps: float) -> float:
     if not (bw > 0 and np.isfinite(bw)):
         raise ConfigError(f"ni_bw_Bps must be a finite number > 0, got {ni_bw_Bps!r}")
     return bw
+
+
+def check_ni_latency(ni_latency_s: float | None, hop_latency_s: float) -> float:
+    """Return a port latency in seconds (``None``: ``hop_latency_s``); ``ConfigError`` if < 0."""
+    if ni_latency_s is None:
+        return float(hop_latency_s)
+    return check_scalar("ni_latency_s", ni_latency_s)
+
+
+def port_latencies(topology: Topology, hop_latency_s: float,
+                   ni_latency_s: float) -> NDArray[np.float64]:
+    """Per-link latencies [L + 2N] with ports: L hop latencies, then 2N port latencies."""
+    return np.concatenate([np.full(topology.num_links, float(hop_latency_s)),
+                           np.full(2 * topology.num_endpoints, float(ni_latency_s))])
 
 
 def _with_ports(topology: Topology, prep: PreparedMessages, routes: NDArray[np.int64],
@@ -575,7 +603,8 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
                              tie_break: str = "fifo", hop_latency_s: float = 0.0,
                              flow_keys: ArrayLike | None = None, chunks: int = 1,
                              switching: str = "store_and_forward",
-                             ni_bw_Bps: float | None = None) -> DesResult:
+                             ni_bw_Bps: float | None = None,
+                             ni_latency_s: float | None = None) -> DesResult:
     """Simulate messages with a slow, obviously correct interval-calendar DES (test oracle).
 
     Same signature, semantics and results (bit for bit) as ``simulate_messages``. Routes are
@@ -589,6 +618,7 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
     cut = check_switching(switching)
     prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
                             flow_keys, chunks)
+    ni_lat = check_ni_latency(ni_latency_s, prep.hop_latency)
     num = prep.src.shape[0]
     routes: list[list[int]] = []
     for i in range(num):
@@ -599,16 +629,18 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
     labels = [tuple(topology.link_labels[x] for x in r) for r in routes]
     sizes = [float(x) for x in prep.size]
     bw = [float(x) for x in topology.link_bw_Bps]
+    lat = [prep.hop_latency] * len(bw)
     if ni_bw_Bps is not None:  # injection port L + src first, ejection port L + N + dst last
         n, ports = topology.num_endpoints, check_ni_bandwidth(ni_bw_Bps)
         routes = [[topology.num_links + int(prep.src[i]), *r,
                    topology.num_links + n + int(prep.dst[i])] if r else r
                   for i, r in enumerate(routes)]
         bw += [ports] * (2 * n)
+        lat += [ni_lat] * (2 * n)
     calendar: list[list[tuple[float, float]]] = [[] for _ in range(len(bw))]
     busy = [0.0] * len(bw)
     finish = [0.0] * num
-    tail_end = [-np.inf] * num  # cut-through: end of the previous hop
+    tail_in = [-np.inf] * num  # cut-through: the tail's arrival from the previous hop
     seq = 0
     heap: list[tuple[Any, ...]] = []
 
@@ -637,9 +669,9 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
             end = start + dur
             bisect.insort(calendar[link], (start, end))
             busy[link] += end - start
-            push(end + prep.hop_latency, m, hop + 1)
+            push(end + lat[link], m, hop + 1)
             continue
-        tail_ready = tail_end[m] + prep.hop_latency
+        tail_ready = tail_in[m]
 
         def end_at(x: float, dur: float = dur, tail_ready: float = tail_ready) -> float:
             end = x + dur
@@ -647,14 +679,14 @@ def simulate_messages_oracle(topology: Topology, src: ArrayLike, dst: ArrayLike,
 
         start = _earliest_gap_until(calendar[link], t, end_at)
         end = end_at(start)
-        tail_end[m] = end
+        tail_in[m] = end + lat[link]
         bisect.insort(calendar[link], (start, end))
         busy[link] += end - start
         if hop + 1 == len(routes[m]):
-            finish[m] = end + prep.hop_latency
+            finish[m] = end + lat[link]
             makespan = max(makespan, finish[m])
         else:
-            push(start + prep.hop_latency, m, hop + 1)
+            push(start + lat[link], m, hop + 1)
     return DesResult(float(makespan), np.array(busy[:topology.num_links], dtype=np.float64),
                      _per_message(np.array(finish, dtype=np.float64), prep))
 

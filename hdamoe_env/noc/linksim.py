@@ -21,8 +21,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.noc.des import (check_ni_bandwidth, check_switching, count_trailing_zeros,
-                                des_core)
+from hdamoe_env.noc.des import (check_ni_bandwidth, check_ni_latency, check_switching,
+                                count_trailing_zeros, des_core)
 from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
@@ -131,7 +131,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
     phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
     makespan_out: NDArray[np.float64], count_out: NDArray[np.int64], cut_through: bool,
-    ni_bw: float,
+    ni_bw: float, ni_lat: float,
 ) -> bool:
     """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
 
@@ -140,7 +140,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     when the inputs fail ``_layer_inputs_ok`` (checking here saves a second compiled call).
     A combine message from a cluster that holds a partial shard of any expert of its token
     (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
-    ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``.
+    ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``,
+    each with latency ``ni_lat`` (seconds).
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -222,6 +223,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     msg_dst = np.empty(num_msg, dtype=np.int64)
     # ports (ni_bw > 0): injection num_links + src, ejection num_links + N + dst
     port_bw = np.concatenate((link_bw, np.full(2 * num_ep, ni_bw)))
+    link_lat = np.full(num_links, hop_latency)
+    port_lat = np.concatenate((link_lat, np.full(2 * num_ep, ni_lat)))
     port_busy = np.zeros(port_bw.shape[0])
     pos2 = np.empty(num_msg, dtype=np.int64)
     stop2 = np.empty(num_msg, dtype=np.int64)
@@ -253,7 +256,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
         count_out[p] = num_msg
         if ni_bw <= 0:
             makespan_out[p] = des_core(pos, stop, size_p, msg_ready, msg_rank, route_links,
-                                       link_bw, hop_latency, tie_ref, busy_out[p], finish,
+                                       link_bw, link_lat, tie_ref, busy_out[p], finish,
                                        cut_through)
             continue
         total = 0
@@ -275,7 +278,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
             stop2[m] = k
         port_busy[:] = 0.0
         makespan_out[p] = des_core(pos2, stop2, size_p, msg_ready, msg_rank, links2, port_bw,
-                                   hop_latency, tie_ref, port_busy, finish, cut_through)
+                                   port_lat, tie_ref, port_busy, finish, cut_through)
         busy_out[p] += port_busy[:num_links]
     return True
 
@@ -645,7 +648,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
                         alpha_s: float = 0.0, partial_mask: ArrayLike | None = None,
                         combine_bytes: ArrayLike | None = None,
                         switching: str = "store_and_forward",
-                        ni_bw_Bps: float | None = None) -> LayerComm:
+                        ni_bw_Bps: float | None = None,
+                        ni_latency_s: float | None = None) -> LayerComm:
     """Simulate the MoE communication of one layer: message generation plus one DES per phase.
 
     The production path (§6.2–6.3): equivalent to ``layer_messages`` followed by
@@ -677,6 +681,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
         switching: ``"store_and_forward"`` or ``"cut_through"`` (``hdamoe_env.noc.des``).
         ni_bw_Bps: ``None`` or the bandwidth of one injection and one ejection port per
             endpoint (``des.simulate_messages``).
+        ni_latency_s: Latency of each port, seconds; ``None`` = the hop latency.
 
     Returns:
         Makespan, per-link busy time and message count per phase.
@@ -688,6 +693,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
     tie_ref = tie_break_is_ref(tie_break)
     hop = check_scalar("hop_latency_s", hop_latency_s)
+    ni_lat = check_ni_latency(ni_latency_s, hop)
     chunks = check_chunks(chunks)
     phase_names = tuple(phases)
     codes = _phase_codes(phase_names)
@@ -699,7 +705,7 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     arrays = _fast_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders)
     psum = _as_partial(partial_mask, combine_bytes, arrays)
     args = (psum, chunks, int(layer), topology, hop, tie_ref, codes, busy, makespan, counts, cut,
-            ni_bw)
+            ni_bw, ni_lat)
     if arrays is None or not _run_layer_kernel(arrays, *args):
         # the slow path converts everything and raises the detailed ConfigError
         arrays = _as_layer_inputs(token_sets, msg_bytes, holder_mask, agg, pi, extra_holders,
@@ -751,7 +757,7 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
                       layer: int, topology: Topology, hop: float, tie_ref: bool,
                       codes: NDArray[np.int64], busy: NDArray[np.float64],
                       makespan: NDArray[np.float64], counts: NDArray[np.int64], cut: bool,
-                      ni_bw: float) -> bool:
+                      ni_bw: float, ni_lat: float) -> bool:
     """Call ``_layer_kernel`` on converted inputs; False when they fail its validation."""
     ts, size, hm, ag, p, ex = arrays
     check_ref_size(tie_ref, ts.shape[0] * topology.num_endpoints * chunks)
@@ -759,4 +765,4 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
                          topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
-                         busy, makespan, counts, cut, ni_bw)
+                         busy, makespan, counts, cut, ni_bw, ni_lat)

@@ -126,7 +126,8 @@ def fit_gamma(sim: MoESimulator, placement: Placement, layer: int,
             phases=phases, tie_break=conv.tie_break, hop_latency_s=sim.hw.hop_latency_for(conv),
             layer=layer, chunks=conv.chunks, alpha_s=conv.msg_alpha_s, partial_mask=partial,
             combine_bytes=None if partial is None else psum, switching=conv.switching,
-            ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps))
+            ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps),
+            ni_latency_s=conv.ni_latency_for(sim.hw.hop_latency_for(conv)))
         ys[j] = comm.combine_s + (comm.dispatch_s if "dispatch" in phases else 0.0)
     corr = float(np.corrcoef(xs, ys)[0, 1]) if xs.std() > 0 and ys.std() > 0 else float("nan")
     if conv.gamma_fit == "ols":

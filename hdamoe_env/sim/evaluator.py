@@ -202,7 +202,8 @@ def simulate_moe_comm(sim: SimulatorParts, layer: int, token_sets: NDArray[np.in
         tie_break=conv.tie_break, hop_latency_s=sim.hw.hop_latency_for(conv), layer=layer,
         extra_holders=extra_holders, chunks=conv.chunks, alpha_s=conv.msg_alpha_s,
         partial_mask=partial, combine_bytes=None if partial is None else combine_bytes,
-        switching=conv.switching, ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps))
+        switching=conv.switching, ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps),
+        ni_latency_s=conv.ni_latency_for(sim.hw.hop_latency_for(conv)))
     t_combine = comm.combine_s
     if both:
         t_dispatch = comm.dispatch_s

@@ -32,7 +32,7 @@ from hdamoe_env.noc.broadcast import BroadcastResult, broadcast_fanout, simulate
 from hdamoe_env.sim.evaluator import LayerEvaluator, LayerResult, SimulatorParts
 from hdamoe_env.sim.placement import Placement
 
-__all__ = ["DecidedLayer", "DecisionEvaluator", "DecisionSimulator"]
+__all__ = ["DecidedLayer", "DecisionEvaluator", "DecisionSimulator", "gating_tile_cost"]
 
 
 class DecisionSimulator(SimulatorParts, Protocol):
@@ -136,6 +136,8 @@ class DecisionEvaluator:
         self.bc_max_messages = int(bc_max_messages)
         self.gating_coefficients = gating_coefficients
         self.gating_options = dict(gating_options or {})
+        # the gating penalties charge the evaluator's tile model (None: fluid), per layer, lazily
+        self._tile_costs: list[gating_mod.TileCost | None] = [None] * placement.num_layers
         # one entry per (layer, broadcast set) met; the bound keeps a long episode's memory flat
         self._bc_cache: BoundedCache[tuple[int, tuple[int, ...]], BroadcastResult] = \
             BoundedCache(4096)
@@ -181,9 +183,15 @@ class DecisionEvaluator:
             level: Multiplier of ``gating_coefficients``.
         """
         r_comp, r_comm = self.gating_coefficients
+        shares = self.expected_shares[layer]
+        tile_cost = self._tile_costs[layer]
+        if tile_cost is None and self.conv.tiled:
+            tile_cost = gating_tile_cost(shares, self.sim.model, self.sim.hw, self.conv)
+            self._tile_costs[layer] = tile_cost
         return gating_mod.hardware_aware_gating(
-            candidates, self.sim.model.top_k, self.expected_shares[layer], self.w_flops,
-            self.compute_flops, level * r_comp, level * r_comm, **self.gating_options)
+            candidates, self.sim.model.top_k, shares, self.w_flops,
+            self.compute_flops, level * r_comp, level * r_comm, tile_cost=tile_cost,
+            **self.gating_options)
 
     def broadcast_traffic(self, layer: int, broadcast: Sequence[int]
                           ) -> BroadcastResult:
@@ -202,7 +210,8 @@ class DecisionEvaluator:
                 chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
                 hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
                 max_messages=self.bc_max_messages, trees=self._trees, switching=conv.switching,
-                ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps))
+                ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps),
+                ni_latency_s=conv.ni_latency_for(hw.hop_latency_for(conv)))
             self._bc_cache.put(key, hit)
         return hit
 
@@ -277,6 +286,37 @@ class DecisionEvaluator:
             twin = self.evaluator.evaluate(layer, sets, rng=twin_rng, fidelity=other,
                                            gamma=gamma, **kwargs)
         return DecidedLayer(res, sets, gated, dispatch, bres, busy, twin, replica)
+
+
+def gating_tile_cost(P: ArrayLike, model: ModelSpec, hw: HardwareSpec, conv: Conventions
+                     ) -> gating_mod.TileCost | None:
+    """Return the node cost the evaluator charges for shares ``P`` [E, D], for the gating (§11.3).
+
+    Under the tile model (``conv.tiled``, docs/PHYSICS.md §4) the terms of the evaluator's
+    expert phase: seconds per padded token row of every shard (``perf.tile_columns`` ·
+    m·2h/C), m·o per active shard, and the shard's weight streaming P_ic·W_e/(BW_mem·η) when the
+    profile charges it (``conv.weight_streaming``); None for the fluid model (``paper*``), whose
+    penalties stay in FLOP (Eq. 1).
+
+    Args:
+        P: Placement shares of one layer, float [E, D] (replicas as expected shares).
+        model: The model.
+        hw: The hardware.
+        conv: The conventions.
+
+    Returns:
+        The tables of ``gating.TileCost``, or None without tiles.
+    """
+    if not conv.tiled:
+        return None
+    shares = np.asarray(P, dtype=np.float64)
+    tile_flop_s = conv.expert_matrices * 2.0 * model.hidden_size / hw.compute_flops
+    row_s = perf.tile_columns(shares, model, conv) * tile_flop_s
+    stream = (shares * (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv))
+              if conv.weight_streaming else np.zeros_like(shares))
+    return gating_mod.TileCost(np.ascontiguousarray(row_s), conv.expert_matrices
+                               * conv.gemm_overhead_s, np.ascontiguousarray(stream),
+                               int(conv.tile_tokens))
 
 
 def _zeroed_tile_compute(P: NDArray[np.float64], sets: NDArray[np.int64], broadcast: list[int],

@@ -175,9 +175,9 @@ class MoESimulator:
 
         ``tp_allreduce="best"`` (``faithful``): the fastest of ``collectives.ALGORITHMS`` for
         B·h·b_psum bytes, simulated on the DES with α = ``msg_alpha_s`` per step, the hop
-        latency and the profile's ``switching`` and ``ni_ports`` (cached per size in
-        ``collectives``). ``"ring"`` and ``"const"`` use the closed
-        forms of ``perf.tp_allreduce_time`` (``paper*``: ``"const"``).
+        latency and the profile's ``switching``, ``ni_ports`` and ``ni_latency_hops`` (cached
+        per size in ``collectives``). ``"ring"`` and ``"const"`` use the closed forms of
+        ``perf.tp_allreduce_time`` (``paper*``: ``"const"``).
         """
         conv = self.conv
         if conv.tp_allreduce != "best":
@@ -188,7 +188,9 @@ class MoESimulator:
         return collectives.best_allreduce(self.topology, size, alpha_s=conv.msg_alpha_s,
                                           hop_latency_s=self.hw.hop_latency_for(conv),
                                           switching=conv.switching,
-                                          ni_bw_Bps=conv.ni_bw_for(self.topology.bw_end_Bps))
+                                          ni_bw_Bps=conv.ni_bw_for(self.topology.bw_end_Bps),
+                                          ni_latency_s=conv.ni_latency_for(
+                                              self.hw.hop_latency_for(conv)))
 
     def dense_time(self, batch: int) -> float:
         """Return the time of the dense leading layers per step (0 unless ``faithful``)."""

@@ -7,12 +7,14 @@ read in place), their hashes checked, and the DES re-run without BookSim:
 
 * every DES variant reproduces its recorded makespan (relative 1e-9): a change to the DES shows
   up here and calls for a re-run of the benchmark;
-* the default ``faithful`` NoC model (cut-through with network-interface ports) stays within
-  ``TOL_MOE`` of BookSim on every dispatch and combine at B >= 32 (recorded max 5.7 %: Mixtral
-  B128 combine on the 4x8 mesh, head-of-line blocking in BookSim's input-queued routers) and
-  within ``TOL_ALL`` on every case (recorded max 12.0 %: all-reduce steps of 2 KiB messages in
-  the zero-load latency regime); the store-and-forward DES without ports (the ``paper*`` model)
-  is worse on average — the evidence behind the default (docs/results/validation.md);
+* the default ``faithful`` NoC model (cut-through with network-interface ports of 0.75 hop
+  latency each, ``ni_latency_hops``) stays within 5 % of BookSim on every case at B >= 32 but
+  ``HOL_CASE`` (recorded −5.7 %: head-of-line blocking in BookSim's input-queued routers under
+  converging traffic, docs/results/validation.md) and within ``TOL_ALL`` on every case; with a
+  full hop latency per port (``ct_ni_hop``, the model before the knob) the latency-bound
+  all-reduce steps were up to 12.0 % off, so the port latency must lower the mean error; the
+  store-and-forward DES without ports (the ``paper*`` model) is worse on average — the evidence
+  behind the default;
 * the analytic twin's column (γ-fitted Eq. 2–3 for dispatch and combine, the closed-form ring
   step, the α–β broadcast) reproduces on one case of each kind, and on the per-layer sum of
   dispatch and combine — the quantity the twin predicts — it is recorded further from BookSim
@@ -33,8 +35,9 @@ from hdamoe_env.config.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "benchmarks" / "booksim" / "fixtures" / "booksim_makespans.csv"
-TOL_MOE = 0.06      # |CT+NI − BookSim| / BookSim, dispatch and combine at B >= 32
-TOL_ALL = 0.13      # every case
+TOL_B32 = 0.05      # |CT+NI − BookSim| / BookSim, every case at B >= 32 but HOL_CASE
+TOL_ALL = 0.06      # every case
+HOL_CASE = "Mixtral/B128/combine/mesh4x8"
 
 
 def _driver():
@@ -64,7 +67,7 @@ def test_fixture_covers_the_grid(rows):
 
 def test_des_reproduces_fixture_and_matches_booksim(rows):
     drv, table = rows
-    errors = {"ct_ni": [], "saf": []}
+    errors = {"ct_ni": [], "saf": [], "ct_ni_hop": []}
     for r in table:
         model, batch, kind, topo_kind, grid = drv.parse_case_id(r["case"])
         hop = float(r["hop_latency_s"])
@@ -80,13 +83,16 @@ def test_des_reproduces_fixture_and_matches_booksim(rows):
             errors[name].append(abs(got - ref) / ref)
         err = errors["ct_ni"][-1]
         assert err <= TOL_ALL, (r["case"], err)
-        if kind in ("dispatch", "combine") and batch >= 32:
-            assert err <= TOL_MOE, (r["case"], err)
+        if batch >= 32 and r["case"] != HOL_CASE:
+            assert err <= TOL_B32, (r["case"], err)
     assert np.mean(errors["ct_ni"]) < np.mean(errors["saf"])
+    assert np.mean(errors["ct_ni"]) < np.mean(errors["ct_ni_hop"])
+    assert max(errors["ct_ni"]) < max(errors["ct_ni_hop"])
 
 
 def test_profiles_use_the_validated_models():
     assert PROFILES["faithful"].switching == "cut_through" and PROFILES["faithful"].ni_ports
+    assert PROFILES["faithful"].ni_latency_hops == 0.75  # BookSim: 6 + 4·hops cycles
     for name in ("paper", "paper-hd"):
         assert PROFILES[name].switching == "store_and_forward" and not PROFILES[name].ni_ports
 

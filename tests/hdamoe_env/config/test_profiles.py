@@ -53,6 +53,17 @@ def test_alpha_beta_knobs_round_trip_and_validate():
         get_profile("faithful", msg_alpha_s=-1e-9)
 
 
+def test_ni_port_latency_knob():
+    """docs/PHYSICS.md §16: a port pays ``ni_latency_hops`` hop latencies (BookSim: 3 of 4)."""
+    f = PROFILES["faithful"]
+    assert f.ni_latency_hops == 0.75 and f.ni_latency_for(4e-9) == pytest.approx(3e-9, rel=1e-15)
+    assert get_profile("faithful+ni_latency_hops=1.0").ni_latency_for(2e-9) == 2e-9
+    assert f.ni_latency_for(0.0) == 0.0
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ConfigError, match="ni_latency_hops must be a finite number >= 0"):
+            f.derive(ni_latency_hops=bad)
+
+
 def test_tile_cols_must_be_positive():
     with pytest.raises(ConfigError, match="tile_cols"):
         PROFILES["faithful"].derive(tile_cols=0)

@@ -6,6 +6,11 @@ replaced: plain Python over small lists (``RowState``), holders prepared as list
 as ``tests.hdamoe_env.decisions.gating_reference`` (``tests`` is a namespace package on pytest's
 ``pythonpath``). The kernel must make exactly its decisions: the same floating-point operations
 in the same order and the same tie-breaking.
+
+Under the tile model (``tile_cost``) the node costs are the evaluator's charged seconds; the
+oracle reads a holder's cost after one more token from the kernels' one formula
+(``gating_kernels.node_cost_after``, called as plain Python through ``py_func``), which
+``test_gating_kernels`` checks against the evaluator's own ``perf.tiled_node_compute``.
 """
 
 from __future__ import annotations
@@ -16,9 +21,35 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hdamoe_env.decisions import gating
+from hdamoe_env.decisions import gating, gating_kernels
 
 Holders = list[list[tuple[int, float, float]]]
+_tile_step = gating_kernels.tile_step.py_func
+_node_cost_after = gating_kernels.node_cost_after.py_func
+
+
+class TileState:
+    """Token counts, compute and streaming seconds per node, and per-holder tile tables."""
+
+    def __init__(self, tiles: tuple, holders: Holders, P: NDArray[np.float64]) -> None:
+        counts, compute, stream, h_row, h_stream, gemm_s, tile_tokens, _ = tiles
+        self.counts = counts.tolist()
+        self.compute = compute.tolist()
+        self.stream = stream.tolist()
+        self.gemm_s, self.tile_tokens = gemm_s, tile_tokens
+        # per expert, per holder (same order as ``holders``): (row_s, stream_s)
+        flat = list(zip(h_row.tolist(), h_stream.tolist(), strict=True))
+        self.tables: list[list[tuple[float, float]]] = []
+        pos = 0
+        for h in holders:
+            self.tables.append(flat[pos:pos + len(h)])
+            pos += len(h)
+
+    def after(self, i: int, q: int, c: int) -> float:
+        """Holder q (node c) of expert i: its charged seconds after one more token of i."""
+        row, strm = self.tables[i][q]
+        return _node_cost_after(self.compute[c], self.stream[c], self.counts[i], row,
+                                self.gemm_s, strm, self.tile_tokens)
 
 
 def prepared(P: NDArray[np.float64], w: float
@@ -57,8 +88,9 @@ class RowState:
 
     def __init__(self, loads: list[float], holders: Holders, dispersion: list[float],
                  masks: list[int], rc: float, rm: float, inv_c: float, k: int, protect: int,
-                 mode: int, new_nodes: bool) -> None:
+                 mode: int, new_nodes: bool, tiles: TileState | None = None) -> None:
         self.loads = loads
+        self.tiles = tiles
         self.peak = max(loads)
         self.holders, self.dispersion, self.masks = holders, dispersion, masks
         self.rc, self.rm, self.inv_c, self.k, self.protect = rc, rm, inv_c, k, protect
@@ -67,9 +99,28 @@ class RowState:
         # Tighter bound for the pruning: a_i <= s_i + r_comm·min_i |nodes(i)| (r_comm <= 0).
         self.offset = 0.0 if new_nodes else rm * min(dispersion, default=0.0)
 
+    def _after(self, i: int, q: int, c: int, wc: float) -> float:
+        """Holder q (node c, P_ic·w = wc) of expert i: its cost after one more token of i."""
+        if self.tiles is None:
+            return self.loads[c] + wc
+        return self.tiles.after(i, q, c)
+
     def remove(self, experts: list[int]) -> None:
         """Subtract one token of each expert (``include_future``: the row's original choices)."""
         loads = self.loads
+        ts = self.tiles
+        if ts is not None:
+            for i in experts:
+                n = ts.counts[i] - 1
+                ts.counts[i] = n
+                for (c, _, _), (row, strm) in zip(self.holders[i], ts.tables[i], strict=True):
+                    ts.compute[c] = ts.compute[c] - _tile_step(n, row, ts.gemm_s,
+                                                               ts.tile_tokens)
+                    if n == 0:
+                        ts.stream[c] = ts.stream[c] - strm
+                    loads[c] = ts.compute[c] if ts.compute[c] >= ts.stream[c] else ts.stream[c]
+            self.peak = max(loads)
+            return
         for i in experts:
             for c, wc, _ in self.holders[i]:
                 loads[c] -= wc
@@ -79,7 +130,21 @@ class RowState:
         """Add one token of each chosen expert to the running loads."""
         loads = self.loads
         peak = self.peak
+        ts = self.tiles
         for i in experts:
+            if ts is not None:
+                n = ts.counts[i]
+                for (c, _, _), (row, strm) in zip(self.holders[i], ts.tables[i], strict=True):
+                    ts.compute[c] = ts.compute[c] + _tile_step(n, row, ts.gemm_s,
+                                                               ts.tile_tokens)
+                    if n == 0:
+                        ts.stream[c] = ts.stream[c] + strm
+                    v = ts.compute[c] if ts.compute[c] >= ts.stream[c] else ts.stream[c]
+                    loads[c] = v
+                    if v > peak:
+                        peak = v
+                ts.counts[i] = n + 1
+                continue
             for c, wc, _ in self.holders[i]:
                 v = loads[c] + wc
                 loads[c] = v
@@ -89,24 +154,24 @@ class RowState:
 
     def base(self, i: int, s: float) -> float:
         """Return s + r_comp·ΔT_comp(i) (+ r_comm·|nodes(i)| unless ``new_nodes``)."""
-        loads = self.loads
+        after = self._after
         if self.mode == 0:                     # marginal_max: increase of the critical path
             top = -math.inf
-            for c, wc, _ in self.holders[i]:
-                v = loads[c] + wc
+            for q, (c, wc, _) in enumerate(self.holders[i]):
+                v = after(i, q, c, wc)
                 if v > top:
                     top = v
             comp = top - self.peak if top > self.peak else 0.0
         elif self.mode == 1:                   # host_finish: finish time of i's busiest host
             comp = 0.0
-            for c, wc, _ in self.holders[i]:
-                v = loads[c] + wc
+            for q, (c, wc, _) in enumerate(self.holders[i]):
+                v = after(i, q, c, wc)
                 if v > comp:
                     comp = v
         else:                                  # host_load_mean: share-weighted host load
             comp = 0.0
-            for c, wc, share in self.holders[i]:
-                comp += share * (loads[c] + wc)
+            for q, (c, wc, share) in enumerate(self.holders[i]):
+                comp += share * after(i, q, c, wc)
         a = s + self.rc * comp * self.inv_c
         return a if self.new_nodes else a + self.rm * self.dispersion[i]
 
@@ -116,7 +181,7 @@ class RowState:
             return self._scan_new_nodes(cand, sv, width)
         k, protect, prune = self.k, self.protect, self.prune
         inline = self.mode == 0              # marginal_max + dispersion: inlined ``base``
-        loads, holders, dispersion = self.loads, self.holders, self.dispersion
+        holders, dispersion = self.holders, self.dispersion
         peak, rc_c, rm, offset = self.peak, self.rc * self.inv_c, self.rm, self.offset
         top: list[tuple[float, int]] = []    # (−a, pos) ascending = best first
         held = 0
@@ -133,8 +198,8 @@ class RowState:
                 i = cand[pos]
                 if inline:
                     best = -math.inf
-                    for c, wc, _ in holders[i]:
-                        v = loads[c] + wc
+                    for q, (c, wc, _) in enumerate(holders[i]):
+                        v = self._after(i, q, c, wc)
                         if v > best:
                             best = v
                     a = s + rm * dispersion[i]
@@ -196,14 +261,18 @@ class RowState:
 
 def greedy_reference(cands: gating._Candidates, k: int, P: NDArray[np.float64], w: float, C: float,
                      rc: float, rm: float, comp_penalty: str, comm_penalty: str, protect: int,
-                     include_future: bool, initial_counts: ArrayLike | None
+                     include_future: bool, initial_counts: ArrayLike | None,
+                     tile_cost: gating.TileCost | None = None
                      ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
     """The pure-Python row loop: the oracle of ``gating._greedy`` (same arguments and result)."""
-    holders, dispersion, masks, Pw = prepared(P, w)
-    loads_arr = gating._initial_loads(cands, k, Pw, include_future, initial_counts)
-    state = RowState(loads_arr.tolist(), holders, dispersion, masks, rc, rm, 1.0 / C, k,
+    holders, dispersion, masks, _ = prepared(P, w)
+    loads_arr, tiles = gating._initial_state(cands, k, P, w, include_future, initial_counts,
+                                             tile_cost)
+    state = RowState(loads_arr.tolist(), holders, dispersion, masks, rc, rm,
+                     1.0 / C if tile_cost is None else 1.0, k,
                      protect, gating.COMP_PENALTIES.index(comp_penalty),
-                     comm_penalty == "new_nodes")
+                     comm_penalty == "new_nodes",
+                     None if tile_cost is None else TileState(tiles, holders, P))
     id_rows = cands.ids.tolist()
     val_rows = cands.vals.tolist()
     width = cands.width

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.decisions.gating import (COMP_PENALTIES, default_coefficients, gating_diagnostics,
-                                         hardware_aware_gating, penalties)
+from hdamoe_env.decisions.gating import (COMP_PENALTIES, TileCost, default_coefficients,
+                                         gating_diagnostics, hardware_aware_gating, penalties)
 from hdamoe_env.sim.placement import expert_parallel
 
 # §14.8 item 5
@@ -209,3 +209,66 @@ def test_decision_time_deepseek_batch():
     assert (time.process_time() - t0) / 5 < 0.02
 
 
+
+
+# ------------------------------------------------------------------ tile-aware penalties
+def test_tile_aware_penalty_chooses_differently_from_the_fluid_one():
+    """Hand-worked: 2 experts, 2 nodes (expert i alone on node i), token tile T = 4, 1 s per
+    padded token row, no GEMM overhead or streaming; w = C = 1 so the fluid load is tokens.
+
+    Before the step n = (3, 1). Fluid: L = (3, 1), peak 3; ΔT(0) = 4 − 3 = 1, ΔT(1) =
+    max(3, 2) − 3 = 0. Tiles: both nodes pad to 4 rows, cost (4, 4); token 4 of expert 0 fills
+    node 0's open tile and token 2 of expert 1 fills node 1's: ΔT = (0, 0).
+    Row 1, s = (0.6, 0.4), r_comp = −0.5, k = 1: fluid a = (0.6 − 0.5, 0.4) = (0.1, 0.4) → expert
+    1 (drops the top-1); tiles a = (0.6, 0.4) → expert 0.
+    Row 2, same scores. Tiles, n = (4, 1): token 5 of expert 0 opens a second tile, node 0 goes
+    4 → 8 s, ΔT(0) = 4, a = (0.6 − 2, 0.4) → expert 1. Fluid, n = (3, 2): ΔT = (1, 0) again,
+    → expert 1.
+    """
+    P = np.eye(2)
+    tile = TileCost(row_s=np.eye(2), gemm_s=0.0, stream_s=np.zeros((2, 2)), tile_tokens=4)
+    dT_fluid, _ = penalties(P, [3, 1], 1.0, 1.0)
+    dT_tile, _ = penalties(P, [3, 1], 1.0, 1.0, tile_cost=tile)
+    np.testing.assert_array_equal(dT_fluid, [1.0, 0.0])
+    np.testing.assert_array_equal(dT_tile, [0.0, 0.0])
+    np.testing.assert_array_equal(penalties(P, [4, 1], 1.0, 1.0, tile_cost=tile)[0], [4.0, 0.0])
+    s = np.array([[0.6, 0.4], [0.6, 0.4]])
+    fluid = hardware_aware_gating(s, 1, P, 1.0, 1.0, -0.5, 0.0, initial_counts=[3, 1])
+    tiled = hardware_aware_gating(s, 1, P, 1.0, 1.0, -0.5, 0.0, initial_counts=[3, 1],
+                                  tile_cost=tile)
+    assert fluid.sets.tolist() == [[1], [1]]
+    assert tiled.sets.tolist() == [[0], [1]]
+    assert fluid.top1_retention == 0.0 and tiled.top1_retention == 0.5
+
+
+def test_tile_aware_penalty_charges_overhead_and_streaming_roofline():
+    """Hand-worked, same placement and tile (T = 4, 1 s per row) plus 0.5 s per GEMM and 6 s of
+    weight streaming per active shard; a node is charged max(compute, stream).
+
+    n = (0, 8): node 0 idle (0 s); node 1 computes 8 rows + 0.5 = 8.5 s > 6 s streaming, peak
+    8.5. ΔT(0): node 0 → max(4 + 0.5, 6) = 6 < 8.5, so 0 (the fluid penalty is 0 as well).
+    ΔT(1): token 9 opens a tile, node 1 → 12.5, ΔT = 4 (fluid: 1). host_finish: (6, 12.5);
+    host_load_mean (P = I): the same. n = (0, 1): node 1 max(4.5, 6) = 6; token 2 is free
+    (ΔT(1) = 0, streaming hides the open tile), token 1 of expert 0 brings node 0 to 6 = the
+    peak (ΔT(0) = 0).
+    """
+    P = np.eye(2)
+    tile = TileCost(row_s=np.eye(2), gemm_s=0.5, stream_s=6.0 * np.eye(2), tile_tokens=4)
+    np.testing.assert_array_equal(tile.node_cost([0, 8]), [0.0, 8.5])
+    np.testing.assert_array_equal(penalties(P, [0, 8], 1.0, 1.0, tile_cost=tile)[0], [0.0, 4.0])
+    np.testing.assert_array_equal(penalties(P, [0, 8], 1.0, 1.0)[0], [0.0, 1.0])
+    for comp in ("host_finish", "host_load_mean"):
+        np.testing.assert_array_equal(
+            penalties(P, [0, 8], 1.0, 1.0, comp_penalty=comp, tile_cost=tile)[0], [6.0, 12.5])
+    np.testing.assert_array_equal(penalties(P, [0, 1], 1.0, 1.0, tile_cost=tile)[0], [0.0, 0.0])
+
+
+def test_tile_cost_is_checked_against_the_placement():
+    P = np.eye(2)
+    bad = TileCost(row_s=np.ones((2, 2)), gemm_s=0.0, stream_s=np.zeros((2, 2)), tile_tokens=4)
+    with pytest.raises(ConfigError, match="positive exactly where"):
+        hardware_aware_gating(S5[:, :2], 1, P, 1.0, 1.0, -1.0, 0.0, tile_cost=bad)
+    good = TileCost(row_s=np.eye(2), gemm_s=0.0, stream_s=np.zeros((2, 2)), tile_tokens=4)
+    with pytest.raises(ConfigError, match="integers"):
+        hardware_aware_gating(S5[:, :2], 1, P, 1.0, 1.0, -1.0, 0.0, tile_cost=good,
+                              initial_counts=[0.5, 0.0])

@@ -66,6 +66,44 @@ def test_compiled_greedy_equals_python_oracle_on_random_cases():
             np.testing.assert_array_equal(got, want, err_msg=f"case {case}: {what} {opts}")
 
 
+def _random_tile_cost(rng: np.random.Generator, P: np.ndarray):
+    """Random tile-model tables on P's support: rows, GEMM overhead, streaming, token tile."""
+    from hdamoe_env.decisions import gating
+
+    # seconds per padded row on a coarse grid (many exact ties between nodes) or continuous
+    if rng.random() < 0.5:
+        row_s = np.ceil(P * 4) * 1e-7
+    else:
+        row_s = np.where(P > 0, rng.uniform(0.2, 2.0, P.shape) * 1e-7, 0.0)
+    stream = (np.where(P > 0, P * float(rng.choice([1e-7, 5e-6, 3e-5])), 0.0)
+              if rng.random() < 0.7 else np.zeros_like(P))
+    gemm_s = float(rng.choice([0.0, 1e-7, 3e-7]))
+    return gating.TileCost(row_s, gemm_s, stream, int(rng.choice([1, 2, 4, 8])))
+
+
+def test_compiled_tiled_greedy_equals_python_oracle_on_random_cases():
+    """The tile-aware penalties (every computation and communication penalty, include_future,
+    integer initial counts, protect_top, windows): kernel == oracle bit for bit."""
+    from hdamoe_env.decisions import gating
+
+    rng = np.random.default_rng(2025)
+    changed = 0
+    for case in range(300):
+        scores, k, P, rc, rm, opts, n0 = _random_case(rng)
+        tile = _random_tile_cost(rng, P)
+        cands = gating._candidates(scores, k, P.shape[0], opts["candidate_window"])
+        args = (cands, k, P, 2e6, 1e12, rc, rm, opts["comp_penalty"], opts["comm_penalty"],
+                opts["protect_top"], opts["include_future"], n0, tile)
+        fast = gating._greedy(*args)
+        ref = gating_reference.greedy_reference(*args)
+        for got, want, what in zip(fast, ref, ("sets", "weights", "positions"), strict=True):
+            assert got.dtype == want.dtype, (case, what)
+            np.testing.assert_array_equal(got, want, err_msg=f"case {case}: {what} {opts}")
+        fluid = gating._greedy(*args[:-1])
+        changed += not np.array_equal(fluid[0], fast[0])
+    assert changed >= 30                     # the tile model changes the decisions often
+
+
 def test_compiled_greedy_exercises_the_prefix_fallback():
     """Rows whose scan runs off the sorted prefix take the whole row (``full_row``)."""
     from hdamoe_env.decisions import gating
@@ -145,6 +183,76 @@ def test_fused_path_equals_general_path_field_by_field(monkeypatch):
                       "score_mass_kept"):
             assert getattr(fast, field) == getattr(slow, field), (case, field)
     assert used == 300
+
+
+def test_fused_tiled_path_equals_general_path(monkeypatch):
+    """With a ``TileCost`` the one-call path returns exactly the general path's result."""
+    from hdamoe_env.decisions import gating
+
+    rng = np.random.default_rng(78)
+    for case in range(150):
+        E = int(rng.choice([8, 16, 64]))
+        D = int(rng.choice([2, 4, 8]))
+        k = int(rng.integers(1, 7))
+        width = int(rng.integers(k, min(E, 4 * k + 4) + 1))
+        B = int(rng.integers(1, 64))
+        P = np.zeros((E, D))
+        for i in range(E):
+            hold = rng.choice(D, size=int(rng.integers(1, D + 1)), replace=False)
+            P[i, hold] = rng.dirichlet(np.ones(hold.size))
+        tile = _random_tile_cost(rng, P)
+        ids = np.stack([rng.permutation(E)[:width] for _ in range(B)]).astype(np.int64)
+        vals = np.round(rng.random((B, width)), int(rng.integers(1, 4)))
+        kw = dict(comp_penalty=str(rng.choice(gating.COMP_PENALTIES)),
+                  comm_penalty=str(rng.choice(gating.COMM_PENALTIES)),
+                  protect_top=int(rng.integers(0, k + 1)) if rng.random() < 0.3 else 0,
+                  diagnostics=False, tile_cost=tile)
+        rc = -float(10 ** rng.uniform(3, 7))
+        rm = -float(10 ** rng.uniform(-4, -0.5))
+        args = ((ids, vals), k, P, 2e6, 1e12, rc, rm)
+        assert gating._fused_gating(*args, kw["comp_penalty"], kw["comm_penalty"],
+                                    kw["protect_top"], None, False, None, False, False,
+                                    tile) is not None
+        fast = gating.hardware_aware_gating(*args, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(gating, "_fused_gating", lambda *a, **k: None)
+            slow = gating.hardware_aware_gating(*args, **kw)
+        for field in ("sets", "weights", "orig_sets", "replaced_per_rank"):
+            np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field),
+                                          err_msg=f"case {case} {field}")
+
+
+def test_incremental_tile_costs_equal_the_tile_cost_formula():
+    """``add_expert``/``remove_expert`` (the kernels' running costs, token by token) equal
+    ``TileCost.node_cost`` of the counts up to rounding, and ``tile_step`` charges a whole tile
+    exactly when a token opens one."""
+    from hdamoe_env.decisions import gating, gating_kernels
+
+    assert [gating_kernels.tile_step(n, 1.0, 0.5, 4) for n in range(6)] == \
+        [4.5, 0.0, 0.0, 0.0, 4.0, 0.0]
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        E, D = int(rng.integers(2, 12)), int(rng.integers(1, 6))
+        P = np.zeros((E, D))
+        for i in range(E):
+            hold = rng.choice(D, size=int(rng.integers(1, D + 1)), replace=False)
+            P[i, hold] = rng.dirichlet(np.ones(hold.size))
+        tile = _random_tile_cost(rng, P)
+        _, h_ptr, h_node, h_wc, _, _ = gating._prepared_arrays(P, 1.0)
+        h_row, h_stream = gating._prepared_tiles(P, tile)
+        counts = np.zeros(E, dtype=np.int64)
+        tiles = (counts, np.zeros(D), np.zeros(D), h_row, h_stream, float(tile.gemm_s),
+                 int(tile.tile_tokens), True)
+        loads = np.zeros(D)
+        peak = 0.0
+        for i in rng.integers(0, E, 60):
+            peak = gating_kernels.add_expert(int(i), loads, peak, h_ptr, h_node, h_wc, tiles)
+        want = tile.node_cost(counts)
+        np.testing.assert_allclose(loads, want, rtol=1e-12, atol=1e-18)
+        assert peak == loads.max()
+        for i in np.flatnonzero(counts)[:3]:
+            gating_kernels.remove_expert(int(i), loads, h_ptr, h_node, h_wc, tiles)
+        np.testing.assert_allclose(loads, tile.node_cost(counts), rtol=1e-9, atol=1e-15)
 
 
 def test_fused_path_rejects_invalid_input_like_the_general_path():

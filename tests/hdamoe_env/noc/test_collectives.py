@@ -181,6 +181,30 @@ def test_ring_with_ports_hand_worked():
     assert step == pytest.approx(41.00432e-6, rel=1e-9)
 
 
+def test_ring_with_port_latency_hand_worked():
+    """As above with ports of their own latency t_ni = 0.5 ns (hop 2 ns, α = 100 ns).
+
+    Cut-through step α + 2·t_ni + hop + S/(32·BW) = 100 + 1 + 2 + 655.36 = 758.36 ns, 62 steps
+    = 47.01832 µs; store-and-forward α + 2·t_ni + hop + 3·655.36 = 2069.08 ns, 62 steps =
+    128.28296 µs; the step-by-step ring DES (α = 0) 62·658.36 ns = 40.81832 µs.
+    """
+    for switching, want_us in (("cut_through", 47.01832), ("store_and_forward", 128.28296)):
+        t = allreduce_time(MESH, MIB, "ring", alpha_s=100e-9, hop_latency_s=HOP,
+                           switching=switching, ni_bw_Bps=50e9, ni_latency_s=0.5e-9)
+        assert t == pytest.approx(want_us * 1e-6, rel=1e-9), switching
+    step = ring_allreduce_des(MESH, MIB, hop_latency_s=HOP, switching="cut_through",
+                              ni_bw_Bps=50e9, ni_latency_s=0.5e-9)
+    assert step == pytest.approx(40.81832e-6, rel=1e-9)
+    # None = the hop latency (the test above); the cache tells the two apart
+    assert allreduce_time(MESH, MIB, "ring", hop_latency_s=HOP, switching="cut_through",
+                          ni_bw_Bps=50e9, ni_latency_s=HOP) == pytest.approx(41.00432e-6,
+                                                                           rel=1e-9)
+    with pytest.raises(ConfigError, match="ni_latency_s"):
+        allreduce_time(MESH, MIB, "ring", ni_bw_Bps=50e9, ni_latency_s=-1e-9)
+    with pytest.raises(ConfigError, match="ni_latency_s"):
+        ring_allreduce_des(MESH, MIB, ni_bw_Bps=50e9, ni_latency_s=float("nan"))
+
+
 def test_biring_loses_its_edge_with_ports():
     """biring, 1 MiB, α = 100 ns, cut-through: a node's two messages of S/(64·BW) = 327.68 ns
     share its injection port (and two arrive at its ejection port), so a step costs
@@ -211,9 +235,12 @@ def test_profiles_pass_ports_to_the_tp_allreduce():
     conv = sim.conv
     size = 128 * sim.model.hidden_size * conv.b_psum
     got = sim.tp_allreduce(128)
-    want = best_allreduce(MESH, size, alpha_s=conv.msg_alpha_s,
-                          hop_latency_s=HW.hop_latency_for(conv), switching="cut_through",
-                          ni_bw_Bps=sim.topology.bw_end_Bps)
+    hop = HW.hop_latency_for(conv)
+    want = best_allreduce(MESH, size, alpha_s=conv.msg_alpha_s, hop_latency_s=hop,
+                          switching="cut_through", ni_bw_Bps=sim.topology.bw_end_Bps,
+                          ni_latency_s=conv.ni_latency_hops * hop)
     assert got.time_s == want.time_s and got.algorithm == want.algorithm
+    # the ports pay 0.75 hop each: a ring step is α + 2·1.5 + 2 + 655.36 ns = 760.36 ns
+    assert got.times_s["ring"] == pytest.approx(62 * 760.36e-9, rel=1e-9)
     paper = MoESimulator("deepseek-v2-lite", HW, "mesh", "paper").tp_allreduce(128)
     assert paper.algorithm == "const"

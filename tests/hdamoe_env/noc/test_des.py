@@ -194,6 +194,41 @@ def test_network_interface_ports():
         simulate_messages(*args, ni_bw_Bps=0.0)
 
 
+def test_network_interface_port_latency_hand_worked():
+    """Ports with their own latency (BookSim's 3 + 3 cycles around 4-cycle hops).
+
+    0 -> 31 on the 4x8 mesh: 10 links of hop 4 ns and two ports of 3 ns, 2048 B at 50 GB/s
+    (40.96 ns). Cut-through: 2·3 + 10·4 + 40.96 = 86.96 ns. Store-and-forward: every one of the
+    12 traversals serialises, 12·40.96 + 2·3 + 10·4 = 537.52 ns.
+    """
+    topo = make_topology("mesh", HW48)
+    kw = dict(hop_latency_s=4e-9, ni_bw_Bps=50e9, ni_latency_s=3e-9)
+    for switching, want in (("cut_through", 86.96e-9), ("store_and_forward", 537.52e-9)):
+        res = simulate_messages(topo, [0], [31], [2048.0], switching=switching, **kw)
+        assert res.makespan_s == pytest.approx(want, rel=1e-12), switching
+        assert_same(res, simulate_messages_oracle(topo, [0], [31], [2048.0],
+                                                  switching=switching, **kw))
+    # two messages from node 9 to both row neighbours, 1000 B (20 ns), cut-through: the second
+    # waits for the injection port (busy [0, 20]) and its tail leaves it at 40 ns; each then
+    # crosses one link and the ejection port: 20 + 3 + 4 + 3 = 30 ns and 40 + 3 + 4 + 3 = 50 ns
+    two = simulate_messages(topo, [9, 9], [10, 8], [1000.0, 1000.0], switching="cut_through",
+                            **kw)
+    assert two.finish_s.tolist() == pytest.approx([30e-9, 50e-9], rel=1e-12)
+    # None = the hop latency; without ports the port latency changes nothing
+    base = simulate_messages(topo, [0], [31], [2048.0], hop_latency_s=4e-9, ni_bw_Bps=50e9,
+                             switching="cut_through")
+    assert base.makespan_s == pytest.approx(48e-9 + 40.96e-9, rel=1e-12)
+    assert simulate_messages(topo, [0], [31], [2048.0], hop_latency_s=4e-9,
+                             ni_latency_s=3e-9).makespan_s == simulate_messages(
+        topo, [0], [31], [2048.0], hop_latency_s=4e-9).makespan_s
+    for bad in (-1e-9, float("inf")):
+        with pytest.raises(ConfigError, match="ni_latency_s"):
+            simulate_messages(topo, [0], [31], [2048.0], ni_bw_Bps=50e9, ni_latency_s=bad)
+        with pytest.raises(ConfigError, match="ni_latency_s"):
+            simulate_messages_oracle(topo, [0], [31], [2048.0], ni_bw_Bps=50e9,
+                                     ni_latency_s=bad)
+
+
 def test_cut_through_kernel_equals_oracle_random():
     rng = np.random.default_rng(27)
     for kind, shape in ORACLE_TOPOLOGIES:
@@ -203,6 +238,8 @@ def test_cut_through_kernel_equals_oracle_random():
             kwargs["switching"] = "cut_through" if i % 4 else "store_and_forward"
             if i % 2:
                 kwargs["ni_bw_Bps"] = 50e9
+                if i % 3:  # ports with a latency of their own (0 included)
+                    kwargs["ni_latency_s"] = float(rng.choice([0.0, 0.75e-9, 2.5e-9]))
             assert_same(simulate_messages(topo, src, dst, size, **kwargs),
                         simulate_messages_oracle(topo, src, dst, size, **kwargs))
 

@@ -147,9 +147,11 @@ def test_partial_sum_combine_messages():
                             partial_mask=np.ones((3, 4), bool), combine_bytes=msg)
 
 
-@pytest.mark.parametrize("switching,ni", [("cut_through", None), ("cut_through", 50e9),
-                                          ("store_and_forward", 50e9)])
-def test_layer_comm_switching_and_ports_equal_message_path(switching, ni):
+@pytest.mark.parametrize("switching,ni,ni_lat", [("cut_through", None, None),
+                                                 ("cut_through", 50e9, None),
+                                                 ("cut_through", 50e9, 1.5e-9),
+                                                 ("store_and_forward", 50e9, 0.5e-9)])
+def test_layer_comm_switching_and_ports_equal_message_path(switching, ni, ni_lat):
     rng = np.random.default_rng(27)
     for kind in ("mesh", "torus", "fattree"):
         topo = make_topology(kind, HW48)
@@ -162,7 +164,7 @@ def test_layer_comm_switching_and_ports_equal_message_path(switching, ni):
             msg = rng.choice([512.0, 1024.0], 12)
             tie = "ref" if trial else "fifo"
             kw = dict(tie_break=tie, chunks=1 + trial, hop_latency_s=2e-9, switching=switching,
-                      ni_bw_Bps=ni)
+                      ni_bw_Bps=ni, ni_latency_s=ni_lat)
             comm = simulate_layer_comm(topo, sets, msg, holders, pi, agg, layer=3, **kw)
             for p, direction in enumerate(("dispatch", "combine")):
                 src, dst, size, task = layer_messages(sets, msg, holders, agg, pi,

@@ -63,20 +63,21 @@ def test_faithful_tp_charges_the_best_collective(ds_trace):
     """Default faithful: TP's all-reduce is the fastest DES algorithm, reported per layer.
 
     DeepSeek 4×8 mesh 5/50, B = 128, b_psum = 4 (1 MiB), α = 100 ns, hop 2 ns, cut-through
-    with network-interface ports: ring2d, 14·(100 + 8 + 2621.44) + 6·(100 + 8 + 655.36) ns =
-    42.79232 µs (test_collectives.py; without ports the bidirectional ring, 26.64016 µs, but its
+    with network-interface ports of 0.75 hop = 1.5 ns each: ring2d, every step a 2-hop message
+    (1.5 + 2 + 2 + 1.5 = 7 ns of latency), 14·(100 + 7 + 2621.44) + 6·(100 + 7 + 655.36) ns =
+    42.77232 µs (test_collectives.py; without ports the bidirectional ring, 26.64016 µs, but its
     two messages per node share the ports).
     """
     sim = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "faithful")
     tp = tensor_parallel(26, 64, 32)
     ev = evaluate_static(sim, tp, ds_trace, 128)
-    assert ev.layer_means["t_comm_moe_s"][0] * US == pytest.approx(42.79232, rel=1e-9)
+    assert ev.layer_means["t_comm_moe_s"][0] * US == pytest.approx(42.77232, rel=1e-9)
     assert ev.meta["tp_allreduce"]["algorithm"] == "ring2d"
     assert set(ev.meta["tp_allreduce"]["times_us"]) == {"ring", "biring", "ring2d"}
     res = sim.layer_sampled(tp, 0, np.zeros((128, 6), np.int64) + np.arange(6),
                             rng=np.random.default_rng(0))
     assert res.mode == "tp" and res.tp_algorithm == "ring2d"
-    assert res.t_comm_moe_s == pytest.approx(42.79232e-6, rel=1e-9)
+    assert res.t_comm_moe_s == pytest.approx(42.77232e-6, rel=1e-9)
     paper = MoESimulator("deepseek-v2-lite", hardware_from_setting("5/50"), "mesh", "paper")
     assert paper.tp_allreduce(128).algorithm == "const"
 
@@ -93,7 +94,7 @@ def _tiny(conv_name, aggregator="first"):
 @pytest.mark.parametrize("conv,combine,dispatch,total", [("paper", 0.7, 0.0, 1.4),
                                                           (FAITHFUL_V1, 1.4, 1.0, 2.4),
                                                           (FAITHFUL_SAF, 1.502, 1.102, 2.604),
-                                                          ("faithful", 1.506, 1.508, 3.014)])
+                                                          ("faithful", 1.505, 1.507, 3.012)])
 def test_static_task_set_micro_example(conv, combine, dispatch, total):  # §14.8 item 4
     """§14.8 item 4; faithful adds α = 100 ns per message and 2 ns per hop.
 
@@ -103,13 +104,14 @@ def test_static_task_set_micro_example(conv, combine, dispatch, total):  # §14.
     1502 → 1.502 µs. Dispatch (reverse): 600 B (1,0)→(1,1) 100–700; 400 B (0,0)→(1,0)→(1,1)
     100–500, 700–1100, arrives 1102; 1000 B (0,0)→(0,1) arrives 1102 → 1.102 µs.
 
-    Default faithful: cut-through with one injection and one ejection port per node (1 B/ns),
-    times after α. Combine: the 1000 B message holds the port of (0,1) 0–1000, the link to (0,0)
-    2–1002 and the ejection port of (0,0) 4–1004 (done 1006); the 400 B message waits for the
-    shared link until 1002, takes 1002–1402 and the ejection port 1004–1404, done 1406 →
-    1.506 µs. Dispatch: (0,0) injects the 1000 B message 0–1000, then the 400 B one 1000–1400;
-    it crosses (0,0)→(1,0) 1002–1402, (1,0)→(1,1) 1004–1404, ejects 1006–1406, done 1408 →
-    1.508 µs (the 600 B message is done at 606).
+    Default faithful: cut-through with one injection and one ejection port per node (1 B/ns,
+    latency 0.75 hop = 1.5 ns), times after α. Combine: the 1000 B message holds the port of
+    (0,1) 0–1000, the link to (0,0) 1.5–1001.5 and the ejection port of (0,0) 3.5–1003.5 (done
+    1005); the 400 B message waits for the shared link until 1001.5, takes 1001.5–1401.5 and
+    the ejection port 1003.5–1403.5, done 1405 → 1.505 µs. Dispatch: (0,0) injects the 1000 B
+    message 0–1000, then the 400 B one 1000–1400; it crosses (0,0)→(1,0) 1001.5–1401.5,
+    (1,0)→(1,1) 1003.5–1403.5, ejects 1005.5–1405.5, done 1407 → 1.507 µs (the 600 B
+    message is done at 605).
     """
     sim = _tiny(conv)
     P = np.eye(4)[None]
