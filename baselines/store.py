@@ -171,7 +171,7 @@ class PlacementStore:
                          str(placed_on)[:12], self.trace.trace_id[:12])
             result = (placement, str(path))
             if name == "node_link" and self.guards(placement):
-                result = self._batch_guarded(placement, directory)
+                result = (self._batch_guarded(placement, directory), str(path))
         self._cache[name] = result
         return result
 
@@ -198,8 +198,12 @@ class PlacementStore:
         name = f"{placement.meta.get('config_hash')}__B{batch}__{key}.npz"
         return root / "batch_guard" / name, key
 
-    def _batch_guarded(self, placed: Placement, directory: Path) -> tuple[Placement, str]:
-        """The ``node_link`` placement re-checked at the run's batch (``baselines.batch_guard``)."""
+    def _batch_guarded(self, placed: Placement, directory: Path) -> Placement:
+        """The ``node_link`` placement re-checked at the run's batch (``baselines.batch_guard``).
+
+        Its ``meta["batch_guard"]["artifact"]`` is the cache file; the store reports the
+        pipeline's ``placement.npz`` as the artifact it came from.
+        """
         from baselines.batch_guard import batch_guard
         from baselines.pipeline_layer import layer_simulator
 
@@ -228,7 +232,8 @@ class PlacementStore:
 
         guarded = guarded_placement(path, key, build)
         guarded.validate(self.model, self.hw)
-        return guarded, str(path)
+        guarded.meta["batch_guard"]["artifact"] = str(path)
+        return guarded
 
     def _placement_trace(self, placed: Placement, run: dict[str, Any]) -> tuple[Any, str]:
         """The trace a placement was optimised on and its view (from the run's ``run.json``)."""

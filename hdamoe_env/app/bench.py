@@ -546,7 +546,8 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             guard = placement.meta.get("batch_guard")
             if guard:
                 record["batch_guard"] = {"batch": guard["batch"], "winner": guard["winner"],
-                                         "winner_counts": guard["winner_counts"]}
+                                         "winner_counts": guard["winner_counts"],
+                                         "artifact": guard.get("artifact")}
             all_records.append(record)
             done[(run_key, spec.name, seed)] = record
             if json_path is not None:

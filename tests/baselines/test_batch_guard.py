@@ -37,9 +37,11 @@ def placed(cfg, trace, tmp_path):
 
 def test_store_guards_node_link_at_the_run_batch(cfg, trace, placed):
     store = _store(cfg, trace, placed, batch=4)
-    pl, artifact = store.get("node_link")
+    pl, source = store.get("node_link")
     guard = pl.meta["batch_guard"]
-    assert guard["batch"] == 4 and guard["place_batch"] == 16 and artifact.endswith(".npz")
+    artifact = guard["artifact"]
+    assert source.endswith("placement.npz") and artifact.endswith(".npz") and artifact != source
+    assert guard["batch"] == 4 and guard["place_batch"] == 16
     assert set(guard["winner"]) == {"0", "1"}
     for layer, costs in guard["method_costs_us"].items():
         assert CANDIDATES | {"node-link", "decision"} == set(costs)
@@ -54,13 +56,14 @@ def test_store_guards_node_link_at_the_run_batch(cfg, trace, placed):
             ref = store.get(src)[0]
             np.testing.assert_array_equal(pl.P[int(layer)], ref.P[int(layer)])
     # cached: a new store loads the same file; the same inputs give the same placement
-    again, path2 = _store(cfg, trace, placed, batch=4).get("node_link")
-    assert path2 == artifact
+    again = _store(cfg, trace, placed, batch=4).get("node_link")[0]
+    assert again.meta["batch_guard"]["artifact"] == artifact
     np.testing.assert_array_equal(again.P, pl.P)
     # another batch is another artifact; batch_guard=False gives the pipeline's placement
-    assert _store(cfg, trace, placed, batch=8).get("node_link")[1] != artifact
+    other = _store(cfg, trace, placed, batch=8).get("node_link")[0]
+    assert other.meta["batch_guard"]["artifact"] != artifact
     raw, path = _store(cfg, trace, placed, batch=4, batch_guard=False).get("node_link")
-    assert "batch_guard" not in raw.meta and path.endswith("placement.npz")
+    assert "batch_guard" not in raw.meta and path == source
 
 
 def test_rule_keeps_the_default_baseline_on_ties_and_small_gains(cfg, trace):
