@@ -644,13 +644,22 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
             + (f"last run: {run.get('computed', '?')} cell(s) computed, "
                f"{run.get('resumed', '?')} resumed from `cells/`, wall time "
                f"{run['wall_s'] / 60:.1f} min with {run.get('workers')} worker(s), backend "
-               f"{run.get('backend')}; " if run.get("wall_s") else "")
+               f"{run.get('backend')}"
+               + (f", CPU time of the computed cells {run['cpu_s'] / 60:.1f} min summed "
+                  f"({run['cpu_s'] / 60 / max(int(run.get('workers') or 1), 1):.1f} min per "
+                  "worker; the machine was shared, so wall time overstates the cost)"
+                  if run.get("cpu_s") else "") + "; " if run.get("wall_s") else "")
             + f"written {time.strftime('%Y-%m-%d')}. Raw records: `results.jsonl` (one JSON "
             "object per method × seed × cell). Profiles: `faithful` is the physically "
             "consistent default, `paper` the journal code's conventions (paper-model.md §4); "
             "every section says which one produced its numbers. Episodes: "
             f"{_episodes(records)}. DES fidelity (per-link discrete-event NoC simulation) "
             "throughout."]
+    planned = _planned_cells(out)
+    if planned and len(cells) < planned:
+        head += ["", f"**Partial run: {len(cells)} of the suite's {planned} cells are finished**; "
+                 "sections and rows of the missing cells are absent (rerun the command to "
+                 "finish them)."]
     body: list[str] = []
     sections: list[Callable[[], list[str]]] = [
         lambda: _sec_end_to_end(records, figs),
@@ -682,6 +691,16 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
     path = out / "report.md"
     atomic_write(path, lambda fh: fh.write(text))
     return path
+
+
+def _planned_cells(out: Path) -> int:
+    """Number of cells in ``OUT/suite.json`` (0 when absent or unreadable)."""
+    import json
+
+    try:
+        return len(json.loads((out / "suite.json").read_text())["cells"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def _episodes(records: list[dict[str, Any]]) -> str:

@@ -84,3 +84,16 @@ def test_node_link_check_marks_each_faithful_cell(tmp_path):
     write_jsonl(tmp_path / "results.jsonl", real + lose + win)
     assert "## Node+Link vs the baselines its search contains" in \
         write_report(tmp_path).read_text()
+
+
+def test_report_marks_a_partial_run(tmp_path):
+    import json
+
+    recs = [_fake("c1", m, t) for m, t in {"tp": 100.0, "node-link": 90.0}.items()]
+    write_jsonl(tmp_path / "results.jsonl", recs)
+    (tmp_path / "suite.json").write_text(json.dumps({"cells": [{}, {}, {}]}))
+    (tmp_path / "run.json").write_text(json.dumps({"wall_s": 600.0, "cpu_s": 120.0,
+                                                   "workers": 2, "computed": 1}))
+    text = write_report(tmp_path).read_text()
+    assert "Partial run: 1 of the suite's 3 cells are finished" in text
+    assert "CPU time of the computed cells 2.0 min summed (1.0 min per worker" in text
