@@ -15,6 +15,9 @@ Modules:
 * :mod:`baselines.pipeline` — the offline pipeline (§8.5): the run with parallel workers,
   atomic per-layer artifacts and resume; :mod:`baselines.pipeline_layer` the steps of one
   layer, :mod:`baselines.pipeline_config` the run's ``PlaceConfig``;
+* :mod:`baselines.batch_guard` — the batch guard: an optimised placement's layers re-checked at
+  the evaluation's batch against TP, tile-aligned TP, EP and the hybrid on sampled steps of
+  its own (a baseline is kept unless clearly beaten);
 * :mod:`baselines.memory_sweep` — the memory-cap sweep over pipeline runs (Fig. 20);
 * :mod:`baselines.pool` — the one process pool (``spawn_pool_map``: placement layers and
   ``hdamoe reproduce`` cells);

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from baselines.batch_guard import BatchGuardSpec, guard_key, guarded_placement
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.sim.placement import Placement, placement_by_name
 from hdamoe_env.config.run import RUN_DEFAULTS, RunFields, RunSpec
@@ -90,6 +91,10 @@ class StoreConfig(RunFields):
         eplb_rho_mem: Relative memory cap ρ_mem that sets EPLB's slots per node,
             S = ⌊ρ_mem·E/D⌋ (None: ``baselines.eplb.DEFAULT_REDUNDANCY``).
         eplb_node_groups: EPLB node groups (1: global policy; the mesh rows X: hierarchical).
+        batch_guard: Re-check every ``node_link`` layer at the run's batch
+            (``baselines.batch_guard``) when the placement was made by the ``best`` guard
+            (``faithful``; ``paper*`` placements are never re-checked).
+        guard: Budget and selection rule of the batch guard.
     """
 
     run: RunSpec = field(default_factory=RunSpec.resolve)
@@ -101,6 +106,8 @@ class StoreConfig(RunFields):
     quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
     eplb_rho_mem: float | None = None
     eplb_node_groups: int = 1
+    batch_guard: bool = True
+    guard: BatchGuardSpec = field(default_factory=BatchGuardSpec)
 
 
 class PlacementStore:
@@ -163,8 +170,86 @@ class PlacementStore:
                 log.info("%s was optimised on trace %s; evaluating on trace %s", path,
                          str(placed_on)[:12], self.trace.trace_id[:12])
             result = (placement, str(path))
+            if name == "node_link" and self.guards(placement):
+                result = (self._batch_guarded(placement, directory), str(path))
         self._cache[name] = result
         return result
+
+    def guards(self, placement: Placement) -> bool:
+        """Whether ``node_link`` is re-checked at the run's batch (``StoreConfig.batch_guard``).
+
+        Only placements of the pipeline's ``best`` guard (their ``meta`` has
+        ``method_costs_us``) under a non-``paper`` profile are: the paper's Node+Link stays
+        the paper's.
+        """
+        return (self.config.batch_guard and not self.config.conv.is_paper
+                and "method_costs_us" in placement.meta)
+
+    def guard_path(self, placement: Placement) -> tuple[Path, str]:
+        """Return the cache file and key of the batch-guarded ``node_link`` at the run's batch."""
+        batch = self.config.batch
+        key = guard_key({
+            "placement": placement.meta.get("config_hash"), "batch": batch,
+            "guard": dataclasses.asdict(self.config.guard),
+            "ep_seed": self.config.placement_seed, "hardware": repr(self.hw),
+            "topology": self.config.topology, "knobs": self.config.conv.to_dict()["knobs_sha256"],
+            "model": self.model.key})
+        root = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
+        name = f"{placement.meta.get('config_hash')}__B{batch}__{key}.npz"
+        return root / "batch_guard" / name, key
+
+    def _batch_guarded(self, placed: Placement, directory: Path) -> Placement:
+        """The ``node_link`` placement re-checked at the run's batch (``baselines.batch_guard``).
+
+        Its ``meta["batch_guard"]["artifact"]`` is the cache file; the store reports the
+        pipeline's ``placement.npz`` as the artifact it came from.
+        """
+        from baselines.batch_guard import batch_guard
+        from baselines.pipeline_layer import layer_simulator
+
+        path, key = self.guard_path(placed)
+        raw_path = directory / PLACEMENT_ARTIFACTS["node_link_raw"]  # type: ignore[operator]
+
+        def build() -> Placement:
+            t0 = time.perf_counter()
+            run = _read_run(directory)
+            place_batch = run.get("config", {}).get("batch", self.config.place_batch)
+            baselines = {"tp": self.get("tp")[0], "tp-tiled": self.get("tp_tiled")[0],
+                         "ep": self.get("ep")[0], "hybrid": self.get("hybrid")[0]}
+            optimised = {f"node-link@B{place_batch}": placed}
+            if raw_path.exists():
+                optimised["nb-lb"] = Placement.load(raw_path)
+            trace, view = self._placement_trace(placed, run)
+            guarded = batch_guard(layer_simulator(self.place_config()), baselines, optimised,
+                                  trace, self.config.batch, self.config.guard, view=view)
+            guarded.meta.update({k: v for k, v in placed.meta.items()
+                                 if k in ("trace_id", "config_hash", "seed")})
+            guarded.meta["batch_guard"].update(source=str(directory / "placement.npz"),
+                                               place_batch=place_batch)
+            log.info("batch guard at B=%d: %s (%.1f s)", self.config.batch,
+                     guarded.meta["batch_guard"]["winner_counts"], time.perf_counter() - t0)
+            return guarded
+
+        guarded = guarded_placement(path, key, build)
+        guarded.validate(self.model, self.hw)
+        guarded.meta["batch_guard"]["artifact"] = str(path)
+        return guarded
+
+    def _placement_trace(self, placed: Placement, run: dict[str, Any]) -> tuple[Any, str]:
+        """The trace a placement was optimised on and its view (from the run's ``run.json``)."""
+        config = run.get("config", {})
+        view = str(config.get("view", "content"))
+        placed_on = placed.meta.get("trace_id")
+        if not placed_on or placed_on == self.trace.trace_id or not config:
+            return self.trace, view
+        from baselines.pipeline_config import PlaceConfig, load_trace
+
+        trace = load_trace(PlaceConfig.from_dict(config))
+        if trace.trace_id != placed_on:
+            raise ConfigError(f"the batch guard cannot rebuild the trace the placement was "
+                              f"optimised on ({str(placed_on)[:12]}; {config.get('trace')!r} "
+                              f"gives {trace.trace_id[:12]}); pass batch_guard=False")
+        return trace, view
 
     def _eplb(self) -> Placement:
         from baselines.eplb import eplb, eplb_placement, eplb_slots
@@ -229,6 +314,17 @@ class PlacementStore:
         self.pipeline_solved = True
         self.pipeline_dir = out
         return out
+
+
+def _read_run(directory: Path) -> dict[str, Any]:
+    """The ``run.json`` of a pipeline directory ({} when absent or unreadable)."""
+    import json
+
+    try:
+        data = json.loads((directory / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _complete_artifact(directory: Path, config_hash: str) -> bool:

@@ -36,6 +36,7 @@ Env throughput (``hdamoe bench-env``) is measured by :mod:`hdamoe_env.app.envben
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -93,6 +94,8 @@ class BenchConfig(RunFields):
         place_workers: Worker processes of the quick pipeline.
         quick: Budget of the quick pipeline (``PlaceConfig`` fields).
         env_kwargs: Further ``HdMoeEnv`` keyword arguments (e.g. ``gating_protect_top``).
+        batch_guard: Re-check every Node+Link layer at the benchmark's B
+            (``baselines.batch_guard``; ``faithful`` placements of the ``best`` guard only).
 
     The run's values read through (``RunFields``): ``model_spec``, ``setting``, ``mesh``,
     ``topology``, ``batch``, ``conventions``, ``trace``, ``trace_requests``, ``trace_skew``,
@@ -112,6 +115,7 @@ class BenchConfig(RunFields):
     place_workers: int = 1
     quick: dict[str, Any] = field(default_factory=lambda: dict(QUICK_PLACEMENT))
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    batch_guard: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.run, RunSpec):
@@ -144,7 +148,7 @@ class BenchConfig(RunFields):
         return StoreConfig(run=self.run, placement_dir=self.placement_dir,
                            cache_dir=self.cache_dir, placement_seed=self.placement_seed,
                            place_batch=self.place_batch, place_workers=self.place_workers,
-                           quick=self.quick)
+                           quick=self.quick, batch_guard=self.batch_guard)
 
     def run_key(self, trace_id: str) -> str:
         """Return a short hash of the configuration and the trace id (resume key)."""
@@ -162,6 +166,8 @@ class BenchConfig(RunFields):
         }
         if self.trace_skew != 1.0:  # τ = 1 stays out of the key (CHANGELOG: compatibility)
             payload["trace_skew"] = self.trace_skew
+        if self.batch_guard and not self.run.conventions.is_paper:  # changes node_link
+            payload["batch_guard"] = dataclasses.asdict(self.store_config().guard)
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -552,6 +558,11 @@ def run_bench(config: BenchConfig, methods: Sequence[str | MethodSpec] = DEFAULT
             }
             if spec.env_kwargs:
                 record["method_env_kwargs"] = dict(spec.env_kwargs)
+            guard = placement.meta.get("batch_guard")
+            if guard:
+                record["batch_guard"] = {"batch": guard["batch"], "winner": guard["winner"],
+                                         "winner_counts": guard["winner_counts"],
+                                         "artifact": guard.get("artifact")}
             all_records.append(record)
             done[(run_key, spec.name, seed)] = record
             if json_path is not None:

@@ -40,9 +40,9 @@ from hdamoe_env.config.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
-__all__ = ["write_report"]
+__all__ = ["node_link_check", "write_report"]
 
-E2E = ("tp", "ep", "hybrid", "node-balance", "node-link", "hd-moe", "hda-moe", "eplb",
+E2E = ("tp", "tp-tiled", "ep", "hybrid", "node-balance", "node-link", "hd-moe", "hda-moe", "eplb",
        "eplb-dynamic")
 
 
@@ -123,7 +123,9 @@ def _sec_end_to_end(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
            "4×8 mesh; TBT ÷ TBT(TP) per decode step (mean over seeds of the per-seed ratio); "
            "the last column is HDA-MoE's speed-up over the fastest of TP, EP, hybrid and HD-MoE "
            "(> 1: HDA-MoE is fastest). Placements optimised at B = 128 (quick pipeline: heuristic "
-           "Node Balance, local-search Link Balance, TP guard)."]
+           "Node Balance, local-search Link Balance; `faithful`: the `best` guard, and "
+           "Node+Link re-checked per layer at each B by the batch guard, next section; "
+           "`paper`: the TP guard)."]
     for profile, sub in _by_profile(cells):
         methods = [m for m in E2E if any(m in r for _, r in sub)]
         rows = []
@@ -523,6 +525,92 @@ def _sec_sensitivity(records: list[dict[str, Any]], figs: _Figures) -> list[str]
     return out
 
 
+#: The baselines the Node+Link search space contains (``baselines.batch_guard.BASELINES``).
+SEARCHED = ("tp", "tp-tiled", "ep", "hybrid")
+#: Node+Link counts as no slower when its ratio is within this of the best baseline's: the
+#: table prints three decimals, and two methods whose layers are the same placement still
+#: draw aggregators from their own generators (bench module docstring).
+CHECK_TOLERANCE = 5e-4
+
+
+def _cell_extra(meta: dict[str, Any]) -> str:
+    """What sets a cell apart beyond model, setting and B (mesh, topology, trace, tags)."""
+    parts = []
+    if meta.get("mesh", "4x8") != "4x8":
+        parts.append(str(meta["mesh"]))
+    if meta.get("topology", "mesh") != "mesh":
+        parts.append(str(meta["topology"]))
+    if meta.get("category"):
+        parts.append(str(meta["category"]))
+    if meta.get("axis"):
+        parts.append(f"{meta['axis']}={meta.get(meta['axis'])}")
+    return ", ".join(parts) or "–"
+
+
+def node_link_check(records: list[dict[str, Any]]) -> list[str]:
+    """The section "Node+Link vs the baselines its search contains" (Markdown lines).
+
+    Every ``faithful`` bench cell that runs Node+Link and the four baselines of its search
+    space: Node+Link's TBT ÷ TP, the fastest baseline and its ratio, their quotient, ✓ when
+    Node+Link is no slower (within :data:`CHECK_TOLERANCE`) and ✗ otherwise, and which
+    candidate the batch guard chose in how many layers.
+    """
+    rows = []
+    worst: tuple[float, str] | None = None
+    ok = total = 0
+    skipped = 0
+    for meta, r in cell_tables(records):
+        if meta.get("profile") != "faithful" or "node-link" not in r:
+            continue
+        if not all(m in r for m in SEARCHED):
+            skipped += 1
+            continue
+        nl = r["node-link"].get("tbt_over_tp", float("nan"))
+        best = min(SEARCHED, key=lambda m: r[m].get("tbt_over_tp", float("inf")))
+        b = r[best].get("tbt_over_tp", float("nan"))
+        good = nl <= b + CHECK_TOLERANCE
+        total += 1
+        ok += bool(good)
+        label = (f"{meta['figure']} {model_label(meta)} {meta['setting']} B={meta['batch']} "
+                 f"{_cell_extra(meta)}")
+        if worst is None or nl / b > worst[0]:
+            worst = (nl / b, label)
+        guard = next((rec.get("batch_guard") for rec in cell_records(records, meta["cell"],
+                                                                     "node-link")
+                      if rec.get("batch_guard")), None)
+        won = ("–" if guard is None else ", ".join(f"{k} {v}" for k, v in
+                                                    guard["winner_counts"].items()))
+        rows.append([meta["figure"].split("_")[0], model_label(meta), meta["setting"],
+                     str(meta["batch"]), _cell_extra(meta), _f(nl), f"{_f(b)} ({best})",
+                     _f(nl / b), "✓" if good else "✗", won])
+    if not rows:
+        return []
+    out = ["## Node+Link vs the baselines its search contains", "",
+           "Profile `faithful`. Every bench cell that runs Node+Link and TP, tile-aligned TP "
+           "(`tp-tiled`), EP and the hybrid: TBT ÷ TP of Node+Link and of the fastest of those "
+           "four, Node+Link ÷ that baseline, and ✓ when Node+Link is no slower (within "
+           f"{CHECK_TOLERANCE:g} of the ratio, the table's precision). Node+Link is the "
+           "placement optimised at B = 128 with the pipeline's `best` guard, re-checked per "
+           "layer at the cell's B by the batch guard (`baselines.batch_guard`): on 16 decode "
+           "steps of its own, formed like the env's from the trace the placement was optimised on "
+           "(never the cell's episodes), every layer keeps the baseline with the lowest cost "
+           "summed over the layers unless another candidate (another baseline, the B = 128 "
+           "Node+Link layer `node-link@B128`, or raw Node + Link Balance `nb-lb`) is faster in "
+           "that layer by more than 0.5 % and two standard errors of the paired per-step "
+           "differences. Guard = the candidate chosen, with its number of layers. A ✗ is "
+           "kept: the guard decides on its own sampled steps, the cell measures other "
+           "episodes (and the env's whole decode step), so a per-layer choice can lose by "
+           "noise or by what the per-layer score leaves out.", "",
+           f"**✓ in {ok} of {total} cells**"
+           + (f"; worst Node+Link ÷ best baseline {worst[0]:.3f} ({worst[1].strip()})"
+              if worst else "") + "."
+           + (f" {skipped} faithful cell(s) with Node+Link lack a baseline and are not "
+              "listed." if skipped else ""), "",
+           md_table(["fig.", "model", "setting", "B", "cell", "node-link", "best baseline",
+                     "NL ÷ best", "", "guard (layers)"], rows)]
+    return out
+
+
 # -------------------------------------------------------------------------------------- report
 def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
                  command: str | None = None) -> Path:
@@ -556,16 +644,26 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
             + (f"last run: {run.get('computed', '?')} cell(s) computed, "
                f"{run.get('resumed', '?')} resumed from `cells/`, wall time "
                f"{run['wall_s'] / 60:.1f} min with {run.get('workers')} worker(s), backend "
-               f"{run.get('backend')}; " if run.get("wall_s") else "")
+               f"{run.get('backend')}"
+               + (f", CPU time of the computed cells {run['cpu_s'] / 60:.1f} min summed "
+                  f"({run['cpu_s'] / 60 / max(int(run.get('workers') or 1), 1):.1f} min per "
+                  "worker; the machine was shared, so wall time overstates the cost)"
+                  if run.get("cpu_s") else "") + "; " if run.get("wall_s") else "")
             + f"written {time.strftime('%Y-%m-%d')}. Raw records: `results.jsonl` (one JSON "
             "object per method × seed × cell). Profiles: `faithful` is the physically "
             "consistent default, `paper` the journal code's conventions (paper-model.md §4); "
             "every section says which one produced its numbers. Episodes: "
             f"{_episodes(records)}. DES fidelity (per-link discrete-event NoC simulation) "
             "throughout."]
+    planned = _planned_cells(out)
+    if planned and len(cells) < planned:
+        head += ["", f"**Partial run: {len(cells)} of the suite's {planned} cells are finished**; "
+                 "sections and rows of the missing cells are absent (rerun the command to "
+                 "finish them)."]
     body: list[str] = []
     sections: list[Callable[[], list[str]]] = [
         lambda: _sec_end_to_end(records, figs),
+        lambda: node_link_check(records),
         lambda: _sec_quality(records, figs),
         lambda: _sec_scaling(records, figs, "fig11_mesh", "mesh", "Mesh size (paper Fig. 11)",
                              ("4x4", "4x8", "8x8")),
@@ -593,6 +691,16 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
     path = out / "report.md"
     atomic_write(path, lambda fh: fh.write(text))
     return path
+
+
+def _planned_cells(out: Path) -> int:
+    """Number of cells in ``OUT/suite.json`` (0 when absent or unreadable)."""
+    import json
+
+    try:
+        return len(json.loads((out / "suite.json").read_text())["cells"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def _episodes(records: list[dict[str, Any]]) -> str:

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BACKENDS",
+    "BASELINES",
     "CELL_FORMAT",
     "SUITES",
     "Cell",
@@ -58,6 +59,7 @@ __all__ = [
     "run_cell",
     "run_suite",
     "run_suite_printing",
+    "cpu_summary",
     "dedupe_cells",
     "model_trace",
     "shrink",
@@ -146,6 +148,30 @@ def _placement_dir_of(params: Mapping[str, Any], cache_dir: str | None) -> str:
     return str(store.pipeline_dir)
 
 
+def _guard_batches(params: Mapping[str, Any], cache_dir: str | None) -> dict[str, Any]:
+    """Build the batch-guarded Node+Link placements of a configuration (cached for its cells).
+
+    Returns the winners per batch: ``{str(B): {"winner_counts", "wall_s", "cpu_s"}}``.
+    """
+    from hdamoe_env.app.bench import load_bench_trace, placement_store
+
+    out: dict[str, Any] = {}
+    trace = None
+    for batch in params.get("guard_batches", ()):
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        config = _bench_config({**params["config"], "batch": int(batch)}, cache_dir)
+        if trace is None:
+            trace, _ = load_bench_trace(config)
+        placement, _ = placement_store(config, trace, progress=False).get("node_link")
+        guard = placement.meta.get("batch_guard")
+        if guard is None:
+            continue
+        out[str(batch)] = {"winner_counts": guard["winner_counts"],
+                           "wall_s": time.perf_counter() - t0,
+                           "cpu_s": time.process_time() - cpu0}
+    return out
+
+
 def _run_placement(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     directory = _placement_dir_of(params["config"], cache_dir)
@@ -162,8 +188,11 @@ def _run_placement(params: Mapping[str, Any], cache_dir: str | None) -> list[dic
             layer_s.append(float(json.loads(f.read_text())["timings_s"]["total_s"]))
         except (KeyError, ValueError, OSError):
             continue
-    return [{"placement_dir": directory, "wall_s": time.perf_counter() - t0,
-             "pipeline_cpu_s": sum(layer_s), **meta, **params["config"]}]
+    record = {"placement_dir": directory, "wall_s": time.perf_counter() - t0,
+              "pipeline_cpu_s": sum(layer_s), **meta, **params["config"]}
+    if params.get("guard_batches"):
+        record["batch_guard"] = _guard_batches(params, cache_dir)
+    return [record]
 
 
 def _run_bench(params: Mapping[str, Any], cache_dir: str | None) -> list[dict[str, Any]]:
@@ -225,19 +254,22 @@ def run_cell(cell: Cell | Mapping[str, Any], cache_dir: str | None = None) -> di
         cache_dir: Placement cache root (None: the bench harness's default).
 
     Returns:
-        ``{"key", "cell", "records", "wall_s", "version", "finished"}``; every record carries
-        ``figure``, ``cell`` (the key) and the cell's tags.
+        ``{"key", "cell", "records", "wall_s", "cpu_s", "version", "finished"}`` (``cpu_s``:
+        process time of the cell's work in the process that ran it, which on a shared machine
+        is the honest cost next to ``wall_s``); every record carries ``figure``, ``cell`` (the
+        key) and the cell's tags.
     """
     if not isinstance(cell, Cell):
         cell = Cell(**cell)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     records = _RUNNERS[cell.kind](cell.params, cache_dir)
     for rec in records:
         rec.update({"figure": cell.figure, "cell": cell.key, "kind": cell.kind, **cell.tags})
     return {"key": cell.key, "cell": cell.to_dict(), "records": records,
-            "wall_s": time.perf_counter() - t0, "version": __version__,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
+            "version": __version__, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def shrink(cell: Cell) -> Cell:
@@ -256,6 +288,9 @@ def shrink(cell: Cell) -> Cell:
 
 
 # -------------------------------------------------------------------------------------- suites
+#: The baselines the Node+Link search space contains (every cell with Node+Link runs them, so
+#: that the report can set Node+Link against the fastest of them).
+BASELINES = ("tp", "tp-tiled", "ep", "hybrid")
 METHODS_E2E = ("tp", "tp-tiled", "ep", "hybrid", "node-balance", "node-link", "node-link-raw",
                "hd-moe", "hda-moe", "eplb", "eplb-dynamic")
 #: HDA-MoE at matched routing quality (top-1 retention >= 99 % and >= 95 %): every end-to-end
@@ -331,13 +366,19 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
     seeds = list(seeds) if seeds is not None else ([0] if suite == "tiny" else [0, 1])
     cells: list[Cell] = []
 
+    guard_batches: dict[str, set[int]] = {}
+
     def bench(figure: str, cfg: dict[str, Any], methods: Sequence[str], *,
               placement: bool = True, keep: Sequence[str] = (), tags: Mapping[str, Any] = (),
               placement_from: dict[str, Any] | None = None) -> None:
         needs = placement and any(m not in ("tp", "tp-tiled", "ep") for m in methods)
         if needs:
             src = placement_from if placement_from is not None else cfg
-            cells.append(Cell("placements", "placement", {"config": placement_key(src)}))
+            key = placement_key(src)
+            cells.append(Cell("placements", "placement", {"config": key}))
+            if not str(cfg.get("conventions", "faithful")).startswith("paper"):
+                guard_batches.setdefault(json.dumps(key, sort_keys=True), set()).add(
+                    int(cfg["batch"]))
         params: dict[str, Any] = {"config": cfg, "methods": list(methods), "seeds": seeds}
         if keep:
             params["keep"] = list(keep)
@@ -351,6 +392,17 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
         bench("fig10_end_to_end", bench_cfg("deepseek-v2-lite", "synthetic", "2.5/75", 8, steps=1,
                                             trace_requests=16), ("tp", "ep"), placement=False)
         return dedupe_cells(cells)
+
+    def with_guards(cells: list[Cell]) -> list[Cell]:
+        """Placement cells also build the batch guards of every batch their cells run at."""
+        out = []
+        for cell in cells:
+            batches = guard_batches.get(json.dumps(cell.params.get("config"), sort_keys=True))
+            if cell.kind == "placement" and batches:
+                cell = dataclasses.replace(cell, params={**cell.params,
+                                                         "guard_batches": sorted(batches)})
+            out.append(cell)
+        return dedupe_cells(out)
 
     ds = ("deepseek-v2-lite", "synthetic")
     models = [ds]
@@ -380,11 +432,11 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
     for model, trace in scale_models:
         for mesh in ("4x4", "8x8"):
             bench("fig11_mesh", bench_cfg(model, trace, "5/50", 128, mesh=mesh, steps=steps),
-                  ("tp", "tp-tiled", "ep", "hybrid", "hd-moe", "hda-moe"))
+                  (*BASELINES, "node-link", "hd-moe", "hda-moe"))
         for topo in ("torus", "fattree"):
             bench("fig12_topology",
                   bench_cfg(model, trace, "5/50", 128, topology=topo, steps=steps),
-                  ("tp", "tp-tiled", "ep", "hybrid", "hd-moe", "hda-moe"))
+                  (*BASELINES, "node-link", "hd-moe", "hda-moe"))
     # Fig. 20: memory cap (DeepSeek, 5/50, B = 128)
     cells.append(Cell("fig20_memory_cap", "sweep_mem", {
         "config": {"model": "deepseek-v2-lite", "trace": "synthetic", "setting": "5/50",
@@ -407,12 +459,12 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
             src = bench_cfg(model, src_trace, setting, 128)
             cfg = bench_cfg(model, trace, setting, dyn_batch, steps=steps, k_b=k_b,
                             env_kwargs=env_kwargs)
-            bench("fig21_dynamic", cfg, ("node-link", "hd-moe"), placement_from=src,
+            bench("fig21_dynamic", cfg, (*BASELINES, "node-link", "hd-moe"), placement_from=src,
                   tags={"category": category, "k_b": k_b})
     # Fig. 22: gating vs batch (DeepSeek, 2.5/75)
     for batch in ((1, 2, 4, 8, 32, 64, 128) if full else (1, 4, 8, 32, 128)):
         bench("fig22_gating_batch", bench_cfg(ds[0], "synthetic", "2.5/75", batch, steps=steps),
-              ("node-link", "hd-moe", "agent:hardware-aware-gating", "hda-moe"))
+              (*BASELINES, "node-link", "hd-moe", "agent:hardware-aware-gating", "hda-moe"))
     # Fig. 24: sensitivity to r_comp (r_comm = 0) and r_comm (r_comp = -3e4), DeepSeek 2.5/75
     # B = 32; published units (w = 2·h·I), converted to the profile in the env (÷ m)
     r_comps = (0.0, -1e4, -3e4, -5e4, -1e5) + ((-2e5,) if full else ())
@@ -421,9 +473,9 @@ def suite_cells(suite: str, *, mixtral_dir: str | None = DEFAULT_MIXTRAL_DIR,
     for r_comp, r_comm, axis in sweep:
         cfg = bench_cfg(ds[0], "synthetic", "2.5/75", 32, steps=steps,
                         env_kwargs={"gating_coefficients_published": [r_comp, r_comm]})
-        bench("fig24_sensitivity", cfg, ("node-link", "hda-moe"),
+        bench("fig24_sensitivity", cfg, (*BASELINES, "node-link", "hda-moe"),
               tags={"r_comp": r_comp, "r_comm": r_comm, "axis": axis})
-    return dedupe_cells(cells)
+    return with_guards(cells)
 
 
 def dedupe_cells(cells: Iterable[Cell]) -> list[Cell]:
@@ -607,14 +659,34 @@ def run_suite_printing(cells: Sequence[Cell], out: str | Path, args: argparse.Na
     ``cache_dir``, ``ray_address``).
     """
     def tick(cell: Cell, payload: dict[str, Any], n: int, total: int) -> None:
-        print(f"[{n}/{total}] {payload['wall_s']:7.1f} s  {cell.label}", flush=True)
+        cpu = payload.get("cpu_s")
+        print(f"[{n}/{total}] {payload['wall_s']:7.1f} s"
+              + (f" (cpu {cpu:7.1f} s)" if cpu is not None else "") + f"  {cell.label}",
+              flush=True)
 
     result = run_suite(cells, out, workers=args.workers, backend=args.backend,
                        cache_dir=args.cache_dir, resume=resume, ray_address=args.ray_address,
                        on_cell=tick)
+    cpu = cpu_summary(result)["cpu_s"]
     print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
-          f"wall {result.wall_s:.1f} s")
+          f"wall {result.wall_s:.1f} s, cpu {cpu:.1f} s over {args.workers} worker(s) "
+          f"({cpu / max(args.workers, 1):.1f} s per worker)")
     return result
+
+
+def cpu_summary(result: ReproduceResult) -> dict[str, Any]:
+    """CPU time of a run next to its wall time (the machine may be shared while it runs).
+
+    Returns:
+        ``cpu_s``: summed process time of the cells computed in this call; ``cpu_s_all``: of
+        every finished cell (resumed ones included, as recorded when they ran; cells written
+        before CPU times were recorded count 0 and are counted in ``cells_without_cpu``).
+    """
+    computed = set(result.computed)
+    cpu = [float(p.get("cpu_s", 0.0)) for p in result.payloads if p["key"] in computed]
+    every = [p.get("cpu_s") for p in result.payloads]
+    return {"cpu_s": sum(cpu), "cpu_s_all": sum(float(c) for c in every if c is not None),
+            "cells_without_cpu": sum(1 for c in every if c is None)}
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -646,8 +718,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         result = run_suite_printing(cells, out, args, resume=not args.fresh)
         meta = {"suite": args.suite, "command": command, "wall_s": result.wall_s,
                 "computed": len(result.computed), "resumed": len(result.skipped),
-                "workers": args.workers, "backend": args.backend}
+                "workers": args.workers, "backend": args.backend, **cpu_summary(result)}
         write_json(out / "run.json", meta)
     path = report.write_report(out, suite=args.suite, command=command)
+    check = report.node_link_check(read_results(out)) if (out / "results.jsonl").exists() else []
+    if check:
+        print("\n".join(check[:1] + check[4:5] + [""] + check[6:]))
     print(f"wrote {path}")
     return 0

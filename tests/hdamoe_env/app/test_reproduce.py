@@ -54,6 +54,30 @@ def test_suite_without_mixtral_and_full_is_larger(tmp_path: Path) -> None:
         "deepseek-v2-lite", "qwen2-57b-a14b", "qwen3.5-35b-a3b"}
 
 
+def test_full_suite_sets_node_link_against_its_baselines(tmp_path: Path) -> None:
+    """Every faithful cell with Node+Link runs tp, tp-tiled, ep and hybrid too, and its
+    placement cell builds the batch guard of the cell's B (paper placements never)."""
+    cells = suite_cells("full", mixtral_dir=str(_fake_mixtral(tmp_path)))
+    placements = {json.dumps(c.params["config"], sort_keys=True): c
+                  for c in cells if c.kind == "placement"}
+    checked = 0
+    for c in cells:
+        if c.kind != "bench":
+            continue
+        cfg, methods = c.params["config"], set(c.params["methods"])
+        assert "tp-tiled" in methods, c.label
+        if cfg["conventions"] != "faithful" or "node-link" not in methods:
+            continue
+        assert set(reproduce.BASELINES) <= methods, c.label
+        src = c.params.get("placement_from") or reproduce.placement_key(cfg)
+        assert cfg["batch"] in placements[json.dumps(src, sort_keys=True)].params[
+            "guard_batches"], c.label
+        checked += 1
+    assert checked > 60
+    assert all("guard_batches" not in c.params for c in placements.values()
+               if c.params["config"]["conventions"] == "paper")
+
+
 def test_bad_suite_backend_and_workers(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown suite 'fast'"):
         suite_cells("fast")
@@ -75,6 +99,7 @@ def test_smallest_quick_cell_runs_on_a_tiny_config() -> None:
     assert all(r["tbt_us"] > 0 and r["figure"] == smallest.figure for r in recs)
     assert all(r["cell"] == payload["key"] for r in recs)
     assert recs[0]["batch"] == smallest.params["config"]["batch"]
+    assert 0 < payload["cpu_s"] and payload["wall_s"] > 0
 
 
 def test_resume_skips_finished_cells_and_reruns_broken_ones(tmp_path: Path) -> None:
@@ -130,7 +155,9 @@ def test_cli_runs_tiny_suite_and_writes_report(tmp_path: Path, capsys: pytest.Ca
                                                ) -> None:
     assert main(["reproduce", "--suite", "tiny", "--out", str(tmp_path), "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "2 cell(s) computed, 0 resumed" in out
+    assert "2 cell(s) computed, 0 resumed" in out and "cpu" in out
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["cpu_s"] > 0 and run["cpu_s_all"] == pytest.approx(run["cpu_s"])
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# HDA-MoE evaluation, `tiny` suite")
     assert "hdamoe reproduce --suite tiny" in report
