@@ -138,7 +138,7 @@ def analyse_energy(records: Sequence[Mapping[str, Any]], *, samples: int = MIN_P
             keeps its base value).
 
     Returns:
-        Rows with ``methods`` (method → ``mj_per_token``, ``e_over_tp``, ``tbt_over_tp``,
+        Rows (per model in first-seen order, then by TFLOPS and B) with ``methods`` (method → ``mj_per_token``, ``e_over_tp``, ``tbt_over_tp``,
         ``tbt_us``), ``latency_winner``, and per objective ``energy`` / ``edp`` the
         :func:`hdamoe_env.app.robust.cell_verdict` fields plus ``winner`` (base values) and
         ``mark``.
@@ -180,7 +180,17 @@ def analyse_energy(records: Sequence[Mapping[str, Any]], *, samples: int = MIN_P
             verdict.update(winner=base_winner, mark=mark(verdict))
             row[name] = verdict
         rows.append(row)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    rows.sort(key=lambda r: (models.index(r["model"]), _tflops(r["setting"]), r["batch"]))
     return rows
+
+
+def _tflops(setting: Any) -> float:
+    """Return the TFLOPS of a ``TFLOPS/GBps`` setting (inf if unparsable: sorted last)."""
+    try:
+        return float(str(setting).split("/")[0])
+    except ValueError:
+        return float("inf")
 
 
 def _split(verdict: Mapping[str, Any]) -> str:
