@@ -237,6 +237,18 @@ def render_energy_section(rows: Sequence[Mapping[str, Any]], *, samples: int, se
               "the same winner in ≥ 90 % of the samples (percentage = samples won by the "
               "base-value winner); else the deciding knob's best split. EDP = step energy × "
               "TBT.", "", render_table(head, body, style="markdown"), ""]
+    diff = []
+    for r in rows:
+        for name, label in (("energy", "energy"), ("edp", "EDP")):
+            v = r[name]
+            if v["winner"] != r["latency_winner"]:
+                kind = "robust" if v["mark"].startswith("robust") else "conditional"
+                diff.append(f"* {r['model']} {r['setting']} B={r['batch']}: {label} winner "
+                            f"{v['winner']}, latency winner {r['latency_winner']} ({kind}: "
+                            f"{v['mark']})")
+    lines += (["Cells where a winner differs from the latency winner:", "", *diff, ""] if diff
+              else ["In every cell the energy and EDP winners (at the base values) are the "
+                    "latency winner.", ""])
     return "\n".join(lines)
 
 

@@ -76,6 +76,8 @@ def test_winner_flips_across_noc_threshold_is_conditional_on_noc() -> None:
     assert row["methods"]["ep"]["mj_per_token"] == pytest.approx(1e3 * 0.7 / 128)
     assert row["methods"]["ep"]["e_over_tp"] == pytest.approx(0.7)
     assert row["methods"]["ep"]["tbt_over_tp"] == pytest.approx(2.0)
+    text = render_energy_section([row], samples=64, seed=0)
+    assert "energy winner ep, latency winner tp (conditional: depends on noc_pj" in text
 
 
 def test_clear_winner_is_robust_over_all_knobs() -> None:
@@ -90,6 +92,7 @@ def test_clear_winner_is_robust_over_all_knobs() -> None:
     assert row["latency_winner"] == "tp"
     text = render_energy_section([row], samples=64, seed=0)
     assert "robust (100%)" in text and "| tp |" in text.replace("latency winner", "")
+    assert "energy winner ep, latency winner tp (robust: robust (100%))" in text
 
 
 def test_means_over_seeds_and_ties_go_to_first_method() -> None:
