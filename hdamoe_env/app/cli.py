@@ -310,6 +310,8 @@ def _add_energy_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--samples", type=positive_int, default=64,
                    help="joint Latin-hypercube samples of the energy uncertainties")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the samples")
+    p.add_argument("--methods", type=name_list, default=None,
+                   help="comma list: compare only these methods of the records (default all)")
     p.set_defaults(func=_energy_report)
     return p
 

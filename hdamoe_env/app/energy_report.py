@@ -254,7 +254,15 @@ def render_energy_section(rows: Sequence[Mapping[str, Any]], *, samples: int, se
 
 def cmd_energy_report(args: argparse.Namespace) -> int:
     """Run ``hdamoe energy-report``: print the energy table of bench records."""
-    rows = analyse_energy(load_records(args.records), samples=args.samples, seed=args.seed)
+    records = load_records(args.records)
+    if args.methods:
+        keep = {m.strip() for m in str(args.methods).split(",")}
+        missing = keep - {r["method"] for r in records}
+        if missing:
+            raise ConfigError(f"--methods names {sorted(missing)}, which no record has; the "
+                              f"records hold {sorted({r['method'] for r in records})}")
+        records = [r for r in records if r["method"] in keep]
+    rows = analyse_energy(records, samples=args.samples, seed=args.seed)
     text = render_energy_section(rows, samples=args.samples, seed=args.seed)
     if args.samples < MIN_PUBLISHED_SAMPLES:
         text += (f"\nNote: {args.samples} samples (< {MIN_PUBLISHED_SAMPLES}); too few for a "

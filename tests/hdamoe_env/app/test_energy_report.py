@@ -123,6 +123,11 @@ def test_cli_energy_report(tmp_path, capsys) -> None:
     assert main(["energy-report", str(path), "--samples", "16"]) == 0
     out = capsys.readouterr().out
     assert "energy winner" in out and "deepseek-v2-lite" in out and "16 samples" in out
+    assert main(["energy-report", str(path), "--samples", "16", "--methods", "ep"]) == 0
+    out = capsys.readouterr().out
+    assert "| tp |" not in out and "| ep |" in out
+    assert main(["energy-report", str(path), "--methods", "eplb"]) == 2
+    assert "eplb" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["missing", "no-energy"])
