@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hdamoe_env.app.records import read_records
-from hdamoe_env.app.robust import MIN_PUBLISHED_SAMPLES, _winner, cell_verdict, mark
+from hdamoe_env.app.robust import MIN_PUBLISHED_SAMPLES, cell_verdict, lowest_winner, mark
 from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.errors import ConfigError, InputFileError
 from hdamoe_env.config.uncertainty import ENERGY_UNCERTAINTIES, Uncertainty, latin_hypercube
@@ -163,7 +163,7 @@ def analyse_energy(records: Sequence[Mapping[str, Any]], *, samples: int = MIN_P
         e_samp = {m: reprice(v["parts"], base, values) for m, v in means.items()}
         row: dict[str, Any] = {"model": model, "setting": setting, "batch": batch, "mesh": mesh,
                                "topology": topology, "profile": profile,
-                               "latency_winner": _winner(tbt, order)[0], "methods": {}}
+                               "latency_winner": lowest_winner(tbt, order)[0], "methods": {}}
         for m in order:
             row["methods"][m] = {
                 "tbt_us": tbt[m], "mj_per_token": 1e3 * e_base[m] / max(batch, 1),
@@ -173,9 +173,9 @@ def analyse_energy(records: Sequence[Mapping[str, Any]], *, samples: int = MIN_P
                 ("energy", e_base, e_samp),
                 ("edp", {m: e_base[m] * tbt[m] * 1e-6 for m in order},
                  {m: e_samp[m] * tbt[m] * 1e-6 for m in order})):
-            winners = [_winner({m: float(samp[m][i]) for m in order}, order)[0]
+            winners = [lowest_winner({m: float(samp[m][i]) for m in order}, order)[0]
                        for i in range(samples)]
-            base_winner = _winner(base_val, order)[0]
+            base_winner = lowest_winner(base_val, order)[0]
             verdict = cell_verdict(values, winners, base_winner=base_winner)
             verdict.update(winner=base_winner, mark=mark(verdict))
             row[name] = verdict
