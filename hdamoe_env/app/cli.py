@@ -200,6 +200,7 @@ def _add_optional_commands(sub: Any) -> None:
         "means with 95 %% t intervals, IQM with bootstrap intervals, paired differences",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     _add_reproduce_parser(sub)
+    _add_energy_report_parser(sub)
     crossover.add_arguments(sub.add_parser(
         "crossover", help="which method wins each cell, and which cost-model knob decides it",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter))
@@ -297,6 +298,21 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="only (re)write the report from --out/results.jsonl")
     p.add_argument("--list", action="store_true", help="list the suite's cells and exit")
     p.set_defaults(func=reproduce.cmd_reproduce)
+    return p
+
+
+def _add_energy_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``energy-report`` (``func`` = :func:`energy_report.cmd_energy_report`)."""
+    p = subparsers.add_parser("energy-report", help="energy table of bench records: energy and "
+                              "EDP winners with robust marks over the pJ ranges",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("records", nargs="+", help="`hdamoe bench --json` record files")
+    p.add_argument("--samples", type=positive_int, default=64,
+                   help="joint Latin-hypercube samples of the energy uncertainties")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the samples")
+    p.add_argument("--methods", type=name_list, default=None,
+                   help="comma list: compare only these methods of the records (default all)")
+    p.set_defaults(func=_energy_report)
     return p
 
 
@@ -451,6 +467,12 @@ _OUT_KIND = {"place": "dir", "sweep-mem": "dir", "train": "dir", "reproduce": "d
              "crossover": "dir", "tune": "dir",
              "evaluate": "dir", "compare": "dir", "traces gen": "file", "traces convert": "file",
              "traces record": "file", "traces train-tiny": "dir"}
+
+
+def _energy_report(args: argparse.Namespace) -> int:
+    from hdamoe_env.app.energy_report import cmd_energy_report
+
+    return cmd_energy_report(args)
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -65,8 +65,8 @@ from hdamoe_env.config.uncertainty import UNCERTAINTIES, Uncertainty, sample_pro
 
 __all__ = ["FIGURE", "MIN_PUBLISHED_SAMPLES", "ROBUST_SEEDS", "ROBUST_SHARE", "ROBUST_STEPS",
            "TIE_RTOL", "analyse_robust", "cell_verdict", "check_out_dir", "cmd_robust",
-           "finished_records", "mark", "placement_profile", "render_section", "robust_cells",
-           "sample_count_warning", "stump_split", "write_robust_report"]
+           "finished_records", "lowest_winner", "mark", "placement_profile", "render_section",
+           "robust_cells", "sample_count_warning", "stump_split", "write_robust_report"]
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +236,13 @@ def stump_split(values: Sequence[float], labels: Sequence[str]) -> dict[str, Any
     return best
 
 
-def _winner(tbt: Mapping[str, float], order: Sequence[str]) -> tuple[str, list[str]]:
-    """Return the winner (first of ``order`` within TIE_RTOL of the fastest) and the tied set."""
+def lowest_winner(tbt: Mapping[str, float], order: Sequence[str]) -> tuple[str, list[str]]:
+    """Return the winner (first of ``order`` within TIE_RTOL of the lowest value) and the tied set.
+
+    Args:
+        tbt: method → value to minimise (TBT, or energy / EDP in ``energy_report``).
+        order: Method order; a tie goes to the first.
+    """
     fastest = min(tbt.values())
     tied = [m for m in order if m in tbt and tbt[m] <= fastest * (1.0 + TIE_RTOL)]
     return tied[0], tied
@@ -323,7 +328,7 @@ def analyse_robust(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
         base_row = None
         for label, recs in by_sample.items():
             tbt = {r["method"]: r["tbt_us"] for r in summarise(list(recs))}
-            winner, tied = _winner(tbt, order)
+            winner, tied = lowest_winner(tbt, order)
             conv = get_profile(recs[0]["profile"])
             row = {"sample": label, "profile": conv.name, "winner": winner, "tied": tied,
                    "knobs": {k: getattr(conv, k) for k in knobs}, "tbt_us": tbt}

@@ -66,7 +66,7 @@ def test_verdict_names_the_knob_that_separates_the_winners():
 
 
 def test_ties_go_to_the_first_listed_method():
-    winner, tied = robust._winner({"tp": 10.0, "node-link": 10.0, "ep": 12.0},
+    winner, tied = robust.lowest_winner({"tp": 10.0, "node-link": 10.0, "ep": 12.0},
                                   ["tp", "ep", "node-link"])
     assert winner == "tp" and tied == ["tp", "node-link"]
 
