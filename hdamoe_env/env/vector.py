@@ -565,12 +565,10 @@ class HdMoeVectorEnv(VectorEnv):
         self._tp_totals[idx] = tp
         self._obs_pred[idx] = np.minimum(counts / proto.batch, 1.0).astype(np.float32)
         self._obs_node[idx] = np.minimum(node, float(proto.num_nodes)).astype(np.float32)
-        energy_reward = proto.reward_kind != "latency"
         for i, env in zip(idx.tolist(), copies, strict=True):
             env._sets = self._sets[i]
             env._tp_totals = self._tp_totals[i]
-            if energy_reward:                 # TP's energy: the energy/EDP rewards' scale
-                env._tp_energy = env._tp_energy_of(env._sets, env._tp_totals)
+            env._tp_energy = env._tp_energy_of(env._sets, env._tp_totals)
             env._pred_all = self._pred[i]
             env._pred_counts_all = self._pred_counts[i]
             env._obs_pred = self._obs_pred[i]
