@@ -19,6 +19,19 @@ from hdamoe_env.decisions.prediction_kernels import gather_sets, noisy_step
 __all__ = ["form_steps", "gather_tables", "holder_csr", "step_table_one", "step_tables"]
 
 
+@njit(cache=True, inline="always")
+def _mark_holders(bits: np.uint64, lo: int, hi: int, nodes: NDArray[np.int64],
+                  touch: NDArray[np.int64]) -> np.uint64:
+    """Count one token at every holder cluster ``nodes[lo:hi]`` not yet in ``bits`` (the
+    clusters this token already touches); return the updated bit set."""
+    for h in range(lo, hi):
+        bit = np.uint64(1) << np.uint64(nodes[h])
+        if bits & bit == 0:
+            bits |= bit
+            touch[nodes[h]] += 1
+    return bits
+
+
 @njit(cache=True)
 def step_tables(sets: NDArray[np.int64], h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
                 num_experts: int, num_nodes: int
@@ -62,7 +75,6 @@ def step_table_one(sets: NDArray[np.int64], h_ptr: NDArray[np.int64], h_node: ND
     """
     num_layers, batch, top_k = sets.shape
     touch = np.zeros(num_nodes, dtype=np.int64)
-    one = np.uint64(1)
     for layer in range(num_layers):
         touch[:] = 0
         for t in range(batch):
@@ -71,12 +83,8 @@ def step_table_one(sets: NDArray[np.int64], h_ptr: NDArray[np.int64], h_node: ND
                 e = sets[layer, t, s]
                 if e >= 0:
                     counts[layer, e] += 1.0
-                    for h in range(h_ptr[layer, e], h_ptr[layer, e + 1]):
-                        c = h_node[layer, h]
-                        bit = one << np.uint64(c)
-                        if bits & bit == 0:
-                            bits |= bit
-                            touch[c] += 1
+                    bits = _mark_holders(bits, h_ptr[layer, e], h_ptr[layer, e + 1],
+                                         h_node[layer], touch)
         best = 0
         for c in range(num_nodes):
             if touch[c] > best:
@@ -118,7 +126,6 @@ def gather_tables(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
     num_layers, batch, top_k = sets.shape
     touch = np.zeros((num_layers, num_nodes), dtype=np.int64)
     counts[:] = 0.0
-    one = np.uint64(1)
     for b in range(batch):
         r = rows[b]
         for layer in range(num_layers):
@@ -127,12 +134,8 @@ def gather_tables(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
                 e = np.int64(routing_t[r, layer, s])
                 sets[layer, b, s] = e
                 counts[layer, e] += 1.0
-                for h in range(h_ptr[layer, e], h_ptr[layer, e + 1]):
-                    c = h_node[layer, h]
-                    bit = one << np.uint64(c)
-                    if bits & bit == 0:
-                        bits |= bit
-                        touch[layer, c] += 1
+                bits = _mark_holders(bits, h_ptr[layer, e], h_ptr[layer, e + 1], h_node[layer],
+                                     touch[layer])
     for layer in range(num_layers):
         best = 0
         for c in range(num_nodes):
