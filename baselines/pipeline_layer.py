@@ -46,7 +46,8 @@ from numpy.typing import NDArray
 from baselines.link_balance import MappingObjective, link_balance
 from baselines.node_balance.milp import node_balance
 from baselines.pipeline_config import PlaceConfig
-from baselines.node_balance.local_search import LayerScorer, sample_steps, tile_local_search
+from baselines.node_balance.local_search import (LayerScorer, ScoredMapping, sample_steps,
+                                                 tile_local_search)
 from baselines.static import evaluate_hybrid, hybrid_layer, layer_placement
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.noc import linksim
@@ -272,7 +273,8 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     (``local_search.LayerScorer``, common random numbers); the best one (ties: the order of
     :data:`GUARD_CANDIDATES`) is the warm start of ``tile_local_search`` (tile-model profiles);
     Link Balance then optimises the mapping of the result when the warm start's mapping was not
-    optimised for its support (EP, hybrid); the result is re-scored and the warm start kept
+    optimised for its support (EP, hybrid), on the scored steps themselves
+    (``local_search.ScoredMapping``; the ``mst`` proxy when ``lb_objective`` says so); the result is re-scored and the warm start kept
     unless it is faster. The final layer is therefore no slower on the scored steps than any
     candidate.
 
@@ -296,9 +298,13 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         P_new, ls_record = ls.P_layer, ls.record
     lb_record: dict[str, Any] | None = None
     if not red_w and winner in ("ep", "hybrid"):
-        objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
-                                     layer, np.random.default_rng(s_lb2.spawn(1)[0]),
-                                     kind=config.lb_objective)
+        objective: Any
+        if config.lb_objective == "des":             # the guard's own steps (ScoredMapping)
+            objective = ScoredMapping(scorer, P_new, red_w)
+        else:
+            objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
+                                         layer, np.random.default_rng(s_lb2.spawn(1)[0]),
+                                         kind=config.lb_objective)
         lb = link_balance(objective, pi_w, sim.topology.endpoint_coords[:sim.hw.num_nodes],
                           method=config.lb_method, n_calls=config.bo_calls, seed=s_lb2,
                           topology=sim.topology)
