@@ -138,7 +138,8 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
     | ``coact`` | [D] | Σ_placed j p(cur, j)·P[j, d] / f_cur (∈ [0, k]) |
     | ``load`` | [D] | Σ_placed j f_j P[j, d] / (k/D) (∈ [0, D]) |
     | ``memory`` | [D] | tiles held / (E·U/D) (∈ [0, D]) |
-    | ``topology`` | [D, 3] | row, column (∈ [0, 1]) and mean grid distance to the others |
+    | ``topology`` | [3·D] | rows, then columns (∈ [0, 1]), then mean grid distance to the |
+    | | | other clusters (÷ X + Y − 2) of every cluster; flat (SB3 warns on 2-D boxes) |
 
     ## Rewards
     0 on every step but the last (plus the shaping terms when ``shaping_weight`` > 0); the
@@ -258,15 +259,15 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         coords = np.stack([rows_of, cols_of], axis=1).astype(np.float64)
         dist = np.abs(coords[:, None, :] - coords[None, :, :]).sum(axis=2)
         mean_dist = dist.sum(axis=1) / max(D - 1, 1) / max(X + Y - 2, 1)
-        self._topology_obs = np.stack([rows_of / max(X - 1, 1), cols_of / max(Y - 1, 1),
-                                       mean_dist], axis=1).astype(np.float32)
+        self._topology_obs = np.concatenate([rows_of / max(X - 1, 1), cols_of / max(Y - 1, 1),
+                                             mean_dist]).astype(np.float32)
         self.observation_space = spaces.Dict({
             "freqs": spaces.Box(0.0, 1.0, (E,), np.float32),
             "expert": spaces.Box(0.0, 1.0, (4,), np.float32),
             "coact": spaces.Box(0.0, float(self.top_k), (D,), np.float32),
             "load": spaces.Box(0.0, float(D), (D,), np.float32),
             "memory": spaces.Box(0.0, float(D), (D,), np.float32),
-            "topology": spaces.Box(0.0, 1.0, (D, 3), np.float32),
+            "topology": spaces.Box(0.0, 1.0, (3 * D,), np.float32),
         })
         self._cache: dict[tuple[int, int], _LayerData] = {}
         self._data: _LayerData | None = None
@@ -385,6 +386,17 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         out["reward"] = -out["ratio"]
         return out
 
+    @property
+    def expert_order(self) -> NDArray[np.int64]:
+        """Experts of the current episode's layer in visiting order (descending f_i), int64 [E].
+
+        Raises:
+            InvalidAction: Before the first ``reset``.
+        """
+        if self._data is None:
+            raise InvalidAction("expert_order needs an episode: call reset() first")
+        return self._data.order.copy()
+
     def placement_layer(self) -> tuple[NDArray[np.float64], bool]:
         """Return the shares built so far, float [E, D] (experts by id), and the all-reduce flag.
 
@@ -435,11 +447,12 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         """Place the current expert with the pattern ``action``."""
         if self._data is None or self._t >= self.num_experts:
             raise InvalidAction("step() called before reset() or after the episode ended")
-        try:
-            a = int(np.asarray(action).reshape(()))
-        except (TypeError, ValueError):
+        raw = np.asarray(action)
+        if raw.size != 1 or raw.dtype.kind not in "iuf" or (
+                raw.dtype.kind == "f" and not float(raw.reshape(())).is_integer()):
             raise InvalidAction(f"action must be an integer in [0, {self.action_space.n}), "
-                                f"got {action!r}") from None
+                                f"got {action!r}")
+        a = int(raw.reshape(()))
         if not 0 <= a < self.action_space.n:
             raise InvalidAction(f"action {a} is outside Discrete({self.action_space.n})")
         mask = self.action_masks()
