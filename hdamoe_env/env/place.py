@@ -65,7 +65,8 @@ from hdamoe_env.sim.placement import (Placement, expert_parallel, identity_mappi
 from hdamoe_env.sim.simulator import MoESimulator
 from hdamoe_env.sim.sources import load_trace
 
-__all__ = ["PLACE_EVALUATORS", "HdMoePlaceEnv", "heldout_layers", "region_blocks"]
+__all__ = ["PLACE_EVALUATORS", "HdMoePlaceEnv", "RandomSearch", "heldout_layers", "random_search",
+           "region_blocks"]
 
 #: Evaluators of the reward (module docstring).
 PLACE_EVALUATORS = ("static", "analytic", "des")
@@ -533,3 +534,60 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         return {"action_mask": self.action_masks(), "layer": self.layer,
                 "trace_index": self.trace_index, "split": self.split, "step": self._t,
                 "evaluator": self.evaluator, "profile": self.sim.conv.name}
+
+
+@dataclass(frozen=True)
+class RandomSearch:
+    """Result of :func:`random_search`.
+
+    Attributes:
+        best_ratio: Lowest latency/TP over the episodes.
+        best_actions: The action sequence that reached it (experts in visiting order).
+        best_placement: float [E, D] its shares, and its all-reduce flag.
+        ratios: float [N] latency/TP of every episode, in order.
+    """
+
+    best_ratio: float
+    best_actions: tuple[int, ...]
+    best_placement: tuple[NDArray[np.float64], bool]
+    ratios: NDArray[np.float64]
+
+
+def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *,
+                  layer: int | None = None, trace_index: int = 0) -> RandomSearch:
+    """Play ``episodes`` episodes of uniformly random legal actions on one layer; keep the best.
+
+    A simple search reference over the env's action space (not a bound): every decision draws
+    one unmasked pattern uniformly with ``rng``.
+
+    Args:
+        env: The env (its evaluator scores the episodes).
+        episodes: N >= 1.
+        rng: The caller's generator.
+        layer: MoE layer (None: the env draws one per episode from its split).
+        trace_index: Trace of the env.
+
+    Raises:
+        ConfigError: ``episodes`` < 1.
+    """
+    if episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    options: dict[str, Any] = {"trace_index": trace_index}
+    if layer is not None:
+        options["layer"] = layer
+    ratios = np.empty(episodes)
+    best: tuple[float, tuple[int, ...], tuple[NDArray[np.float64], bool]] | None = None
+    for episode in range(episodes):
+        env.reset(seed=int(rng.integers(2**31)), options=options)
+        actions: list[int] = []
+        terminated = False
+        info: dict[str, Any] = {}
+        while not terminated:
+            a = int(rng.choice(np.flatnonzero(env.action_masks())))
+            actions.append(a)
+            _, _, terminated, _, info = env.step(a)
+        ratios[episode] = info["ratio"]
+        if best is None or info["ratio"] < best[0]:
+            best = (float(info["ratio"]), tuple(actions), env.placement_layer())
+    assert best is not None
+    return RandomSearch(best[0], best[1], best[2], ratios)

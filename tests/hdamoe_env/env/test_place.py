@@ -17,7 +17,7 @@ import pytest
 import hdamoe_env
 from hdamoe_env.config.errors import ConfigError, InvalidAction
 from hdamoe_env.config.specs import ModelSpec
-from hdamoe_env.env.place import HdMoePlaceEnv, heldout_layers, region_blocks
+from hdamoe_env.env.place import HdMoePlaceEnv, heldout_layers, random_search, region_blocks
 from hdamoe_env.sim.placement import (Placement, check_memory, identity_mapping,
                                       tensor_parallel_tiled)
 
@@ -255,3 +255,19 @@ def test_tiny_maskable_ppo_run():
         obs, _, term, _, info = env.step(action)
         assert not info["coerced"]
     assert info["ratio"] > 0
+
+
+def test_random_search_keeps_the_best_episode_and_replays():
+    env = make(evaluator="static")
+    res = random_search(env, 6, np.random.default_rng(0), layer=2)
+    assert res.ratios.shape == (6,) and res.best_ratio == res.ratios.min()
+    assert len(res.best_actions) == 8
+    env.reset(seed=0, options={"layer": 2})
+    for a in res.best_actions:
+        *_, info = env.step(a)
+    assert info["ratio"] == res.best_ratio
+    np.testing.assert_array_equal(env.placement_layer()[0], res.best_placement[0])
+    again = random_search(env, 6, np.random.default_rng(0), layer=2)
+    np.testing.assert_array_equal(again.ratios, res.ratios)
+    with pytest.raises(ConfigError):
+        random_search(env, 0, np.random.default_rng(0))
