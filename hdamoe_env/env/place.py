@@ -65,7 +65,7 @@ from hdamoe_env.sim.placement import (Placement, expert_parallel, identity_mappi
 from hdamoe_env.sim.simulator import MoESimulator
 from hdamoe_env.sim.sources import load_trace
 
-__all__ = ["PLACE_EVALUATORS", "HdMoePlaceEnv", "RandomSearch", "heldout_layers", "random_search",
+__all__ = ["PLACE_EVALUATORS", "RANDOM_SAMPLERS", "HdMoePlaceEnv", "RandomSearch", "greedy_balance", "heldout_layers", "random_search",
            "region_blocks"]
 
 #: Evaluators of the reward (module docstring).
@@ -381,6 +381,8 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
                               f"got {P_layer.shape}")
         pi = identity_mapping(1, self.num_nodes)[0] if pi_layer is None else np.asarray(
             pi_layer, dtype=np.int64)
+        if pi.shape != (self.num_nodes,):
+            raise ConfigError(f"pi_layer must have shape ({self.num_nodes},), got {pi.shape}")
         out = self._latency(data, layer, P_layer, pi, bool(allreduce))
         out["tp_latency_us"] = data.tp_us
         out["ratio"] = out["latency_us"] / data.tp_us
@@ -397,6 +399,22 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         if self._data is None:
             raise InvalidAction("expert_order needs an episode: call reset() first")
         return self._data.order.copy()
+
+    @property
+    def expert_frequencies(self) -> NDArray[np.float64]:
+        """f_i of the current episode's layer (Σ = k), float [E] by expert id.
+
+        Raises:
+            InvalidAction: Before the first ``reset``.
+        """
+        if self._data is None:
+            raise InvalidAction("expert_frequencies needs an episode: call reset() first")
+        return self._data.freqs.copy()
+
+    @property
+    def node_load(self) -> NDArray[np.float64]:
+        """Σ_placed j f_j·P[j, d]: the expected compute load of every cluster so far, float [D]."""
+        return self._load.copy()
 
     def placement_layer(self) -> tuple[NDArray[np.float64], bool]:
         """Return the shares built so far, float [E, D] (experts by id), and the all-reduce flag.
@@ -553,12 +571,20 @@ class RandomSearch:
     ratios: NDArray[np.float64]
 
 
-def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *,
-                  layer: int | None = None, trace_index: int = 0) -> RandomSearch:
-    """Play ``episodes`` episodes of uniformly random legal actions on one layer; keep the best.
+#: Samplers of :func:`random_search`.
+RANDOM_SAMPLERS = ("kind", "uniform")
 
-    A simple search reference over the env's action space (not a bound): every decision draws
-    one unmasked pattern uniformly with ``rng``.
+
+def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *,
+                  layer: int | None = None, trace_index: int = 0,
+                  sampler: str = "kind") -> RandomSearch:
+    """Play ``episodes`` episodes of random legal actions on one layer; keep the best.
+
+    A simple search reference over the env's action space (not a bound). ``sampler="uniform"``
+    draws every decision uniformly over the unmasked patterns (on the 4×8 mesh 32 of the 61
+    are whole-node patterns); ``"kind"`` [decision] first draws the pattern's size (node,
+    each region size, spread) uniformly among the sizes with an unmasked pattern, then a
+    pattern of that size uniformly.
 
     Args:
         env: The env (its evaluator scores the episodes).
@@ -566,12 +592,16 @@ def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *
         rng: The caller's generator.
         layer: MoE layer (None: the env draws one per episode from its split).
         trace_index: Trace of the env.
+        sampler: ``RANDOM_SAMPLERS``.
 
     Raises:
-        ConfigError: ``episodes`` < 1.
+        ConfigError: ``episodes`` < 1 or an unknown sampler.
     """
     if episodes < 1:
         raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    if sampler not in RANDOM_SAMPLERS:
+        raise ConfigError(f"sampler={sampler!r}; expected one of {list(RANDOM_SAMPLERS)}")
+    sizes = env.patterns.sum(axis=1)
     options: dict[str, Any] = {"trace_index": trace_index}
     if layer is not None:
         options["layer"] = layer
@@ -583,7 +613,11 @@ def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *
         terminated = False
         info: dict[str, Any] = {}
         while not terminated:
-            a = int(rng.choice(np.flatnonzero(env.action_masks())))
+            legal = np.flatnonzero(env.action_masks())
+            if sampler == "kind":
+                kind = rng.choice(np.unique(sizes[legal]))
+                legal = legal[sizes[legal] == kind]
+            a = int(rng.choice(legal))
             actions.append(a)
             _, _, terminated, _, info = env.step(a)
         ratios[episode] = info["ratio"]
@@ -591,3 +625,46 @@ def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *
             best = (float(info["ratio"]), tuple(actions), env.placement_layer())
     assert best is not None
     return RandomSearch(best[0], best[1], best[2], ratios)
+
+
+def greedy_balance(env: HdMoePlaceEnv, size: int, *, layer: int | None = None,
+                   trace_index: int = 0) -> RandomSearch:
+    """Play one episode of the longest-processing-time greedy over patterns of one size.
+
+    Every expert (in the env's descending-frequency order) takes the legal pattern of ``size``
+    clusters (1: a node, a region size, or D: spread) whose most loaded cluster
+    (``node_load``) is least loaded after adding the expert's shares there (ties: the lower
+    action); ``spread`` when no pattern of that size is legal. ``size`` 1 is an LPT
+    expert-parallel placement, a region size a compute-balanced hybrid on the env's regions.
+
+    Returns:
+        A :class:`RandomSearch` of the one episode.
+
+    Raises:
+        ConfigError: No pattern of ``size`` clusters in the action space.
+    """
+    sizes = env.patterns.sum(axis=1)
+    if not (sizes == size).any():
+        raise ConfigError(f"no pattern of {size} clusters; sizes are {sorted(set(sizes))}")
+    options: dict[str, Any] = {"trace_index": trace_index}
+    if layer is not None:
+        options["layer"] = layer
+    env.reset(options=options)
+    actions: list[int] = []
+    terminated = False
+    info: dict[str, Any] = {}
+    while not terminated:
+        legal = np.flatnonzero(env.action_masks() & (sizes == size))
+        if legal.size == 0:
+            a = env.spread_action
+        else:
+            expert = int(env.expert_order[len(actions)])
+            f_e = float(env.expert_frequencies[expert])
+            load = env.node_load
+            peak = [float((load + f_e * env.patterns[b] / size)[env.patterns[b]].max())
+                    for b in legal]
+            a = int(legal[int(np.argmin(peak))])
+        actions.append(a)
+        _, _, terminated, _, info = env.step(a)
+    return RandomSearch(float(info["ratio"]), tuple(actions), env.placement_layer(),
+                        np.array([info["ratio"]]))

@@ -17,7 +17,8 @@ import pytest
 import hdamoe_env
 from hdamoe_env.config.errors import ConfigError, InvalidAction
 from hdamoe_env.config.specs import ModelSpec
-from hdamoe_env.env.place import HdMoePlaceEnv, heldout_layers, random_search, region_blocks
+from hdamoe_env.env.place import (HdMoePlaceEnv, greedy_balance, heldout_layers, random_search,
+                                  region_blocks)
 from hdamoe_env.sim.placement import (Placement, check_memory, identity_mapping,
                                       tensor_parallel_tiled)
 
@@ -271,3 +272,21 @@ def test_random_search_keeps_the_best_episode_and_replays():
     np.testing.assert_array_equal(again.ratios, res.ratios)
     with pytest.raises(ConfigError):
         random_search(env, 0, np.random.default_rng(0))
+
+
+def test_greedy_balance_is_lpt_over_one_pattern_size():
+    env = make(evaluator="static")
+    res = greedy_balance(env, 1, layer=0)
+    f = env.expert_frequencies
+    load = np.zeros(4)
+    expected = np.zeros((8, 4))
+    for expert in env.expert_order:                 # longest processing time first
+        node = int(np.argmin(load))
+        expected[expert, node] = 1.0
+        load[node] += f[expert]
+    np.testing.assert_array_equal(res.best_placement[0], expected)
+    assert res.best_actions == tuple(int(np.argmax(expected[e])) for e in env.expert_order)
+    spread = greedy_balance(env, 4, layer=0)        # size D: every expert spread = TP here
+    assert spread.best_placement[1] and spread.best_ratio == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="no pattern"):
+        greedy_balance(env, 3)
