@@ -16,6 +16,10 @@ with the env's own evaluator (``HdMoePlaceEnv.evaluate_placement``; ``--evaluato
   env (``random_search``, ``--sampler kind``: a pattern size, then a pattern) — a search
   reference, not a bound.
 
+The greedy and the random search choose with the env's streams (``eval_seed = seed``); every
+number of the table is scored again with fresh streams (``eval_seed = seed + 1000``: other
+sampled steps and aggregators), so a search's pick carries no selection bias into the table.
+
 Printed: a Markdown table per layer of the MoE latency t_comp + t_comm_moe in µs and as a
 ratio to TP, and the mean ratio over the layers. Lower is better.
 
@@ -43,9 +47,15 @@ COLUMNS = (("NoOp (EP)", "ep"), ("TP", "tp"), ("TP tiled", "tp-tiled"), ("hybrid
 
 def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
     """Score every method on every held-out layer; return ``{layer: {method: scores}}``."""
-    env = HdMoePlaceEnv(model=args.model, setting=args.setting, mesh=args.mesh,
-                        conventions=args.conventions, batch=args.batch, trace_seeds=(args.seed,),
-                        split="heldout", evaluator=args.evaluator, eval_seed=args.seed)
+    def make(eval_seed: int) -> HdMoePlaceEnv:
+        return HdMoePlaceEnv(model=args.model, setting=args.setting, mesh=args.mesh,
+                             conventions=args.conventions, batch=args.batch,
+                             trace_seeds=(args.seed,), split="heldout",
+                             evaluator=args.evaluator, score_steps=args.score_steps,
+                             eval_seed=eval_seed)
+
+    env = make(args.seed)                 # the search's env
+    scorer = make(args.seed + 1000)       # fresh streams for the table (no selection bias)
     config = PlaceConfig.create(model=args.model, setting=args.setting, mesh=args.mesh,
                                 conventions=args.conventions, batch=args.batch,
                                 trace="synthetic", seed=args.seed, **QUICK_PLACEMENT)
@@ -59,8 +69,8 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
     for layer in layers:
         row: dict[str, dict[str, float]] = {}
         for name, cand in cands[layer].items():
-            row[name] = env.evaluate_placement(cand.P, cand.pi, cand.allreduce, layer=layer,
-                                               trace_index=0)
+            row[name] = scorer.evaluate_placement(cand.P, cand.pi, cand.allreduce,
+                                                  layer=layer, trace_index=0)
         row["best_baseline"] = min((row[m] for m in ("tp", "tp-tiled", "hybrid")),
                                    key=lambda s: s["latency_us"])
         greedy = [greedy_balance(env, size, layer=layer)
@@ -69,12 +79,14 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
         print(f"layer {layer}: greedy ratio by pattern size " + ", ".join(
             f"{size}: {g.best_ratio:.4f}" for size, g in zip(
                 sorted(set(env.patterns.sum(axis=1).tolist())), greedy, strict=True)))
-        row["greedy"] = env.evaluate_placement(best_greedy.best_placement[0], None,
-                                               best_greedy.best_placement[1], layer=layer)
+        row["greedy"] = scorer.evaluate_placement(best_greedy.best_placement[0], None,
+                                                  best_greedy.best_placement[1], layer=layer,
+                                                  trace_index=0)
         t1 = time.perf_counter()
         rs = random_search(env, args.episodes, rng, layer=layer, sampler=args.sampler)
         P_best, red_best = rs.best_placement
-        row["random"] = env.evaluate_placement(P_best, None, red_best, layer=layer)
+        row["random"] = scorer.evaluate_placement(P_best, None, red_best, layer=layer,
+                                                  trace_index=0)
         print(f"layer {layer}: random search {args.episodes} episodes "
               f"{time.perf_counter() - t1:.0f} s, best ratio {rs.best_ratio:.4f}, median "
               f"{float(np.median(rs.ratios)):.4f}")
@@ -103,6 +115,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--conventions", default="faithful")
     ap.add_argument("--evaluator", default="static", choices=PLACE_EVALUATORS)
+    ap.add_argument("--score-steps", type=int, default=16,
+                    help="sampled decode steps of the analytic/des evaluators")
     ap.add_argument("--episodes", type=int, default=64, help="random-search episodes per layer")
     ap.add_argument("--sampler", default="kind", choices=RANDOM_SAMPLERS,
                     help="random-search sampler (random_search)")
@@ -114,7 +128,8 @@ def main() -> None:
     t0 = time.perf_counter()
     results = run(args)
     print(f"\n{args.model} {args.mesh} {args.setting} B={args.batch} {args.conventions}, "
-          f"evaluator {args.evaluator}, seed {args.seed}; µs (ratio to TP), lower is better\n")
+          f"evaluator {args.evaluator} ({args.score_steps} steps if sampled), seed {args.seed}, "
+          f"{args.episodes} random episodes/layer; µs (ratio to TP), lower is better\n")
     print(table(results))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 
