@@ -14,7 +14,9 @@ with the env's own evaluator (``HdMoePlaceEnv.evaluate_placement``; ``--evaluato
   env's patterns of one size: node, each region size, spread);
 * random search: the best of ``--episodes`` episodes of random legal actions in the placement
   env (``random_search``, ``--sampler kind``: a pattern size, then a pattern) — a search
-  reference, not a bound.
+  reference, not a bound;
+* learned (``--learn-steps N``): MaskablePPO trained for N steps on the training layers (one
+  seed), its deterministic placement of every held-out layer.
 
 The greedy and the random search choose with the env's streams (``eval_seed = seed``); every
 number of the table is scored again with fresh streams (``eval_seed = seed + 1000``: other
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,15 +45,15 @@ from hdamoe_env.env.place import (PLACE_EVALUATORS, RANDOM_SAMPLERS, HdMoePlaceE
 #: Table columns: (header, key of the per-layer results).
 COLUMNS = (("NoOp (EP)", "ep"), ("TP", "tp"), ("TP tiled", "tp-tiled"), ("hybrid", "hybrid"),
            ("best baseline", "best_baseline"), ("Node+Link", "node_link"),
-           ("greedy", "greedy"), ("random best", "random"))
+           ("greedy", "greedy"), ("random best", "random"), ("learned", "learned"))
 
 
 def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
     """Score every method on every held-out layer; return ``{layer: {method: scores}}``."""
-    def make(eval_seed: int) -> HdMoePlaceEnv:
+    def make(eval_seed: int, split: str = "heldout") -> HdMoePlaceEnv:
         return HdMoePlaceEnv(model=args.model, setting=args.setting, mesh=args.mesh,
                              conventions=args.conventions, batch=args.batch,
-                             trace_seeds=(args.seed,), split="heldout",
+                             trace_seeds=(args.seed,), split=split,
                              evaluator=args.evaluator, score_steps=args.score_steps,
                              eval_seed=eval_seed)
 
@@ -91,17 +94,56 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
               f"{time.perf_counter() - t1:.0f} s, best ratio {rs.best_ratio:.4f}, median "
               f"{float(np.median(rs.ratios)):.4f}")
         results[layer] = row
+    if args.learn_steps > 0:
+        for layer, (P, red) in learned_placements(args, make, layers).items():
+            results[layer]["learned"] = scorer.evaluate_placement(P, None, red, layer=layer,
+                                                                  trace_index=0)
     return results
+
+
+def learned_placements(args: argparse.Namespace, make: Any, layers: tuple[int, ...]
+                       ) -> dict[int, tuple[np.ndarray, bool]]:
+    """Train MaskablePPO on the training layers; return its deterministic held-out placements.
+
+    One seed, ``--learn-steps`` environment steps, the evaluator of the table with the
+    search's streams (``eval_seed = seed``); γ = 1 (the only reward is at the episode's end).
+    """
+    import torch
+    from sb3_contrib import MaskablePPO
+
+    torch.set_num_threads(1)
+    train_env = make(args.seed, "train")
+    t0 = time.perf_counter()
+    n_steps = min(512, args.learn_steps)
+    model = MaskablePPO("MultiInputPolicy", train_env, n_steps=n_steps,
+                        batch_size=min(128, n_steps), n_epochs=5,
+                        gamma=1.0, ent_coef=0.01, seed=args.seed, device="cpu", verbose=0)
+    model.learn(total_timesteps=args.learn_steps)
+    print(f"MaskablePPO {args.learn_steps} steps on layers {list(train_env.layers)}: "
+          f"{time.perf_counter() - t0:.0f} s")
+    env = make(args.seed)
+    out = {}
+    for layer in layers:
+        obs, _ = env.reset(options={"layer": layer, "trace_index": 0})
+        terminated = False
+        while not terminated:
+            action, _ = model.predict(obs, action_masks=env.action_masks(), deterministic=True)
+            obs, _, terminated, _, info = env.step(action)
+        print(f"layer {layer}: learned ratio {info['ratio']:.4f} (search streams)")
+        out[layer] = env.placement_layer()
+    return out
 
 
 def table(results: dict[int, dict[str, dict[str, float]]]) -> str:
     """Return the Markdown table: µs (ratio to TP) per layer and method, and the mean ratio."""
-    head = "| layer | " + " | ".join(h for h, _ in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
+    first = next(iter(results.values()))
+    columns = [(h, k) for h, k in COLUMNS if k in first]
+    head = "| layer | " + " | ".join(h for h, _ in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 1)]
     for layer, row in results.items():
-        cells = [f"{row[k]['latency_us']:.1f} ({row[k]['ratio']:.3f})" for _, k in COLUMNS]
+        cells = [f"{row[k]['latency_us']:.1f} ({row[k]['ratio']:.3f})" for _, k in columns]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
-    means = [float(np.mean([row[k]["ratio"] for row in results.values()])) for _, k in COLUMNS]
+    means = [float(np.mean([row[k]["ratio"] for row in results.values()])) for _, k in columns]
     lines.append("| mean ratio | " + " | ".join(f"{m:.3f}" for m in means) + " |")
     return "\n".join(lines)
 
@@ -120,6 +162,9 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=64, help="random-search episodes per layer")
     ap.add_argument("--sampler", default="kind", choices=RANDOM_SAMPLERS,
                     help="random-search sampler (random_search)")
+    ap.add_argument("--learn-steps", type=int, default=0,
+                    help="train MaskablePPO for this many env steps on the training layers "
+                         "(0: no learned column)")
     ap.add_argument("--layers", default=None, help="comma-separated layers (default: held-out)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1)

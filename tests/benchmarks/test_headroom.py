@@ -26,12 +26,16 @@ def _driver():
     return module
 
 
-def test_tiny_headroom_table(tmp_path):
-    drv = _driver()
-    args = argparse.Namespace(model=MODEL, setting="1/1", mesh="2x2", batch=8,
+def tiny_args(tmp_path, learn_steps):
+    return argparse.Namespace(model=MODEL, setting="1/1", mesh="2x2", batch=8,
                               conventions="faithful", evaluator="des", score_steps=2,
                               episodes=3, sampler="kind", layers=None, seed=0, workers=1,
-                              out=str(tmp_path / "pipeline"))
+                              learn_steps=learn_steps, out=str(tmp_path / "pipeline"))
+
+
+def test_tiny_headroom_table(tmp_path):
+    drv = _driver()
+    args = tiny_args(tmp_path, 0)
     results = drv.run(args)
     assert list(results) == [3]                          # the held-out layer of L = 4
     row = results[3]
@@ -40,3 +44,12 @@ def test_tiny_headroom_table(tmp_path):
         row[m]["latency_us"] for m in ("tp", "tp-tiled", "hybrid"))
     text = drv.table(results)
     assert text.count("\n") == 3 and "| 3 |" in text and "mean ratio" in text
+    assert "learned" not in text
+
+
+@pytest.mark.slow
+def test_tiny_headroom_table_with_learned_column(tmp_path):
+    pytest.importorskip("sb3_contrib")
+    drv = _driver()
+    results = drv.run(tiny_args(tmp_path, 32))
+    assert results[3]["learned"]["ratio"] > 0 and "learned" in drv.table(results)
