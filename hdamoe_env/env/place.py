@@ -44,6 +44,7 @@ hdamoe_env.sim, traces
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,7 +116,8 @@ class _LayerData:
     group_freqs: NDArray[np.float64]    # [G]
     steps: NDArray[np.int64] | None     # [S, B, k] sampled steps (analytic / des)
     gamma: float | None                 # γ of the analytic twin (fitted on EP)
-    eval_seed: np.random.SeedSequence   # aggregator streams
+    eval_seed: np.random.SeedSequence   # aggregator stream (static)
+    step_seeds: tuple[np.random.SeedSequence, ...]   # aggregator stream per sampled step
     tp_us: float                        # TP's latency under the evaluator
 
 
@@ -309,13 +311,14 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             g_rng = np.random.default_rng(s_gamma)
             ep = expert_parallel(layer + 1, E, self.num_nodes, g_rng)
             gamma = max(float(fit_gamma(self.sim, ep, layer, ids, self.batch, g_rng).gamma), 0.0)
+        # spawned once: SeedSequence.spawn hands out new children on every call
+        step_seeds = tuple(s_agg.spawn(self.score_steps)) if steps is not None else ()
         data = _LayerData(freqs, order, pairs, np.asarray(groups, dtype=np.int64), group_freqs,
-                          steps, gamma, s_agg, 0.0)
+                          steps, gamma, s_agg, step_seeds, 0.0)
         P_tp = tensor_parallel(1, E, self.num_nodes).P[0]
         tp_us = self._latency(data, layer, P_tp, identity_mapping(1, self.num_nodes)[0],
                               False)["latency_us"]
-        data = _LayerData(freqs, order, pairs, data.groups, group_freqs, steps, gamma, s_agg,
-                          tp_us)
+        data = dataclasses.replace(data, tp_us=tp_us)
         self._cache[key] = data
         return data
 
@@ -339,11 +342,10 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         else:
             assert data.steps is not None
             ev = LayerEvaluator(self.sim, placement, self.batch, layers=(layer,))
-            seeds = data.eval_seed.spawn(data.steps.shape[0])
             terms = [ev.evaluate(layer, sets, rng=np.random.default_rng(s),
                                  fidelity="analytic" if self.evaluator == "analytic" else "des",
                                  gamma=data.gamma)
-                     for sets, s in zip(data.steps, seeds, strict=True)]
+                     for sets, s in zip(data.steps, data.step_seeds, strict=True)]
             comp = float(np.mean([r.t_comp_s for r in terms]))
             comm = float(np.mean([r.t_comm_moe_s for r in terms]))
             nm = float(np.mean([r.t_nm_s for r in terms]))
