@@ -66,8 +66,8 @@ from hdamoe_env.sim.placement import (Placement, expert_parallel, identity_mappi
 from hdamoe_env.sim.simulator import MoESimulator
 from hdamoe_env.sim.sources import load_trace
 
-__all__ = ["PLACE_EVALUATORS", "RANDOM_SAMPLERS", "HdMoePlaceEnv", "RandomSearch", "greedy_balance", "heldout_layers", "random_search",
-           "region_blocks"]
+__all__ = ["PLACE_EVALUATORS", "RANDOM_SAMPLERS", "HdMoePlaceEnv", "RandomSearch", "greedy_balance",
+           "heldout_layers", "holder_patterns", "random_search", "region_blocks"]
 
 #: Evaluators of the reward (module docstring).
 PLACE_EVALUATORS = ("static", "analytic", "des")
@@ -103,6 +103,33 @@ def region_blocks(mesh_shape: tuple[int, int], size: int) -> tuple[int, int] | N
         if h <= w and X % h == 0 and Y % w == 0 and (best is None or w - h < best[1] - best[0]):
             best = (h, w)
     return best
+
+
+def holder_patterns(mesh_shape: tuple[int, int], units: int, region_sizes: Sequence[int]
+                    ) -> tuple[NDArray[np.bool_], tuple[str, ...]]:
+    """Return the holder patterns of the action space: bool [n, D] and their names.
+
+    ``node d`` for every cluster, then ``region s/r`` for every size s of ``region_sizes``
+    (ascending) whose rectangle tiles the grid (:func:`region_blocks`) with 1 < s < D and
+    s ≤ ``units`` (every cluster of the region gets a tile), regions row-major, then
+    ``spread`` (all clusters).
+    """
+    X, Y = mesh_shape
+    D = X * Y
+    rows_of, cols_of = np.divmod(np.arange(D), Y)
+    patterns, names = [np.eye(D, dtype=bool)], [f"node {d}" for d in range(D)]
+    for size in sorted({int(s) for s in region_sizes}):
+        block = region_blocks((X, Y), size) if 1 < size < D else None
+        if block is None or size > units:
+            continue
+        h, w = block
+        rid = (rows_of // h) * (Y // w) + cols_of // w
+        for r in range(D // size):
+            patterns.append((rid == r)[None, :])
+            names.append(f"region {size}/{r}")
+    patterns.append(np.ones((1, D), dtype=bool))
+    names.append("spread")
+    return np.concatenate(patterns, axis=0), tuple(names)
 
 
 @dataclass(frozen=True)
@@ -224,40 +251,14 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         self.split, self.layers = split, layers
         self.episodes = [(t, layer) for t in range(len(self.traces)) for layer in layers]
 
-        # holder patterns: bool [n, D]
         X, Y = self.sim.hw.mesh_shape
         rows_of, cols_of = np.divmod(np.arange(D), Y)
-        patterns, names = [np.eye(D, dtype=bool)], [f"node {d}" for d in range(D)]
-        for size in sorted({int(s) for s in region_sizes}):
-            block = region_blocks((X, Y), size) if 1 < size < D else None
-            if block is None or size > U:
-                continue   # no tiling rectangle, or more clusters than tiles
-            h, w = block
-            rid = (rows_of // h) * (Y // w) + cols_of // w
-            for r in range(D // size):
-                patterns.append((rid == r)[None, :])
-                names.append(f"region {size}/{r}")
-        patterns.append(np.ones((1, D), dtype=bool))
-        names.append("spread")
-        self.patterns = np.concatenate(patterns, axis=0)
-        self.action_patterns: tuple[str, ...] = tuple(names)
+        #: bool [n, D] the clusters of every action's pattern
+        self.patterns, names = holder_patterns((X, Y), U, region_sizes)
+        self.action_patterns: tuple[str, ...] = names
         self.spread_action = len(names) - 1
         self.action_space = spaces.Discrete(len(names))
-
-        # memory cap in tiles per cluster and layer
-        caps = []
-        if rho_mem is not None:
-            if not (math.isfinite(rho_mem) and rho_mem > 0):
-                raise ConfigError(f"rho_mem must be finite and > 0, got {rho_mem}")
-            caps.append(math.floor(rho_mem * E * U / D + 1e-9))
-        if self.sim.hw.node_dram_bytes is not None:
-            tile_bytes = perf.expert_bytes(model_spec, conv) / U
-            caps.append(math.floor(self.sim.hw.node_dram_bytes / L / tile_bytes + 1e-9))
-        self.cap_tiles: int | None = min(caps) if caps else None
-        if self.cap_tiles is not None and self.cap_tiles * D < E * U:
-            raise ConfigError(f"memory cap of {self.cap_tiles} tiles per cluster cannot hold "
-                              f"the layer's {E * U} tiles on {D} clusters; raise rho_mem "
-                              "(>= 1 always fits) or node_dram_gib")
+        self.cap_tiles: int | None = self._cap_tiles(rho_mem)
 
         coords = np.stack([rows_of, cols_of], axis=1).astype(np.float64)
         dist = np.abs(coords[:, None, :] - coords[None, :, :]).sum(axis=2)
@@ -281,6 +282,26 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         self._node_tiles = np.zeros(D, dtype=np.int64)
         self._load = np.zeros(D)
         self._all_spread = True
+
+    def _cap_tiles(self, rho_mem: float | None) -> int | None:
+        """Return the memory cap in tiles per cluster and layer (None: no cap)."""
+        E, D, U = self.num_experts, self.num_nodes, self.units
+        caps = []
+        if rho_mem is not None:
+            if not (math.isfinite(rho_mem) and rho_mem > 0):
+                raise ConfigError(f"rho_mem must be finite and > 0, got {rho_mem}")
+            caps.append(math.floor(rho_mem * E * U / D + 1e-9))
+        if self.sim.hw.node_dram_bytes is not None:
+            # [decision] as the pipeline: every layer gets an equal share of each node's DRAM
+            tile_bytes = perf.expert_bytes(self.model, self.sim.conv) / U
+            caps.append(math.floor(self.sim.hw.node_dram_bytes / self.model.num_moe_layers
+                                   / tile_bytes + 1e-9))
+        cap = min(caps) if caps else None
+        if cap is not None and cap * D < E * U:
+            raise ConfigError(f"memory cap of {cap} tiles per cluster cannot hold the layer's "
+                              f"{E * U} tiles on {D} clusters; raise rho_mem (>= 1 always "
+                              "fits) or node_dram_gib")
+        return cap
 
     # ------------------------------------------------------------------ layer data
     def _layer_data(self, trace_index: int, layer: int) -> _LayerData:
@@ -415,7 +436,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
 
     @property
     def node_load(self) -> NDArray[np.float64]:
-        """Σ_placed j f_j·P[j, d]: the expected compute load of every cluster so far, float [D]."""
+        """Σ_placed j f_j·P[j, d]: expected compute load of every cluster so far, float [D]."""
         return self._load.copy()
 
     def placement_layer(self) -> tuple[NDArray[np.float64], bool]:
