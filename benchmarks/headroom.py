@@ -50,12 +50,12 @@ COLUMNS = (("NoOp (EP)", "ep"), ("TP", "tp"), ("TP tiled", "tp-tiled"), ("hybrid
 
 def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
     """Score every method on every held-out layer; return ``{layer: {method: scores}}``."""
-    def make(eval_seed: int, split: str = "heldout") -> HdMoePlaceEnv:
+    def make(eval_seed: int, split: str = "heldout", shaping: float = 0.0) -> HdMoePlaceEnv:
         return HdMoePlaceEnv(model=args.model, setting=args.setting, mesh=args.mesh,
                              conventions=args.conventions, batch=args.batch,
                              trace_seeds=(args.seed,), split=split,
                              evaluator=args.evaluator, score_steps=args.score_steps,
-                             eval_seed=eval_seed)
+                             eval_seed=eval_seed, shaping_weight=shaping)
 
     env = make(args.seed)                 # the search's env
     scorer = make(args.seed + 1000)       # fresh streams for the table (no selection bias)
@@ -106,13 +106,14 @@ def learned_placements(args: argparse.Namespace, make: Any, layers: tuple[int, .
     """Train MaskablePPO on the training layers; return its deterministic held-out placements.
 
     One seed, ``--learn-steps`` environment steps, the evaluator of the table with the
-    search's streams (``eval_seed = seed``); γ = 1 (the only reward is at the episode's end).
+    search's streams (``eval_seed = seed``); γ = 1 (the only reward is at the episode's end),
+    ``--learn-shaping w``: the env's load-balance potential (the return is unchanged).
     """
     import torch
     from sb3_contrib import MaskablePPO
 
     torch.set_num_threads(1)
-    train_env = make(args.seed, "train")
+    train_env = make(args.seed, "train", args.learn_shaping)
     t0 = time.perf_counter()
     n_steps = min(512, args.learn_steps)
     model = MaskablePPO("MultiInputPolicy", train_env, n_steps=n_steps,
@@ -165,6 +166,8 @@ def main() -> None:
     ap.add_argument("--learn-steps", type=int, default=0,
                     help="train MaskablePPO for this many env steps on the training layers "
                          "(0: no learned column)")
+    ap.add_argument("--learn-shaping", type=float, default=0.0,
+                    help="shaping_weight of the training env (potential on the peak load)")
     ap.add_argument("--layers", default=None, help="comma-separated layers (default: held-out)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1)
@@ -174,7 +177,8 @@ def main() -> None:
     results = run(args)
     print(f"\n{args.model} {args.mesh} {args.setting} B={args.batch} {args.conventions}, "
           f"evaluator {args.evaluator} ({args.score_steps} steps if sampled), seed {args.seed}, "
-          f"{args.episodes} random episodes/layer; µs (ratio to TP), lower is better\n")
+          f"{args.episodes} random episodes/layer, learn steps {args.learn_steps} (shaping "
+          f"{args.learn_shaping}); µs (ratio to TP), lower is better\n")
     print(table(results))
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 

@@ -30,7 +30,8 @@ def tiny_args(tmp_path, learn_steps):
     return argparse.Namespace(model=MODEL, setting="1/1", mesh="2x2", batch=8,
                               conventions="faithful", evaluator="des", score_steps=2,
                               episodes=3, sampler="kind", layers=None, seed=0, workers=1,
-                              learn_steps=learn_steps, out=str(tmp_path / "pipeline"))
+                              learn_steps=learn_steps, learn_shaping=0.1,
+                              out=str(tmp_path / "pipeline"))
 
 
 def test_tiny_headroom_table(tmp_path):
