@@ -304,3 +304,18 @@ def test_the_reward_is_a_function_of_the_placement(evaluator):
     other = make(evaluator=evaluator, score_steps=3)
     other.reset(seed=9, options={"layer": 2})
     assert other.evaluate_placement(P) == first       # streams depend on (seed, trace, layer)
+
+
+@pytest.mark.slow
+def test_default_registered_env_passes_both_checkers():
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("hdamoe_env/HdMoE-Place-v1").unwrapped     # DeepSeek-V2-Lite on 4x8
+    assert env.action_space.n == 61 and env.units == 22
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env, skip_render_check=True)
+        if pytest.importorskip("stable_baselines3"):
+            from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+            sb3_check_env(env, warn=True)
