@@ -18,6 +18,9 @@ Modules:
 * :mod:`baselines.batch_guard` — the batch guard: an optimised placement's layers re-checked at
   the evaluation's batch against TP, tile-aligned TP, EP and the hybrid on sampled steps of
   its own (a baseline is kept unless clearly beaten);
+* :mod:`baselines.layer_baselines` — the pipeline's per-layer placements (EP, TP, tile-aligned
+  TP, hybrid, Node Balance, Node + Link) as arrays, for the placement env's
+  ``evaluate_placement``;
 * :mod:`baselines.memory_sweep` — the memory-cap sweep over pipeline runs (Fig. 20);
 * :mod:`baselines.pool` — the one process pool (``spawn_pool_map``: placement layers and
   ``hdamoe reproduce`` cells);

@@ -11,7 +11,8 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
 * environment: ``gymnasium.make("hdamoe_env/HdMoE-v1", ...)`` (``hdamoe_env.env.environment.HdMoeEnv``),
   registered at import with a string entry point (the env module is imported only on ``make``);
   variants ``hdamoe_env/HdMoE-analytic-v1`` and ``hdamoe_env/HdMoE-Mixtral-v1``
-  (``REGISTERED_ENVS``); ``gymnasium.make_vec(id, num_envs=N,
+  (``REGISTERED_ENVS``); the placement env ``hdamoe_env/HdMoE-Place-v1``
+  (``hdamoe_env.env.place.HdMoePlaceEnv``, ``PLACE_ENVS``); ``gymnasium.make_vec(id, num_envs=N,
   vectorization_mode="vector_entry_point")`` gives the batched ``hdamoe_env.env.vector.HdMoeVectorEnv``;
   the retired -v0 ids raise a ``ConfigError`` naming -v1 (``hdamoe_env.env.versions``).
 
@@ -48,6 +49,10 @@ REGISTERED_ENVS: dict[str, tuple[dict[str, object], int | None]] = {
     "hdamoe_env/HdMoE-Mixtral-v1": ({"model": "mixtral-8x7b"}, 4 * 32),
 }
 ENTRY_POINT = "hdamoe_env.env.environment:HdMoeEnv"
+#: The placement env (issue 31): one episode builds one MoE layer's placement, one expert per
+#: step (E steps; the env terminates itself). Single env only (no vector entry point).
+PLACE_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Place-v1": {}}
+PLACE_ENTRY_POINT = "hdamoe_env.env.place:HdMoePlaceEnv"
 VECTOR_ENTRY_POINT = "hdamoe_env.env.vector:HdMoeVectorEnv"
 _RETIRED_ENTRY_POINT = "hdamoe_env.env.versions:retired_env"
 
@@ -56,6 +61,9 @@ for _env_id, (_kwargs, _max_steps) in REGISTERED_ENVS.items():
         _gymnasium.register(id=_env_id, entry_point=ENTRY_POINT,
                             vector_entry_point=VECTOR_ENTRY_POINT,
                             kwargs=dict(_kwargs), max_episode_steps=_max_steps)
+for _env_id, _kwargs in PLACE_ENVS.items():
+    if _env_id not in _gymnasium.registry:
+        _gymnasium.register(id=_env_id, entry_point=PLACE_ENTRY_POINT, kwargs=dict(_kwargs))
 for _env_id in ("hdamoe_env/HdMoE-v0", "hdamoe_env/HdMoE-analytic-v0",
                 "hdamoe_env/HdMoE-Mixtral-v0"):
     if _env_id not in _gymnasium.registry:
@@ -68,6 +76,8 @@ __all__ = [
     "MODEL_PRESETS",
     "PROFILES",
     "ENTRY_POINT",
+    "PLACE_ENTRY_POINT",
+    "PLACE_ENVS",
     "REGISTERED_ENVS",
     "VECTOR_ENTRY_POINT",
     "ConfigError",

@@ -1,0 +1,693 @@
+"""``HdMoePlaceEnv``: build one MoE layer's expert placement one decision at a time (issue 31).
+
+An episode places the routed experts of one MoE layer (drawn over layers and traces, with a
+held-out split of layers) on the node grid. The experts are visited in descending frequency
+order; every decision chooses, for the current expert, one *holder pattern* from a fixed
+discrete set:
+
+* ``node d`` (D actions): the whole expert on cluster d (all U tiles);
+* ``region s/r``: the expert split over region r of size s — the grid cut into equal
+  rectangles of s clusters (``region_sizes``; 1×2, 2×2, 2×4 on the 4×8 mesh) — in whole tiles:
+  ⌊U/s⌋ tiles each, the U mod s remaining tiles on the region's least-loaded clusters;
+* ``spread``: the expert's U tiles dealt one at a time to the cluster holding the fewest tiles
+  of the layer (ties: the lower cluster). When every expert of a layer is spread, the layer
+  equals tile-aligned TP (``tensor_parallel_tiled``, TP itself when D divides U) and is marked
+  as an all-reduce layer.
+
+U = 1/``share_unit``: every share the env builds lies on the profile's tile grid. Clusters are
+the endpoints (identity mapping): the geometry of a pattern is the geometry of the chip.
+Memory caps (``rho_mem`` and the hardware's ``node_dram_gib``, split evenly over the layers as
+the pipeline does) are counted in tiles per cluster; ``action_masks()`` hides the patterns that
+would exceed them. ``spread`` is always legal (water-filling never passes a cap while the
+layer's tiles fit at all), so every action of the space is legal: a masked one is coerced to
+``spread`` and reported in ``info`` (``strict=True`` raises ``InvalidAction`` instead).
+
+The reward is paid at the end: −(latency of the finished layer)/(latency of TP), latency =
+t_comp + t_comm_moe (the MoE part of the layer; t_nm does not depend on the placement), both
+from the package's evaluator (``evaluator``: ``"static"`` = ``MoESimulator.layer_static`` on
+expected loads, as ``baselines.pipeline_layer.evaluate_layer``; ``"analytic"`` = the γ-calibrated
+analytic twin on ``score_steps`` sampled decode steps, γ fitted once per layer on EP;
+``"des"`` = the DES on the same sampled steps). Aggregator draws and sampled steps come from a
+stream fixed per (trace, layer), so the reward is a deterministic function of the placement.
+Optional shaping (``shaping_weight`` > 0) adds Φ(s') − Φ(s) with the potential
+Φ(s) = −w·max_d load_d/(k/D) on non-final steps and Φ(final) = 0: the return of an episode is
+unchanged (Φ(start) = 0), only credit moves earlier.
+
+Baselines in the same API: :meth:`HdMoePlaceEnv.evaluate_placement` scores any layer placement
+(P, π, all-reduce flag) of the current episode's layer with the same evaluator and streams, so
+EP, TP, tile-aligned TP, the hybrid and Node + Link Balance (``baselines``; composed by the
+caller, the env never imports them) are compared on the reward the agent sees.
+
+May import: hdamoe_env.config, hdamoe_env.noc, hdamoe_env.cost, hdamoe_env.decisions,
+hdamoe_env.sim, traces
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from numpy.typing import NDArray
+
+from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.config.run import RunSpec
+from hdamoe_env.config.specs import ModelSpec
+from hdamoe_env.cost import perf
+from hdamoe_env.sim.calibrate import fit_gamma
+from hdamoe_env.sim.evaluator import LayerEvaluator
+from hdamoe_env.sim.placement import (Placement, expert_parallel, identity_mapping, share_unit,
+                                      tensor_parallel)
+from hdamoe_env.sim.simulator import MoESimulator
+from hdamoe_env.sim.sources import load_trace
+
+__all__ = ["PLACE_EVALUATORS", "RANDOM_SAMPLERS", "HdMoePlaceEnv", "RandomSearch", "greedy_balance",
+           "heldout_layers", "holder_patterns", "random_search", "region_blocks"]
+
+#: Evaluators of the reward (module docstring).
+PLACE_EVALUATORS = ("static", "analytic", "des")
+
+
+def heldout_layers(num_layers: int, every: int = 4) -> tuple[int, ...]:
+    """Return the held-out MoE layers: ``layer % every == every − 1`` ([decision], fixed).
+
+    Args:
+        num_layers: L.
+        every: One layer in ``every`` is held out (4: layers 3, 7, 11, ...).
+
+    Raises:
+        ConfigError: ``every`` < 2.
+    """
+    if every < 2:
+        raise ConfigError(f"heldout_every must be >= 2, got {every}")
+    return tuple(layer for layer in range(num_layers) if layer % every == every - 1)
+
+
+def region_blocks(mesh_shape: tuple[int, int], size: int) -> tuple[int, int] | None:
+    """Return the (rows, cols) of a rectangle of ``size`` clusters that tiles the grid, or None.
+
+    The most square rectangle with rows ≤ cols (1×2, 2×2, 2×4, 4×4) whose sides divide the
+    grid's; None when no rectangle of that size tiles it.
+    """
+    X, Y = mesh_shape
+    best: tuple[int, int] | None = None
+    for h in range(1, size + 1):
+        if size % h:
+            continue
+        w = size // h
+        if h <= w and X % h == 0 and Y % w == 0 and (best is None or w - h < best[1] - best[0]):
+            best = (h, w)
+    return best
+
+
+def holder_patterns(mesh_shape: tuple[int, int], units: int, region_sizes: Sequence[int]
+                    ) -> tuple[NDArray[np.bool_], tuple[str, ...]]:
+    """Return the holder patterns of the action space: bool [n, D] and their names.
+
+    ``node d`` for every cluster, then ``region s/r`` for every size s of ``region_sizes``
+    (ascending) whose rectangle tiles the grid (:func:`region_blocks`) with 1 < s < D and
+    s ≤ ``units`` (every cluster of the region gets a tile), regions row-major, then
+    ``spread`` (all clusters).
+    """
+    X, Y = mesh_shape
+    D = X * Y
+    rows_of, cols_of = np.divmod(np.arange(D), Y)
+    patterns, names = [np.eye(D, dtype=bool)], [f"node {d}" for d in range(D)]
+    for size in sorted({int(s) for s in region_sizes}):
+        block = region_blocks((X, Y), size) if 1 < size < D else None
+        if block is None or size > units:
+            continue
+        h, w = block
+        rid = (rows_of // h) * (Y // w) + cols_of // w
+        for r in range(D // size):
+            patterns.append((rid == r)[None, :])
+            names.append(f"region {size}/{r}")
+    patterns.append(np.ones((1, D), dtype=bool))
+    names.append("spread")
+    return np.concatenate(patterns, axis=0), tuple(names)
+
+
+@dataclass(frozen=True)
+class _LayerData:
+    """Everything the env needs about one (trace, layer): statistics and evaluator streams."""
+
+    freqs: NDArray[np.float64]          # [E] f_i (Σ = k)
+    order: NDArray[np.int64]            # [E] experts by descending f_i (ties: lower id)
+    pairs: NDArray[np.float64]          # [E, E] fraction of tokens routed to both i and j
+    groups: NDArray[np.int64]           # [G, k]
+    group_freqs: NDArray[np.float64]    # [G]
+    steps: NDArray[np.int64] | None     # [S, B, k] sampled steps (analytic / des)
+    gamma: float | None                 # γ of the analytic twin (fitted on EP)
+    eval_seed: np.random.SeedSequence   # aggregator stream (static)
+    step_seeds: tuple[np.random.SeedSequence, ...]   # aggregator stream per sampled step
+    tp_us: float                        # TP's latency under the evaluator
+
+
+class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
+    """Place the experts of one MoE layer, one expert per step (issue 31, placement lever).
+
+    ## Description
+    See the module docstring: experts in descending frequency order, one holder pattern each;
+    the reward is the finished layer's latency relative to TP.
+
+    ## Action Space
+    ``Discrete(D + Σ_s D/s + 1)``: ``node d`` for d < D, then the regions of every size in
+    ``region_sizes`` (size-major, regions row-major), then ``spread``. ``action_masks()``
+    (bool [n]) marks the patterns within the memory caps; ``action_patterns`` names them.
+
+    ## Observation Space
+    | key | shape | meaning |
+    |---|---|---|
+    | ``freqs`` | [E] | f_i of the layer sorted descending (∈ [0, 1]) |
+    | ``expert`` | [4] | position t/E, f of the current expert, unplaced frequency / k, cap |
+    | ``coact`` | [D] | Σ_placed j p(cur, j)·P[j, d] / f_cur (∈ [0, k]) |
+    | ``load`` | [D] | Σ_placed j f_j P[j, d] / (k/D) (∈ [0, D]) |
+    | ``memory`` | [D] | tiles held / (E·U/D) (∈ [0, D]) |
+    | ``topology`` | [3·D] | rows, then columns (∈ [0, 1]), then mean grid distance to the |
+    | | | other clusters (÷ X + Y − 2) of every cluster; flat (SB3 warns on 2-D boxes) |
+
+    ## Rewards
+    0 on every step but the last (plus the shaping terms when ``shaping_weight`` > 0); the
+    last pays −latency/latency_TP of the layer (``info["ratio"]`` is latency/latency_TP).
+
+    ## Starting State
+    ``reset`` draws a trace and a layer of the split uniformly with ``self.np_random``
+    (``options={"layer": l, "trace_index": t}`` fixes them).
+
+    ## Episode End
+    Terminates after E decisions. Never truncates.
+
+    ## Arguments
+    model, setting, mesh, topology, conventions, batch, trace: the run (``RunSpec.resolve``;
+    ``trace`` may also be a ``RoutingTrace``). trace_seeds: seeds of the synthetic traces
+    (episodes are drawn over them). trace_requests, trace_tokens: synthetic trace size.
+    split: ``"train"``, ``"heldout"`` or ``"all"`` layers (``heldout_every``). region_sizes:
+    region pattern sizes. rho_mem: relative memory cap per layer (None: off). evaluator:
+    ``PLACE_EVALUATORS``. score_steps: sampled steps of ``analytic``/``des``. eval_seed: seed of
+    the evaluator streams (aggregators, sampled steps, the EP of the γ fit). shaping_weight: w
+    of the potential. strict: raise on masked actions.
+
+    ## Version History
+    * v1: initial version.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, *, model: str | ModelSpec = "deepseek-v2-lite", setting: str = "5/50",
+                 mesh: str | tuple[int, int] = "4x8", topology: str = "mesh",
+                 conventions: str = "faithful", batch: int = 128, trace: Any = "synthetic",
+                 trace_seeds: Sequence[int] = (0,), trace_requests: int | None = None,
+                 trace_tokens: int | None = None, split: str = "train", heldout_every: int = 4,
+                 region_sizes: Sequence[int] = (2, 4, 8), rho_mem: float | None = None,
+                 evaluator: str = "analytic", score_steps: int = 8, eval_seed: int = 0,
+                 shaping_weight: float = 0.0, strict: bool = False,
+                 render_mode: str | None = None) -> None:
+        if render_mode is not None:
+            raise ConfigError("HdMoePlaceEnv has no render modes; pass render_mode=None")
+        if evaluator not in PLACE_EVALUATORS:
+            raise ConfigError(f"evaluator={evaluator!r}; expected one of {list(PLACE_EVALUATORS)}")
+        if split not in ("train", "heldout", "all"):
+            raise ConfigError(f"split={split!r}; expected 'train', 'heldout' or 'all'")
+        if score_steps < 1:
+            raise ConfigError(f"score_steps must be >= 1, got {score_steps}")
+        if not (math.isfinite(shaping_weight) and shaping_weight >= 0):
+            raise ConfigError(f"shaping_weight must be finite and >= 0, got {shaping_weight}")
+        run = RunSpec.resolve(model=model, setting=setting, mesh=mesh, topology=topology,
+                              conventions=conventions, batch=batch)
+        self.run = run
+        self.sim = MoESimulator(run.model, run.hardware, run.topology, run.conventions)
+        model_spec, conv = self.sim.model, self.sim.conv
+        self.model = model_spec
+        self.batch = run.batch
+        self.num_experts = E = model_spec.num_experts
+        self.num_nodes = D = self.sim.num_nodes
+        self.top_k = model_spec.top_k
+        self.units = U = max(1, round(1.0 / share_unit(model_spec, conv)))
+        self.evaluator = evaluator
+        self.score_steps = int(score_steps)
+        self.eval_seed = int(eval_seed)
+        self.shaping_weight = float(shaping_weight)
+        self.strict = bool(strict)
+        self.render_mode = render_mode
+
+        if not isinstance(trace, str) and not hasattr(trace, "topk_ids"):
+            raise ConfigError("trace must be 'synthetic', a path or a RoutingTrace")
+        seeds = tuple(int(s) for s in trace_seeds) if trace == "synthetic" else (0,)
+        if not seeds:
+            raise ConfigError("trace_seeds must name at least one seed")
+        self.traces = [load_trace(trace, model_spec, seed=s, requests=trace_requests,
+                                  tokens=trace_tokens) for s in seeds]
+        L = model_spec.num_moe_layers
+        held = heldout_layers(L, heldout_every)
+        layers = {"train": tuple(x for x in range(L) if x not in held), "heldout": held,
+                  "all": tuple(range(L))}[split]
+        if not layers:
+            raise ConfigError(f"split {split!r} of {L} layers is empty; lower heldout_every")
+        self.split, self.layers = split, layers
+        self.episodes = [(t, layer) for t in range(len(self.traces)) for layer in layers]
+
+        X, Y = self.sim.hw.mesh_shape
+        rows_of, cols_of = np.divmod(np.arange(D), Y)
+        #: bool [n, D] the clusters of every action's pattern
+        self.patterns, names = holder_patterns((X, Y), U, region_sizes)
+        self.action_patterns: tuple[str, ...] = names
+        self.spread_action = len(names) - 1
+        self.action_space = spaces.Discrete(len(names))
+        self.cap_tiles: int | None = self._cap_tiles(rho_mem)
+
+        coords = np.stack([rows_of, cols_of], axis=1).astype(np.float64)
+        dist = np.abs(coords[:, None, :] - coords[None, :, :]).sum(axis=2)
+        mean_dist = dist.sum(axis=1) / max(D - 1, 1) / max(X + Y - 2, 1)
+        self._topology_obs = np.concatenate([rows_of / max(X - 1, 1), cols_of / max(Y - 1, 1),
+                                             mean_dist]).astype(np.float32)
+        self.observation_space = spaces.Dict({
+            "freqs": spaces.Box(0.0, 1.0, (E,), np.float32),
+            "expert": spaces.Box(0.0, 1.0, (4,), np.float32),
+            "coact": spaces.Box(0.0, float(self.top_k), (D,), np.float32),
+            "load": spaces.Box(0.0, float(D), (D,), np.float32),
+            "memory": spaces.Box(0.0, float(D), (D,), np.float32),
+            "topology": spaces.Box(0.0, 1.0, (3 * D,), np.float32),
+        })
+        self._cache: dict[tuple[int, int], _LayerData] = {}
+        self._data: _LayerData | None = None
+        self.layer = layers[0]
+        self.trace_index = 0
+        self._t = 0
+        self._tiles = np.zeros((E, D), dtype=np.int64)   # tiles of expert i on cluster d
+        self._node_tiles = np.zeros(D, dtype=np.int64)
+        self._load = np.zeros(D)
+        self._all_spread = True
+
+    def _cap_tiles(self, rho_mem: float | None) -> int | None:
+        """Return the memory cap in tiles per cluster and layer (None: no cap)."""
+        E, D, U = self.num_experts, self.num_nodes, self.units
+        caps = []
+        if rho_mem is not None:
+            if not (math.isfinite(rho_mem) and rho_mem > 0):
+                raise ConfigError(f"rho_mem must be finite and > 0, got {rho_mem}")
+            caps.append(math.floor(rho_mem * E * U / D + 1e-9))
+        if self.sim.hw.node_dram_bytes is not None:
+            # [decision] as the pipeline: every layer gets an equal share of each node's DRAM
+            tile_bytes = perf.expert_bytes(self.model, self.sim.conv) / U
+            caps.append(math.floor(self.sim.hw.node_dram_bytes / self.model.num_moe_layers
+                                   / tile_bytes + 1e-9))
+        cap = min(caps) if caps else None
+        if cap is not None and cap * D < E * U:
+            raise ConfigError(f"memory cap of {cap} tiles per cluster cannot hold the layer's "
+                              f"{E * U} tiles on {D} clusters; raise rho_mem (>= 1 always "
+                              "fits) or node_dram_gib")
+        return cap
+
+    # ------------------------------------------------------------------ layer data
+    def _layer_data(self, trace_index: int, layer: int) -> _LayerData:
+        key = (trace_index, layer)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        trace = self.traces[trace_index]
+        rows = trace.view("content")
+        ids = np.asarray(trace.topk_ids[layer, rows], dtype=np.int64)
+        E = self.num_experts
+        freqs = trace.layer_frequencies(layer, rows)
+        order = np.lexsort((np.arange(E), -freqs)).astype(np.int64)
+        onehot = np.zeros((ids.shape[0], E))
+        np.put_along_axis(onehot, ids, 1.0, axis=1)
+        pairs = onehot.T @ onehot / max(ids.shape[0], 1)
+        np.fill_diagonal(pairs, 0.0)
+        groups, group_freqs = trace.groups(layer, rows)
+        ss = np.random.SeedSequence([self.eval_seed, trace_index, layer])
+        s_steps, s_gamma, s_agg = ss.spawn(3)
+        steps = gamma = None
+        if self.evaluator != "static":
+            rng = np.random.default_rng(s_steps)
+            replace = ids.shape[0] < self.batch
+            steps = np.stack([ids[rng.choice(ids.shape[0], size=self.batch, replace=replace)]
+                              for _ in range(self.score_steps)])
+        if self.evaluator == "analytic":
+            g_rng = np.random.default_rng(s_gamma)
+            ep = expert_parallel(layer + 1, E, self.num_nodes, g_rng)
+            gamma = max(float(fit_gamma(self.sim, ep, layer, ids, self.batch, g_rng).gamma), 0.0)
+        # spawned once: SeedSequence.spawn hands out new children on every call
+        step_seeds = tuple(s_agg.spawn(self.score_steps)) if steps is not None else ()
+        data = _LayerData(freqs, order, pairs, np.asarray(groups, dtype=np.int64), group_freqs,
+                          steps, gamma, s_agg, step_seeds, 0.0)
+        P_tp = tensor_parallel(1, E, self.num_nodes).P[0]
+        tp_us = self._latency(data, layer, P_tp, identity_mapping(1, self.num_nodes)[0],
+                              False)["latency_us"]
+        data = dataclasses.replace(data, tp_us=tp_us)
+        self._cache[key] = data
+        return data
+
+    def _latency(self, data: _LayerData, layer: int, P_layer: NDArray[np.float64],
+                 pi_layer: NDArray[np.int64], allreduce: bool) -> dict[str, Any]:
+        E, D = P_layer.shape
+        L = self.model.num_moe_layers
+        P = np.full((L, E, D), 1.0 / D)      # the other layers are TP: only `layer` is scored
+        P[layer] = P_layer
+        pi = identity_mapping(L, D)
+        pi[layer] = pi_layer
+        red = np.zeros(L, dtype=bool)
+        red[layer] = allreduce
+        placement = Placement(P=P, pi=pi, method="place-env", allreduce=red)
+        placement.validate(self.model, self.sim.hw, self.sim.conv)   # shapes and tile grid
+        if self.evaluator == "static":
+            res = self.sim.layer_static(placement, layer, data.freqs, data.groups,
+                                        data.group_freqs, self.batch,
+                                        rng=np.random.default_rng(data.eval_seed))
+            comp, comm, nm, mode = res.t_comp_s, res.t_comm_moe_s, res.t_nm_s, res.mode
+        else:
+            assert data.steps is not None
+            ev = LayerEvaluator(self.sim, placement, self.batch, layers=(layer,))
+            terms = [ev.evaluate(layer, sets, rng=np.random.default_rng(s),
+                                 fidelity="analytic" if self.evaluator == "analytic" else "des",
+                                 gamma=data.gamma)
+                     for sets, s in zip(data.steps, data.step_seeds, strict=True)]
+            comp = float(np.mean([r.t_comp_s for r in terms]))
+            comm = float(np.mean([r.t_comm_moe_s for r in terms]))
+            nm = float(np.mean([r.t_nm_s for r in terms]))
+            mode = terms[0].mode
+        return {"latency_us": (comp + comm) * 1e6, "compute_us": comp * 1e6,
+                "comm_us": comm * 1e6, "nm_us": nm * 1e6, "mode": mode}
+
+    # ------------------------------------------------------------------ public API
+    def evaluate_placement(self, P_layer: NDArray[np.float64],
+                           pi_layer: NDArray[np.int64] | None = None, allreduce: bool = False,
+                           *, layer: int | None = None, trace_index: int | None = None
+                           ) -> dict[str, Any]:
+        """Score one layer placement with the env's evaluator and streams (the reward's terms).
+
+        Args:
+            P_layer: float [E, D] shares (on the profile's tile grid, or uniform TP rows).
+            pi_layer: int [D] mapping (None: identity).
+            allreduce: The layer is an all-reduce (tile-aligned TP) layer.
+            layer: MoE layer (default: the current episode's).
+            trace_index: Trace (default: the current episode's).
+
+        Returns:
+            ``latency_us`` (t_comp + t_comm_moe), ``compute_us``, ``comm_us``, ``nm_us``,
+            ``mode``, ``tp_latency_us``, ``ratio`` (latency / TP's) and ``reward`` (−ratio).
+
+        Raises:
+            ConfigError: Bad shapes or shares off the tile grid.
+        """
+        layer = self.layer if layer is None else int(layer)
+        trace_index = self.trace_index if trace_index is None else int(trace_index)
+        data = self._layer_data(trace_index, layer)
+        P_layer = np.asarray(P_layer, dtype=np.float64)
+        if P_layer.shape != (self.num_experts, self.num_nodes):
+            raise ConfigError(f"P_layer must have shape {(self.num_experts, self.num_nodes)}, "
+                              f"got {P_layer.shape}")
+        pi = identity_mapping(1, self.num_nodes)[0] if pi_layer is None else np.asarray(
+            pi_layer, dtype=np.int64)
+        if pi.shape != (self.num_nodes,):
+            raise ConfigError(f"pi_layer must have shape ({self.num_nodes},), got {pi.shape}")
+        out = self._latency(data, layer, P_layer, pi, bool(allreduce))
+        out["tp_latency_us"] = data.tp_us
+        out["ratio"] = out["latency_us"] / data.tp_us
+        out["reward"] = -out["ratio"]
+        return out
+
+    @property
+    def expert_order(self) -> NDArray[np.int64]:
+        """Experts of the current episode's layer in visiting order (descending f_i), int64 [E].
+
+        Raises:
+            InvalidAction: Before the first ``reset``.
+        """
+        if self._data is None:
+            raise InvalidAction("expert_order needs an episode: call reset() first")
+        return self._data.order.copy()
+
+    @property
+    def expert_frequencies(self) -> NDArray[np.float64]:
+        """f_i of the current episode's layer (Σ = k), float [E] by expert id.
+
+        Raises:
+            InvalidAction: Before the first ``reset``.
+        """
+        if self._data is None:
+            raise InvalidAction("expert_frequencies needs an episode: call reset() first")
+        return self._data.freqs.copy()
+
+    @property
+    def node_load(self) -> NDArray[np.float64]:
+        """Σ_placed j f_j·P[j, d]: expected compute load of every cluster so far, float [D]."""
+        return self._load.copy()
+
+    def placement_layer(self) -> tuple[NDArray[np.float64], bool]:
+        """Return the shares built so far, float [E, D] (experts by id), and the all-reduce flag.
+
+        Unplaced experts have zero rows. The flag is True when every expert is spread (the
+        layer is then tile-aligned TP).
+        """
+        spread_all = self._t == self.num_experts and bool(self._all_spread)
+        return self._tiles / self.units, spread_all
+
+    def action_masks(self) -> NDArray[np.bool_]:
+        """Return bool [n]: the patterns that keep every cluster within the memory cap."""
+        if self.cap_tiles is None or self._t >= self.num_experts:
+            return np.ones(self.action_space.n, dtype=bool)
+        room = self.cap_tiles - self._node_tiles                                  # [D]
+        U = self.units
+        sizes = self.patterns.sum(axis=1)                                         # [n]
+        need = -(-U // sizes)                                                     # ceil
+        fits = np.all(~self.patterns | (room[None, :] >= need[:, None]), axis=1)
+        fits[self.spread_action] = True
+        return fits
+
+    # ------------------------------------------------------------------ gymnasium
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, NDArray[np.float32]], dict[str, Any]]:
+        """Start an episode on a layer of the split (``options``: ``layer``, ``trace_index``)."""
+        super().reset(seed=seed)
+        options = options or {}
+        t_idx, layer = self.episodes[int(self.np_random.integers(len(self.episodes)))]
+        if "trace_index" in options:
+            t_idx = int(options["trace_index"])
+            if not 0 <= t_idx < len(self.traces):
+                raise ConfigError(f"trace_index {t_idx} not in [0, {len(self.traces)})")
+        if "layer" in options:
+            layer = int(options["layer"])
+            if not 0 <= layer < self.model.num_moe_layers:
+                raise ConfigError(f"layer {layer} not in [0, {self.model.num_moe_layers})")
+        self.trace_index, self.layer = t_idx, layer
+        self._data = self._layer_data(t_idx, layer)
+        self._t = 0
+        self._tiles[:] = 0
+        self._node_tiles[:] = 0
+        self._load[:] = 0.0
+        self._all_spread = True
+        return self._obs(), self._info()
+
+    def step(self, action: Any) -> tuple[dict[str, NDArray[np.float32]], float, bool, bool,
+                                         dict[str, Any]]:
+        """Place the current expert with the pattern ``action``."""
+        if self._data is None or self._t >= self.num_experts:
+            raise InvalidAction("step() called before reset() or after the episode ended")
+        raw = np.asarray(action)
+        if raw.size != 1 or raw.dtype.kind not in "iuf" or (
+                raw.dtype.kind == "f" and not float(raw.reshape(())).is_integer()):
+            raise InvalidAction(f"action must be an integer in [0, {self.action_space.n}), "
+                                f"got {action!r}")
+        a = int(raw.reshape(()))
+        if not 0 <= a < self.action_space.n:
+            raise InvalidAction(f"action {a} is outside Discrete({self.action_space.n})")
+        mask = self.action_masks()
+        coerced = not bool(mask[a])
+        if coerced and self.strict:
+            raise InvalidAction(f"action {a} ({self.action_patterns[a]}) exceeds the memory cap "
+                                f"of {self.cap_tiles} tiles per cluster; see action_masks()")
+        taken = self.spread_action if coerced else a
+        data = self._data
+        expert = int(data.order[self._t])
+        phi_before = self._potential()
+        self._place(expert, taken)
+        self._all_spread = self._all_spread and taken == self.spread_action
+        self._t += 1
+        terminated = self._t == self.num_experts
+        info = self._info()
+        info.update(action=taken, requested_action=a, coerced=coerced, expert=expert,
+                    pattern=self.action_patterns[taken])
+        if terminated:
+            P_layer, red = self.placement_layer()
+            res = self.evaluate_placement(P_layer, None, red)
+            info.update(res)
+            reward = res["reward"] - phi_before
+        else:
+            reward = self._potential() - phi_before
+        return self._obs(), float(reward), terminated, False, info
+
+    # ------------------------------------------------------------------ internals
+    def _place(self, expert: int, action: int) -> None:
+        U, tiles = self.units, self._tiles
+        if action == self.spread_action:
+            for _ in range(U):    # water-filling: fewest tiles, then the lower cluster
+                d = int(np.argmin(self._node_tiles))
+                tiles[expert, d] += 1
+                self._node_tiles[d] += 1
+        else:
+            nodes = np.flatnonzero(self.patterns[action])
+            base, extra = divmod(U, nodes.size)
+            add = np.full(nodes.size, base, dtype=np.int64)
+            if extra:
+                rank = np.lexsort((nodes, self._node_tiles[nodes], self._load[nodes]))
+                add[rank[:extra]] += 1
+            tiles[expert, nodes] += add
+            self._node_tiles[nodes] += add
+        assert self._data is not None
+        self._load += self._data.freqs[expert] * tiles[expert] / U
+
+    def _potential(self) -> float:
+        if self.shaping_weight == 0.0 or self._t >= self.num_experts:
+            return 0.0
+        return -self.shaping_weight * float(self._load.max()) / (self.top_k / self.num_nodes)
+
+    def _obs(self) -> dict[str, NDArray[np.float32]]:
+        assert self._data is not None
+        data, E, D, k = self._data, self.num_experts, self.num_nodes, self.top_k
+        f_sorted = data.freqs[data.order]
+        t = min(self._t, E - 1)
+        cur = int(data.order[t])
+        placed = data.order[:self._t]
+        done = self._t >= E
+        coact = np.zeros(D)
+        if not done and placed.size and data.freqs[cur] > 0:
+            coact = data.pairs[cur, placed] @ (self._tiles[placed] / self.units) / data.freqs[cur]
+        unplaced = float(f_sorted[self._t:].sum()) / k
+        cap = 1.0 if self.cap_tiles is None else min(self.cap_tiles / (E * self.units), 1.0)
+        even_tiles = E * self.units / D
+        return {
+            "freqs": np.clip(f_sorted, 0.0, 1.0).astype(np.float32),
+            "expert": np.clip([self._t / E, 0.0 if done else data.freqs[cur], unplaced, cap],
+                              0.0, 1.0).astype(np.float32),
+            "coact": np.clip(coact, 0.0, k).astype(np.float32),
+            "load": np.clip(self._load / (k / D), 0.0, D).astype(np.float32),
+            "memory": np.clip(self._node_tiles / even_tiles, 0.0, D).astype(np.float32),
+            "topology": self._topology_obs.copy(),
+        }
+
+    def _info(self) -> dict[str, Any]:
+        return {"action_mask": self.action_masks(), "layer": self.layer,
+                "trace_index": self.trace_index, "split": self.split, "step": self._t,
+                "evaluator": self.evaluator, "profile": self.sim.conv.name}
+
+
+@dataclass(frozen=True)
+class RandomSearch:
+    """Result of :func:`random_search`.
+
+    Attributes:
+        best_ratio: Lowest latency/TP over the episodes.
+        best_actions: The action sequence that reached it (experts in visiting order).
+        best_placement: float [E, D] its shares, and its all-reduce flag.
+        ratios: float [N] latency/TP of every episode, in order.
+    """
+
+    best_ratio: float
+    best_actions: tuple[int, ...]
+    best_placement: tuple[NDArray[np.float64], bool]
+    ratios: NDArray[np.float64]
+
+
+#: Samplers of :func:`random_search`.
+RANDOM_SAMPLERS = ("kind", "uniform")
+
+
+def random_search(env: HdMoePlaceEnv, episodes: int, rng: np.random.Generator, *,
+                  layer: int | None = None, trace_index: int = 0,
+                  sampler: str = "kind") -> RandomSearch:
+    """Play ``episodes`` episodes of random legal actions on one layer; keep the best.
+
+    A simple search reference over the env's action space (not a bound). ``sampler="uniform"``
+    draws every decision uniformly over the unmasked patterns (on the 4×8 mesh 32 of the 61
+    are whole-node patterns); ``"kind"`` [decision] first draws the pattern's size (node,
+    each region size, spread) uniformly among the sizes with an unmasked pattern, then a
+    pattern of that size uniformly.
+
+    Args:
+        env: The env (its evaluator scores the episodes).
+        episodes: N >= 1.
+        rng: The caller's generator.
+        layer: MoE layer (None: the env draws one per episode from its split).
+        trace_index: Trace of the env.
+        sampler: ``RANDOM_SAMPLERS``.
+
+    Raises:
+        ConfigError: ``episodes`` < 1 or an unknown sampler.
+    """
+    if episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    if sampler not in RANDOM_SAMPLERS:
+        raise ConfigError(f"sampler={sampler!r}; expected one of {list(RANDOM_SAMPLERS)}")
+    sizes = env.patterns.sum(axis=1)
+    options: dict[str, Any] = {"trace_index": trace_index}
+    if layer is not None:
+        options["layer"] = layer
+    ratios = np.empty(episodes)
+    best: tuple[float, tuple[int, ...], tuple[NDArray[np.float64], bool]] | None = None
+    for episode in range(episodes):
+        env.reset(seed=int(rng.integers(2**31)), options=options)
+        actions: list[int] = []
+        terminated = False
+        info: dict[str, Any] = {}
+        while not terminated:
+            legal = np.flatnonzero(env.action_masks())
+            if sampler == "kind":
+                kind = rng.choice(np.unique(sizes[legal]))
+                legal = legal[sizes[legal] == kind]
+            a = int(rng.choice(legal))
+            actions.append(a)
+            _, _, terminated, _, info = env.step(a)
+        ratios[episode] = info["ratio"]
+        if best is None or info["ratio"] < best[0]:
+            best = (float(info["ratio"]), tuple(actions), env.placement_layer())
+    assert best is not None
+    return RandomSearch(best[0], best[1], best[2], ratios)
+
+
+def greedy_balance(env: HdMoePlaceEnv, size: int, *, layer: int | None = None,
+                   trace_index: int = 0) -> RandomSearch:
+    """Play one episode of the longest-processing-time greedy over patterns of one size.
+
+    Every expert (in the env's descending-frequency order) takes the legal pattern of ``size``
+    clusters (1: a node, a region size, or D: spread) whose most loaded cluster
+    (``node_load``) is least loaded after adding the expert's shares there (ties: the lower
+    action); ``spread`` when no pattern of that size is legal. ``size`` 1 is an LPT
+    expert-parallel placement, a region size a compute-balanced hybrid on the env's regions.
+
+    Returns:
+        A :class:`RandomSearch` of the one episode.
+
+    Raises:
+        ConfigError: No pattern of ``size`` clusters in the action space.
+    """
+    sizes = env.patterns.sum(axis=1)
+    if not (sizes == size).any():
+        raise ConfigError(f"no pattern of {size} clusters; sizes are {sorted(set(sizes))}")
+    options: dict[str, Any] = {"trace_index": trace_index}
+    if layer is not None:
+        options["layer"] = layer
+    env.reset(options=options)
+    actions: list[int] = []
+    terminated = False
+    info: dict[str, Any] = {}
+    while not terminated:
+        legal = np.flatnonzero(env.action_masks() & (sizes == size))
+        if legal.size == 0:
+            a = env.spread_action
+        else:
+            expert = int(env.expert_order[len(actions)])
+            f_e = float(env.expert_frequencies[expert])
+            load = env.node_load
+            peak = [float((load + f_e * env.patterns[b] / size)[env.patterns[b]].max())
+                    for b in legal]
+            a = int(legal[int(np.argmin(peak))])
+        actions.append(a)
+        _, _, terminated, _, info = env.step(a)
+    return RandomSearch(float(info["ratio"]), tuple(actions), env.placement_layer(),
+                        np.array([info["ratio"]]))
