@@ -297,6 +297,10 @@ def _add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true",
                    help="only (re)write the report from --out/results.jsonl")
     p.add_argument("--list", action="store_true", help="list the suite's cells and exit")
+    p.add_argument("--only", default=None, metavar="TERMS",
+                   help="compute only unfinished cells whose label (see --list) contains one "
+                   "of these comma-separated terms, e.g. mixtral,fig10; finished cells are "
+                   "still reported")
     p.set_defaults(func=reproduce.cmd_reproduce)
     return p
 

@@ -585,8 +585,8 @@ def _execute(cells: Sequence[Cell], *, workers: int, backend: str, cache_dir: st
 def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers: int = 1,
               backend: str = "process", cache_dir: str | None = None, resume: bool = True,
               ray_address: str | None = None,
-              on_cell: Callable[[Cell, dict[str, Any], int, int], None] | None = None
-              ) -> ReproduceResult:
+              on_cell: Callable[[Cell, dict[str, Any], int, int], None] | None = None,
+              only: Sequence[str] | None = None) -> ReproduceResult:
     """Run cells (placements first), writing every finished cell at once; skip finished ones.
 
     Args:
@@ -598,6 +598,9 @@ def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers
         resume: Skip cells whose result file is present and belongs to the same cell (default).
         ray_address: Address of a running Ray cluster (None: start a local instance).
         on_cell: Called in the parent after every finished cell (cell, payload, done, total).
+        only: Compute only the unfinished cells whose label contains one of these terms
+            (case-insensitive); finished cells of the whole suite are still read and
+            reported (None: every cell).
 
     Returns:
         The payloads of every finished cell and the bookkeeping.
@@ -640,9 +643,11 @@ def run_suite(cells: Sequence[Cell], out_dir: str | os.PathLike[str], *, workers
 
     write_json(out / "suite.json", {"cells": [c.to_dict() | {"key": c.key} for c in cells],
                                     "version": __version__})
+    terms = [t.strip().lower() for t in (only or ()) if t.strip()]
     for phase in ("placement", None):
         todo = [c for c in cells if c.key not in payloads
-                and ((c.kind == "placement") == (phase == "placement"))]
+                and ((c.kind == "placement") == (phase == "placement"))
+                and (not terms or any(t in c.label.lower() for t in terms))]
         _execute(todo, workers=workers, backend=backend, cache_dir=cache_dir,
                  ray_address=ray_address, done=done)
     write_results_jsonl(out / "results.jsonl", ordered())
@@ -666,12 +671,19 @@ def run_suite_printing(cells: Sequence[Cell], out: str | Path, args: argparse.Na
 
     result = run_suite(cells, out, workers=args.workers, backend=args.backend,
                        cache_dir=args.cache_dir, resume=resume, ray_address=args.ray_address,
-                       on_cell=tick)
+                       on_cell=tick, only=_only_terms(args))
     cpu = cpu_summary(result)["cpu_s"]
     print(f"{len(result.computed)} cell(s) computed, {len(result.skipped)} resumed, "
           f"wall {result.wall_s:.1f} s, cpu {cpu:.1f} s over {args.workers} worker(s) "
           f"({cpu / max(args.workers, 1):.1f} s per worker)")
     return result
+
+
+def _only_terms(args: argparse.Namespace) -> list[str] | None:
+    """The ``--only`` terms (comma list), or None when the option is absent or empty."""
+    text = getattr(args, "only", None)
+    terms = [t.strip() for t in text.split(",") if t.strip()] if text else []
+    return terms or None
 
 
 def cpu_summary(result: ReproduceResult) -> dict[str, Any]:

@@ -174,3 +174,16 @@ def test_read_results_errors(tmp_path: Path) -> None:
     (tmp_path / "results.jsonl").write_text('{"a": 1}\nnot json\n')
     with pytest.raises(ConfigError, match="results.jsonl:2: not a JSON line"):
         reproduce.read_results(tmp_path)
+
+
+def test_only_computes_the_matching_cells_and_keeps_the_rest_for_later(tmp_path: Path) -> None:
+    """``only`` terms select unfinished cells by label (case-insensitive, any term); a later
+    run without it computes the rest and reuses the first."""
+    cells = suite_cells("tiny")
+    assert "5/50 B=8" in cells[0].label and "5/50 B=8" not in cells[1].label
+    first = run_suite(cells, tmp_path, only=["5/50 b=8", "no-such-cell"])
+    assert first.computed == [cells[0].key]
+    assert [json.loads(x)["setting"] for x in
+            (tmp_path / "results.jsonl").read_text().splitlines()] == ["5/50", "5/50"]
+    rest = run_suite(cells, tmp_path)
+    assert rest.skipped == [cells[0].key] and rest.computed == [cells[1].key]
