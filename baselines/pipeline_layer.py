@@ -175,7 +175,8 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     else:
         objective = MappingObjective(sim, support, groups, fg, batch, layer,
                                      np.random.default_rng(s_lb.spawn(1)[0]),
-                                     kind=config.lb_objective, agg=agg)
+                                     kind=config.lb_objective, agg=agg,
+                                     objective=config.objective)
         lb = link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
                           method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
                           topology=sim.topology)
@@ -245,7 +246,7 @@ def place_layer(task: LayerTask) -> LayerOutcome:
         "gamma": gfit.to_dict(), "node_balance": nb.record, "link_balance": lb_record,
         "link_balance_history_s": lb_history, "hybrid": hyb.record, "latency_us": lat,
         "node_link_beats_baselines": bool(lat["node_link"]["total_us"] <= best_baseline + 1e-9),
-        "guard": guard,
+        "guard": guard, "objective": config.objective,
         "timings_s": timings,
     }
     if method_costs:
@@ -258,6 +259,9 @@ def place_layer(task: LayerTask) -> LayerOutcome:
 
 #: Candidates of the ``best`` guard, by the name its records use (``method_costs_us``).
 GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
+#: The value of a ``LayerScorer.score`` dict the ``best`` guard minimises, by objective.
+OBJECTIVE_KEYS = {"latency": "total_us", "energy": "energy_uj", "edp": "edp_js"}
+OBJECTIVE_UNITS = {"latency": "µs", "energy": "µJ", "edp": "J·s"}
 
 
 def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
@@ -276,16 +280,33 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     unless it is faster. The final layer is therefore no slower on the scored steps than any
     candidate.
 
+    Objective (``config.objective``, issue 30): every candidate is also priced by the energy
+    account (``MoESimulator.energy_account``: DRAM, NoC, MACs with tile padding, static power
+    over the layer's time; docs/PHYSICS.md §18) on the same evaluations, and the guard minimises
+    :data:`OBJECTIVE_KEYS` of the objective at every step above (winner, Link Balance, the
+    re-score): under ``energy`` the final layer uses no more energy on the scored steps than
+    any candidate, under ``edp`` it has no higher energy × layer time. The tile local search
+    itself still minimises the expert phase; the re-score keeps the warm start when its result
+    costs more under the objective. Under ``latency`` every choice is the one made before the
+    objective existed (the energy values are recorded beside it).
+
     Returns:
         ``(P, pi, allreduce, guard record, method_costs_us)``; ``method_costs_us`` has the
-        candidates' scores under their method names and ``node-link`` for the final layer.
+        candidates' scores (latency terms, energy and EDP) under their method names and
+        ``node-link`` for the final layer.
     """
     layer, batch = task.layer, config.batch
     s_steps, s_agg, s_lb2 = s_score.spawn(3)
     steps = sample_steps(task.rows, batch, config.score_steps, np.random.default_rng(s_steps))
     scorer = LayerScorer(sim, layer, steps, s_agg)
-    costs = {name: scorer.score(*cands[name]) for name in GUARD_CANDIDATES}
-    winner = min(GUARD_CANDIDATES, key=lambda name: costs[name]["total_us"])
+    account = sim.energy_account(batch)
+    key = OBJECTIVE_KEYS[config.objective]
+
+    def score(P_l: NDArray[np.float64], pi_l: NDArray[np.int64], red: bool) -> dict[str, Any]:
+        return scorer.score(P_l, pi_l, red, account=account)
+
+    costs = {name: score(*cands[name]) for name in GUARD_CANDIDATES}
+    winner = min(GUARD_CANDIDATES, key=lambda name: costs[name][key])
     P_w, pi_w, red_w = cands[winner]
     red_w = red_w or is_tensor_parallel(P_w)
     P_new, pi_new = P_w, pi_w
@@ -298,23 +319,32 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     if not red_w and winner in ("ep", "hybrid"):
         objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
                                      layer, np.random.default_rng(s_lb2.spawn(1)[0]),
-                                     kind=config.lb_objective)
+                                     kind=config.lb_objective, objective=config.objective)
         lb = link_balance(objective, pi_w, sim.topology.endpoint_coords[:sim.hw.num_nodes],
                           method=config.lb_method, n_calls=config.bo_calls, seed=s_lb2,
                           topology=sim.topology)
         pi_new, lb_record = lb.pi, lb.record
-    final = scorer.score(P_new, pi_new, red_w)
-    if pi_new is not pi_w and final["total_us"] > costs[winner]["total_us"]:
+    final = score(P_new, pi_new, red_w)
+    if pi_new is not pi_w and final[key] > costs[winner][key]:
         pi_new = pi_w                                  # the new mapping did not pay: keep it
-        final = scorer.score(P_new, pi_new, red_w)
-    if final["total_us"] > costs[winner]["total_us"]:  # float noise or no gain: the warm start
+        final = score(P_new, pi_new, red_w)
+    if final[key] > costs[winner][key]:  # float noise or no gain: the warm start
         P_new, pi_new, final = P_w, pi_w, costs[winner]
     changed = winner != "nb-lb" or not np.array_equal(P_new, P_w)
     method_costs: dict[str, Any] = {name: costs[name] for name in GUARD_CANDIDATES}
     method_costs["node-link"] = final
+    unit_name = OBJECTIVE_UNITS[config.objective]
     guard = {"kind": "best", "applied": bool(changed), "warm_start": winner,
+             "objective": config.objective,
              "score_steps": int(config.score_steps), "local_search": ls_record,
              "link_balance": lb_record, "allreduce": bool(red_w),
-             "reason": f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
-                       f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs"}
+             "reason": f"warm start {winner} ({costs[winner][key]:.4g} {unit_name} on "
+                       f"{config.score_steps} sampled steps) -> {final[key]:.4g} {unit_name}"}
+    if config.objective == "latency":   # the reason text of latency placements is unchanged
+        guard["reason"] = (f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
+                           f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs")
+    else:
+        latency_winner = min(GUARD_CANDIDATES, key=lambda name: costs[name]["total_us"])
+        guard["latency_winner"] = latency_winner
+        guard["latency_cost_us"] = final["total_us"] - costs[latency_winner]["total_us"]
     return P_new, pi_new, bool(red_w), guard, method_costs
