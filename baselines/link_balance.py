@@ -15,14 +15,14 @@ frequency-weighted mean, over groups touching ≥ 2 clusters, of the minimum-spa
 of the group's endpoints, with distances = hops weighted by inverse relative link bandwidth
 (Manhattan distance on a mesh).
 
-Energy objectives (docs/PHYSICS.md §18, issue 30): ``objective="energy"`` scores a mapping by
-the NoC energy of the same DES run, Σ_links busy time × bandwidth × 8 × ``noc_pj_per_bit_hop``
-(= Σ_messages bytes · hops · e_hop, exact whatever the switching, ``cost.energy.link_byte_hops``),
-in joules; ``objective="edp"`` by that energy × the DES makespan (J·s). The mapping changes
-nothing else of the layer's energy (DRAM, MACs and the non-MoE terms do not depend on it), so
-the NoC energy is the part of the layer's energy that Link Balance can move; the ``edp`` value
-is the product of the two quantities the mapping changes, not the layer's EDP. ``mst`` is a
-latency proxy and accepts only ``objective="latency"``.
+Energy objectives (docs/PHYSICS.md §18, issue 30): the mapping changes two parts of a layer's
+energy, the NoC bits and the time the layer takes (static power of every node); DRAM bytes and
+MACs do not depend on it. ``objective="energy"`` scores a mapping by both, from the same DES
+run: 8·e_hop·Σ_links busy time × bandwidth (= Σ_messages bytes · hops · e_hop, exact whatever
+the switching, ``cost.energy.link_byte_hops``) + P_static·D·makespan, in joules;
+``objective="edp"`` by that energy × the makespan (J·s: the product of what the mapping
+changes, not the layer's EDP). ``mst`` is a latency proxy and accepts only
+``objective="latency"``.
 
 Optimisers, behind one interface (``link_balance``), each returning the best *evaluated* mapping
 (never worse than the start π0 as evaluated during the search), the history of objective values
@@ -167,7 +167,8 @@ class MappingObjective:
         agg: Aggregator cluster per group (int [G]); drawn with ``rng`` when None. Used for
             every evaluation under ``lb_noise = "crn"``.
         objective: ``"latency"`` (the makespan, s), ``"energy"`` (the NoC energy of the DES
-            run, J) or ``"edp"`` (that energy × the makespan, J·s); ``des`` only.
+            run plus the static energy of all nodes over its makespan, J) or ``"edp"`` (that
+            energy × the makespan, J·s); ``des`` only.
 
     Raises:
         ConfigError: Unknown kind or objective, or ``mst`` with an energy objective.
@@ -205,11 +206,13 @@ class MappingObjective:
         self.dist = endpoint_distances(sim.topology) if kind == "mst" else None
         self.evaluations = 0
         self.last_link_busy: NDArray[np.float64] | None = None
-        self._j_per_byte_hop = 0.0
+        self._j_per_byte_hop = self._static_w = 0.0
         if objective != "latency":
             from hdamoe_env.cost import energy
 
             self._j_per_byte_hop = float(energy.noc_energy_j(1.0, sim.energy_spec))
+            self._static_w = float(energy.static_energy_j(1.0, sim.hw.num_nodes,
+                                                          sim.energy_spec))
 
     @property
     def deterministic(self) -> bool:
@@ -237,9 +240,9 @@ class MappingObjective:
         self.last_link_busy = res.link_busy_s.sum(axis=0)
         if self.objective == "latency":
             return res.total_s
-        noc_j = float(np.dot(self.last_link_busy, self.sim.topology.link_bw_Bps)
-                      ) * self._j_per_byte_hop
-        return noc_j if self.objective == "energy" else noc_j * res.total_s
+        joules = float(np.dot(self.last_link_busy, self.sim.topology.link_bw_Bps)
+                       ) * self._j_per_byte_hop + self._static_w * res.total_s
+        return joules if self.objective == "energy" else joules * res.total_s
 
 
 # --------------------------------------------------------------------------------------------

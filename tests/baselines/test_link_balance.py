@@ -99,7 +99,8 @@ def test_mst_proxy(setup):
 
 
 def test_energy_objectives_price_the_des_run(setup):
-    """energy = Σ_links busy·BW·8·e_hop of the same DES run; edp = that × the makespan."""
+    """energy = Σ_links busy·BW·8·e_hop + P_static·D·makespan of the same DES run; edp = that ×
+    the makespan."""
     from hdamoe_env.cost import energy
 
     sim, support, groups, freqs, pi0 = setup
@@ -114,6 +115,7 @@ def test_energy_objectives_price_the_des_run(setup):
                              objective="energy")
     edp = lb.MappingObjective(sim, support, groups, freqs, 128, 0, np.random.default_rng(1),
                               objective="edp")
+    want += sim.energy_spec.static_w_per_node * sim.hw.num_nodes * t
     assert en(pi0) == pytest.approx(want, rel=1e-12)
     assert edp(pi0) == pytest.approx(want * t, rel=1e-12)
     res = lb.link_balance(en, pi0, sim.topology.endpoint_coords, method="local", n_calls=10,
