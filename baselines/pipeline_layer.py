@@ -35,6 +35,7 @@ speed; the record says when that happened.)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -123,6 +124,11 @@ def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: ND
             "mode": res.mode}
 
 
+def _fresh(ss: np.random.SeedSequence) -> np.random.SeedSequence:
+    """The same seed sequence with no children spawned yet (so two users get equal streams)."""
+    return np.random.SeedSequence(ss.entropy, spawn_key=ss.spawn_key, pool_size=ss.pool_size)
+
+
 def _layer_dram_budget(config: PlaceConfig) -> float | None:
     """[decision] With ``node_dram_gib`` set, every layer gets an equal share of each node's DRAM."""
     cap = config.hardware.node_dram_bytes
@@ -166,20 +172,32 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     if conv.lb_noise == "crn":
         agg = linksim.choose_aggregators(groups, support, conv.aggregator,
                                          np.random.default_rng(eval_streams[0]))
+    # [decision] under an energy/EDP objective the best guard also gets the latency pipeline's
+    # own choice as a candidate (its Link Balance first: same seeds as a latency run), so the
+    # layer never costs more under the objective than the latency placement would
+    latency_too = (config.objective != "latency" and config.guard == "best"
+                   and not conv.is_paper)
+    pi_lat: NDArray[np.int64] | None = None
     t0 = time.perf_counter()
     if is_tensor_parallel(P):
         pi = pi0.copy()
         lb_record: dict[str, Any] = {"optimiser": None, "skipped": "TP shares: every cluster "
                                      "holds every expert, the mapping does not matter"}
         lb_history: list[float] = []
+        pi_lat = pi
     else:
-        objective = MappingObjective(sim, support, groups, fg, batch, layer,
-                                     np.random.default_rng(s_lb.spawn(1)[0]),
-                                     kind=config.lb_objective, agg=agg,
-                                     objective=config.objective)
-        lb = link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
-                          method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
-                          topology=sim.topology)
+        def run_lb(objective_name: str) -> Any:
+            objective = MappingObjective(sim, support, groups, fg, batch, layer,
+                                         np.random.default_rng(s_lb.spawn(1)[0]),
+                                         kind=config.lb_objective, agg=agg,
+                                         objective=objective_name)
+            return link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
+                                method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
+                                topology=sim.topology)
+
+        if latency_too:
+            pi_lat = run_lb("latency").pi
+        lb = run_lb(config.objective)
         pi = lb.pi
         lb_record, lb_history = lb.record, lb.history
     timings["link_balance_s"] = time.perf_counter() - t0
@@ -222,8 +240,19 @@ def place_layer(task: LayerTask) -> LayerOutcome:
                                                  identity_mapping(1, D)[0], False),
                  "tp-tiled": (P_tiled, identity_mapping(1, D)[0], True),
                  "ep": (task.ep_P, pi0, False), "hybrid": (hyb.P_layer, hyb.pi_layer, False)}
+        extra = None
+        if latency_too:
+            assert pi_lat is not None
+            lat_cfg = dataclasses.replace(config, objective="latency")
+            P_l, pi_l, red_l, guard_l, _ = _best_guard(
+                sim, lat_cfg, task, {**cands, "nb-lb": (P, pi_lat, False)}, unit,
+                _fresh(s_score))
+            extra = {LATENCY_CHOICE: (P_l, pi_l, red_l)}
         P_final, pi_final, red_final, guard, method_costs = _best_guard(
-            sim, config, task, cands, unit, s_score)
+            sim, config, task, cands, unit, _fresh(s_score), extra=extra)
+        if latency_too:
+            guard["latency_choice"] = {"warm_start": guard_l["warm_start"],
+                                       "reason": guard_l["reason"]}
         if guard["applied"]:
             guard["node_link_raw_us"] = lat["node_link"]
             lat["node_link"] = evaluate_layer(sim, P_final, pi_final, layer, f, groups, fg,
@@ -259,6 +288,8 @@ def place_layer(task: LayerTask) -> LayerOutcome:
 
 #: Candidates of the ``best`` guard, by the name its records use (``method_costs_us``).
 GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
+#: The extra candidate of an energy/EDP run: the layer the latency objective chooses.
+LATENCY_CHOICE = "latency-choice"
 #: The value of a ``LayerScorer.score`` dict the ``best`` guard minimises, by objective.
 OBJECTIVE_KEYS = {"latency": "total_us", "energy": "energy_uj", "edp": "edp_js"}
 OBJECTIVE_UNITS = {"latency": "µs", "energy": "µJ", "edp": "J·s"}
@@ -266,8 +297,9 @@ OBJECTIVE_UNITS = {"latency": "µs", "energy": "µJ", "edp": "J·s"}
 
 def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
                 cands: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], bool]],
-                unit: float | None, s_score: np.random.SeedSequence
-                ) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
+                unit: float | None, s_score: np.random.SeedSequence, *,
+                extra: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], bool]] | None
+                = None) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
                            dict[str, Any]]:
     """The ``best`` guard: score, warm-start, tile local search, Link Balance, re-score.
 
@@ -290,6 +322,9 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     costs more under the objective. Under ``latency`` every choice is the one made before the
     objective existed (the energy values are recorded beside it).
 
+    ``extra``: further candidates after those of :data:`GUARD_CANDIDATES` (an energy/EDP run
+    passes :data:`LATENCY_CHOICE`, the layer this guard chooses under ``latency``).
+
     Returns:
         ``(P, pi, allreduce, guard record, method_costs_us)``; ``method_costs_us`` has the
         candidates' scores (latency terms, energy and EDP) under their method names and
@@ -305,8 +340,10 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     def score(P_l: NDArray[np.float64], pi_l: NDArray[np.int64], red: bool) -> dict[str, Any]:
         return scorer.score(P_l, pi_l, red, account=account)
 
-    costs = {name: score(*cands[name]) for name in GUARD_CANDIDATES}
-    winner = min(GUARD_CANDIDATES, key=lambda name: costs[name][key])
+    names = GUARD_CANDIDATES + tuple(extra or ())
+    cands = {**cands, **(extra or {})}
+    costs = {name: score(*cands[name]) for name in names}
+    winner = min(names, key=lambda name: costs[name][key])
     P_w, pi_w, red_w = cands[winner]
     red_w = red_w or is_tensor_parallel(P_w)
     P_new, pi_new = P_w, pi_w
@@ -331,7 +368,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     if final[key] > costs[winner][key]:  # float noise or no gain: the warm start
         P_new, pi_new, final = P_w, pi_w, costs[winner]
     changed = winner != "nb-lb" or not np.array_equal(P_new, P_w)
-    method_costs: dict[str, Any] = {name: costs[name] for name in GUARD_CANDIDATES}
+    method_costs: dict[str, Any] = {name: costs[name] for name in names}
     method_costs["node-link"] = final
     unit_name = OBJECTIVE_UNITS[config.objective]
     guard = {"kind": "best", "applied": bool(changed), "warm_start": winner,
@@ -344,7 +381,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         guard["reason"] = (f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
                            f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs")
     else:
-        latency_winner = min(GUARD_CANDIDATES, key=lambda name: costs[name]["total_us"])
+        latency_winner = min(names, key=lambda name: costs[name]["total_us"])
         guard["latency_winner"] = latency_winner
         guard["latency_cost_us"] = final["total_us"] - costs[latency_winner]["total_us"]
     return P_new, pi_new, bool(red_w), guard, method_costs

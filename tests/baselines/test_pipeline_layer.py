@@ -75,8 +75,9 @@ def test_best_guard_picks_the_candidate_of_the_objective(cfg, monkeypatch, objec
 
 
 def test_energy_objective_never_uses_more_energy_than_the_latency_choice(cfg, trace, tmp_path):
-    """Tiny model, 2 layers: same scored steps in both runs (same seed); the energy run's final
-    layer uses no more energy than any candidate or the latency run's final layer."""
+    """Tiny model, 2 layers: same scored steps in both runs (same seed); the energy run scores
+    the latency run's choice as a candidate (``latency-choice``, equal to the latency run's
+    final layer), and its final layer uses no more energy than any candidate."""
     runs = {obj: run_pipeline(dataclasses.replace(cfg, objective=obj), tmp_path / obj,
                               trace=trace) for obj in ("latency", "energy")}
     differs = False
@@ -85,6 +86,7 @@ def test_energy_objective_never_uses_more_energy_than_the_latency_choice(cfg, tr
         en = runs["energy"].layers[layer].record["method_costs_us"]
         for name in ("tp", "tp-tiled", "ep", "hybrid"):   # objective-free candidates agree
             assert en[name] == lat[name]
+        assert en["latency-choice"] == lat["node-link"]     # the latency pipeline's layer
         assert en["node-link"]["energy_uj"] <= min(en[m]["energy_uj"] for m in en) + 1e-12
         assert en["node-link"]["energy_uj"] <= lat["node-link"]["energy_uj"] + 1e-12
         assert lat["node-link"]["total_us"] <= min(lat[m]["total_us"] for m in lat) + 1e-9
