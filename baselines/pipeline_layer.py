@@ -23,6 +23,14 @@ always-feasible Node-Balance start) with the static evaluator and keeps TP for t
 Node+Link is slower (``guard="tp"``, recorded per layer with both numbers; ``guard=None`` turns
 it off). The ``node_balance`` column and artifact always hold Node Balance's own result.
 
+Objective (``PlaceConfig.objective``, issue 30): ``latency`` is the paper's. Under ``energy`` or
+``edp`` Link Balance minimises what the mapping changes of the layer's energy (or EDP;
+``baselines.link_balance``), and the ``best`` guard picks by the energy account's layer energy
+(or EDP) among its candidates plus ``latency-choice``, the layer the latency pipeline chooses
+(its Link Balance and guard are run first with the same seeds), so the chosen layer never costs
+more under the objective than the latency one on the scored steps, and the record shows what
+it costs in latency.
+
 Determinism: ``SeedSequence(seed).spawn(L + 1)`` — child l drives layer l (spawned again into the
 streams of π_0, the γ fit, Node Balance, Link Balance, the evaluations and the hybrid), child L
 the run-level EP shares. A layer's result therefore does not depend on which other layers run
