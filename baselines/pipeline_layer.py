@@ -26,10 +26,10 @@ it off). The ``node_balance`` column and artifact always hold Node Balance's own
 Objective (``PlaceConfig.objective``, issue 30): ``latency`` is the paper's. Under ``energy`` or
 ``edp`` Link Balance minimises what the mapping changes of the layer's energy (or EDP;
 ``baselines.link_balance``), and the ``best`` guard picks by the energy account's layer energy
-(or EDP) among its candidates plus ``latency-choice``, the layer the latency pipeline chooses
-(its Link Balance and guard are run first with the same seeds), so the chosen layer never costs
-more under the objective than the latency one on the scored steps, and the record shows what
-it costs in latency.
+(or EDP) among its candidates, then compares its result with ``latency-choice``, the layer the
+latency pipeline chooses (its Link Balance and guard are run first with the same seeds), and
+keeps the cheaper: the chosen layer never costs more under the objective than the latency one
+on the scored steps, and the record shows what it costs in latency.
 
 Determinism: ``SeedSequence(seed).spawn(L + 1)`` — child l drives layer l (spawned again into the
 streams of π_0, the γ fit, Node Balance, Link Balance, the evaluations and the hybrid), child L
@@ -330,8 +330,10 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     costs more under the objective. Under ``latency`` every choice is the one made before the
     objective existed (the energy values are recorded beside it).
 
-    ``extra``: further candidates after those of :data:`GUARD_CANDIDATES` (an energy/EDP run
-    passes :data:`LATENCY_CHOICE`, the layer this guard chooses under ``latency``).
+    ``extra``: floors, scored after the search and taken instead of its result when they cost
+    less under the objective (an energy/EDP run passes :data:`LATENCY_CHOICE`, the layer this
+    guard chooses under ``latency``; it is not a warm start, so the search still starts from
+    the best of :data:`GUARD_CANDIDATES`). ``warm_start`` then names the floor.
 
     Returns:
         ``(P, pi, allreduce, guard record, method_costs_us)``; ``method_costs_us`` has the
@@ -348,8 +350,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     def score(P_l: NDArray[np.float64], pi_l: NDArray[np.int64], red: bool) -> dict[str, Any]:
         return scorer.score(P_l, pi_l, red, account=account)
 
-    names = GUARD_CANDIDATES + tuple(extra or ())
-    cands = {**cands, **(extra or {})}
+    names = GUARD_CANDIDATES
     costs = {name: score(*cands[name]) for name in names}
     winner = min(names, key=lambda name: costs[name][key])
     P_w, pi_w, red_w = cands[winner]
@@ -375,11 +376,17 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         final = score(P_new, pi_new, red_w)
     if final[key] > costs[winner][key]:  # float noise or no gain: the warm start
         P_new, pi_new, final = P_w, pi_w, costs[winner]
-    changed = winner != "nb-lb" or not np.array_equal(P_new, P_w)
-    method_costs: dict[str, Any] = {name: costs[name] for name in names}
+    kept = None
+    for name, (P_x, pi_x, red_x) in (extra or {}).items():   # floors: kept when better
+        costs[name] = score(P_x, pi_x, red_x)
+        if costs[name][key] < final[key]:
+            P_new, pi_new, final, kept = P_x, pi_x, costs[name], name
+            red_w = red_x or is_tensor_parallel(P_x)
+    changed = kept is not None or winner != "nb-lb" or not np.array_equal(P_new, P_w)
+    method_costs: dict[str, Any] = {name: costs[name] for name in costs}
     method_costs["node-link"] = final
     unit_name = OBJECTIVE_UNITS[config.objective]
-    guard = {"kind": "best", "applied": bool(changed), "warm_start": winner,
+    guard = {"kind": "best", "applied": bool(changed), "warm_start": kept or winner,
              "objective": config.objective,
              "score_steps": int(config.score_steps), "local_search": ls_record,
              "link_balance": lb_record, "allreduce": bool(red_w),
@@ -389,7 +396,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         guard["reason"] = (f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
                            f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs")
     else:
-        latency_winner = min(names, key=lambda name: costs[name]["total_us"])
+        latency_winner = min(costs, key=lambda name: costs[name]["total_us"])
         guard["latency_winner"] = latency_winner
         guard["latency_cost_us"] = final["total_us"] - costs[latency_winner]["total_us"]
     return P_new, pi_new, bool(red_w), guard, method_costs
