@@ -12,7 +12,7 @@ re-runs the selection, cheaply, at the batch of the evaluation:
   ``place_batch``, ``node-link@B<place_batch>``) and the raw Node + Link Balance layer
   (``nb-lb``).
 * **Scoring**: :class:`baselines.node_balance.local_search.LayerScorer` (the evaluator's own
-  cost, t_comp + t_comm_moe) on :attr:`BatchGuardSpec.steps` independent decode steps of
+  cost, t_comp + t_comm_moe) on :meth:`BatchGuardSpec.steps_for` independent decode steps of
   ``batch`` rows, each formed as the env forms its steps (B request streams at random
   positions, :func:`guard_steps`) from the trace the placement was optimised on, with the
   guard's own seed — never the benchmark's evaluation episodes — and one aggregator stream per
@@ -76,8 +76,16 @@ class BatchGuardSpec:
     """The batch guard's budget and selection rule (module docstring).
 
     Attributes:
-        steps: Sampled decode steps every candidate is scored on (≥ 2: the rule needs a
-            standard error).
+        steps: Sampled decode steps every candidate is scored on at B ≥ ``min_tokens`` /
+            ``steps`` (≥ 2: the rule needs a standard error); smaller batches get more steps
+            (:meth:`steps_for`).
+        min_tokens: Tokens the scored steps hold at least, up to ``max_steps`` steps
+            [decision, 1024: at B = 16 a tile boundary crossed by one expert's token count
+            (9 of 16 tokens on one node doubles its tile-padded compute) happens in a few
+            percent of steps; 16 steps missed it in Mixtral layer 3 and picked EP there,
+            which then lost 0.1 % of TBT on the benchmark's episodes; 64 steps (1024 tokens)
+            keep TP in every layer under two guard seeds].
+        max_steps: Upper bound of :meth:`steps_for` (bounds the cost at B = 1 … 8).
         margin: Relative gain over the best baseline an optimised layer must exceed
             [decision, 0.5 %: the size of the differences between the pipeline's
             candidates that 16 steps resolve (module docstring)].
@@ -90,14 +98,30 @@ class BatchGuardSpec:
     margin: float = 0.005
     z: float = 2.0
     seed: int = 0
+    min_tokens: int = 1024
+    max_steps: int = 128
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
             raise ConfigError(f"batch guard steps must be an integer >= 2, got {self.steps!r}")
+        for name in ("min_tokens", "max_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"batch guard {name} must be an integer >= 0, got {value!r}")
+        if self.max_steps < self.steps:
+            raise ConfigError(f"batch guard max_steps={self.max_steps} is below steps="
+                              f"{self.steps}; raise max_steps or lower steps")
         if not (0.0 <= self.margin < 1.0) or not np.isfinite(self.margin):
             raise ConfigError(f"batch guard margin must be in [0, 1), got {self.margin!r}")
         if not (self.z >= 0.0) or not np.isfinite(self.z):
             raise ConfigError(f"batch guard z must be >= 0, got {self.z!r}")
+
+
+    def steps_for(self, batch: int) -> int:
+        """Scored steps at ``batch``: ``steps``, raised to hold ``min_tokens`` tokens, at most
+        ``max_steps`` (64 at B = 16, 32 at B = 32, 16 from B = 64 with the defaults)."""
+        need = -(-self.min_tokens // max(int(batch), 1))
+        return int(min(self.max_steps, max(self.steps, need)))
 
 
 def _layer_arrays(pl: Placement, layer: int) -> tuple[NDArray[np.float64], NDArray[np.int64],
@@ -168,7 +192,8 @@ def batch_guard(sim: MoESimulator, baselines: Mapping[str, Placement],
     L, E, D = next(iter(shapes))
     t0 = time.perf_counter()
     streams = np.random.SeedSequence([spec.seed, GUARD_STREAM]).spawn(L + 1)
-    rows = guard_steps(trace, batch, spec.steps, np.random.default_rng(streams[L]), view=view)
+    n_steps = spec.steps_for(batch)
+    rows = guard_steps(trace, batch, n_steps, np.random.default_rng(streams[L]), view=view)
     per_step: list[dict[str, NDArray[np.float64]]] = []
     costs: dict[str, dict[str, Any]] = {}
     for layer in range(L):
@@ -215,11 +240,12 @@ def batch_guard(sim: MoESimulator, baselines: Mapping[str, Placement],
                                    "margin_us": spec.margin * base}
         winners[str(layer)] = winner
     meta = {"batch_guard": {
-        "format": GUARD_FORMAT, "batch": int(batch), **asdict(spec), "default": default,
+        "format": GUARD_FORMAT, "batch": int(batch), **asdict(spec), "scored_steps": n_steps,
+        "default": default,
         "rule": (f"every layer keeps the baseline of {list(names_b)} with the lowest summed "
                  f"cost ({default}) unless another candidate ({list(cands)}) is faster in "
                  f"that layer by more than {spec.margin:.2%} and {spec.z:g} standard errors "
-                 f"of the paired per-step differences on {spec.steps} sampled steps"),
+                 f"of the paired per-step differences on {n_steps} sampled steps"),
         "method_costs_us": costs, "winner": winners,
         "winner_counts": guard_summary(winners), "wall_s": time.perf_counter() - t0}}
     return Placement(P=P, pi=pi, method="node_link", meta=meta,

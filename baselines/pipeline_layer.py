@@ -55,7 +55,8 @@ from numpy.typing import NDArray
 from baselines.link_balance import MappingObjective, link_balance
 from baselines.node_balance.milp import node_balance
 from baselines.pipeline_config import PlaceConfig
-from baselines.node_balance.local_search import LayerScorer, sample_steps, tile_local_search
+from baselines.node_balance.local_search import (LayerScorer, ScoredMapping, sample_steps,
+                                                 tile_local_search)
 from baselines.static import evaluate_hybrid, hybrid_layer, layer_placement
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.noc import linksim
@@ -294,6 +295,33 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     return LayerOutcome(layer, arrays, record)
 
 
+class _ScoredEnergy(ScoredMapping):
+    """:class:`ScoredMapping` under an energy objective: what the mapping changes of the layer's
+    energy on the scored steps (mean NoC energy of the MoE communication plus static power of
+    all nodes over its time, J; ``edp``: × the mean communication time, J·s), as
+    ``MappingObjective`` prices one DES run (``baselines.link_balance``)."""
+
+    def __init__(self, scorer: LayerScorer, P_layer: NDArray[np.float64], allreduce: bool,
+                 objective: str) -> None:
+        super().__init__(scorer, P_layer, allreduce)
+        from hdamoe_env.cost import energy
+
+        sim = scorer.sim
+        self.objective = objective
+        self._k_noc = float(energy.noc_energy_j(1.0, sim.energy_spec))
+        self._static_w = float(energy.static_energy_j(1.0, sim.hw.num_nodes, sim.energy_spec))
+        self._bw = sim.topology.link_bw_Bps
+        self._steps = int(scorer.step_sets.shape[0])
+
+    def __call__(self, pi: NDArray[np.int64]) -> float:
+        """The objective (J or J·s) of mapping ``pi`` on the scored steps."""
+        comm_s = super().__call__(pi)
+        busy = self.last_link_busy          # summed over the steps
+        noc_j = 0.0 if busy is None else float(np.dot(busy, self._bw)) * self._k_noc / self._steps
+        joules = noc_j + self._static_w * comm_s
+        return joules if self.objective == "energy" else joules * comm_s
+
+
 #: Candidates of the ``best`` guard, by the name its records use (``method_costs_us``).
 GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
 #: The extra candidate of an energy/EDP run: the layer the latency objective chooses.
@@ -316,7 +344,8 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     (``local_search.LayerScorer``, common random numbers); the best one (ties: the order of
     :data:`GUARD_CANDIDATES`) is the warm start of ``tile_local_search`` (tile-model profiles);
     Link Balance then optimises the mapping of the result when the warm start's mapping was not
-    optimised for its support (EP, hybrid); the result is re-scored and the warm start kept
+    optimised for its support (EP, hybrid), on the scored steps themselves
+    (``local_search.ScoredMapping``; the ``mst`` proxy when ``lb_objective`` says so); the result is re-scored and the warm start kept
     unless it is faster. The final layer is therefore no slower on the scored steps than any
     candidate.
 
@@ -363,9 +392,14 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         P_new, ls_record = ls.P_layer, ls.record
     lb_record: dict[str, Any] | None = None
     if not red_w and winner in ("ep", "hybrid"):
-        objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
-                                     layer, np.random.default_rng(s_lb2.spawn(1)[0]),
-                                     kind=config.lb_objective, objective=config.objective)
+        objective: Any
+        if config.lb_objective == "des":             # the guard's own steps (ScoredMapping)
+            objective = (ScoredMapping(scorer, P_new, red_w) if config.objective == "latency"
+                         else _ScoredEnergy(scorer, P_new, red_w, config.objective))
+        else:
+            objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
+                                         layer, np.random.default_rng(s_lb2.spawn(1)[0]),
+                                         kind=config.lb_objective, objective=config.objective)
         lb = link_balance(objective, pi_w, sim.topology.endpoint_coords[:sim.hw.num_nodes],
                           method=config.lb_method, n_calls=config.bo_calls, seed=s_lb2,
                           topology=sim.topology)

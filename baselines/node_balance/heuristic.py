@@ -13,6 +13,11 @@ up), and the re-balancing LP's result is snapped (largest remainder) and repaire
 result and the snapped LP result (repaired when the rounding broke a cap), followed by a second
 local-search pass from it when it won; so the heuristic's objective is never worse than the
 snapped LP result re-scored.
+
+Speed: each step scores all candidate moves in one compiled scan (O(D) per move, since a move
+changes node times and group mass only at its two clusters), with the per-expert gain/loss of
+group mass kept in tables refreshed only where a move changed the holder counts; it keeps the
+move the original trial-by-trial scan keeps (tested).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
+from numba import njit
 from numpy.typing import NDArray
 
 from baselines.node_balance.model import (
@@ -59,6 +65,10 @@ class _State:
         self.P = to_grid(self.P, coeffs)
         self.fg = np.asarray(group_freqs, dtype=np.float64)
         self.groups_of = [np.flatnonzero(member[:, i]) for i in range(member.shape[1])]
+        self.group_ptr = np.zeros(member.shape[1] + 1, dtype=np.int64)
+        self.group_ptr[1:] = np.cumsum([g.size for g in self.groups_of])
+        self.group_idx = (np.concatenate(self.groups_of).astype(np.int64)
+                          if self.groups_of else np.zeros(0, dtype=np.int64))
         self.count = member.astype(np.int32).T.copy()                      # [E, G] helper
         self.cnt = (member.astype(np.int32) @ (self.P > 0).astype(np.int32))  # [G, D]
         self.load = coeffs.freqs @ self.P
@@ -67,6 +77,21 @@ class _State:
         self.mass = self.fg @ (self.cnt > 0)
         self.mem_cap = coeffs.mem_cap if coeffs.mem_cap is not None else np.full(
             self.P.shape[1], np.inf)
+        self.member = member
+        E, D = self.P.shape
+        self.gain = np.zeros((E, D))
+        self.loss = np.zeros((E, D))
+        _gain_loss(np.arange(E, dtype=np.int64), np.arange(D, dtype=np.int64), self.group_ptr,
+                   self.group_idx, self.fg, self.cnt, self.gain, self.loss)
+
+    def _refresh(self, i: int, cols: list[int]) -> None:
+        """Recompute gain/loss where cnt changed: the experts sharing a group with i, at cols."""
+        idx = self.groups_of[i]
+        if not cols or idx.size == 0:
+            return
+        experts = np.flatnonzero(self.member[idx].any(axis=0)).astype(np.int64)
+        _gain_loss(experts, np.asarray(cols, dtype=np.int64), self.group_ptr, self.group_idx,
+                   self.fg, self.cnt, self.gain, self.loss)
 
     def node_time(self) -> NDArray[np.float64]:
         return np.maximum(self.c.alpha_us * self.load, self.c.beta_us * self.act)
@@ -116,7 +141,8 @@ class _State:
         full = self.P[i, src] - amount <= _SHARE_EPS
         if full:
             amount = self.P[i, src]
-        if self.P[i, dst] <= 0:
+        new = bool(self.P[i, dst] <= 0)
+        if new:
             idx = self.groups_of[i]
             self.cnt[idx, dst] += 1
             self.mass[dst] = self.fg @ (self.cnt[:, dst] > 0)
@@ -132,6 +158,7 @@ class _State:
         self.load = c.freqs @ self.P
         self.act = c.active @ self.P
         self.mem = self.P.sum(axis=0)
+        self._refresh(i, ([dst] if new else []) + ([src] if full else []))
 
 
 def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -143,7 +170,11 @@ def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 def _candidate_moves(st: _State, u: NDArray[np.float64], w: NDArray[np.float64]
                      ) -> list[tuple[int, int, int, float]]:
-    """Moves out of the compute- and the communication-bottleneck clusters."""
+    """Moves out of the compute- and the communication-bottleneck clusters.
+
+    The reference enumeration: the search scores the same moves, in the same order, with the
+    compiled :func:`_best_move` (tested equal to scoring each with :meth:`_State.trial`).
+    """
     c = st.c
     D = st.P.shape[1]
     unit = c.unit
@@ -175,6 +206,159 @@ def _candidate_moves(st: _State, u: NDArray[np.float64], w: NDArray[np.float64]
                     if n * unit < share - 1e-9:
                         moves.append((int(i), src, dst, n * unit))
     return moves
+
+
+def _move_arrays(st: _State, u: NDArray[np.float64]
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                            NDArray[np.float64]]:
+    """The moves of :func:`_candidate_moves` as arrays (expert, src, dst, amount), same order."""
+    c = st.c
+    D = st.P.shape[1]
+    unit = c.unit
+    order_u = np.argsort(-u)
+    order_w = np.argsort(-(c.kappa_us * st.mass))
+    sources = {int(order_u[0]), int(order_w[0])}
+    if D > 1:
+        sources.add(int(order_u[1]))
+    parts: list[tuple[NDArray[np.int64], ...]] = []
+    for src in sources:
+        held = np.flatnonzero(st.P[:, src] > 0)
+        dst = np.array([d for d in range(D) if d != src], dtype=np.int64)
+        if held.size == 0 or dst.size == 0:
+            continue
+        share = st.P[held, src]
+        rate = np.maximum(np.maximum(c.alpha_us * c.freqs[held], c.beta_us * c.active[held]),
+                          1e-12)
+        eq = (u[src] - u[dst])[None, :] / (2 * rate[:, None])          # [H, D-1]
+        H, K = held.size, dst.size
+        amt = np.zeros((H, K, 3))
+        ok = np.zeros((H, K, 3), dtype=bool)
+        amt[:, :, 0] = share[:, None]                                    # the whole shard
+        ok[:, :, 0] = True
+        if unit is None:
+            amt[:, :, 1] = eq
+            ok[:, :, 1] = (eq > 1e-6) & (eq < share[:, None] - 1e-6)
+        else:
+            lo = np.floor(eq / unit + 1e-9)
+            pos = eq > 1e-6
+            n1 = np.maximum(lo, 1.0)                                     # sorted({max(lo,1), lo+1})
+            n2 = lo + 1.0
+            amt[:, :, 1] = n1 * unit
+            amt[:, :, 2] = n2 * unit
+            ok[:, :, 1] = pos & (n1 * unit < share[:, None] - 1e-9)
+            ok[:, :, 2] = pos & (n2 != n1) & (n2 * unit < share[:, None] - 1e-9)
+        ii = np.broadcast_to(held[:, None, None], ok.shape)[ok]
+        dd = np.broadcast_to(dst[None, :, None], ok.shape)[ok]
+        parts.append((ii, np.full(ii.size, src, dtype=np.int64), dd, amt[ok]))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, np.zeros(0)
+    return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
+
+
+@njit(cache=True)
+def _gain_loss(experts: NDArray[np.int64], cols: NDArray[np.int64], ptr: NDArray[np.int64],
+               gidx: NDArray[np.int64], fg: NDArray[np.float64], cnt: NDArray[np.int32],
+               gain: NDArray[np.float64], loss: NDArray[np.float64]) -> None:
+    """Recompute ``gain``/``loss`` [E, D] at ``experts`` × ``cols`` in place.
+
+    gain[i, d]: the group mass cluster d gains by becoming a holder of expert i (groups of i
+    it touches no expert of yet); loss[i, d]: what it loses when its last holder of a group
+    of i goes (groups of i it touches exactly once).
+    """
+    for i in experts:
+        for d in cols:
+            g_sum = 0.0
+            l_sum = 0.0
+            for q in range(ptr[i], ptr[i + 1]):
+                n = cnt[gidx[q], d]
+                if n == 0:
+                    g_sum += fg[gidx[q]]
+                elif n == 1:
+                    l_sum += fg[gidx[q]]
+            gain[i, d] = g_sum
+            loss[i, d] = l_sum
+
+
+@njit(cache=True)
+def _scan_moves(ii: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
+                amt: NDArray[np.float64], p_src: NDArray[np.float64],
+                p_dst: NDArray[np.float64], gain_dst: NDArray[np.float64],
+                loss_src: NDArray[np.float64], load: NDArray[np.float64],
+                act: NDArray[np.float64], mass: NDArray[np.float64], mem: NDArray[np.float64],
+                mem_cap: NDArray[np.float64], freqs: NDArray[np.float64],
+                active: NDArray[np.float64], alpha: float, beta: float, kappa: float,
+                cf: float, load_cap: float, obj0: float, sec0: float) -> int:
+    """Index of the move a first-to-last scan with :func:`_better` keeps, or -1.
+
+    Each move is scored as :meth:`_State.trial` does: the node times and the group mass
+    change only at its source and destination, so a move costs O(D) without copies.
+    """
+    D = load.shape[0]
+    best_obj, best_sec = obj0, sec0
+    best = -1
+    u = np.empty(D)
+    w = np.empty(D)
+    for m in range(ii.size):
+        i, s, t, x = ii[m], src[m], dst[m], amt[m]
+        f = freqs[i]
+        a = active[i]
+        load_d = load[t] + f * x
+        if load_d > load_cap + _TOL or mem[t] + x > mem_cap[t] + _TOL:
+            continue
+        umax = -np.inf
+        wmax = -np.inf
+        for d in range(D):
+            if d == s:
+                ud = max(alpha * (load[d] - f * x), beta * (act[d] - a * x))
+                md = mass[d] - loss_src[m] if p_src[m] - x <= _SHARE_EPS else mass[d]
+            elif d == t:
+                ud = max(alpha * load_d, beta * (act[d] + a * x))
+                md = mass[d] + gain_dst[m] if p_dst[m] <= 0 else mass[d]
+            else:
+                ud = max(alpha * load[d], beta * act[d])
+                md = mass[d]
+            u[d] = ud
+            w[d] = cf * (kappa * md)
+            umax = max(umax, ud)
+            wmax = max(wmax, w[d])
+        obj = umax + wmax
+        tol = max(1.0, abs(best_obj))
+        if obj < best_obj - 1e-9 * tol:
+            pass
+        elif obj > best_obj + 1e-12 * tol:
+            continue
+        ref = max(obj, 1e-12)
+        sec = 0.0
+        for d in range(D):
+            sec += (u[d] / ref) ** 8
+        for d in range(D):
+            sec += (w[d] / ref) ** 8
+        if obj < best_obj - 1e-9 * tol or sec < best_sec * (1 - 1e-9):
+            best_obj, best_sec, best = obj, sec, m
+    return best
+
+
+def _best_move(st: _State, u: NDArray[np.float64], score: tuple[float, float]
+               ) -> tuple[int, int, int, float] | None:
+    """The improving move chosen by a first-to-last scan with :func:`_better`, or None.
+
+    Equivalent to scoring every move of :func:`_candidate_moves` with :meth:`_State.trial`
+    in order and keeping a move when it is :func:`_better` than the best so far (compiled;
+    the tie-breaker sums in another order than numpy, which only matters in exact ties).
+    """
+    ii, src, dst, amt = _move_arrays(st, u)
+    if ii.size == 0:
+        return None
+    c = st.c
+    m = _scan_moves(ii, src, dst, amt, st.P[ii, src], st.P[ii, dst], st.gain[ii, dst],
+                    st.loss[ii, src], st.load, st.act, st.mass, st.mem,
+                    np.asarray(st.mem_cap, dtype=np.float64), c.freqs, c.active,
+                    float(c.alpha_us), float(c.beta_us), float(c.kappa_us),
+                    float(c.comm_factor), float(c.load_cap), float(score[0]), float(score[1]))
+    if m < 0:
+        return None
+    return int(ii[m]), int(src[m]), int(dst[m]), float(amt[m])
 
 
 def heuristic_placement(freqs: NDArray[np.float64], groups: NDArray[np.int64],
@@ -277,12 +461,7 @@ def _local_search(start: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
     while moves < max_moves:
         u = st.node_time()
         w = coeffs.kappa_us * st.mass
-        best_move = None
-        best_trial = score
-        for move in _candidate_moves(st, u, w):
-            res = st.trial(*move)
-            if res is not None and _better(res[0], best_trial):
-                best_trial, best_move = res[0], move
+        best_move = _best_move(st, u, score)
         if best_move is None:
             break
         if time.perf_counter() >= deadline:

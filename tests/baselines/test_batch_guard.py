@@ -104,9 +104,23 @@ def test_guard_steps_are_env_like_and_seeded(trace):
     assert ((a >= 0) & (a < trace.topk_ids.shape[1])).all()
 
 
+def test_small_batches_are_scored_on_at_least_min_tokens():
+    """Steps grow to hold ``min_tokens`` tokens (a rare tile-boundary step must be sampled at
+    small B), never below ``steps`` nor above ``max_steps``."""
+    spec = BatchGuardSpec()
+    assert [spec.steps_for(b) for b in (1, 8, 16, 32, 64, 128, 512)] == [128, 128, 64, 32, 16,
+                                                                           16, 16]
+    assert BatchGuardSpec(steps=4, min_tokens=0).steps_for(16) == 4
+    assert BatchGuardSpec(min_tokens=100, max_steps=20).steps_for(1) == 20
+
+
 def test_bad_guard_inputs(cfg, trace):
     with pytest.raises(ConfigError, match="steps must be an integer >= 2"):
         BatchGuardSpec(steps=1)
+    with pytest.raises(ConfigError, match="max_steps=8 is below steps=16"):
+        BatchGuardSpec(max_steps=8)
+    with pytest.raises(ConfigError, match="min_tokens must be an integer >= 0"):
+        BatchGuardSpec(min_tokens=-1)
     with pytest.raises(ConfigError, match="margin"):
         BatchGuardSpec(margin=1.5)
     sim = layer_simulator(cfg)

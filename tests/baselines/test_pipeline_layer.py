@@ -37,7 +37,7 @@ class _FakeScorer:
     table: dict[int, str] = {}
 
     def __init__(self, sim, layer, steps, seed) -> None:
-        pass
+        self.sim, self.step_sets = sim, steps
 
     def score(self, P, pi, red, *, account=None):
         name = self.table[id(P)]
@@ -78,7 +78,7 @@ def test_energy_objective_never_uses_more_energy_than_the_latency_choice(cfg, tr
     """Tiny model, 2 layers: same scored steps in both runs (same seed); the energy run scores
     the latency run's choice as a candidate (``latency-choice``, equal to the latency run's
     final layer), and its final layer uses no more energy than any candidate."""
-    runs = {obj: run_pipeline(dataclasses.replace(cfg, objective=obj), tmp_path / obj,
+    runs = {obj: run_pipeline(dataclasses.replace(cfg, objective=obj, seed=2), tmp_path / obj,
                               trace=trace) for obj in ("latency", "energy")}
     differs = False
     for layer in (0, 1):
@@ -94,8 +94,31 @@ def test_energy_objective_never_uses_more_energy_than_the_latency_choice(cfg, tr
         parts = lat["tp"]["energy_parts_uj"]
         assert set(parts) == {"dram", "noc", "compute", "static"}
         assert sum(parts.values()) == pytest.approx(lat["tp"]["energy_uj"])
-    assert differs             # on this trace the energy objective saves energy in a layer
+    assert differs     # on this trace and seed the energy objective saves energy in a layer
     meta = runs["energy"].placement.meta
     assert meta["objective"] == "energy" and meta["config"]["objective"] == "energy"
     assert runs["latency"].placement.meta["objective"] == "latency"
     assert "objective" not in runs["latency"].placement.meta["config"]
+
+
+def test_scored_energy_prices_what_the_mapping_changes(cfg, make_trace):
+    """The guard's Link-Balance energy objective on its own steps: mean NoC J + static W·t."""
+    from baselines.node_balance.local_search import LayerScorer, sample_steps
+    from hdamoe_env.cost import energy
+
+    sim = layer_simulator(cfg)
+    E, D = sim.model.num_experts, sim.hw.num_nodes
+    rows = np.asarray(make_trace(2, E, 2, 200, seed=3).topk_ids[0], dtype=np.int64)
+    steps = sample_steps(rows, 16, 4, np.random.default_rng(0))
+    scorer = LayerScorer(sim, 0, steps, 1)
+    P = _candidates(E, D)["hybrid"][0]
+    pi = np.array([2, 0, 3, 1])
+    comp, comm, _, busy = scorer._terms(P, pi, False)
+    noc = float(energy.noc_energy_j(energy.link_byte_hops(busy, sim.topology.link_bw_Bps),
+                                    sim.energy_spec)) / 4
+    static = float(energy.static_energy_j(float(np.mean(comm)), D, sim.energy_spec))
+    assert noc > 0
+    en = pipeline_layer._ScoredEnergy(scorer, P, False, "energy")
+    edp = pipeline_layer._ScoredEnergy(scorer, P, False, "edp")
+    assert en(pi) == pytest.approx(noc + static, rel=1e-12)
+    assert edp(pi) == pytest.approx((noc + static) * float(np.mean(comm)), rel=1e-12)

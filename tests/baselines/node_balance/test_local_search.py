@@ -88,3 +88,25 @@ def test_off_grid_start_is_kept(ds):
     res = tile_local_search(sim, tp, steps, unit, allreduce=True)
     assert res.moves == 0 and "skipped" in res.record and np.array_equal(res.P_layer, tp)
     check_tile_grid  # noqa: B018 - imported for the grid helpers used above
+
+
+def test_scored_mapping_is_the_scorers_communication_time(ds):
+    """The guard's Link-Balance objective: mean t_comm_moe of the scorer's steps under a
+    mapping (seconds), deterministic, with the summed link busy time for swap proposals; the
+    mapping changes it while the compute term stays put."""
+    from baselines.node_balance.local_search import ScoredMapping
+
+    sim, steps, _ = ds
+    ep = expert_parallel(1, 64, 32, np.random.default_rng(0)).P[0]
+    scorer = LayerScorer(sim, 1, steps, 7)
+    objective = ScoredMapping(scorer, ep)
+    pi0 = identity_mapping(1, 32)[0]
+    pi1 = np.random.default_rng(5).permutation(32)
+    for pi in (pi0, pi1):
+        want = scorer.score(ep, pi)
+        assert objective(pi) * 1e6 == pytest.approx(want["comm_us"], rel=1e-12)
+        assert objective.last_link_busy is not None
+        assert objective.last_link_busy.shape == (sim.topology.num_links,)
+    assert objective(pi1) == objective(pi1) and objective.evaluations == 4
+    assert objective(pi0) != objective(pi1)
+    assert scorer.score(ep, pi0)["compute_us"] == scorer.score(ep, pi1)["compute_us"]
