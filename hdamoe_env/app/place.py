@@ -86,8 +86,8 @@ def objective_rows(result: PipelineResult) -> list[dict[str, Any]]:
 
     Read from the ``best`` guard's scores (``method_costs_us``: every candidate's mean MoE
     latency and layer energy on the same sampled steps). ``latency_winner`` / ``energy_winner``
-    are the candidates (Node+Link's final layer included as ``node-link``) with the lowest
-    ``total_us`` / ``energy_uj``; ``chosen`` is the final layer (``node-link``) under the run's
+    are the candidates (Node+Link's final layer included as ``node-link``, preferred on ties)
+    with the lowest ``total_us`` / ``energy_uj``; ``chosen`` is the final layer (``node-link``) under the run's
     objective, and ``latency_cost_us`` its MoE latency minus the latency winner's (the price in
     time of the run's choice; 0 under ``latency``). Layers without the scores (``tp`` guard,
     ``paper*`` profiles, placements from before the energy model) are left out.
@@ -98,8 +98,9 @@ def objective_rows(result: PipelineResult) -> list[dict[str, Any]]:
         costs = rec.get("method_costs_us") or {}
         if not costs or not all("energy_uj" in c for c in costs.values()):
             continue
-        lat_w = min(costs, key=lambda m: costs[m]["total_us"])
-        en_w = min(costs, key=lambda m: costs[m]["energy_uj"])
+        order = ["node-link", *(m for m in costs if m != "node-link")]  # ties: the final layer
+        lat_w = min(order, key=lambda m: costs[m]["total_us"])
+        en_w = min(order, key=lambda m: costs[m]["energy_uj"])
         final = costs["node-link"]
         rows.append({
             "layer": layer, "objective": rec.get("objective", "latency"),
