@@ -15,6 +15,15 @@ frequency-weighted mean, over groups touching ≥ 2 clusters, of the minimum-spa
 of the group's endpoints, with distances = hops weighted by inverse relative link bandwidth
 (Manhattan distance on a mesh).
 
+Energy objectives (docs/PHYSICS.md §18, issue 30): the mapping changes two parts of a layer's
+energy, the NoC bits and the time the layer takes (static power of every node); DRAM bytes and
+MACs do not depend on it. ``objective="energy"`` scores a mapping by both, from the same DES
+run: 8·e_hop·Σ_links busy time × bandwidth (= Σ_messages bytes · hops · e_hop, exact whatever
+the switching, ``cost.energy.link_byte_hops``) + P_static·D·makespan, in joules;
+``objective="edp"`` by that energy × the makespan (J·s: the product of what the mapping
+changes, not the layer's EDP). ``mst`` is a latency proxy and accepts only
+``objective="latency"``.
+
 Optimisers, behind one interface (``link_balance``), each returning the best *evaluated* mapping
 (never worse than the start π0 as evaluated during the search), the history of objective values
 and a record naming the optimiser and its budget:
@@ -58,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LB_METHODS",
     "LB_OBJECTIVES",
+    "PLACE_OBJECTIVES",
     "LinkBalanceResult",
     "MappingObjective",
     "decode_coordinates",
@@ -69,6 +79,9 @@ __all__ = [
 
 LB_METHODS = ("bo", "local", "anneal", "random")
 LB_OBJECTIVES = ("des", "mst")
+#: What a placement minimises (``hdamoe place --objective``): the MoE latency (the paper's),
+#: the energy of the layer, or energy × delay (docs/PHYSICS.md §18).
+PLACE_OBJECTIVES = ("latency", "energy", "edp")
 _EXTRA = 'pip install "hdamoe-env[opt]"'
 
 
@@ -153,18 +166,31 @@ class MappingObjective:
         phases: DES phases (default ``("combine",)``, one direction, §8.2).
         agg: Aggregator cluster per group (int [G]); drawn with ``rng`` when None. Used for
             every evaluation under ``lb_noise = "crn"``.
+        objective: ``"latency"`` (the makespan, s), ``"energy"`` (the NoC energy of the DES
+            run plus the static energy of all nodes over its makespan, J) or ``"edp"`` (that
+            energy × the makespan, J·s); ``des`` only.
+
+    Raises:
+        ConfigError: Unknown kind or objective, or ``mst`` with an energy objective.
     """
 
     def __init__(self, sim: MoESimulator, support: NDArray[np.bool_], groups: NDArray[np.int64],
                  group_freqs: NDArray[np.float64], batch: int, layer: int,
                  rng: np.random.Generator, *, kind: str = "des",
                  phases: Sequence[str] | None = None,
-                 agg: NDArray[np.int64] | None = None) -> None:
+                 agg: NDArray[np.int64] | None = None, objective: str = "latency") -> None:
         if kind not in LB_OBJECTIVES:
             raise ConfigError(f"unknown Link-Balance objective {kind!r}; expected one of "
                               f"{list(LB_OBJECTIVES)}")
+        if objective not in PLACE_OBJECTIVES:
+            raise ConfigError(f"unknown placement objective {objective!r}; expected one of "
+                              f"{list(PLACE_OBJECTIVES)}")
+        if kind == "mst" and objective != "latency":
+            raise ConfigError(f"the mst proxy scores latency only; use kind='des' with "
+                              f"objective={objective!r}")
         self.sim = sim
         self.kind = kind
+        self.objective = objective
         self.support = np.asarray(support, dtype=bool)
         self.groups = np.asarray(groups, dtype=np.int64)
         self.group_freqs = np.asarray(group_freqs, dtype=np.float64)
@@ -180,6 +206,13 @@ class MappingObjective:
         self.dist = endpoint_distances(sim.topology) if kind == "mst" else None
         self.evaluations = 0
         self.last_link_busy: NDArray[np.float64] | None = None
+        self._j_per_byte_hop = self._static_w = 0.0
+        if objective != "latency":
+            from hdamoe_env.cost import energy
+
+            self._j_per_byte_hop = float(energy.noc_energy_j(1.0, sim.energy_spec))
+            self._static_w = float(energy.static_energy_j(1.0, sim.hw.num_nodes,
+                                                          sim.energy_spec))
 
     @property
     def deterministic(self) -> bool:
@@ -187,7 +220,7 @@ class MappingObjective:
         return self.kind == "mst" or not self.redraw
 
     def __call__(self, pi: NDArray[np.int64]) -> float:
-        """Return the objective of mapping ``pi`` (seconds for ``des``)."""
+        """Return the objective of mapping ``pi`` (``des``: s, J or J·s by ``objective``)."""
         self.evaluations += 1
         pi = np.asarray(pi, dtype=np.int64)
         if self.kind == "mst":
@@ -205,7 +238,11 @@ class MappingObjective:
             switching=conv.switching, ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps),
             ni_latency_s=conv.ni_latency_for(self.sim.hw.hop_latency_for(conv)))
         self.last_link_busy = res.link_busy_s.sum(axis=0)
-        return res.total_s
+        if self.objective == "latency":
+            return res.total_s
+        joules = float(np.dot(self.last_link_busy, self.sim.topology.link_bw_Bps)
+                       ) * self._j_per_byte_hop + self._static_w * res.total_s
+        return joules if self.objective == "energy" else joules * res.total_s
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,6 +398,7 @@ def link_balance(objective: Callable[[NDArray[np.int64]], float], pi0: NDArray[n
     rng = np.random.default_rng(seed)
     record: dict[str, Any] = {"method": method, "optimiser": method, "n_calls": int(n_calls),
                               "objective_kind": getattr(objective, "kind", "custom"),
+                              "objective": getattr(objective, "objective", "latency"),
                               "deterministic_objective": deterministic, "flags": []}
     x0_value = track(pi0)
     if D < 2 or n_calls == 1:

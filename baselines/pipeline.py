@@ -15,7 +15,9 @@ Artifacts in the output directory (every file written atomically: temporary file
   are TP with the identity mapping and listed in ``meta["layers_missing"]``; layers where the
   guard replaced Node+Link in ``meta["layers_guarded"]``; with the ``best`` guard, every
   layer's sampled-step costs per method in ``meta["method_costs_us"]`` and the winning warm
-  start in ``meta["warm_start"]``; tile-aligned TP layers marked ``allreduce``), plus
+  start in ``meta["warm_start"]``; tile-aligned TP layers marked ``allreduce``; the objective
+  the placement minimised in ``meta["objective"]``, and in ``method_costs_us`` every
+  candidate's energy ``energy_uj`` and ``edp_js`` beside its latency), plus
   ``placement_node_link_raw.npz`` (Node + Link Balance without the guard, for ablations),
   ``placement_node_balance.npz``, ``placement_hybrid.npz`` and ``placement_ep.npz``.
 
@@ -387,7 +389,8 @@ def run_pipeline(config: PlaceConfig, out_dir: str | os.PathLike[str], *,
     meta = {"model": model.key, "trace_id": trace.trace_id, "trace": config.trace,
             "hardware": hw.to_dict(), "topology": sim.topology_spec.to_dict(),
             "profile": sim.conv.to_dict(), "seed": config.seed, "batch": config.batch,
-            "config": config.to_dict(), "config_hash": config_hash, "evaluator": "static"}
+            "config": config.to_dict(), "config_hash": config_hash, "evaluator": "static",
+            "objective": config.objective}
     computed: list[int] = []
     last_merge = [time.perf_counter()]
 

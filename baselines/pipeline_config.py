@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselines.link_balance import LB_METHODS, LB_OBJECTIVES
+from baselines.link_balance import LB_METHODS, LB_OBJECTIVES, PLACE_OBJECTIVES
 from baselines.node_balance.milp import NB_MODES
 from hdamoe_env.sim import sources
 from hdamoe_env.config.errors import ConfigError
@@ -61,6 +61,12 @@ class PlaceConfig(RunFields):
             whose Node+Link placement the static evaluator finds slower than TP; None: off.
         score_steps: Sampled decode steps the ``best`` guard scores every candidate on.
         ls_moves: Move budget of the tile local search (``best`` guard).
+        objective: What the placement minimises: ``"latency"`` (default, the paper's MoE
+            latency), ``"energy"`` or ``"edp"`` (docs/PHYSICS.md §18). It enters Link Balance
+            (``MappingObjective(objective=)``, ``des`` only) and the ``best`` guard's choice
+            among its candidates; Node Balance's MILP / heuristic and the ``tp`` guard stay
+            latency-driven. Left out of :meth:`to_dict` (and so of the hash) under
+            ``latency``, so latency placements keep their cache keys.
         seed: Run seed.
     """
 
@@ -80,6 +86,7 @@ class PlaceConfig(RunFields):
     guard: str | None = "best"
     score_steps: int = 16
     ls_moves: int = 1000
+    objective: str = "latency"
     seed: int = 0
     hardware_fields = ("hop_latency_ns",)
 
@@ -106,6 +113,12 @@ class PlaceConfig(RunFields):
             raise ConfigError(f"bo_calls must be >= 1, got {self.bo_calls}")
         if self.guard not in GUARDS:
             raise ConfigError(f"guard={self.guard!r}; expected one of {list(GUARDS)}")
+        if self.objective not in PLACE_OBJECTIVES:
+            raise ConfigError(f"objective={self.objective!r}; expected one of "
+                              f"{list(PLACE_OBJECTIVES)}")
+        if self.objective != "latency" and self.lb_objective != "des":
+            raise ConfigError(f"objective={self.objective!r} needs lb_objective='des' (the "
+                              f"{self.lb_objective} proxy scores latency only)")
         if self.score_steps < 1 or self.ls_moves < 0:
             raise ConfigError(f"score_steps must be >= 1 and ls_moves >= 0, got "
                               f"{self.score_steps} and {self.ls_moves}")
@@ -123,6 +136,8 @@ class PlaceConfig(RunFields):
         d["conventions"] = profile_key(run.conventions)
         own = [f.name for f in dataclasses.fields(self)]
         for name in own[own.index("rho_mem"):]:
+            if name == "objective" and self.objective == "latency":
+                continue        # latency placements keep the hashes they had before (issue 30)
             d[name] = getattr(self, name)
         return d
 

@@ -23,6 +23,14 @@ always-feasible Node-Balance start) with the static evaluator and keeps TP for t
 Node+Link is slower (``guard="tp"``, recorded per layer with both numbers; ``guard=None`` turns
 it off). The ``node_balance`` column and artifact always hold Node Balance's own result.
 
+Objective (``PlaceConfig.objective``, issue 30): ``latency`` is the paper's. Under ``energy`` or
+``edp`` Link Balance minimises what the mapping changes of the layer's energy (or EDP;
+``baselines.link_balance``), and the ``best`` guard picks by the energy account's layer energy
+(or EDP) among its candidates, then compares its result with ``latency-choice``, the layer the
+latency pipeline chooses (its Link Balance and guard are run first with the same seeds), and
+keeps the cheaper: the chosen layer never costs more under the objective than the latency one
+on the scored steps, and the record shows what it costs in latency.
+
 Determinism: ``SeedSequence(seed).spawn(L + 1)`` — child l drives layer l (spawned again into the
 streams of π_0, the γ fit, Node Balance, Link Balance, the evaluations and the hybrid), child L
 the run-level EP shares. A layer's result therefore does not depend on which other layers run
@@ -35,6 +43,7 @@ speed; the record says when that happened.)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -124,6 +133,11 @@ def evaluate_layer(sim: MoESimulator, P_layer: NDArray[np.float64], pi_layer: ND
             "mode": res.mode}
 
 
+def _fresh(ss: np.random.SeedSequence) -> np.random.SeedSequence:
+    """The same seed sequence with no children spawned yet (so two users get equal streams)."""
+    return np.random.SeedSequence(ss.entropy, spawn_key=ss.spawn_key, pool_size=ss.pool_size)
+
+
 def _layer_dram_budget(config: PlaceConfig) -> float | None:
     """[decision] With ``node_dram_gib`` set, every layer gets an equal share of each node's DRAM."""
     cap = config.hardware.node_dram_bytes
@@ -167,19 +181,32 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     if conv.lb_noise == "crn":
         agg = linksim.choose_aggregators(groups, support, conv.aggregator,
                                          np.random.default_rng(eval_streams[0]))
+    # [decision] under an energy/EDP objective the best guard also gets the latency pipeline's
+    # own choice as a candidate (its Link Balance first: same seeds as a latency run), so the
+    # layer never costs more under the objective than the latency placement would
+    latency_too = (config.objective != "latency" and config.guard == "best"
+                   and not conv.is_paper)
+    pi_lat: NDArray[np.int64] | None = None
     t0 = time.perf_counter()
     if is_tensor_parallel(P):
         pi = pi0.copy()
         lb_record: dict[str, Any] = {"optimiser": None, "skipped": "TP shares: every cluster "
                                      "holds every expert, the mapping does not matter"}
         lb_history: list[float] = []
+        pi_lat = pi
     else:
-        objective = MappingObjective(sim, support, groups, fg, batch, layer,
-                                     np.random.default_rng(s_lb.spawn(1)[0]),
-                                     kind=config.lb_objective, agg=agg)
-        lb = link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
-                          method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
-                          topology=sim.topology)
+        def run_lb(objective_name: str) -> Any:
+            objective = MappingObjective(sim, support, groups, fg, batch, layer,
+                                         np.random.default_rng(s_lb.spawn(1)[0]),
+                                         kind=config.lb_objective, agg=agg,
+                                         objective=objective_name)
+            return link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
+                                method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
+                                topology=sim.topology)
+
+        if latency_too:
+            pi_lat = run_lb("latency").pi
+        lb = run_lb(config.objective)
         pi = lb.pi
         lb_record, lb_history = lb.record, lb.history
     timings["link_balance_s"] = time.perf_counter() - t0
@@ -222,8 +249,19 @@ def place_layer(task: LayerTask) -> LayerOutcome:
                                                  identity_mapping(1, D)[0], False),
                  "tp-tiled": (P_tiled, identity_mapping(1, D)[0], True),
                  "ep": (task.ep_P, pi0, False), "hybrid": (hyb.P_layer, hyb.pi_layer, False)}
+        extra = None
+        if latency_too:
+            assert pi_lat is not None
+            lat_cfg = dataclasses.replace(config, objective="latency")
+            P_l, pi_l, red_l, guard_l, _ = _best_guard(
+                sim, lat_cfg, task, {**cands, "nb-lb": (P, pi_lat, False)}, unit,
+                _fresh(s_score))
+            extra = {LATENCY_CHOICE: (P_l, pi_l, red_l)}
         P_final, pi_final, red_final, guard, method_costs = _best_guard(
-            sim, config, task, cands, unit, s_score)
+            sim, config, task, cands, unit, _fresh(s_score), extra=extra)
+        if latency_too:
+            guard["latency_choice"] = {"warm_start": guard_l["warm_start"],
+                                       "reason": guard_l["reason"]}
         if guard["applied"]:
             guard["node_link_raw_us"] = lat["node_link"]
             lat["node_link"] = evaluate_layer(sim, P_final, pi_final, layer, f, groups, fg,
@@ -246,7 +284,7 @@ def place_layer(task: LayerTask) -> LayerOutcome:
         "gamma": gfit.to_dict(), "node_balance": nb.record, "link_balance": lb_record,
         "link_balance_history_s": lb_history, "hybrid": hyb.record, "latency_us": lat,
         "node_link_beats_baselines": bool(lat["node_link"]["total_us"] <= best_baseline + 1e-9),
-        "guard": guard,
+        "guard": guard, "objective": config.objective,
         "timings_s": timings,
     }
     if method_costs:
@@ -257,14 +295,47 @@ def place_layer(task: LayerTask) -> LayerOutcome:
     return LayerOutcome(layer, arrays, record)
 
 
+class _ScoredEnergy(ScoredMapping):
+    """:class:`ScoredMapping` under an energy objective: what the mapping changes of the layer's
+    energy on the scored steps (mean NoC energy of the MoE communication plus static power of
+    all nodes over its time, J; ``edp``: × the mean communication time, J·s), as
+    ``MappingObjective`` prices one DES run (``baselines.link_balance``)."""
+
+    def __init__(self, scorer: LayerScorer, P_layer: NDArray[np.float64], allreduce: bool,
+                 objective: str) -> None:
+        super().__init__(scorer, P_layer, allreduce)
+        from hdamoe_env.cost import energy
+
+        sim = scorer.sim
+        self.objective = objective
+        self._k_noc = float(energy.noc_energy_j(1.0, sim.energy_spec))
+        self._static_w = float(energy.static_energy_j(1.0, sim.hw.num_nodes, sim.energy_spec))
+        self._bw = sim.topology.link_bw_Bps
+        self._steps = int(scorer.step_sets.shape[0])
+
+    def __call__(self, pi: NDArray[np.int64]) -> float:
+        """The objective (J or J·s) of mapping ``pi`` on the scored steps."""
+        comm_s = super().__call__(pi)
+        busy = self.last_link_busy          # summed over the steps
+        noc_j = 0.0 if busy is None else float(np.dot(busy, self._bw)) * self._k_noc / self._steps
+        joules = noc_j + self._static_w * comm_s
+        return joules if self.objective == "energy" else joules * comm_s
+
+
 #: Candidates of the ``best`` guard, by the name its records use (``method_costs_us``).
 GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
+#: The extra candidate of an energy/EDP run: the layer the latency objective chooses.
+LATENCY_CHOICE = "latency-choice"
+#: The value of a ``LayerScorer.score`` dict the ``best`` guard minimises, by objective.
+OBJECTIVE_KEYS = {"latency": "total_us", "energy": "energy_uj", "edp": "edp_js"}
+OBJECTIVE_UNITS = {"latency": "µs", "energy": "µJ", "edp": "J·s"}
 
 
 def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
                 cands: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], bool]],
-                unit: float | None, s_score: np.random.SeedSequence
-                ) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
+                unit: float | None, s_score: np.random.SeedSequence, *,
+                extra: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], bool]] | None
+                = None) -> tuple[NDArray[np.float64], NDArray[np.int64], bool, dict[str, Any],
                            dict[str, Any]]:
     """The ``best`` guard: score, warm-start, tile local search, Link Balance, re-score.
 
@@ -278,16 +349,39 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     unless it is faster. The final layer is therefore no slower on the scored steps than any
     candidate.
 
+    Objective (``config.objective``, issue 30): every candidate is also priced by the energy
+    account (``MoESimulator.energy_account``: DRAM, NoC, MACs with tile padding, static power
+    over the layer's time; docs/PHYSICS.md §18) on the same evaluations, and the guard minimises
+    :data:`OBJECTIVE_KEYS` of the objective at every step above (winner, Link Balance, the
+    re-score): under ``energy`` the final layer uses no more energy on the scored steps than
+    any candidate, under ``edp`` it has no higher energy × layer time. The tile local search
+    itself still minimises the expert phase; the re-score keeps the warm start when its result
+    costs more under the objective. Under ``latency`` every choice is the one made before the
+    objective existed (the energy values are recorded beside it).
+
+    ``extra``: floors, scored after the search and taken instead of its result when they cost
+    less under the objective (an energy/EDP run passes :data:`LATENCY_CHOICE`, the layer this
+    guard chooses under ``latency``; it is not a warm start, so the search still starts from
+    the best of :data:`GUARD_CANDIDATES`). ``warm_start`` then names the floor.
+
     Returns:
         ``(P, pi, allreduce, guard record, method_costs_us)``; ``method_costs_us`` has the
-        candidates' scores under their method names and ``node-link`` for the final layer.
+        candidates' scores (latency terms, energy and EDP) under their method names and
+        ``node-link`` for the final layer.
     """
     layer, batch = task.layer, config.batch
     s_steps, s_agg, s_lb2 = s_score.spawn(3)
     steps = sample_steps(task.rows, batch, config.score_steps, np.random.default_rng(s_steps))
     scorer = LayerScorer(sim, layer, steps, s_agg)
-    costs = {name: scorer.score(*cands[name]) for name in GUARD_CANDIDATES}
-    winner = min(GUARD_CANDIDATES, key=lambda name: costs[name]["total_us"])
+    account = sim.energy_account(batch)
+    key = OBJECTIVE_KEYS[config.objective]
+
+    def score(P_l: NDArray[np.float64], pi_l: NDArray[np.int64], red: bool) -> dict[str, Any]:
+        return scorer.score(P_l, pi_l, red, account=account)
+
+    names = GUARD_CANDIDATES
+    costs = {name: score(*cands[name]) for name in names}
+    winner = min(names, key=lambda name: costs[name][key])
     P_w, pi_w, red_w = cands[winner]
     red_w = red_w or is_tensor_parallel(P_w)
     P_new, pi_new = P_w, pi_w
@@ -300,27 +394,43 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     if not red_w and winner in ("ep", "hybrid"):
         objective: Any
         if config.lb_objective == "des":             # the guard's own steps (ScoredMapping)
-            objective = ScoredMapping(scorer, P_new, red_w)
+            objective = (ScoredMapping(scorer, P_new, red_w) if config.objective == "latency"
+                         else _ScoredEnergy(scorer, P_new, red_w, config.objective))
         else:
             objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
                                          layer, np.random.default_rng(s_lb2.spawn(1)[0]),
-                                         kind=config.lb_objective)
+                                         kind=config.lb_objective, objective=config.objective)
         lb = link_balance(objective, pi_w, sim.topology.endpoint_coords[:sim.hw.num_nodes],
                           method=config.lb_method, n_calls=config.bo_calls, seed=s_lb2,
                           topology=sim.topology)
         pi_new, lb_record = lb.pi, lb.record
-    final = scorer.score(P_new, pi_new, red_w)
-    if pi_new is not pi_w and final["total_us"] > costs[winner]["total_us"]:
+    final = score(P_new, pi_new, red_w)
+    if pi_new is not pi_w and final[key] > costs[winner][key]:
         pi_new = pi_w                                  # the new mapping did not pay: keep it
-        final = scorer.score(P_new, pi_new, red_w)
-    if final["total_us"] > costs[winner]["total_us"]:  # float noise or no gain: the warm start
+        final = score(P_new, pi_new, red_w)
+    if final[key] > costs[winner][key]:  # float noise or no gain: the warm start
         P_new, pi_new, final = P_w, pi_w, costs[winner]
-    changed = winner != "nb-lb" or not np.array_equal(P_new, P_w)
-    method_costs: dict[str, Any] = {name: costs[name] for name in GUARD_CANDIDATES}
+    kept = None
+    for name, (P_x, pi_x, red_x) in (extra or {}).items():   # floors: kept when better
+        costs[name] = score(P_x, pi_x, red_x)
+        if costs[name][key] < final[key]:
+            P_new, pi_new, final, kept = P_x, pi_x, costs[name], name
+            red_w = red_x or is_tensor_parallel(P_x)
+    changed = kept is not None or winner != "nb-lb" or not np.array_equal(P_new, P_w)
+    method_costs: dict[str, Any] = {name: costs[name] for name in costs}
     method_costs["node-link"] = final
-    guard = {"kind": "best", "applied": bool(changed), "warm_start": winner,
+    unit_name = OBJECTIVE_UNITS[config.objective]
+    guard = {"kind": "best", "applied": bool(changed), "warm_start": kept or winner,
+             "objective": config.objective,
              "score_steps": int(config.score_steps), "local_search": ls_record,
              "link_balance": lb_record, "allreduce": bool(red_w),
-             "reason": f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
-                       f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs"}
+             "reason": f"warm start {winner} ({costs[winner][key]:.4g} {unit_name} on "
+                       f"{config.score_steps} sampled steps) -> {final[key]:.4g} {unit_name}"}
+    if config.objective == "latency":   # the reason text of latency placements is unchanged
+        guard["reason"] = (f"warm start {winner} ({costs[winner]['total_us']:.3f} µs on "
+                           f"{config.score_steps} sampled steps) -> {final['total_us']:.3f} µs")
+    else:
+        latency_winner = min(costs, key=lambda name: costs[name]["total_us"])
+        guard["latency_winner"] = latency_winner
+        guard["latency_cost_us"] = final["total_us"] - costs[latency_winner]["total_us"]
     return P_new, pi_new, bool(red_w), guard, method_costs

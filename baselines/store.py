@@ -24,9 +24,11 @@ otherwise from a quick run of the offline pipeline (:data:`QUICK_PLACEMENT`: heu
 Balance, a small local-search Link-Balance budget) cached under :func:`default_cache_dir` in a
 directory keyed by the pipeline's configuration hash — model, trace id, trace skew τ (when
 != 1), hardware, topology, profile, seed and budget. A complete cached artifact is loaded, never
-re-solved; an interrupted run resumes layer by layer. The online methods HD-MoE and HDA-MoE are
-``node_link`` plus agents; the application layer composes them (this package never imports
-``agents``).
+re-solved; an interrupted run resumes layer by layer. A quick budget with an ``objective``
+other than latency (``quick={"objective": "energy", ...}``) hashes it and names it in the
+directory, so latency placements are never reused for energy. The online methods HD-MoE and
+HDA-MoE are ``node_link`` plus agents; the application layer composes them (this package never
+imports ``agents``).
 """
 
 from __future__ import annotations
@@ -180,10 +182,12 @@ class PlacementStore:
 
         Only placements of the pipeline's ``best`` guard (their ``meta`` has
         ``method_costs_us``) under a non-``paper`` profile are: the paper's Node+Link stays
-        the paper's.
+        the paper's. Placements optimised for energy or EDP (``meta["objective"]``) are not:
+        the batch guard re-selects by latency and would undo their choice.
         """
         return (self.config.batch_guard and not self.config.conv.is_paper
-                and "method_costs_us" in placement.meta)
+                and "method_costs_us" in placement.meta
+                and placement.meta.get("objective", "latency") == "latency")
 
     def guard_path(self, placement: Placement) -> tuple[Path, str]:
         """Return the cache file and key of the batch-guarded ``node_link`` at the run's batch."""
@@ -281,6 +285,7 @@ class PlacementStore:
                 f"{self.config.setting.replace('/', '-')}__{self.config.conventions}__"
                 f"seed{self.config.placement_seed}__"
                 + (f"skew{self.config.trace_skew:g}__" if self.config.trace_skew != 1.0 else "")
+                + (f"{pc.objective}__" if pc.objective != "latency" else "")
                 + digest)
         root = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
         return root / name

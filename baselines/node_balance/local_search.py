@@ -40,10 +40,11 @@ from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.cost import perf
-from hdamoe_env.sim.evaluator import LayerEvaluator
+from hdamoe_env.sim.evaluator import LayerEvaluator, LayerResult
 from hdamoe_env.sim.placement import Placement, identity_mapping, tensor_parallel
 
 if TYPE_CHECKING:
+    from hdamoe_env.sim.energy import EnergyAccount
     from hdamoe_env.sim.simulator import MoESimulator
 
 __all__ = ["LayerScorer", "LocalSearchResult", "ScoredMapping", "sample_steps",
@@ -109,16 +110,46 @@ class LayerScorer:
         return Placement(P=P, pi=pi, method="scored", allreduce=red)
 
     def score(self, P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64],
-              allreduce: bool = False) -> dict[str, float]:
+              allreduce: bool = False, *, account: EnergyAccount | None = None
+              ) -> dict[str, Any]:
         """Return the mean over the scored steps of the layer's terms, in µs.
+
+        Args:
+            P_layer: float [E, D] the layer's shares.
+            pi_layer: int [D] its mapping.
+            allreduce: The layer is a tile-aligned TP (all-reduce) layer.
+            account: With an energy account (``MoESimulator.energy_account(B)``), the layer's
+                energy too (docs/PHYSICS.md §18), from the same evaluations.
 
         Returns:
             ``total_us`` (t_comp + t_comm_moe, the MoE latency), ``compute_us`` (t_comp),
-            ``comm_us`` (t_comm_moe) and ``mode`` of the first step (``"tp"`` or ``"des"``).
+            ``comm_us`` (t_comm_moe) and ``mode`` of the first step (``"tp"`` or ``"des"``);
+            with ``account`` also ``energy_uj`` (mean energy of the whole layer: expert phase,
+            MoE communication, its non-MoE term, static power over the layer's time),
+            ``energy_parts_uj`` (DRAM, NoC, compute, static), ``layer_us`` (mean t_layer,
+            non-MoE term included) and ``edp_js`` (mean energy × mean t_layer, J·s).
         """
-        comp, comm, mode = self.step_terms(P_layer, pi_layer, allreduce)
-        c, m = float(np.mean(comp)) * 1e6, float(np.mean(comm)) * 1e6
-        return {"total_us": c + m, "compute_us": c, "comm_us": m, "mode": mode}  # type: ignore
+        results = self.step_results(P_layer, pi_layer, allreduce)
+        c = float(np.mean([r.t_comp_s for r in results])) * 1e6
+        m = float(np.mean([r.t_comm_moe_s for r in results])) * 1e6
+        out: dict[str, Any] = {"total_us": c + m, "compute_us": c, "comm_us": m,
+                               "mode": results[0].mode}
+        if account is not None:
+            parts = [account.layer(r).to_dict() for r in results]
+            mean = {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
+            layer_s = float(np.mean([r.total_s for r in results]))
+            out.update(energy_uj=mean["total"] * 1e6,
+                       energy_parts_uj={k: v * 1e6 for k, v in mean.items() if k != "total"},
+                       layer_us=layer_s * 1e6, edp_js=mean["total"] * layer_s)
+        return out
+
+    def step_results(self, P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64],
+                     allreduce: bool = False) -> list[LayerResult]:
+        """Return the evaluator's result of every scored step (common random numbers)."""
+        ev = LayerEvaluator(self.sim, self.placement(P_layer, pi_layer, allreduce), self.batch,
+                            layers=(self.layer,))
+        return [ev.evaluate(self.layer, sets, rng=np.random.default_rng(agg_seed))
+                for sets, agg_seed in zip(self.step_sets, self._agg_seeds, strict=True)]
 
     def step_terms(self, P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64],
                    allreduce: bool = False

@@ -414,6 +414,10 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
                    help="Link Balance search method")
     p.add_argument("--lb-objective", default="des", choices=("des", "mst"),
                    help="Link Balance objective: des (simulated) or mst (proxy)")
+    p.add_argument("--objective", default="latency", choices=("latency", "energy", "edp"),
+                   help="what the placement minimises: MoE latency (the paper's), energy per "
+                        "layer, or energy x delay (Link Balance and the best guard's choice; "
+                        "docs/PHYSICS.md §18)")
     p.add_argument("--guard", default="best", choices=("best", "tp", "none"),
                    help="per-layer guard: best (score Node+Link, tp, tp-tiled, ep, hybrid on "
                         "sampled steps, tile local search from the best), tp (fall back to TP "

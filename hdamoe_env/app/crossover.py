@@ -22,6 +22,15 @@ placement cell per τ, keyed by it): a deployment profiles the routing it serves
 τ = 1 placements would measure a mismatch between profile and workload, not the effect of skew.
 Models whose base trace is a real one (Mixtral on its reasoning trace) have no skew cells.
 
+Energy (docs/PHYSICS.md §18, issue 30): every cell's row carries each method's energy per token
+(``j_per_token``), its ratio to TP's and the energy winner beside the latency winner. The four
+pJ values of :data:`hdamoe_env.config.uncertainty.ENERGY_UNCERTAINTIES` (``dram_pj_per_bit``,
+``noc_pj_per_bit_hop``, ``mac_pj``, ``static_w_per_node``; aliases ``e_dram``, ``e_hop``,
+``e_mac``, ``p_static``) are knobs too, but they change no schedule: a knob cell of one of
+them is not simulated, the base cell's recorded breakdown is re-priced exactly (each part is
+linear in one value, as in ``hdamoe energy-report``), so only the energy winner can change
+(``energy_knob_rows`` of ``crossover.json``, heat maps ``crossover_energy_<knob>.png``).
+
 Outputs in ``OUT``: ``results.jsonl`` (every bench record), ``crossover.json`` (per cell: the
 winner, the runner-up and the margin, TBT of every method), ``figures/crossover_<knob>.png``
 (heat maps: rows = model · setting · B, columns = knob values, colour = winner, text = margin
@@ -58,9 +67,11 @@ from hdamoe_env.app.reproduce import (
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.fileio import atomic_write, write_json
 from hdamoe_env.config.profiles import Conventions, get_profile
+from hdamoe_env.config.uncertainty import ENERGY_UNCERTAINTIES
 
-__all__ = ["DEFAULT_KNOBS", "KNOB_ALIASES", "METHODS", "TRACE_KNOBS", "analyse", "cmd_crossover",
-           "crossover_cells", "parse_knob", "write_crossover_report"]
+__all__ = ["DEFAULT_KNOBS", "ENERGY_KNOBS", "KNOB_ALIASES", "METHODS", "TRACE_KNOBS", "analyse",
+           "cmd_crossover", "crossover_cells", "energy_knob_rows", "parse_knob",
+           "write_crossover_report"]
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +93,17 @@ DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
     "dram_efficiency": (0.7, 0.85, 1.0),
     "nonmoe_ctx_len": (512, 1226, 4096, 8192),
     "trace_skew": (0.5, 1.5, 2.0),
+    # the energy values: the ends of their credible ranges (ENERGY_UNCERTAINTIES); re-priced
+    **{k: (u.low, u.high) for k, u in ENERGY_UNCERTAINTIES.items()},
 }
+#: Energy knobs (``cost.energy.EnergySpec`` fields): swept by re-pricing the base cells.
+ENERGY_KNOBS: tuple[str, ...] = tuple(ENERGY_UNCERTAINTIES)
 #: Alternative names accepted by ``--knob`` (``context_len`` is the per-request mean context of
-#: ``cost.context``, the profile knob ``nonmoe_ctx_len``).
-KNOB_ALIASES: dict[str, str] = {"context_len": "nonmoe_ctx_len"}
+#: ``cost.context``, the profile knob ``nonmoe_ctx_len``; ``e_*`` / ``p_static`` the energy
+#: values of docs/PHYSICS.md §18).
+KNOB_ALIASES: dict[str, str] = {"context_len": "nonmoe_ctx_len", "e_dram": "dram_pj_per_bit",
+                                "e_hop": "noc_pj_per_bit_hop", "e_mac": "mac_pj",
+                                "p_static": "static_w_per_node"}
 #: Knobs of the workload rather than of the profile, with their base value: ``trace_skew`` is
 #: the skew power τ of the synthetic trace's expert popularity (p ← p^τ; 1 = fitted generator).
 TRACE_KNOBS: dict[str, float] = {"trace_skew": 1.0}
@@ -122,6 +140,17 @@ def parse_knob(text: str) -> tuple[str, tuple[Any, ...]]:
     raws = [v.strip() for v in values.split(",") if v.strip()]
     if name in TRACE_KNOBS:
         return name, tuple(_trace_knob_value(name, raw) for raw in raws)
+    if name in ENERGY_KNOBS:
+        from hdamoe_env.cost.energy import EnergySpec
+
+        vals = []
+        for raw in raws:
+            try:
+                vals.append(getattr(EnergySpec(**{name: float(raw)}), name))
+            except ValueError:
+                raise ConfigError(f"--knob {name}: {raw!r} is not a finite number >= 0; "
+                                  f"expected e.g. {name}=0.2,2") from None
+        return name, tuple(vals)
     parsed = []
     for raw in raws:
         conv = get_profile(f"faithful+{name}={raw}")   # typed, validated, names unknown knobs
@@ -153,6 +182,8 @@ def _knob_grid(base: Conventions, knobs: Mapping[str, Sequence[Any]]) -> list[tu
         if knob in TRACE_KNOBS:
             grid += [(knob, _trace_knob_value(knob, v)) for v in values
                      if _trace_knob_value(knob, v) != TRACE_KNOBS[knob]]
+            continue
+        if knob in ENERGY_KNOBS:     # no cells: the report re-prices the base cells
             continue
         if knob not in fields:
             log.info("knob %s is not defined by this version's profiles; skipped", knob)
@@ -248,7 +279,10 @@ def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     Returns:
         One row per cell, in record order: model, setting, batch, profile, trace_skew, knob,
         value, winner, runner_up, margin (TBT(runner-up) ÷ TBT(winner)), tbt_us per method,
-        top-1 retention of the winner.
+        top-1 retention of the winner; with energy records also ``j_per_token`` and
+        ``energy_over_tp`` per method, ``energy_parts_j`` per method (mean step breakdown),
+        ``energy_winner`` (ties within ``robust.TIE_RTOL`` go to the method listed first) and
+        ``energy_margin`` (J(runner-up) ÷ J(winner)); None/absent for records without energy.
     """
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -270,8 +304,87 @@ def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "margin": None if second is None else second["tbt_us"] / first["tbt_us"],
             "tbt_us": {m: r["tbt_us"] for m, r in summary.items()},
             "winner_top1_retention": first.get("top1_retention"),
+            **_energy_fields(summary),
         })
     return rows
+
+
+_PARTS = ("dram", "noc", "compute", "static")
+
+
+def _energy_fields(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Energy per method of one cell's summary rows, the energy winner and its margin."""
+    have = {m: r for m, r in summary.items() if r.get("j_per_token") is not None}
+    if not have:
+        return {"j_per_token": {}, "energy_winner": None, "energy_margin": None}
+    jpt = {m: float(r["j_per_token"]) for m, r in have.items()}
+    winner, margin = _lowest(jpt)
+    return {"j_per_token": jpt,
+            "energy_over_tp": {m: r.get("energy_over_tp") for m, r in have.items()},
+            "energy_parts_j": {m: {p: r.get(f"{p}_j") for p in _PARTS} for m, r in have.items()},
+            "energy_winner": winner, "energy_margin": margin}
+
+
+def _lowest(values: Mapping[str, float]) -> tuple[str, float | None]:
+    """The lowest method (ties within TIE_RTOL: METHODS order) and runner-up ÷ winner."""
+    from hdamoe_env.app.robust import lowest_winner
+
+    order = [m for m in METHODS if m in values] + [m for m in values if m not in METHODS]
+    winner, _ = lowest_winner(values, order)
+    others = [v for m, v in values.items() if m != winner]
+    return winner, (min(others) / values[winner] if others and values[winner] > 0 else None)
+
+
+def energy_knob_rows(rows: Sequence[Mapping[str, Any]],
+                     knobs: Mapping[str, Sequence[float]]) -> list[dict[str, Any]]:
+    """Re-price every base cell under each energy knob value (no re-simulation).
+
+    Each part of a method's recorded step energy is linear in one energy value (docs/PHYSICS.md
+    §18: DRAM bits, NoC bit-hops, MACs, node-seconds), and none changes a latency, so under a
+    knob value v the part scales by v ÷ the value the records were priced with (the base
+    profile's ``EnergySpec``); TBT and the latency winner stay the base cell's.
+
+    Args:
+        rows: :func:`analyse` rows (base cells with energy are used).
+        knobs: energy knob → values.
+
+    Returns:
+        One row per (base cell, knob, value ≠ base value): the base row's identity fields,
+        ``knob``, ``value``, ``winner`` (the latency winner, unchanged), ``j_per_token`` per
+        method, ``energy_winner`` and ``energy_margin``.
+    """
+    from hdamoe_env.app.energy_report import PART_KNOB
+    from hdamoe_env.cost.energy import energy_spec_for
+
+    out = []
+    for row in rows:
+        if row["knob"] != "base" or not row.get("energy_parts_j"):
+            continue
+        spec = energy_spec_for(row["profile"])
+        for knob, values in knobs.items():
+            if knob not in ENERGY_KNOBS:
+                continue
+            base_value = float(getattr(spec, knob))
+            for value in values:
+                if float(value) == base_value or base_value <= 0:
+                    continue
+                jpt = {}
+                for method, parts in row["energy_parts_j"].items():
+                    if any(parts.get(p) is None for p in _PARTS):
+                        continue
+                    total = sum(float(parts[p]) * (float(value) / base_value
+                                                   if PART_KNOB[p] == knob else 1.0)
+                                for p in _PARTS)
+                    jpt[method] = total / float(row["batch"])
+                if not jpt:
+                    continue
+                winner, margin = _lowest(jpt)
+                out.append({k: row[k] for k in ("cell", "model", "setting", "batch", "profile",
+                                                "trace_skew", "winner", "margin")}
+                           | {"knob": knob, "value": float(value), "j_per_token": jpt,
+                              "energy_winner": winner, "energy_margin": margin,
+                              "base_energy_winner": row["energy_winner"]})
+    return out
 
 
 def _row_label(row: Mapping[str, Any]) -> str:
@@ -282,11 +395,19 @@ def _base_value(knob: str, base_row: Mapping[str, Any]) -> Any:
     """Return the value a knob has in a base cell (its profile's, or the trace's skew)."""
     if knob in TRACE_KNOBS:
         return float(base_row.get(knob, TRACE_KNOBS[knob]))
+    if knob in ENERGY_KNOBS:
+        from hdamoe_env.cost.energy import energy_spec_for
+
+        return float(getattr(energy_spec_for(base_row["profile"]), knob))
     return getattr(get_profile(base_row["profile"]), knob, None)
 
 
-def _heatmaps(rows: Sequence[dict[str, Any]], out: Path) -> list[str]:
-    """Draw one winner heat map per knob; return the written file names (empty without mpl)."""
+def _heatmaps(rows: Sequence[dict[str, Any]], out: Path, *, prefix: str = "crossover",
+              what: str = "winner") -> list[str]:
+    """Draw one winner heat map per knob; return the written file names (empty without mpl).
+
+    ``prefix`` names the files (``<prefix>_<knob>.png``), ``what`` the title's quantity.
+    """
     try:
         import matplotlib
 
@@ -330,18 +451,21 @@ def _heatmaps(rows: Sequence[dict[str, Any]], out: Path) -> list[str]:
                                            for v in values])
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.set_xlabel(knob)
-        ax.set_title(f"winner by {knob} (×: margin)", fontsize=9)
+        ax.set_title(f"{what} by {knob} (×: margin)", fontsize=9)
         fig.tight_layout()
-        name = f"crossover_{knob}.png"
+        name = f"{prefix}_{knob}.png"
         fig.savefig(out / "figures" / name, dpi=110)
         plt.close(fig)
         written.append(name)
     return written
 
 
-def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | None = None
-                           ) -> Path:
+def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | None = None,
+                           knobs: Mapping[str, Sequence[Any]] | None = None) -> Path:
     """Analyse ``OUT/results.jsonl``; write ``crossover.json``, heat maps and ``crossover.md``.
+
+    ``knobs`` (default :data:`DEFAULT_KNOBS`): its energy knobs are swept by re-pricing the
+    base cells (:func:`energy_knob_rows`).
 
     Returns:
         The path of ``crossover.md``.
@@ -354,7 +478,10 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
     if not rows:
         raise ConfigError(f"{out / 'results.jsonl'} has no crossover records; run "
                           f"`hdamoe crossover --out {out}` first")
-    write_json(out / "crossover.json", {"rows": rows})
+    energy_values = {k: v for k, v in (DEFAULT_KNOBS if knobs is None else knobs).items()
+                     if k in ENERGY_KNOBS}
+    e_rows = energy_knob_rows(rows, energy_values)
+    write_json(out / "crossover.json", {"rows": rows, "energy_knob_rows": e_rows})
     figures = _heatmaps(rows, out)
     base = [r for r in rows if r["knob"] == "base"]
     lines = ["# Where each method wins and why", ""]
@@ -377,6 +504,7 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
                              str(r["runner_up"]), f"{r['margin']:.3f}" if r["margin"] else "-",
                              *[f"{r['tbt_us'][m]:.1f}" if m in r["tbt_us"] else "-"
                                for m in METHODS]] for r in base], style="markdown"), ""]
+    lines += _energy_section(base, e_rows, out)
     lines += ["## Knobs that change the winner", ""]
     by_cell = {_row_label(r): r for r in base}
     flips = []
@@ -418,6 +546,57 @@ def write_crossover_report(out_dir: str | os.PathLike[str], *, command: str | No
     return path
 
 
+def _energy_section(base: Sequence[Mapping[str, Any]], e_rows: Sequence[Mapping[str, Any]],
+                    out: Path) -> list[str]:
+    """The energy part of ``crossover.md``: energy winners and the re-priced energy knobs."""
+    with_energy = [r for r in base if r.get("energy_winner")]
+    if not with_energy:
+        return []
+    lines = ["## Energy per token under the base profile (docs/PHYSICS.md §18)", "",
+             "mJ per token per method (energy ÷ TP's in brackets), means over the episode "
+             "seeds; margin = energy of the runner-up ÷ the winner's.", "",
+             render_table(["model", "setting", "B", "latency winner", "energy winner",
+                           "same", "margin", *METHODS],
+                          [[r["model"], r["setting"], str(r["batch"]), r["winner"],
+                            r["energy_winner"], "yes" if r["winner"] == r["energy_winner"]
+                            else "**no**",
+                            f"{r['energy_margin']:.4f}" if r["energy_margin"] else "-",
+                            *[f"{1e3 * r['j_per_token'][m]:.3f}"
+                              + (f" ({r['energy_over_tp'][m]:.3f})"
+                                 if r.get("energy_over_tp", {}).get(m) is not None else "")
+                              if m in r["j_per_token"] else "-" for m in METHODS]]
+                           for r in with_energy], style="markdown"), ""]
+    if not e_rows:
+        return lines
+    knobs = sorted({r["knob"] for r in e_rows})
+    lines += ["## Energy knobs (re-priced, not re-simulated)", "",
+              "Each knob cell re-prices its base cell's recorded breakdown with one energy "
+              "value changed (every part is linear in one value; no latency changes, so the "
+              "latency winner stays the base cell's).", ""]
+    flips = [[_row_label(r), f"{r['knob']} = {r['value']:g}", r["base_energy_winner"],
+              r["energy_winner"], f"{r['energy_margin']:.4f}" if r["energy_margin"] else "-"]
+             for r in e_rows if r["energy_winner"] != r["base_energy_winner"]]
+    if flips:
+        lines += [render_table(["cell", "knob", "base energy winner", "energy winner",
+                                "margin"], flips, style="markdown"), ""]
+    else:
+        lines += ["No energy value in the grid changes any cell's energy winner.", ""]
+    for knob in knobs:
+        sub = [r for r in e_rows if r["knob"] == knob]
+        changed = sum(1 for r in sub if r["energy_winner"] != r["base_energy_winner"])
+        values = ", ".join(f"{v:g}" for v in sorted({r["value"] for r in sub}))
+        lines.append(f"* `{knob}` ({values}): {changed} of {len(sub)} re-priced cells change "
+                     "the energy winner.")
+    heat = ([{**r, "winner": r["energy_winner"], "margin": r["energy_margin"]}
+             for r in with_energy]
+            + [{**r, "winner": r["energy_winner"], "margin": r["energy_margin"]}
+               for r in e_rows])
+    figures = _heatmaps(heat, out, prefix="crossover_energy", what="energy winner")
+    if figures:
+        lines += [""] + [f"![{f}](figures/{f})" for f in figures]
+    return lines + [""]
+
+
 # ----------------------------------------------------------------------------------------- CLI
 def cmd_crossover(args: argparse.Namespace) -> int:
     """Run ``hdamoe crossover``; return the exit code."""
@@ -454,7 +633,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         + (["--replace"] if args.replace else []))
     if not args.report_only:
         run_suite_printing(cells, args.out, args, resume=not args.fresh)
-    path = write_crossover_report(args.out, command=command)
+    path = write_crossover_report(args.out, command=command, knobs=knobs)
     print(f"wrote {path}")
     return 0
 
@@ -486,8 +665,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="knob values swept one at a time (repeatable; NAME alone: its default "
                    "values; default: the msg_alpha_s, hop_latency_s, b_psum, tile_cols, "
                    "tile_tokens, gemm_overhead_s, dram_efficiency, nonmoe_ctx_len and "
-                   "trace_skew grid; trace_skew=0.5,2 sweeps the synthetic trace's popularity "
-                   "skew power τ; context_len=512,8192 is nonmoe_ctx_len)")
+                   "trace_skew grid, and the four energy values at the ends of their ranges; "
+                   "trace_skew=0.5,2 sweeps the synthetic trace's popularity "
+                   "skew power τ; context_len=512,8192 is nonmoe_ctx_len; e_dram, e_hop, "
+                   "e_mac, p_static (= dram_pj_per_bit, noc_pj_per_bit_hop, mac_pj, "
+                   "static_w_per_node) are re-priced from the base cells, not simulated)")
     p.add_argument("--methods", type=csv(str), default=None, help="comma list of methods "
                    "(default: tp,ep,hybrid,node-balance,node-link,hd-moe,hda-moe)")
     p.add_argument("--steps", type=positive_int, default=None, help="decode steps per episode")

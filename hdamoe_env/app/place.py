@@ -8,7 +8,10 @@ the rows of the table).
 ``hdamoe_env.app.cli`` defines the parsers; their ``func`` is :func:`run_place` / :func:`run_sweep`,
 which return the process exit code. Progress goes to stderr (tqdm when installed); the final
 per-layer table (TP, EP, hybrid, Node Balance, Node+Link Balance: compute, communication and
-total MoE latency in µs, plus sums, solver status and wall time per layer) goes to stdout.
+total MoE latency in µs, plus sums, solver status and wall time per layer) goes to stdout,
+followed, when the ``best`` guard scored the candidates, by the objective table
+(:func:`objective_rows`: per layer the latency winner, the energy winner and what the chosen
+placement costs in latency; ``--objective energy|edp`` chooses by energy or EDP, issue 30).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from hdamoe_env.app.progress import bar as progress_bar
 from hdamoe_env.app.tables import render_table
 from hdamoe_env.config.fileio import write_json
 
-__all__ = ["format_table", "run_place", "run_sweep"]
+__all__ = ["format_objective_table", "format_table", "objective_rows", "run_place",
+           "run_sweep"]
 
 #: ``--lb-method`` values -> the Link-Balance optimiser of ``PlaceConfig.lb_method``.
 LB_CHOICES = {"bo": "bo", "local": "local", "anneal": "anneal", "random": "random"}
@@ -39,6 +43,7 @@ def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:
         time_limit_s=args.time_limit, mip_gap=args.mip_gap, solver=args.solver,
         lb_method=LB_CHOICES[args.lb_method], bo_calls=args.bo_calls,
         lb_objective=args.lb_objective, hop_latency_ns=args.hop_latency_ns,
+        objective=getattr(args, "objective", "latency"),
         guard=None if args.no_guard else _guard(getattr(args, "guard", "best")),
         seed=args.seed)
 
@@ -76,6 +81,55 @@ def format_table(result: PipelineResult) -> str:
     return render_table(head, lines)
 
 
+def objective_rows(result: PipelineResult) -> list[dict[str, Any]]:
+    """Per layer: the latency and energy winners among the guard's candidates, and the cost.
+
+    Read from the ``best`` guard's scores (``method_costs_us``: every candidate's mean MoE
+    latency and layer energy on the same sampled steps). ``latency_winner`` / ``energy_winner``
+    are the candidates (Node+Link's final layer included as ``node-link``, preferred on ties)
+    with the lowest ``total_us`` / ``energy_uj``; ``chosen`` is the final layer (``node-link``) under the run's
+    objective, and ``latency_cost_us`` its MoE latency minus the latency winner's (the price in
+    time of the run's choice; 0 under ``latency``). Layers without the scores (``tp`` guard,
+    ``paper*`` profiles, placements from before the energy model) are left out.
+    """
+    rows = []
+    for layer in sorted(result.layers):
+        rec = result.layers[layer].record
+        costs = rec.get("method_costs_us") or {}
+        if not costs or not all("energy_uj" in c for c in costs.values()):
+            continue
+        order = ["node-link", *(m for m in costs if m != "node-link")]  # ties: the final layer
+        lat_w = min(order, key=lambda m: costs[m]["total_us"])
+        en_w = min(order, key=lambda m: costs[m]["energy_uj"])
+        final = costs["node-link"]
+        rows.append({
+            "layer": layer, "objective": rec.get("objective", "latency"),
+            "warm_start": rec.get("warm_start"), "latency_winner": lat_w,
+            "energy_winner": en_w, "same_winner": lat_w == en_w or (
+                costs[lat_w]["total_us"] == costs[en_w]["total_us"]
+                and costs[lat_w]["energy_uj"] == costs[en_w]["energy_uj"]),
+            "chosen_us": final["total_us"], "chosen_uj": final["energy_uj"],
+            "latency_best_us": costs[lat_w]["total_us"],
+            "energy_best_uj": costs[en_w]["energy_uj"],
+            "latency_cost_us": final["total_us"] - costs[lat_w]["total_us"],
+            "latency_ratio": final["total_us"] / costs[lat_w]["total_us"],
+            "energy_ratio": final["energy_uj"] / costs[en_w]["energy_uj"]})
+    return rows
+
+
+def format_objective_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Return the table of :func:`objective_rows` (µs, µJ per layer and decode step)."""
+    head = ["layer", "objective", "warm start", "latency winner", "energy winner",
+            "chosen µs", "chosen µJ", "best µs", "best µJ", "latency cost µs", "µs ratio",
+            "µJ ratio"]
+    return render_table(head, [[str(r["layer"]), r["objective"], str(r["warm_start"]),
+                                r["latency_winner"], r["energy_winner"],
+                                f"{r['chosen_us']:.2f}", f"{r['chosen_uj']:.2f}",
+                                f"{r['latency_best_us']:.2f}", f"{r['energy_best_uj']:.2f}",
+                                f"{r['latency_cost_us']:+.2f}", f"{r['latency_ratio']:.4f}",
+                                f"{r['energy_ratio']:.4f}"] for r in rows])
+
+
 def _guard_label(guard: dict[str, object]) -> str:
     """The guard column: the warm start that won (``best``), TP (``tp``) or '-'."""
     if not guard.get("applied"):
@@ -105,10 +159,18 @@ def run_place(args: argparse.Namespace) -> int:
                                               if l in result.layers},
                            result.computed, result.skipped, result.out_dir, result.wall_s)
     print(format_table(shown))
+    obj_rows = objective_rows(shown)
+    if obj_rows:
+        print(f"\nObjective {config.objective}: the guard's candidates on "
+              f"{config.score_steps} sampled steps (MoE latency µs, layer energy µJ)")
+        print(format_objective_table(obj_rows))
     print(f"\n{len(result.computed)} layer(s) computed, {len(result.skipped)} reused; wall "
           f"{result.wall_s:.1f} s; placement written to {result.out_dir}/placement.npz")
     if args.json:
-        _write_rows(args.json, shown.table_rows())
+        by_layer = {r["layer"]: r for r in obj_rows}
+        _write_rows(args.json, [{**row, **({"objective_costs": by_layer[row["layer"]]}
+                                           if row["layer"] in by_layer else {})}
+                                for row in shown.table_rows()])
     return 0
 
 

@@ -17,7 +17,10 @@ canvas), so plotting is safe in worker processes and tests.
 * :func:`plot_pareto` — TBT against top-1 routing retention: every method a point, HDA-MoE at
   its gating scales (HD-MoE = scale 0, ``hda-moe@qNN`` / ``@sX``, ``hda-moe`` = 1) a curve
   (:func:`draw_pareto` draws it on a given axes, for the reproduce report); axes zoomed to the
-  data, every method labelled (coincident methods share one label), the labels explained.
+  data, every method labelled (coincident methods share one label), the labels explained;
+* :func:`plot_energy_latency` — energy per token against TBT, one point per method of a cell
+  (docs/PHYSICS.md §18; the lower-left corner wins both), with the latency and energy winners
+  named in the title.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from numpy.typing import ArrayLike
 
 from hdamoe_env.config.errors import DependencyNotInstalled
 
-__all__ = ["draw_pareto", "gating_curve", "plot_breakdown", "plot_learning_curve",
+__all__ = ["draw_pareto", "gating_curve", "plot_breakdown", "plot_energy_latency",
+           "plot_learning_curve",
            "plot_link_heatmap", "plot_normalised_tbt", "plot_pareto", "plot_seed_curves",
            "write_plots"]
 
@@ -407,6 +411,45 @@ def plot_pareto(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     rows = {r["method"]: r for r in summarise(records)}
     fig = _figure(5.5, 3.8)
     draw_pareto(fig.subplots(), rows, title=_title(records))
+    return _save(fig, path)
+
+
+def plot_energy_latency(rows: dict[str, dict[str, Any]], path: str | Path, *,
+                        title: str = "") -> Path:
+    """Scatter energy per token (mJ) against TBT (µs), one labelled point per method.
+
+    Args:
+        rows: method → summary row with ``tbt_us`` and ``j_per_token``
+            (``hdamoe_env.app.records.summarise``); methods without energy are left out.
+        path: PNG path.
+        title: Title prefix (e.g. the cell's model, setting and B).
+
+    Returns:
+        The written path.
+
+    Raises:
+        DependencyNotInstalled: matplotlib is missing.
+        ValueError: No method has both values.
+    """
+    pts = [(m, float(r["tbt_us"]), 1e3 * float(r["j_per_token"])) for m, r in rows.items()
+           if r.get("tbt_us") is not None and r.get("j_per_token") is not None]
+    if not pts:
+        raise ValueError("no method has both TBT and energy per token")
+    fig = _figure(5.0, 3.6)
+    ax = fig.subplots()
+    xs, ys = [p[1] for p in pts], [p[2] for p in pts]
+    ax.scatter(xs, ys, s=22, zorder=3)
+    for name, x, y in pts:
+        ax.annotate(name, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    lat_w = min(pts, key=lambda p: p[1])[0]
+    en_w = min(pts, key=lambda p: p[2])[0]
+    ax.set_xlim(*_zoomed_limits(xs, xs))
+    ax.set_ylim(*_zoomed_limits(ys, ys))
+    ax.set_xlabel("TBT per decode step (µs)")
+    ax.set_ylabel("energy per token (mJ)")
+    ax.grid(alpha=0.3)
+    head = f"{title}: " if title else ""
+    ax.set_title(f"{head}latency winner {lat_w}, energy winner {en_w}", fontsize=8)
     return _save(fig, path)
 
 

@@ -153,6 +153,56 @@ def _sec_end_to_end(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
     return out
 
 
+def _sec_energy(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
+    """Energy per token beside TBT for the end-to-end cells (docs/PHYSICS.md §18, issue 30)."""
+    cells = [(m, r) for m, r in cell_tables(records, "fig10_end_to_end")
+             if any(row.get("j_per_token") is not None for row in r.values())]
+    if not cells:
+        return []
+    out = ["## Energy per token beside TBT (docs/PHYSICS.md §18)", "",
+           "Same cells and episodes as the end-to-end table. Per method: mJ per token "
+           "(energy ÷ TP's, TBT ÷ TP's), means over the seeds; the energy of a decode step is "
+           "DRAM reads + NoC bit-hops + MACs (padded included) + static power × step time of "
+           "every node at the profile's pJ values (`hdamoe energy-report` re-prices them over "
+           "their credible ranges). EDP winner: lowest mean per-step energy × TBT. Scatter "
+           "per cell: energy per token against TBT."]
+    for profile, sub in _by_profile(cells):
+        methods = [m for m in E2E if any(m in r for _, r in sub)]
+        rows = []
+        for meta, r in sub:
+            have = {m: row for m, row in r.items() if row.get("j_per_token") is not None}
+            lat = min(have, key=lambda m: have[m]["tbt_us"]) if have else "–"
+            en = min(have, key=lambda m: have[m]["j_per_token"]) if have else "–"
+            edp = min((m for m in have if have[m].get("edp_js") is not None),
+                      key=lambda m: have[m]["edp_js"], default="–")
+            rows.append(_cell_label(meta) + [
+                f"{_f(1e3 * r[m]['j_per_token'])} ({_f(r[m].get('energy_over_tp'), '{:.3f}')}"
+                f" / {_f(r[m].get('tbt_over_tp'), '{:.3f}')})" if m in have else "–"
+                for m in methods] + [lat, en, edp, "yes" if lat == en else "**no**"])
+            if figs.enabled and have:
+                from hdamoe_env.app.plots import plot_energy_latency
+
+                name = f"energy_latency_{_slug(str(meta.get('cell', len(rows))))}.png"
+                figs.dir.mkdir(parents=True, exist_ok=True)
+                figs.written.append(plot_energy_latency(
+                    have, figs.dir / name,
+                    title=f"{SHORT.get(meta['model'], meta['model'])} {meta['setting']} "
+                          f"B={meta['batch']} ({profile})"))
+                rows[-1][0] = f"[{rows[-1][0]}](figures/{name})"
+        out += ["", f"### Profile `{profile}`", "",
+                md_table(["model", "trace", "setting", "B", *methods, "latency winner",
+                          "energy winner", "EDP winner", "same winner"], rows)]
+        differ = sum(1 for row in rows if row[-1] != "yes")
+        out += ["", f"The energy winner differs from the latency winner in {differ} of "
+                    f"{len(rows)} cells (model names link to each cell's scatter plot)."]
+    return out
+
+
+def _slug(text: str) -> str:
+    """A file-name-safe form of a cell key."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120]
+
+
 def _sec_scaling(records: list[dict[str, Any]], figs: _Figures, figure: str, field_: str,
                  title: str, base_values: Sequence[str]) -> list[str]:
     cells = cell_tables(records, figure)
@@ -663,6 +713,7 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
     body: list[str] = []
     sections: list[Callable[[], list[str]]] = [
         lambda: _sec_end_to_end(records, figs),
+        lambda: _sec_energy(records, figs),
         lambda: node_link_check(records),
         lambda: _sec_quality(records, figs),
         lambda: _sec_scaling(records, figs, "fig11_mesh", "mesh", "Mesh size (paper Fig. 11)",

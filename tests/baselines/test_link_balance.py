@@ -96,3 +96,40 @@ def test_mst_proxy(setup):
                               kind="mst")
     res = lb.link_balance(obj, pi0, coords, method="local", n_calls=20, seed=1)
     assert res.objective <= res.x0_objective and _valid(res.pi, 8)
+
+
+def test_energy_objectives_price_the_des_run(setup):
+    """energy = Σ_links busy·BW·8·e_hop + P_static·D·makespan of the same DES run; edp = that ×
+    the makespan."""
+    from hdamoe_env.cost import energy
+
+    sim, support, groups, freqs, pi0 = setup
+    lat = lb.MappingObjective(sim, support, groups, freqs, 128, 0, np.random.default_rng(1))
+    t = lat(pi0)
+    busy = lat.last_link_busy
+    e_hop_j = 8 * sim.energy_spec.noc_pj_per_bit_hop * 1e-12
+    want = float(np.dot(busy, sim.topology.link_bw_Bps)) * e_hop_j
+    assert want > 0 and want == pytest.approx(float(energy.noc_energy_j(
+        energy.link_byte_hops(busy, sim.topology.link_bw_Bps), sim.energy_spec)))
+    en = lb.MappingObjective(sim, support, groups, freqs, 128, 0, np.random.default_rng(1),
+                             objective="energy")
+    edp = lb.MappingObjective(sim, support, groups, freqs, 128, 0, np.random.default_rng(1),
+                              objective="edp")
+    want += sim.energy_spec.static_w_per_node * sim.hw.num_nodes * t
+    assert en(pi0) == pytest.approx(want, rel=1e-12)
+    assert edp(pi0) == pytest.approx(want * t, rel=1e-12)
+    res = lb.link_balance(en, pi0, sim.topology.endpoint_coords, method="local", n_calls=10,
+                          seed=3, topology=sim.topology)
+    assert res.objective <= res.x0_objective and res.record["objective"] == "energy"
+
+
+def test_energy_objective_rejects_the_mst_proxy_and_unknown_names(setup):
+    from hdamoe_env.config.errors import ConfigError
+
+    sim, support, groups, freqs, _ = setup
+    with pytest.raises(ConfigError, match="mst proxy scores latency only"):
+        lb.MappingObjective(sim, support, groups, freqs, 128, 0, np.random.default_rng(1),
+                            kind="mst", objective="energy")
+    with pytest.raises(ConfigError, match="unknown placement objective"):
+        lb.MappingObjective(sim, support, groups, freqs, 128, 0, np.random.default_rng(1),
+                            objective="power")

@@ -35,3 +35,21 @@ def test_place_config_accepts_profile_objects():  # paper-model.md §4 (derived 
     back = PlaceConfig.from_dict(cfg.to_dict())
     assert back.conv == derived and back.config_hash("t") == cfg.config_hash("t")
     assert cfg.config_hash("t") != by_name.config_hash("t")
+
+
+def test_objective_enters_the_hash_only_when_not_latency():
+    """Latency placements keep their hash (cache key); energy/EDP ones get their own."""
+    base = PlaceConfig.create(model="mixtral-8x7b")
+    lat = PlaceConfig.create(model="mixtral-8x7b", objective="latency")
+    assert "objective" not in lat.to_dict() and lat.config_hash("t") == base.config_hash("t")
+    hashes = {base.config_hash("t")}
+    for obj in ("energy", "edp"):
+        cfg = PlaceConfig.create(model="mixtral-8x7b", objective=obj)
+        assert cfg.to_dict()["objective"] == obj
+        assert PlaceConfig.from_dict(cfg.to_dict()).objective == obj
+        hashes.add(cfg.config_hash("t"))
+    assert len(hashes) == 3
+    with pytest.raises(ConfigError, match="objective='power'"):
+        PlaceConfig.create(model="mixtral-8x7b", objective="power")
+    with pytest.raises(ConfigError, match="needs lb_objective='des'"):
+        PlaceConfig.create(model="mixtral-8x7b", objective="energy", lb_objective="mst")

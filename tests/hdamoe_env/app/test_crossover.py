@@ -133,3 +133,54 @@ def test_tiny_trace_skew_run_names_the_knob(tmp_path, capsys):
                  "--knob", "trace_skew=0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "finite number > 0" in err
+
+
+def test_energy_knobs_parse_with_aliases_and_make_no_cells():
+    assert crossover.parse_knob("e_hop=0.2,2") == ("noc_pj_per_bit_hop", (0.2, 2.0))
+    assert crossover.parse_knob("static_w_per_node") == ("static_w_per_node", (0.2, 2.0))
+    with pytest.raises(ConfigError, match="not a finite number >= 0"):
+        crossover.parse_knob("e_mac=-1")
+    with pytest.raises(ConfigError, match="not a finite number >= 0"):
+        crossover.parse_knob("e_dram=x")
+    cells = crossover.crossover_cells(models=("deepseek-v2-lite",), settings=("5/50",),
+                                      batches=(128,), knobs={"mac_pj": (0.1, 2.0)},
+                                      methods=("tp", "ep"), mixtral_dir=None)
+    assert [c.tags["knob"] for c in cells] == ["base"]       # re-priced, not simulated
+
+
+def test_energy_knob_rows_reprice_the_breakdown_exactly():
+    """A knob value scales exactly its part; here a dearer NoC flips the energy winner."""
+    parts = {"tp": {"dram": 1.0, "noc": 0.1, "compute": 1.0, "static": 1.0},
+             "ep": {"dram": 1.0, "noc": 0.3, "compute": 0.9, "static": 0.95}}
+    row = {"cell": "c", "model": "m", "setting": "5/50", "batch": 10, "profile": "faithful",
+           "trace_skew": 1.0, "knob": "base", "value": None, "winner": "tp", "margin": 1.01,
+           "energy_parts_j": parts, "energy_winner": "ep"}
+    out = crossover.energy_knob_rows([row], {"noc_pj_per_bit_hop": (0.7, 2.1)})
+    assert len(out) == 1                                     # 0.7 is the base value
+    r = out[0]
+    assert r["j_per_token"]["tp"] == pytest.approx((1.0 + 0.3 + 1.0 + 1.0) / 10)
+    assert r["j_per_token"]["ep"] == pytest.approx((1.0 + 0.9 + 0.9 + 0.95) / 10)
+    assert r["energy_winner"] == "tp" and r["base_energy_winner"] == "ep"
+    assert r["winner"] == "tp" and r["energy_margin"] == pytest.approx(3.75 / 3.3)
+
+
+def test_tiny_run_records_energy_and_sweeps_an_energy_knob(tmp_path):
+    out = tmp_path / "xo"
+    argv = ["crossover", "--suite", "tiny", "--out", str(out), "--methods", "tp,ep",
+            "--knob", "e_hop=0.2,2", "--workers", "1"]
+    assert main(argv) == 0
+    data = json.loads((out / "crossover.json").read_text())
+    base = next(r for r in data["rows"] if r["knob"] == "base")
+    assert set(base["j_per_token"]) == {"tp", "ep"} and base["energy_winner"] in ("tp", "ep")
+    assert base["energy_over_tp"]["tp"] == pytest.approx(1.0)
+    e_rows = data["energy_knob_rows"]
+    assert sorted(r["value"] for r in e_rows) == [0.2, 2.0]
+    for r in e_rows:                     # only the NoC part moves, in proportion to the value
+        for m in ("tp", "ep"):
+            noc = base["energy_parts_j"][m]["noc"] / base["batch"]
+            assert r["j_per_token"][m] == pytest.approx(
+                base["j_per_token"][m] + noc * (r["value"] / 0.7 - 1.0), rel=1e-9)
+    text = (out / "crossover.md").read_text()
+    assert "## Energy per token under the base profile" in text
+    assert "## Energy knobs (re-priced, not re-simulated)" in text
+    assert "`noc_pj_per_bit_hop` (0.2, 2)" in text

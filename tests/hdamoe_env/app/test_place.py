@@ -55,3 +55,36 @@ def test_place_method_eplb_cli(tmp_path, capsys):
     # whole copies of 8 experts on 32 nodes do not fit rho_mem 1.5: one-line typed error
     assert hdamoe_main([*argv[:4], "4x8", *argv[5:-1], str(tmp_path / "b")]) == 2
     assert "rho_mem >= 4" in capsys.readouterr().err
+
+
+@needs_pulp
+def test_place_objective_energy_prints_the_objective_table(tmp_path, capsys):
+    """--objective energy: the per-layer latency/energy winners and the latency cost."""
+    import json
+
+    argv = ["place", "--model", "mixtral", "--mesh", "2x2", "--layers", "0", "--requests", "2",
+            "--bo-calls", "4", "--lb-method", "local", "--time-limit", "5", "--objective",
+            "energy", "--out", str(tmp_path), "--json", str(tmp_path / "rows.json")]
+    assert hdamoe_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Objective energy" in out and "energy winner" in out and "latency cost µs" in out
+    row = json.loads((tmp_path / "rows.json").read_text())[0]["objective_costs"]
+    assert row["objective"] == "energy" and row["chosen_uj"] == row["energy_best_uj"]
+    assert row["latency_cost_us"] == row["chosen_us"] - row["latency_best_us"] >= 0
+    assert Placement.load(tmp_path / "placement.npz").meta["objective"] == "energy"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--objective", "power"], "invalid choice: 'power'"),
+    (["--objective", "energy", "--lb-objective", "mst"], "needs lb_objective='des'"),
+])
+def test_place_bad_objective_is_one_line_exit_2(tmp_path, capsys, extra, needle):
+    argv = ["place", "--model", "mixtral", "--mesh", "2x2", "--out", str(tmp_path / "o"), *extra]
+    try:
+        code = hdamoe_main(argv)
+    except SystemExit as exc:          # argparse choices: usage + one error line
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and needle in err[-1]
+    if extra[1] == "energy":
+        assert len(err) == 1

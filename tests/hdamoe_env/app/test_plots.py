@@ -142,3 +142,14 @@ def test_pareto_labels_are_spread_apart_in_order():
     assert [y for _, y in close] == sorted(y for _, y in close)        # order of the points kept
     assert all(b - a >= 10.0 - 1e-9 for (_, a), (_, b) in zip(close, close[1:]))
     assert abs(sum(y for _, y in close) / 3 - 7250.0) < 1e-9           # centred on their mean
+
+
+def test_energy_latency_scatter(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = {"tp": {"tbt_us": 100.0, "j_per_token": 2e-3},
+            "ep": {"tbt_us": 110.0, "j_per_token": 1.8e-3},
+            "old": {"tbt_us": 90.0, "j_per_token": None}}        # a record without energy
+    path = plots.plot_energy_latency(rows, tmp_path / "f" / "e.png", title="cell")
+    assert path.exists() and path.stat().st_size > 0
+    with pytest.raises(ValueError, match="no method has both"):
+        plots.plot_energy_latency({"old": rows["old"]}, tmp_path / "x.png")

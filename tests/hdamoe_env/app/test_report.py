@@ -97,3 +97,32 @@ def test_report_marks_a_partial_run(tmp_path):
     text = write_report(tmp_path).read_text()
     assert "Partial run: 1 of the suite's 3 cells are finished" in text
     assert "CPU time of the computed cells 2.0 min summed (1.0 min per worker" in text
+
+
+def test_report_has_energy_beside_tbt_and_a_scatter_per_cell(tmp_path):
+    """A real tiny bench carries the energy fields; a crafted cell where EP is slower but uses
+    less energy is marked as a differing winner."""
+    real = _records(tmp_path)
+    rec = next(r for r in real if r["method"] == "tp")
+    assert {"energy_j", "j_per_token", "edp_js"} <= set(rec)
+    assert set(rec["energy_j"]) >= {"dram", "noc", "compute", "static", "total"}
+
+    def energy(cell, method, tbt, j):
+        return _fake(cell, method, tbt, j_per_token=j, edp_js=j * 16 * tbt * 1e-6,
+                     energy_j={"dram": j * 16, "noc": 0.0, "compute": 0.0, "static": 0.0,
+                               "total": j * 16})
+
+    crafted = [energy("e1", "tp", 100.0, 2e-3), energy("e1", "ep", 110.0, 1.8e-3),
+               energy("e1", "node-link", 95.0, 1.9e-3)]
+    write_jsonl(tmp_path / "results.jsonl", real + crafted)
+    text = write_report(tmp_path).read_text()
+    assert "## Energy per token beside TBT" in text
+    line = next(l for l in text.splitlines() if "figures/energy_latency_e1.png" in l)
+    # mJ/token (E/TP / TBT/TP), then latency, energy, EDP winners
+    assert "1.800 (0.900 / 1.100)" in line and "| node-link | ep | node-link | **no** |" in line
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "figures" / "energy_latency_e1.png").stat().st_size > 0
+    assert (tmp_path / "figures" / "energy_latency_c0.png").stat().st_size > 0

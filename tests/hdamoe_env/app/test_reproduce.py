@@ -99,6 +99,10 @@ def test_smallest_quick_cell_runs_on_a_tiny_config() -> None:
     assert all(r["tbt_us"] > 0 and r["figure"] == smallest.figure for r in recs)
     assert all(r["cell"] == payload["key"] for r in recs)
     assert recs[0]["batch"] == smallest.params["config"]["batch"]
+    for r in recs:              # energy beside time in every reproduce record (issue 30)
+        assert r["j_per_token"] > 0 and r["edp_js"] > 0
+        assert r["energy_j"]["total"] == pytest.approx(sum(
+            r["energy_j"][p] for p in ("dram", "noc", "compute", "static")))
     assert 0 < payload["cpu_s"] and payload["wall_s"] > 0
 
 
