@@ -51,6 +51,7 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.decisions import prediction_kernels
 from hdamoe_env.sim import batch_kernels
 
@@ -175,6 +176,25 @@ class _BatchedLayers:
         touch = self.support[np.arange(L)[None, :, None, None], sets].any(axis=3)  # [n,L,B,D]
         return counts, touch.sum(axis=2).max(axis=2, initial=0).astype(np.float64)
 
+    def layer_tables(self, layer: int, sets: NDArray[np.int64]
+                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return counts float64 [n, E] and V_c peaks float64 [n] of one layer's sets.
+
+        Args:
+            layer: The MoE layer.
+            sets: int64 [n, B, k] expert sets of that layer (C-contiguous).
+        """
+        if self.D <= 64:
+            h_ptr, h_node = self.holders
+            counts, peak = batch_kernels.step_tables(sets[:, None], h_ptr[layer:layer + 1],
+                                                     h_node[layer:layer + 1], self.E, self.D)
+            return counts[:, 0], peak[:, 0]
+        n = sets.shape[0]
+        flat = (sets.reshape(n, -1) + (np.arange(n) * self.E)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=n * self.E).astype(np.float64).reshape(n, self.E)
+        touch = self.support[layer][sets].any(axis=2)                          # [n, B, D]
+        return counts, touch.sum(axis=1).max(axis=1, initial=0).astype(np.float64)
+
     def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
                 peak: NDArray[np.float64]) -> NDArray[np.float64]:
         """Return the total latency [n] of layer ``layers[i]`` of every copy.
@@ -221,6 +241,42 @@ class _BatchedLayers:
         if self.is_tp.any():
             t_moe = np.where(self.is_tp[layers], self.tp_time, t_moe)
         return self.nm_total[layers] + t_comp + t_moe + 0.0
+
+
+class _BatchedGating:
+    """Hardware-aware gating of copies without a pre-broadcast (analytic twin, batched path).
+
+    The gated sets of ``DecisionEvaluator.gate`` from the same compiled call
+    (``gating.gated_sets``, the fused path of ``hardware_aware_gating``), without its
+    statistics and per-call checks: the arguments are the env's, fixed at construction.
+    ``usable`` is False when the env's gating options leave the fused path (a candidate window,
+    ``include_future``); every gated copy then steps through its own ``HdMoeEnv.step``.
+    """
+
+    def __init__(self, env: HdMoeEnv) -> None:
+        dec = env.decisions
+        opts = dec.gating_options
+        self.usable = (opts.get("candidate_window") is None
+                       and not opts.get("include_future", False)
+                       and not opts.get("diagnostics", True))
+        self.k = env.top_k
+        self.P = [np.asarray(P, dtype=np.float64) for P in dec.expected_shares]
+        self.tile_costs = [dec.gating_tile_cost(layer) for layer in range(env.num_layers)]
+        self.w_flops, self.compute_flops = dec.w_flops, dec.compute_flops
+        self.coefficients = dec.gating_coefficients
+        self.options = dict(comp_penalty=opts.get("comp_penalty", "marginal_max"),
+                            comm_penalty=opts.get("comm_penalty", "dispersion"),
+                            protect_top=int(opts.get("protect_top", 0)))
+
+    def sets(self, layer: int, level: float,
+             candidates: tuple[NDArray[np.int64], NDArray[np.float64]]
+             ) -> NDArray[np.int64] | None:
+        """Return the gated sets [B, k] of ``layer`` at ``level``, or None (take the copy's
+        own ``HdMoeEnv.step``)."""
+        r_comp, r_comm = self.coefficients
+        return gating_mod.gated_sets(candidates, self.k, self.P[layer], self.w_flops,
+                                     self.compute_flops, level * r_comp, level * r_comm,
+                                     tile_cost=self.tile_costs[layer], **self.options)
 
 
 class HdMoeVectorEnv(VectorEnv):
@@ -281,6 +337,12 @@ class HdMoeVectorEnv(VectorEnv):
         self.action_space = batch_space(proto.action_space, self.num_envs)
         self._layers = (_BatchedLayers(proto, np.asarray(proto._gammas, dtype=np.float64))
                         if batched else None)
+        # analytic copies with gating and no pre-broadcast: gated sets per copy, the rest
+        # batched (``_step_gated``)
+        self._gating: _BatchedGating | None = None
+        if self._layers is not None and any(level > 0 for level in proto.gating_levels):
+            gating = _BatchedGating(proto)
+            self._gating = gating if gating.usable else None
         # DES copies with plain actions: the layer evaluator called directly (no action
         # decoding, no info dict), the rest batched
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
@@ -397,16 +459,23 @@ class HdMoeVectorEnv(VectorEnv):
         self._trunc[:] = False
         infos: dict[str, Any] = {}
         fast = np.zeros(N, dtype=bool)
+        gated = np.zeros(N, dtype=bool)
         if (self._layers is not None or self._des_plain) and stepping.any():
-            fast = stepping & self._plain(a)
+            no_bc, level_off = self._plain(a)
+            fast = stepping & no_bc & level_off
+            if self._gating is not None:
+                gated = stepping & no_bc & ~level_off
         if fast.any():
             self._step_batched(np.flatnonzero(fast))
-        slow = np.flatnonzero(stepping & ~fast).tolist()
+        if gated.any():
+            gated[np.flatnonzero(gated)] = self._step_gated(np.flatnonzero(gated), a)
+        batched = fast | gated
+        slow = np.flatnonzero(stepping & ~batched).tolist()
         for i in slow:
             self._step_one(i, a[i])
-        ended = np.flatnonzero(stepping & ~fast & (self._layer == 0)).tolist()
-        if fast.any():
-            ended = sorted(ended + self._advance(np.flatnonzero(fast)))
+        ended = np.flatnonzero(stepping & ~batched & (self._layer == 0)).tolist()
+        if batched.any():
+            ended = sorted(ended + self._advance(np.flatnonzero(batched)))
         if ended:
             tbt = np.zeros(N)
             tbt[ended] = [self.envs[i]._tbts_us[-1] for i in ended]
@@ -462,15 +531,16 @@ class HdMoeVectorEnv(VectorEnv):
         self.envs = []
 
     # ------------------------------------------------------------------ internals
-    def _plain(self, a: NDArray[Any]) -> NDArray[np.bool_]:
-        """Return bool [N]: rows that are legal, without broadcast and with gating off."""
+    def _plain(self, a: NDArray[Any]) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+        """Return bool [N] twice: rows that are legal and without broadcast, and rows whose
+        gating is off."""
         nvec, mb = self._nvec, self._mb
         if a.ndim != 2 or a.shape[1] != nvec.size or a.dtype.kind not in "iu":
-            return np.zeros(self.num_envs, dtype=bool)
+            return np.zeros(self.num_envs, dtype=bool), np.zeros(self.num_envs, dtype=bool)
         legal = ((a >= 0) & (a < nvec)).all(axis=1)
         none = (a[:, :mb] == nvec[0] - 1).all(axis=1) if mb else np.ones(len(a), dtype=bool)
         level = np.clip(a[:, mb + 1], 0, self._zero_level.size - 1)
-        return legal & none & self._zero_level[level]
+        return legal & none, self._zero_level[level]
 
     def _reset_one(self, i: int, seed: int | None) -> None:
         env = self.envs[i]
@@ -612,6 +682,46 @@ class HdMoeVectorEnv(VectorEnv):
         self._rewards[idx] = -total / (tp if scale is None else scale)
         self._step_lat[idx] += total
         self._prev_busy[idx] = 0.0
+
+    def _step_gated(self, idx: NDArray[np.int64], a: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Step copies ``idx`` (analytic, no broadcast, gating on): gated sets per copy, then
+        counts, V_c peaks and latency batched (``_step_batched`` on the gated sets); return
+        bool [n], False for the copies left to their own ``HdMoeEnv.step``.
+
+        Bit-identical to ``HdMoeEnv.step``: the decision evaluator gates the copy's candidates
+        with the same compiled call, and without a broadcast or replicas the evaluator's
+        analytic layer is a function of the executed sets alone (no random draws).
+        """
+        assert self._gating is not None and self._layers is not None
+        layers = self._layer[idx]
+        levels = a[idx, self._mb + 1]
+        proto = self.envs[0]
+        sets = np.empty((idx.size, proto.batch, proto.top_k), dtype=np.int64)
+        done = np.zeros(idx.size, dtype=bool)
+        for j, (i, layer, lv) in enumerate(zip(idx.tolist(), layers.tolist(), levels.tolist(),
+                                               strict=True)):
+            env = self.envs[i]
+            out = self._gating.sets(layer, env.gating_levels[lv], env._candidates(layer))
+            if out is not None:
+                sets[j] = out
+                done[j] = True
+        if not done.all():
+            idx, layers, sets = idx[done], layers[done], np.ascontiguousarray(sets[done])
+        if idx.size == 0:
+            return done
+        counts = np.empty((idx.size, proto.num_experts))
+        peak = np.empty(idx.size)
+        for layer in np.unique(layers).tolist():
+            rows = np.flatnonzero(layers == layer)
+            part = sets if rows.size == idx.size else np.ascontiguousarray(sets[rows])
+            counts[rows], peak[rows] = self._layers.layer_tables(layer, part)
+        total = self._layers.latency(layers, counts, peak)
+        scale = proto.reward_scale
+        tp = self._tp_totals[idx, layers]
+        self._rewards[idx] = -total / (tp if scale is None else scale)
+        self._step_lat[idx] += total
+        self._prev_busy[idx] = 0.0
+        return done
 
     def _des_latency(self, idx: NDArray[np.int64], layers: NDArray[np.int64]
                      ) -> NDArray[np.float64]:

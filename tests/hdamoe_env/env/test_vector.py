@@ -52,6 +52,10 @@ def _compare(env_id, num_envs, steps, kwargs, *, policy="mixed", seed=11):
     for _ in range(steps):
         if policy == "noop":
             acts = np.tile(noop, (num_envs, 1))
+        elif policy == "gating":                        # no broadcast, a random gating level
+            acts = np.tile(noop, (num_envs, 1))
+            acts[:, base.max_broadcast + 1] = rng.integers(0, len(base.gating_levels),
+                                                           num_envs)
         else:
             acts = np.stack([space.sample(mask=_mask_tuple(venv.unwrapped, i))
                              for i in range(num_envs)])
@@ -91,11 +95,30 @@ def test_vector_env_equals_single_envs_analytic_id_noop():
              policy="noop")
 
 
+@pytest.mark.parametrize("num_envs", [1, 7])
+def test_vector_env_gating_without_broadcast_is_batched_and_equal(num_envs, monkeypatch):
+    """Analytic copies with gating on and no broadcast take the batched gated path."""
+    calls = []
+    original = HdMoeVectorEnv._step_gated
+
+    def spy(self, idx, a):
+        done = original(self, idx, a)
+        calls.append(int(done.sum()))
+        return done
+
+    monkeypatch.setattr(HdMoeVectorEnv, "_step_gated", spy)
+    _compare("hdamoe_env/HdMoE-v1", num_envs, 40, dict(TINY, fidelity="analytic",
+                                                        gammas=[0.7] * 26), policy="gating")
+    assert sum(calls) > 10
+
+
 @pytest.mark.slow
 def test_vector_env_equals_single_envs_64():
     _compare("hdamoe_env/HdMoE-v1", 64, 60, dict(TINY, fidelity="analytic",
                                                   gammas=[0.7] * 26))
     _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY)
+    _compare("hdamoe_env/HdMoE-v1", 64, 30, dict(TINY, fidelity="analytic",
+                                                  gammas=[0.7] * 26), policy="gating")
 
 
 def test_vector_entry_point_registered_for_every_id():
