@@ -37,6 +37,7 @@ __all__ = [
     "layer_flow_keys",
     "layer_messages",
     "simulate_layer_comm",
+    "simulate_layers_comm",
 ]
 
 AGGREGATOR_RULES = ("ref", "uniform", "first")
@@ -717,6 +718,103 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     if alpha > 0:
         makespan = np.where(makespan > 0, makespan + alpha, makespan)
     return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
+
+
+def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
+                         msg_bytes: NDArray[np.float64], holder_masks: NDArray[np.bool_],
+                         pis: NDArray[np.int64], aggs: NDArray[np.int64],
+                         layers: NDArray[np.int64], *, phases: Sequence[str] = PHASES,
+                         tie_break: str = "fifo", hop_latency_s: float = 0.0, chunks: int = 1,
+                         alpha_s: float = 0.0, switching: str = "store_and_forward",
+                         ni_bw_Bps: float | None = None, ni_latency_s: float | None = None
+                         ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``simulate_layer_comm`` of n layer runs in one compiled call (the batched vector env).
+
+    Run j simulates layer ``layers[j]`` (holder mask ``holder_masks[layers[j]]``, endpoints
+    ``pis[layers[j]]``) with token sets ``token_sets[j]`` and aggregators ``aggs[j]``; no extra
+    holders, no partial shards. Every run equals ``simulate_layer_comm`` with the same
+    arguments (the same kernel, ``_layer_kernel``, per run).
+
+    Args:
+        topology: The NoC; its endpoint count must equal D.
+        token_sets: int64 [n, T, k] expert sets of every run.
+        msg_bytes: float64 [T] message sizes, shared by the runs.
+        holder_masks: bool [L, E, D] holder clusters of every layer.
+        pis: int64 [L, D] endpoint of every cluster of every layer.
+        aggs: int64 [n, T] aggregator clusters of every run.
+        layers: int64 [n] layer of every run (enters the flow keys).
+        phases, tie_break, hop_latency_s, chunks, alpha_s, switching, ni_bw_Bps, ni_latency_s:
+            As ``simulate_layer_comm``.
+
+    Returns:
+        ``makespan`` float64 [n, P] (α added as in ``simulate_layer_comm``) and ``busy``
+        float64 [n, P, num_links].
+
+    Raises:
+        ConfigError: Invalid options, or a run whose inputs fail validation (the message names
+            the run; ``simulate_layer_comm`` of that run gives the details).
+    """
+    cut = check_switching(switching)
+    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
+    tie_ref = tie_break_is_ref(tie_break)
+    hop = check_scalar("hop_latency_s", hop_latency_s)
+    ni_lat = check_ni_latency(ni_latency_s, hop)
+    chunks = check_chunks(chunks)
+    codes = _phase_codes(tuple(phases))
+    alpha = check_scalar("alpha_s", alpha_s)
+    ts = np.ascontiguousarray(token_sets, dtype=np.int64)
+    ag = np.ascontiguousarray(aggs, dtype=np.int64)
+    lay = np.ascontiguousarray(layers, dtype=np.int64)
+    n = lay.shape[0]
+    if ts.ndim != 3 or ts.shape[0] != n or ag.shape != ts.shape[:2]:
+        raise ConfigError(f"token_sets [n, T, k] and aggs [n, T] must match layers [n={n}], got "
+                          f"{ts.shape} and {ag.shape}")
+    if n and (lay.min() < 0 or lay.max() >= holder_masks.shape[0]):
+        raise ConfigError(f"layers must lie in [0, {holder_masks.shape[0]}), got {lay.tolist()}")
+    check_ref_size(tie_ref, ts.shape[1] * topology.num_endpoints * chunks)
+    size = np.ascontiguousarray(msg_bytes, dtype=np.float64)
+    busy = np.zeros((n, codes.size, topology.num_links))
+    makespan = np.zeros((n, codes.size))
+    counts = np.zeros((n, codes.size), dtype=np.int64)
+    bad = _layers_kernel(ts, np.ascontiguousarray(holder_masks, dtype=np.bool_),
+                         np.ascontiguousarray(pis, dtype=np.int64), ag, lay, size, chunks,
+                         topology.pair_route_ptr, topology.route_ptr, topology.route_links,
+                         topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref,
+                         topology.num_endpoints, codes, busy, makespan, counts, cut, ni_bw,
+                         ni_lat)
+    if bad >= 0:
+        raise ConfigError(f"run {bad} (layer {int(lay[bad])}): layer inputs failed validation; "
+                          "simulate_layer_comm of that run names the problem")
+    if alpha > 0:
+        makespan = np.where(makespan > 0, makespan + alpha, makespan)
+    return makespan, busy
+
+
+@njit(cache=True)
+def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_],
+                   pis: NDArray[np.int64], aggs: NDArray[np.int64], layers: NDArray[np.int64],
+                   msg_bytes: NDArray[np.float64], chunks: int, pair_ptr: NDArray[np.int64],
+                   route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
+                   link_bw: NDArray[np.float64], route_rank: NDArray[np.int64],
+                   hop_latency: float, tie_ref: bool, num_endpoints: int,
+                   phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
+                   makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
+                   cut_through: bool, ni_bw: float, ni_lat: float) -> int:
+    """``_layer_kernel`` for every run of ``simulate_layers_comm``; the first invalid run, or
+    −1."""
+    num_tokens = token_sets.shape[1]
+    extra = np.zeros((num_tokens, 0), dtype=np.int64)
+    no_partial = np.zeros((0, 1), dtype=np.bool_)
+    no_sizes = np.zeros(0)
+    for j in range(layers.shape[0]):
+        layer = layers[j]
+        if not _layer_kernel(token_sets[j], holder_masks[layer], extra, aggs[j], pis[layer],
+                             msg_bytes, no_partial, no_sizes, chunks, layer, pair_ptr,
+                             route_ptr, route_links, link_bw, route_rank, hop_latency, tie_ref,
+                             num_endpoints, phase_codes, busy_out[j], makespan_out[j],
+                             count_out[j], cut_through, ni_bw, ni_lat):
+            return j
+    return -1
 
 
 def _as_partial(partial_mask: ArrayLike | None, combine_bytes: ArrayLike | None,

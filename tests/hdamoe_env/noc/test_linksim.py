@@ -15,6 +15,7 @@ from hdamoe_env.noc.linksim import (
     layer_flow_keys,
     layer_messages,
     simulate_layer_comm,
+    simulate_layers_comm,
 )
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
 from hdamoe_env.noc.topology import make_topology, stable_hash
@@ -321,3 +322,38 @@ def test_aggregators_for_holderless_tokens():
                               extra).tolist() == [1, 1]
     with pytest.raises(ConfigError, match="holder"):
         choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("kind", ["mesh", "torus"])
+@pytest.mark.parametrize("opts", [
+    dict(),
+    dict(tie_break="ref", chunks=2, hop_latency_s=2e-9, alpha_s=1e-7),
+    dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=5e10, ni_latency_s=1.5e-9,
+         phases=("combine",)),
+])
+def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
+    """The batched entry (one compiled call) gives every run's makespans and busy times bit
+    for bit as ``simulate_layer_comm`` of that run."""
+    rng = np.random.default_rng(5)
+    topo = make_topology(kind, HW48)
+    L, E, k, T, D = 3, 16, 3, 20, 32
+    masks = rng.random((L, E, D)) < 0.08
+    for layer in range(L):
+        masks[layer, np.arange(E), rng.integers(0, D, E)] = True
+    pis = np.stack([rng.permutation(D) for _ in range(L)])
+    layers = np.array([2, 0, 2, 1, 1])
+    sets = np.stack([np.array([rng.choice(E, k, replace=False) for _ in range(T)])
+                     for _ in layers])
+    aggs = np.stack([choose_aggregators(sets[j], masks[layer], "uniform", rng)
+                     for j, layer in enumerate(layers)])
+    msg = rng.choice([512.0, 1024.0], T)
+    makespan, busy = simulate_layers_comm(topo, sets, msg, masks, pis, aggs, layers, **opts)
+    for j, layer in enumerate(layers.tolist()):
+        one = simulate_layer_comm(topo, sets[j], msg, masks[layer], pis[layer], aggs[j],
+                                  layer=layer, **opts)
+        assert tuple(makespan[j].tolist()) == one.makespan_s
+        np.testing.assert_array_equal(busy[j], one.link_busy_s)
+    bad = aggs.copy()
+    bad[3, 0] = D                                               # cluster out of range
+    with pytest.raises(ConfigError, match="run 3"):
+        simulate_layers_comm(topo, sets, msg, masks, pis, bad, layers, **opts)
