@@ -53,6 +53,7 @@ from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
 from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.decisions import prediction_kernels
+from hdamoe_env.noc import linksim
 from hdamoe_env.sim import batch_kernels
 
 __all__ = ["HdMoeVectorEnv", "spawn"]
@@ -195,14 +196,13 @@ class _BatchedLayers:
         touch = self.support[layer][sets].any(axis=2)                          # [n, B, D]
         return counts, touch.sum(axis=1).max(axis=1, initial=0).astype(np.float64)
 
-    def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
-                peak: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Return the total latency [n] of layer ``layers[i]`` of every copy.
+    def expert_phase(self, layers: NDArray[np.int64], counts: NDArray[np.float64]
+                     ) -> NDArray[np.float64]:
+        """Return the expert phase t_comp [n] of layer ``layers[i]`` of every copy.
 
         Args:
             layers: int64 [n] MoE layer of every copy.
             counts: float64 [n, E] tokens per expert of that layer (``tables``).
-            peak: float64 [n] sampled V_c / h of that layer (``tables``).
         """
         n = layers.size
         E, ev = self.E, self.ev
@@ -235,12 +235,83 @@ class _BatchedLayers:
                 t_comp[idx] = np.maximum(t_compute, stream.max(axis=1))
             else:
                 t_comp[idx] = t_compute
+        return t_comp
+
+    def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
+                peak: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the total latency [n] of layer ``layers[i]`` of every copy.
+
+        Args:
+            layers: int64 [n] MoE layer of every copy.
+            counts: float64 [n, E] tokens per expert of that layer (``tables``).
+            peak: float64 [n] sampled V_c / h of that layer (``tables``).
+        """
+        t_comp = self.expert_phase(layers, counts)
         kappa, h, bw, factor = self.comm_scale
         x_comm = kappa * (h * peak) / bw
         t_moe = self.gammas[layers] * x_comm * factor
         if self.is_tp.any():
             t_moe = np.where(self.is_tp[layers], self.tp_time, t_moe)
         return self.nm_total[layers] + t_comp + t_moe + 0.0
+
+
+class _BatchedDes:
+    """The DES layer latency of ``LayerEvaluator.evaluate`` over a batch of copies.
+
+    For layers without partial shards and not TP: each copy draws its aggregators from its own
+    generator (``linksim.choose_aggregators``, as ``simulate_moe_comm``), then one compiled
+    call simulates every copy's layer (``linksim.simulate_layers_comm``) and the expert phase
+    is batched (``_BatchedLayers.expert_phase``); the sums are the evaluator's, in its order.
+    Other layers take ``LayerEvaluator.evaluate`` per copy (``usable`` False).
+    """
+
+    def __init__(self, env: HdMoeEnv, tables: _BatchedLayers) -> None:
+        ev = env.evaluator
+        consts = ev.layers
+        sim, conv = ev.sim, ev.conv
+        self.ev = ev
+        self.tables = tables
+        self.usable = np.array([c.partial is None and not c.is_tp for c in consts])
+        self.holders = [c.holders for c in consts]
+        self.masks = np.ascontiguousarray(np.stack([c.support for c in consts]))   # [L, E, D]
+        self.pis = np.ascontiguousarray(np.stack([c.pi for c in consts]), dtype=np.int64)
+        self.rule = conv.aggregator
+        self.both = conv.moe_comm == "dispatch+combine"
+        hop = sim.hw.hop_latency_for(conv)
+        self.topology = sim.topology
+        self.msg = np.ascontiguousarray(ev.msg, dtype=np.float64)
+        self.options: dict[str, Any] = dict(
+            phases=("dispatch", "combine") if self.both else ("combine",),
+            tie_break=conv.tie_break, hop_latency_s=hop, chunks=conv.chunks,
+            alpha_s=conv.msg_alpha_s, switching=conv.switching,
+            ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps),
+            ni_latency_s=conv.ni_latency_for(hop))
+
+    def latency(self, layers: NDArray[np.int64], sets: NDArray[np.int64],
+                counts: NDArray[np.float64], rngs: list[np.random.Generator]
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return the total latency [n] and link busy time [n, num_links] of usable layers.
+
+        Args:
+            layers: int64 [n] MoE layer of every copy (``usable``).
+            sets: int64 [n, B, k] that layer's expert sets.
+            counts: float64 [n, E] tokens per expert of that layer.
+            rngs: Every copy's generator (aggregator draws, in the copies' order).
+        """
+        aggs = np.empty(sets.shape[:2], dtype=np.int64)
+        for j, (layer, rng) in enumerate(zip(layers.tolist(), rngs, strict=True)):
+            aggs[j] = linksim.choose_aggregators(sets[j], self.holders[layer], self.rule, rng,
+                                                 None)
+        makespan, busy = linksim.simulate_layers_comm(self.topology, sets, self.msg, self.masks,
+                                                      self.pis, aggs, layers, **self.options)
+        if self.both:
+            t_moe = makespan[:, 0] + makespan[:, 1]
+            link_busy = busy.sum(axis=1)
+        else:
+            t_moe = 2.0 * makespan[:, 0]
+            link_busy = 2.0 * busy.sum(axis=1)
+        t_comp = self.tables.expert_phase(layers, counts)
+        return self.tables.nm_total[layers] + t_comp + t_moe + 0.0, link_busy
 
 
 class _BatchedGating:
@@ -347,6 +418,10 @@ class HdMoeVectorEnv(VectorEnv):
         # decoding, no info dict), the rest batched
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
                            and not proto.replica_rules and plain_reward)
+        self._des = (_BatchedDes(proto, _BatchedLayers(proto, np.zeros(proto.num_layers)))
+                     if self._des_plain else None)
+        # the per-decode-step tables (counts, V_c peaks) of the batched paths
+        self._tables = self._layers if self._des is None else self._des.tables
         # --- per-layer static observation parts and masks, stacked over L
         L, E, D, N = proto.num_layers, proto.num_experts, proto.num_nodes, self.num_envs
         self._L = L
@@ -565,8 +640,8 @@ class HdMoeVectorEnv(VectorEnv):
             return
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         sets = proto._routing[:, rows, :].transpose(1, 0, 2, 3).astype(np.int64)  # [n, L, B, k]
-        if self._layers is not None:
-            counts_actual, peak = self._layers.tables(sets)
+        if self._tables is not None:
+            counts_actual, peak = self._tables.tables(sets)
             self._counts[idx] = counts_actual
             self._peak[idx] = peak
             tp = proto._tp_evaluator.tp_totals(sets, counts=counts_actual)          # [n, L]
@@ -597,7 +672,7 @@ class HdMoeVectorEnv(VectorEnv):
         latencies and the observation parts batched."""
         proto = self.envs[0]
         predictor = proto._predictor
-        layers = self._layers
+        layers = self._tables
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         states = [prediction_kernels.generator_state(env.np_random) for env in copies]
         if any(s is None for s in states):        # a generator other than PCG64: per copy
@@ -729,7 +804,20 @@ class HdMoeVectorEnv(VectorEnv):
         and set their link-busy observation."""
         ev = self.envs[0].evaluator
         total = np.empty(idx.size)
-        for j, (i, layer) in enumerate(zip(idx.tolist(), layers.tolist(), strict=True)):
+        batched = np.zeros(idx.size, dtype=bool)
+        if self._des is not None:
+            batched = self._des.usable[layers]
+        if batched.any():        # one compiled DES call for these copies (``_BatchedDes``)
+            bi, bl = idx[batched], layers[batched]
+            t, busy = self._des.latency(bl, self._sets[bi, bl], self._counts[bi, bl],
+                                        [self.envs[i].np_random for i in bi.tolist()])
+            total[batched] = t
+            live = t > 0
+            self._prev_busy[bi[~live]] = 0.0
+            self._prev_busy[bi[live]] = np.minimum(busy[live] / t[live, None], 1.0).astype(
+                np.float32)
+        for j in np.flatnonzero(~batched).tolist():
+            i, layer = int(idx[j]), int(layers[j])
             res = ev.evaluate(layer, self._sets[i, layer], rng=self.envs[i].np_random,
                               fidelity="des")
             t = res.total_s + 0.0                 # + the (zero) pending charge, as the env

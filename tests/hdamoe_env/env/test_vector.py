@@ -112,6 +112,22 @@ def test_vector_env_gating_without_broadcast_is_batched_and_equal(num_envs, monk
     assert sum(calls) > 10
 
 
+def test_vector_env_des_copies_take_one_batched_des_call(monkeypatch):
+    """DES copies with plain actions: aggregators per copy, one compiled DES call for all."""
+    from hdamoe_env.env import vector
+
+    runs = []
+    original = vector._BatchedDes.latency
+
+    def spy(self, layers, sets, counts, rngs):
+        runs.append(layers.size)
+        return original(self, layers, sets, counts, rngs)
+
+    monkeypatch.setattr(vector._BatchedDes, "latency", spy)
+    _compare("hdamoe_env/HdMoE-v1", 5, 40, dict(TINY, steps_per_episode=2), policy="noop")
+    assert sum(runs) > 100 and max(runs) > 1
+
+
 @pytest.mark.slow
 def test_vector_env_equals_single_envs_64():
     _compare("hdamoe_env/HdMoE-v1", 64, 60, dict(TINY, fidelity="analytic",
