@@ -289,8 +289,9 @@ def _run_ray(calls: list[tuple[Any, ...]], workers: int, ray_address: str | None
         raise DependencyNotInstalled(
             "backend='ray' needs Ray (`pip install -c constraints.txt -e '.[ray]'`); or use "
             "--backend process (--workers N)") from exc
-    module = sys.modules[__name__]
-    if __name__ != "__main__":      # a script module is not importable in the Ray workers
+    module = sys.modules.get(__name__)
+    if module is not None and __name__ != "__main__":
+        # a script module is not importable in the Ray workers: ship run_cell by value
         cloudpickle.register_pickle_by_value(module)
     started = False
     if not ray.is_initialized():
