@@ -18,10 +18,14 @@ How the work is shared:
   expert phase (tile model or FLOP rate, weight streaming) from per-expert counts, the sampled
   V_c of Eq. 2, reward — and the observation gather run as a handful of numpy operations over
   the whole batch, with the same floating-point operations in the same order as
-  ``LayerEvaluator.evaluate`` (hence bit-identical). On the DES, such copies call the layer
-  evaluator directly (their own aggregator draws; no action decoding, no ``info``). Every
-  other action (pre-broadcast, gating, replica rules) goes through the copy's own
-  ``HdMoeEnv.step``.
+  ``LayerEvaluator.evaluate`` (hence bit-identical). On the DES (:class:`_BatchedDes`), plain
+  copies draw their aggregators from their own generators, then one compiled call simulates
+  every copy's layer (``noc.linksim.simulate_layers_comm``) and the expert phase is batched;
+  layers with partial shards or TP keep the per-copy evaluator. Copies with gating on and no
+  pre-broadcast (:class:`_BatchedGating`) gate their own router candidates with the compiled
+  call of ``DecisionEvaluator.gate`` (``gating.gated_sets``) and then take the same batched
+  evaluation (analytic or DES) on the gated sets. Every other action (pre-broadcast, replica
+  rules) goes through the copy's own ``HdMoeEnv.step``.
 * Decode steps of all copies are formed together (:class:`_Copy` defers them), with the
   noisy-oracle predictor in one compiled call (``hdamoe_env.sim.batch_kernels.form_steps``):
   routing rows, per-expert counts and V_c peaks of every layer, and the predictions, every
@@ -315,7 +319,7 @@ class _BatchedDes:
 
 
 class _BatchedGating:
-    """Hardware-aware gating of copies without a pre-broadcast (analytic twin, batched path).
+    """Hardware-aware gating of copies without a pre-broadcast (the batched paths).
 
     The gated sets of ``DecisionEvaluator.gate`` from the same compiled call
     (``gating.gated_sets``, the fused path of ``hardware_aware_gating``), without its
@@ -408,12 +412,6 @@ class HdMoeVectorEnv(VectorEnv):
         self.action_space = batch_space(proto.action_space, self.num_envs)
         self._layers = (_BatchedLayers(proto, np.asarray(proto._gammas, dtype=np.float64))
                         if batched else None)
-        # analytic copies with gating and no pre-broadcast: gated sets per copy, the rest
-        # batched (``_step_gated``)
-        self._gating: _BatchedGating | None = None
-        if self._layers is not None and any(level > 0 for level in proto.gating_levels):
-            gating = _BatchedGating(proto)
-            self._gating = gating if gating.usable else None
         # DES copies with plain actions: the layer evaluator called directly (no action
         # decoding, no info dict), the rest batched
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
@@ -422,6 +420,12 @@ class HdMoeVectorEnv(VectorEnv):
                      if self._des_plain else None)
         # the per-decode-step tables (counts, V_c peaks) of the batched paths
         self._tables = self._layers if self._des is None else self._des.tables
+        # copies with gating and no pre-broadcast: gated sets per copy, the rest batched
+        # (``_step_gated``)
+        self._gating: _BatchedGating | None = None
+        if self._tables is not None and any(level > 0 for level in proto.gating_levels):
+            gating = _BatchedGating(proto)
+            self._gating = gating if gating.usable else None
         # --- per-layer static observation parts and masks, stacked over L
         L, E, D, N = proto.num_layers, proto.num_experts, proto.num_nodes, self.num_envs
         self._L = L
@@ -759,22 +763,28 @@ class HdMoeVectorEnv(VectorEnv):
         self._prev_busy[idx] = 0.0
 
     def _step_gated(self, idx: NDArray[np.int64], a: NDArray[np.int64]) -> NDArray[np.bool_]:
-        """Step copies ``idx`` (analytic, no broadcast, gating on): gated sets per copy, then
-        counts, V_c peaks and latency batched (``_step_batched`` on the gated sets); return
-        bool [n], False for the copies left to their own ``HdMoeEnv.step``.
+        """Step copies ``idx`` (no broadcast, gating on): gated sets per copy, then the layer
+        batched on the gated sets as for plain actions (analytic: counts, V_c peaks and
+        latency; DES: ``_BatchedDes``); return bool [n], False for the copies left to their
+        own ``HdMoeEnv.step``.
 
         Bit-identical to ``HdMoeEnv.step``: the decision evaluator gates the copy's candidates
-        with the same compiled call, and without a broadcast or replicas the evaluator's
-        analytic layer is a function of the executed sets alone (no random draws).
+        with the same compiled call (no random draws), and without a broadcast or replicas
+        the evaluator's layer is that of the executed sets (on the DES with the copy's own
+        aggregator draws).
         """
-        assert self._gating is not None and self._layers is not None
+        assert self._gating is not None and self._tables is not None
         layers = self._layer[idx]
         levels = a[idx, self._mb + 1]
         proto = self.envs[0]
         sets = np.empty((idx.size, proto.batch, proto.top_k), dtype=np.int64)
         done = np.zeros(idx.size, dtype=bool)
+        if self._des is not None:                  # the rest take the per-copy evaluator
+            usable = self._des.usable[layers]
         for j, (i, layer, lv) in enumerate(zip(idx.tolist(), layers.tolist(), levels.tolist(),
                                                strict=True)):
+            if self._des is not None and not usable[j]:
+                continue
             env = self.envs[i]
             out = self._gating.sets(layer, env.gating_levels[lv], env._candidates(layer))
             if out is not None:
@@ -789,14 +799,29 @@ class HdMoeVectorEnv(VectorEnv):
         for layer in np.unique(layers).tolist():
             rows = np.flatnonzero(layers == layer)
             part = sets if rows.size == idx.size else np.ascontiguousarray(sets[rows])
-            counts[rows], peak[rows] = self._layers.layer_tables(layer, part)
-        total = self._layers.latency(layers, counts, peak)
+            counts[rows], peak[rows] = self._tables.layer_tables(layer, part)
+        if self._des is not None:
+            total, busy = self._des.latency(layers, sets, counts,
+                                            [self.envs[i].np_random for i in idx.tolist()])
+            self._set_busy(idx, total, busy)
+        else:
+            assert self._layers is not None
+            total = self._layers.latency(layers, counts, peak)
+            self._prev_busy[idx] = 0.0
         scale = proto.reward_scale
         tp = self._tp_totals[idx, layers]
         self._rewards[idx] = -total / (tp if scale is None else scale)
         self._step_lat[idx] += total
-        self._prev_busy[idx] = 0.0
         return done
+
+    def _set_busy(self, idx: NDArray[np.int64], total: NDArray[np.float64],
+                  busy: NDArray[np.float64]) -> None:
+        """Set the link-busy observation of copies ``idx`` from their layer's busy time
+        [n, num_links] and latency [n], as ``HdMoeEnv.step``."""
+        live = total > 0
+        self._prev_busy[idx[~live]] = 0.0
+        self._prev_busy[idx[live]] = np.minimum(busy[live] / total[live, None], 1.0).astype(
+            np.float32)
 
     def _des_latency(self, idx: NDArray[np.int64], layers: NDArray[np.int64]
                      ) -> NDArray[np.float64]:
@@ -812,10 +837,7 @@ class HdMoeVectorEnv(VectorEnv):
             t, busy = self._des.latency(bl, self._sets[bi, bl], self._counts[bi, bl],
                                         [self.envs[i].np_random for i in bi.tolist()])
             total[batched] = t
-            live = t > 0
-            self._prev_busy[bi[~live]] = 0.0
-            self._prev_busy[bi[live]] = np.minimum(busy[live] / t[live, None], 1.0).astype(
-                np.float32)
+            self._set_busy(bi, t, busy)
         for j in np.flatnonzero(~batched).tolist():
             i, layer = int(idx[j]), int(layers[j])
             res = ev.evaluate(layer, self._sets[i, layer], rng=self.envs[i].np_random,

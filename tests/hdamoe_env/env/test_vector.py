@@ -95,9 +95,10 @@ def test_vector_env_equals_single_envs_analytic_id_noop():
              policy="noop")
 
 
-@pytest.mark.parametrize("num_envs", [1, 7])
-def test_vector_env_gating_without_broadcast_is_batched_and_equal(num_envs, monkeypatch):
-    """Analytic copies with gating on and no broadcast take the batched gated path."""
+@pytest.mark.parametrize("num_envs,fidelity", [(1, "analytic"), (7, "analytic"), (5, "des")])
+def test_vector_env_gating_without_broadcast_is_batched_and_equal(num_envs, fidelity,
+                                                                  monkeypatch):
+    """Copies with gating on and no broadcast take the batched gated path."""
     calls = []
     original = HdMoeVectorEnv._step_gated
 
@@ -107,7 +108,7 @@ def test_vector_env_gating_without_broadcast_is_batched_and_equal(num_envs, monk
         return done
 
     monkeypatch.setattr(HdMoeVectorEnv, "_step_gated", spy)
-    _compare("hdamoe_env/HdMoE-v1", num_envs, 40, dict(TINY, fidelity="analytic",
+    _compare("hdamoe_env/HdMoE-v1", num_envs, 40, dict(TINY, fidelity=fidelity,
                                                         gammas=[0.7] * 26), policy="gating")
     assert sum(calls) > 10
 
@@ -135,6 +136,7 @@ def test_vector_env_equals_single_envs_64():
     _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY)
     _compare("hdamoe_env/HdMoE-v1", 64, 30, dict(TINY, fidelity="analytic",
                                                   gammas=[0.7] * 26), policy="gating")
+    _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY, policy="gating")
 
 
 def test_vector_entry_point_registered_for_every_id():

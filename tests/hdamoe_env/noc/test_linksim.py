@@ -324,12 +324,11 @@ def test_aggregators_for_holderless_tokens():
         choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("kind", ["mesh", "torus"])
-@pytest.mark.parametrize("opts", [
-    dict(),
-    dict(tie_break="ref", chunks=2, hop_latency_s=2e-9, alpha_s=1e-7),
-    dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=5e10, ni_latency_s=1.5e-9,
-         phases=("combine",)),
+@pytest.mark.parametrize("kind,opts", [
+    ("mesh", dict()),
+    ("torus", dict(tie_break="ref", chunks=2, hop_latency_s=2e-9, alpha_s=1e-7)),
+    ("mesh", dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=5e10,
+                  ni_latency_s=1.5e-9, phases=("combine",))),
 ])
 def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
     """The batched entry (one compiled call) gives every run's makespans and busy times bit
