@@ -417,7 +417,8 @@ class HdMoeVectorEnv(VectorEnv):
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
                            and not proto.replica_rules and plain_reward)
         self._des = (_BatchedDes(proto, _BatchedLayers(proto, np.zeros(proto.num_layers)))
-                     if self._des_plain else None)
+                     if self._des_plain and all(c is not None for c in proto.evaluator.layers)
+                     else None)
         # the per-decode-step tables (counts, V_c peaks) of the batched paths
         self._tables = self._layers if self._des is None else self._des.tables
         # copies with gating and no pre-broadcast: gated sets per copy, the rest batched
