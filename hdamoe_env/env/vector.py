@@ -263,9 +263,10 @@ class _BatchedDes:
     """The DES layer latency of ``LayerEvaluator.evaluate`` over a batch of copies.
 
     For layers without partial shards and not TP: each copy draws its aggregators from its own
-    generator (``linksim.choose_aggregators``, as ``simulate_moe_comm``), then one compiled
-    call simulates every copy's layer (``linksim.simulate_layers_comm``) and the expert phase
-    is batched (``_BatchedLayers.expert_phase``); the sums are the evaluator's, in its order.
+    generator (``choose_aggregators`` of ``simulate_moe_comm``, compiled over the copies:
+    ``linksim.aggregators_many``), then one compiled call simulates every copy's layer
+    (``linksim.simulate_layers_comm``) and the expert phase is batched
+    (``_BatchedLayers.expert_phase``); the sums are the evaluator's, in its order.
     Other layers take ``LayerEvaluator.evaluate`` per copy (``usable`` False).
     """
 
@@ -277,6 +278,7 @@ class _BatchedDes:
         self.tables = tables
         self.usable = np.array([c.partial is None and not c.is_tp for c in consts])
         self.holders = [c.holders for c in consts]
+        self.holder_arrays = linksim.holder_arrays(self.holders)
         self.masks = np.ascontiguousarray(np.stack([c.support for c in consts]))   # [L, E, D]
         self.pis = np.ascontiguousarray(np.stack([c.pi for c in consts]), dtype=np.int64)
         self.rule = conv.aggregator
@@ -302,10 +304,7 @@ class _BatchedDes:
             counts: float64 [n, E] tokens per expert of that layer.
             rngs: Every copy's generator (aggregator draws, in the copies' order).
         """
-        aggs = np.empty(sets.shape[:2], dtype=np.int64)
-        for j, (layer, rng) in enumerate(zip(layers.tolist(), rngs, strict=True)):
-            aggs[j] = linksim.choose_aggregators(sets[j], self.holders[layer], self.rule, rng,
-                                                 None)
+        aggs = self._aggregators(layers, sets, rngs)
         makespan, busy = linksim.simulate_layers_comm(self.topology, sets, self.msg, self.masks,
                                                       self.pis, aggs, layers, **self.options)
         if self.both:
@@ -316,6 +315,33 @@ class _BatchedDes:
             link_busy = 2.0 * busy.sum(axis=1)
         t_comp = self.tables.expert_phase(layers, counts)
         return self.tables.nm_total[layers] + t_comp + t_moe + 0.0, link_busy
+
+    def _aggregators(self, layers: NDArray[np.int64], sets: NDArray[np.int64],
+                     rngs: list[np.random.Generator]) -> NDArray[np.int64]:
+        """Draw every copy's aggregators from its own generator: one compiled call on the
+        copies' PCG64 states (``linksim.aggregators_many``), ``choose_aggregators`` per copy
+        for another bit generator or a token without a held expert."""
+        aggs = np.empty(sets.shape[:2], dtype=np.int64)
+        states = [prediction_kernels.generator_state(rng) for rng in rngs]
+        if any(state is None for state in states):
+            for j, (layer, rng) in enumerate(zip(layers.tolist(), rngs, strict=True)):
+                aggs[j] = linksim.choose_aggregators(sets[j], self.holders[layer], self.rule,
+                                                     rng, None)
+            return aggs
+        addr = np.array(states, dtype=np.uint64)
+        start = 0
+        while start < layers.size:
+            out, stop = linksim.aggregators_many(sets[start:], layers[start:],
+                                                 self.holder_arrays, self.rule, addr[start:])
+            if stop < 0:
+                aggs[start:] = out
+                break
+            i = start + stop
+            aggs[start:i] = out[:stop]
+            aggs[i] = linksim.choose_aggregators(sets[i], self.holders[int(layers[i])],
+                                                 self.rule, rngs[i], None)   # raises as the env
+            start = i + 1
+        return aggs
 
 
 class _BatchedGating:

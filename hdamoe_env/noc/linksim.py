@@ -13,12 +13,14 @@ computation, step by step (tests pin the equality).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import llvmlite.binding as llvm
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.noc.des import (check_ni_bandwidth, check_ni_latency, check_switching,
@@ -33,7 +35,9 @@ __all__ = [
     "PHASES",
     "HolderTable",
     "LayerComm",
+    "aggregators_many",
     "choose_aggregators",
+    "holder_arrays",
     "layer_flow_keys",
     "layer_messages",
     "simulate_layer_comm",
@@ -42,6 +46,16 @@ __all__ = [
 
 AGGREGATOR_RULES = ("ref", "uniform", "first")
 PHASES = ("dispatch", "combine")
+
+#: PCG64's ``next_uint32`` (numpy's C function behind ``Generator.integers`` for ranges below
+#: 2**32), registered under a fixed symbol so that kernels calling it stay cacheable on disk;
+#: a kernel passes it the address of a generator's PCG64 state (``bit_generator.ctypes.
+#: state_address``, as ``decisions.prediction_kernels.generator_state`` returns it).
+_NEXT_UINT32 = "hdamoe_env_pcg64_next_uint32"
+llvm.add_symbol(_NEXT_UINT32, ctypes.cast(np.random.PCG64(0).ctypes.next_uint32,
+                                          ctypes.c_void_p).value)
+_next_uint32 = types.ExternalFunction(_NEXT_UINT32, types.uint32(types.uintp))
+_U32_MAX = np.uint64(0xFFFFFFFF)
 
 # splitmix64 constants of ``topology.stable_hash`` as numba compile-time constants
 _U_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -815,6 +829,124 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
                              count_out[j], cut_through, ni_bw, ni_lat):
             return j
     return -1
+
+
+@njit(cache=True)
+def _bounded(state: int, rng: int) -> int:
+    """One value of ``Generator.integers(0, rng + 1)`` (an element of an array ``high``) for
+    0 <= rng < 2**32 − 1: numpy's ``random_bounded_uint64`` without a buffer, i.e. no draw for
+    rng = 0, else Lemire's multiply-shift rejection on ``next_uint32``."""
+    if rng == 0:
+        return 0
+    excl = np.uint64(rng) + np.uint64(1)
+    m = np.uint64(_next_uint32(state)) * excl
+    leftover = m & _U32_MAX
+    if leftover < excl:
+        threshold = (_U32_MAX - np.uint64(rng)) % excl
+        while leftover < threshold:
+            m = np.uint64(_next_uint32(state)) * excl
+            leftover = m & _U32_MAX
+    return np.int64(m >> np.uint64(32))
+
+
+@njit(cache=True)
+def _aggregators_kernel(token_sets: NDArray[np.int64], layers: NDArray[np.int64],
+                        tables: NDArray[np.int64], num_holders: NDArray[np.int64],
+                        states: NDArray[np.uint64], rule: int, out: NDArray[np.int64]) -> int:
+    """``choose_aggregators`` of every run (rule 0 ``ref``, 1 ``uniform``, 2 ``first``), the
+    draws from each run's PCG64 state; return the first run with a token none of whose experts
+    has a holder (nothing drawn for it), or −1."""
+    n, num_tokens, top_k = token_sets.shape
+    expert = np.empty(num_tokens, dtype=np.int64)
+    for j in range(n):
+        layer = layers[j]
+        ts = token_sets[j]
+        nh = num_holders[layer]
+        for t in range(num_tokens):
+            held = 0
+            for s in range(top_k):
+                if nh[ts[t, s]] > 0:
+                    held += 1
+            if held == 0:
+                return j
+        for t in range(num_tokens):      # one draw per token (array ``high`` = valid slots)
+            if rule == 2:
+                best = -1
+                for s in range(top_k):
+                    e = ts[t, s]
+                    if nh[e] > 0 and (best < 0 or e < best):
+                        best = e
+                expert[t] = best
+                continue
+            held = 0
+            for s in range(top_k):
+                if nh[ts[t, s]] > 0:
+                    held += 1
+            u = _bounded(states[j], held - 1)
+            pos = 0                                    # the u-th slot whose expert is held
+            seen = 0
+            for s in range(top_k):
+                if nh[ts[t, s]] > 0:
+                    if seen == u:
+                        pos = s
+                        break
+                    seen += 1
+            expert[t] = ts[t, pos]
+        for t in range(num_tokens):      # uniform: one more draw per token among its holders
+            e = expert[t]
+            v = _bounded(states[j], nh[e] - 1) if rule == 1 else 0
+            out[j, t] = tables[layer, e, v]
+    return -1
+
+
+def holder_arrays(holders: Sequence[HolderTable]
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Return the ``aggregators_many`` arrays of per-layer holder tables: ``tables`` int64
+    [L, E, h] (each layer's ``table``, zero-padded) and ``num_holders`` int64 [L, E]."""
+    num_experts = holders[0].num_holders.shape[0]
+    width = max(h.table.shape[1] for h in holders)
+    tables = np.zeros((len(holders), num_experts, width), dtype=np.int64)
+    for layer, h in enumerate(holders):
+        tables[layer, :, :h.table.shape[1]] = h.table
+    nh = np.ascontiguousarray(np.stack([h.num_holders for h in holders]), dtype=np.int64)
+    return tables, nh
+
+
+def aggregators_many(token_sets: NDArray[np.int64], layers: NDArray[np.int64],
+                     holders: tuple[NDArray[np.int64], NDArray[np.int64]], rule: str,
+                     states: NDArray[np.uint64]) -> tuple[NDArray[np.int64], int]:
+    """``choose_aggregators`` (no extra holders) of n runs in one compiled call.
+
+    Run j chooses the aggregators of ``token_sets[j]`` at layer ``layers[j]`` (holder table
+    ``holders[layers[j]]``) drawing from the PCG64 state at address ``states[j]`` (the
+    generator's ``bit_generator.ctypes.state_address``): the same values and the same stream
+    position as ``choose_aggregators(token_sets[j], holders[layers[j]], rule, rng)``.
+
+    Args:
+        token_sets: int64 [n, T, k] valid expert ids.
+        layers: int64 [n] layer of every run.
+        holders: ``holder_arrays`` of the layers' holder tables.
+        rule: ``"ref"``, ``"uniform"`` or ``"first"``.
+        states: uint64 [n] PCG64 state addresses; each generator must outlive the call.
+
+    Returns:
+        ``(aggs int64 [n, T], stop)``: ``stop`` = −1 when every run is done; otherwise run
+        ``stop`` has a token without a held expert and runs ``stop``.. are not chosen (and
+        nothing was drawn for them): call ``choose_aggregators`` for run ``stop`` (it raises
+        or uses extra holders) and this function again for the rest.
+
+    Raises:
+        ConfigError: Unknown rule.
+    """
+    if rule not in AGGREGATOR_RULES:
+        raise unknown_name("aggregator rule", rule, AGGREGATOR_RULES)
+    tables, nh = holders
+    out = np.zeros(token_sets.shape[:2], dtype=np.int64)
+    stop = _aggregators_kernel(np.ascontiguousarray(token_sets, dtype=np.int64),
+                               np.ascontiguousarray(layers, dtype=np.int64), tables, nh,
+                               np.ascontiguousarray(states, dtype=np.uint64),
+                               AGGREGATOR_RULES.index(rule), out)
+    return out, int(stop)
 
 
 def _as_partial(partial_mask: ArrayLike | None, combine_bytes: ArrayLike | None,

@@ -11,7 +11,9 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.des import simulate_messages, simulate_messages_oracle
 from hdamoe_env.noc.linksim import (
     HolderTable,
+    aggregators_many,
     choose_aggregators,
+    holder_arrays,
     layer_flow_keys,
     layer_messages,
     simulate_layer_comm,
@@ -356,3 +358,39 @@ def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
     bad[3, 0] = D                                               # cluster out of range
     with pytest.raises(ConfigError, match="run 3"):
         simulate_layers_comm(topo, sets, msg, masks, pis, bad, layers, **opts)
+
+
+@pytest.mark.parametrize("rule", ["ref", "uniform", "first"])
+def test_aggregators_many_equal_choose_aggregators_and_the_stream(rule):
+    """Compiled draws on each generator's PCG64 state: the same aggregators and the same
+    stream position as ``choose_aggregators`` with that generator, run by run; a run with a
+    token without a held expert stops the call before drawing anything for it."""
+    rng = np.random.default_rng(3)
+    L, E, D, k, T = 3, 12, 8, 3, 40
+    masks = rng.random((L, E, D)) < 0.25
+    masks[0] |= np.eye(E, D, dtype=bool)                  # layer 0: every expert held
+    masks[1, :3] = False                                  # layer 1: experts 0..2 unheld
+    tables = [HolderTable.from_shares(m) for m in masks]
+    arrays = holder_arrays(tables)
+    layers = np.array([0, 1, 2, 1, 0, 2, 2])
+    sets = np.stack([np.array([rng.choice(np.arange(3, E), k, replace=False)
+                               for _ in range(T)]) for _ in layers])
+    sets[3, :5, 0] = [0, 1, 2, 0, 1]                      # unheld experts among held ones
+    ref = [np.random.default_rng(100 + j) for j in range(layers.size)]
+    got = [np.random.default_rng(100 + j) for j in range(layers.size)]
+    states = np.array([g.bit_generator.ctypes.state_address for g in got], dtype=np.uint64)
+    out, stop = aggregators_many(sets, layers, arrays, rule, states)
+    assert stop == -1
+    for j, layer in enumerate(layers.tolist()):
+        want = choose_aggregators(sets[j], tables[layer], rule, ref[j])
+        np.testing.assert_array_equal(out[j], want)
+        assert got[j].random() == ref[j].random()        # same stream position after
+    orphan = sets.copy()
+    orphan[2, 7] = [0, 1, 2]                              # only unheld experts (layer 2 holds
+    masks2 = masks.copy()                                 # them? make sure it does not)
+    masks2[2, :3] = False
+    arrays2 = holder_arrays([HolderTable.from_shares(m) for m in masks2])
+    before = [g.bit_generator.state for g in got]
+    _, stop = aggregators_many(orphan, layers, arrays2, rule, states)
+    assert stop == 2
+    assert got[2].bit_generator.state == before[2]       # nothing drawn for the stopping run
