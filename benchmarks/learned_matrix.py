@@ -21,20 +21,30 @@ A phase whose output is complete (``tuned.json`` / ``seeds.json``) is skipped, s
 resumes after an interruption; each command resumes its own partial output (``--resume``).
 ``--summary`` prints the Markdown table of every finished cell.
 
+Cells run one after the other by default. ``--workers N`` runs N cells at once (``--backend
+process``: every command is its own process already, so N driver threads each run one cell's
+commands) and ``--backend ray`` runs one Ray task per cell, like ``hdamoe reproduce --backend
+ray`` (``ray.init()`` starts a local instance with N CPUs unless ``--ray-address`` names a
+cluster; Ray is an optional extra, imported only then).
+
 Run: ``OMP_NUM_THREADS=1 python benchmarks/learned_matrix.py --out runs/learned_matrix
-[--phase tune|tune-eplb|train|all] [--cells ds_2.5-75_B128,...] [--timesteps 20480] [--train-arg=--flag]``.
+[--phase tune|tune-eplb|train|all] [--cells ds_2.5-75_B128,...] [--timesteps 20480] [--train-arg=--flag]
+[--workers N] [--backend process|ray] [--ray-address ADDRESS]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from hdamoe_env.app.tables import render_table
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
 MIXTRAL_DIR = "../shared/reference-traces/mixtral"
 MODELS = {
@@ -52,6 +62,7 @@ EPLB_GRID = ["--gating-levels", "0,1,4,32", "--gating-protect-top", "0,1", "--di
              "--k-b", "budget", "--replica-rules", "least_loaded,nearest,round_robin",
              "--steps", "4", "--train-seeds", "0,1", "--eval-steps", "8", "--oracle"]
 BASELINES = "noop,hardware-aware-gating,hd-moe,hda-moe"
+BACKENDS = ("process", "ray")
 
 
 def cells() -> list[tuple[str, str, str, int]]:
@@ -181,6 +192,12 @@ def main() -> int:
                     help="placement of the train phase (eplb: compared with tune_eplb's tuned "
                     "heuristic; add --train-arg=--replica-shares --train-arg=K for the share "
                     "action)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="cells at once (process backend) or CPUs of a local Ray instance")
+    ap.add_argument("--backend", choices=BACKENDS, default="process",
+                    help="process (default) or ray: one Ray task per cell (optional extra)")
+    ap.add_argument("--ray-address", default=None,
+                    help="address of a running Ray cluster (default: start a local instance)")
     ap.add_argument("--summary", action="store_true", help="print the table and exit")
     args = ap.parse_args()
     out = Path(args.out)
@@ -193,31 +210,105 @@ def main() -> int:
         known = [c[0] for c in cells()]
         print(f"unknown cell in {sorted(chosen)}; expected names from {known}", file=sys.stderr)
         return 2
-    failed = []
-    for name, m, s, b in todo:
-        tune_dir, train_dir = out / name / "tune", out / name / "train"
-        if args.phase == "tune-eplb":
-            eplb_dir = out / name / "tune_eplb"
-            if not (eplb_dir / "oracle.json").exists() and \
-                    _run(tune_cmd(eplb_dir, m, s, b, eplb=True)) != 0:
-                failed.append(f"{name}:tune-eplb")
-            continue
-        if args.phase in ("tune", "all") and not (tune_dir / "tuned.json").exists():
-            if _run(tune_cmd(tune_dir, m, s, b)) != 0:
-                failed.append(f"{name}:tune")
-                continue
-        if args.phase in ("train", "all") and not (train_dir / "seeds.json").exists():
-            tuned_dir = tune_dir if args.placement == "node_link" else out / name / "tune_eplb"
-            if not (tuned_dir / "tuned.json").exists():
-                failed.append(f"{name}:train (no {tuned_dir / 'tuned.json'})")
-                continue
-            if _run(train_cmd(train_dir, tuned_dir / "tuned.json", m, s, b, args.timesteps,
-                              args.train_arg, args.placement)) != 0:
-                failed.append(f"{name}:train")
+    try:
+        failed = run_cells(todo, out, phase=args.phase, timesteps=args.timesteps,
+                           train_args=args.train_arg, placement=args.placement,
+                           workers=args.workers, backend=args.backend,
+                           ray_address=args.ray_address)
+    except (ConfigError, DependencyNotInstalled) as exc:
+        print(f"learned_matrix: {exc}", file=sys.stderr)
+        return 2
     if failed:
         print("failed:", ", ".join(failed), file=sys.stderr)
         return 1
     return 0
+
+
+def run_cell(name: str, m: str, s: str, b: int, out: str, phase: str, timesteps: int,
+             train_args: list[str], placement: str) -> list[str]:
+    """Run the requested phases of one cell (skipping finished ones); return its failures."""
+    root = Path(out)
+    failed: list[str] = []
+    tune_dir, train_dir = root / name / "tune", root / name / "train"
+    if phase == "tune-eplb":
+        eplb_dir = root / name / "tune_eplb"
+        if not (eplb_dir / "oracle.json").exists() and \
+                _run(tune_cmd(eplb_dir, m, s, b, eplb=True)) != 0:
+            failed.append(f"{name}:tune-eplb")
+        return failed
+    if phase in ("tune", "all") and not (tune_dir / "tuned.json").exists():
+        if _run(tune_cmd(tune_dir, m, s, b)) != 0:
+            return [f"{name}:tune"]
+    if phase in ("train", "all") and not (train_dir / "seeds.json").exists():
+        tuned_dir = tune_dir if placement == "node_link" else root / name / "tune_eplb"
+        if not (tuned_dir / "tuned.json").exists():
+            return [f"{name}:train (no {tuned_dir / 'tuned.json'})"]
+        if _run(train_cmd(train_dir, tuned_dir / "tuned.json", m, s, b, timesteps, train_args,
+                          placement)) != 0:
+            failed.append(f"{name}:train")
+    return failed
+
+
+def run_cells(todo: list[tuple[str, str, str, int]], out: Path, *, phase: str = "all",
+              timesteps: int = 20480, train_args: list[str] | None = None,
+              placement: str = "node_link", workers: int = 1, backend: str = "process",
+              ray_address: str | None = None) -> list[str]:
+    """Run :func:`run_cell` for every cell of ``todo``; return the failures in cell order.
+
+    ``backend="process"`` with ``workers`` > 1 runs that many cells at once (driver threads;
+    each command is a process of its own); ``backend="ray"`` runs one Ray task per cell.
+
+    Raises:
+        ConfigError: Unknown backend or ``workers`` < 1.
+        DependencyNotInstalled: ``backend="ray"`` without Ray.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}; expected one of {list(BACKENDS)}")
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    calls = [(name, m, s, b, str(out), phase, timesteps, list(train_args or []), placement)
+             for name, m, s, b in todo]
+    results: list[list[str]]
+    if backend == "ray":
+        results = _run_ray(calls, workers, ray_address)
+    elif workers <= 1 or len(calls) <= 1:
+        results = [run_cell(*call) for call in calls]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda call: run_cell(*call), calls))
+    return [f for res in results for f in res]
+
+
+def _run_ray(calls: list[tuple[Any, ...]], workers: int, ray_address: str | None
+             ) -> list[list[str]]:
+    """One Ray task per cell (a local instance of ``workers`` CPUs, or ``ray_address``)."""
+    try:
+        import ray
+        from ray import cloudpickle
+    except ImportError as exc:
+        raise DependencyNotInstalled(
+            "backend='ray' needs Ray (`pip install -c constraints.txt -e '.[ray]'`); or use "
+            "--backend process (--workers N)") from exc
+    module = sys.modules.get(__name__)
+    if module is not None and __name__ != "__main__":
+        # a script module is not importable in the Ray workers: ship run_cell by value
+        cloudpickle.register_pickle_by_value(module)
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+                                  "ignore_reinit_error": True}
+        if ray_address:
+            kwargs["address"] = ray_address
+        else:
+            kwargs["num_cpus"] = max(1, workers)
+        ray.init(**kwargs)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_cell)
+        return list(ray.get([remote.remote(*call) for call in calls]))
+    finally:
+        if started:
+            ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -51,6 +52,7 @@ __all__ = [
     "GatingResult",
     "TileCost",
     "default_coefficients",
+    "gated_sets",
     "gating_diagnostics",
     "hardware_aware_gating",
     "penalties",
@@ -560,9 +562,32 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
     (``fused_kernel``) and returns exactly what the general path returns (tested field by field:
     the tests replace this function by one that returns None).
     """
-    if not (isinstance(scores, tuple) and len(scores) == 2 and window is None
-            and initial_counts is None and not include_future and not diagnostics
-            and (rc != 0 or rm != 0)):
+    if not (window is None and initial_counts is None and not include_future
+            and not diagnostics):
+        return None
+    out = _fused_call(scores, k, P, w, C, rc, rm, comp_penalty, comm_penalty, protect,
+                      tile_cost)
+    if out is None:                    # not applicable, or invalid ids or scores
+        return None
+    sets, weights, positions, sorted_ids, sorted_vals, kept, changed = out
+    orig = np.ascontiguousarray(sorted_ids[:, :k])
+    orig_vals = sorted_vals[:, :k]
+    raw_weights = weights
+    if renormalize:
+        total = weights.sum(axis=1, keepdims=True)
+        weights = weights / np.where(total > 0, total, 1.0)
+    return _statistics(sets, weights, raw_weights, orig, orig_vals, positions, float("nan"),
+                       float("nan"), (kept, changed))
+
+
+def _fused_call(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
+                P: NDArray[np.float64], w: float, C: float, rc: float, rm: float,
+                comp_penalty: str, comm_penalty: str, protect: int,
+                tile_cost: TileCost | None) -> tuple[NDArray[Any], ...] | None:
+    """``fused_kernel`` on ``(ids, scores)``; None when the fused path does not apply
+    (``_fused_gating``'s conditions on the candidates and coefficients) or the ids or scores
+    are invalid (the general path raises)."""
+    if not (isinstance(scores, tuple) and len(scores) == 2 and (rc != 0 or rm != 0)):
         return None
     ids, vals = scores
     if not (isinstance(ids, np.ndarray) and isinstance(vals, np.ndarray)
@@ -580,20 +605,41 @@ def _fused_gating(scores: ArrayLike | tuple[ArrayLike, ArrayLike], k: int,
         tiles = (np.zeros(P.shape[0], dtype=np.int64), zeros, zeros.copy(), h_row, h_stream,
                  float(tile_cost.gemm_s), int(tile_cost.tile_tokens), True)
         inv_c = 1.0
-    out = fused_kernel(ids, vals, P.shape[0], P.shape[1], k, h_ptr, h_node, h_wc, h_share,
-                       dispersion, rc, rm, inv_c, protect, COMP_PENALTIES.index(comp_penalty),
-                       comm_penalty == "new_nodes", tiles)
-    if out is None:                    # invalid ids or scores: the general path raises
-        return None
-    sets, weights, positions, sorted_ids, sorted_vals, kept, changed = out
-    orig = np.ascontiguousarray(sorted_ids[:, :k])
-    orig_vals = sorted_vals[:, :k]
-    raw_weights = weights
-    if renormalize:
-        total = weights.sum(axis=1, keepdims=True)
-        weights = weights / np.where(total > 0, total, 1.0)
-    return _statistics(sets, weights, raw_weights, orig, orig_vals, positions, float("nan"),
-                       float("nan"), (kept, changed))
+    out: tuple[NDArray[Any], ...] | None = fused_kernel(
+        ids, vals, P.shape[0], P.shape[1], k, h_ptr, h_node, h_wc, h_share, dispersion, rc, rm,
+        inv_c, protect, COMP_PENALTIES.index(comp_penalty), comm_penalty == "new_nodes", tiles)
+    return out
+
+
+def gated_sets(candidates: tuple[NDArray[np.int64], NDArray[np.float64]], k: int,
+               P_layer: NDArray[np.float64], w_flops: float, compute_flops: float,
+               r_comp: float, r_comm: float, *, comp_penalty: str = "marginal_max",
+               comm_penalty: str = "dispersion", protect_top: int = 0,
+               tile_cost: TileCost | None = None) -> NDArray[np.int64] | None:
+    """Return only the gated sets [B, k] of ``hardware_aware_gating`` (σ = 1), or None.
+
+    The sets of ``hardware_aware_gating(candidates, k, P_layer, w_flops, compute_flops,
+    r_comp, r_comm, comp_penalty=..., comm_penalty=..., protect_top=..., tile_cost=...,
+    diagnostics=False)`` without the statistics and the argument checks, from the same compiled
+    call (its fused path); for a caller that has validated its arguments once (the batched
+    vector env). None when the fused path does not apply (candidates not int64/float64 pairs of
+    at most 4k + 4 columns, both coefficients zero, invalid ids or scores): call
+    ``hardware_aware_gating`` then.
+
+    Args:
+        candidates: ``(ids int64 [B, k+J], scores float64 [B, k+J])`` router candidates.
+        k: Experts per token.
+        P_layer: float64 [E, D] placement shares of the layer.
+        w_flops, compute_flops, r_comp, r_comm: As ``hardware_aware_gating``.
+        comp_penalty, comm_penalty, protect_top, tile_cost: As ``hardware_aware_gating``.
+
+    Returns:
+        int64 [B, k] the gated sets, or None.
+    """
+    out = _fused_call(candidates, k, P_layer, float(w_flops), float(compute_flops),
+                      1.0 * float(r_comp), 1.0 * float(r_comm), comp_penalty, comm_penalty,
+                      int(protect_top), tile_cost)
+    return None if out is None else out[0]
 
 
 _PreparedArrays = tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64],

@@ -18,10 +18,14 @@ How the work is shared:
   expert phase (tile model or FLOP rate, weight streaming) from per-expert counts, the sampled
   V_c of Eq. 2, reward — and the observation gather run as a handful of numpy operations over
   the whole batch, with the same floating-point operations in the same order as
-  ``LayerEvaluator.evaluate`` (hence bit-identical). On the DES, such copies call the layer
-  evaluator directly (their own aggregator draws; no action decoding, no ``info``). Every
-  other action (pre-broadcast, gating, replica rules) goes through the copy's own
-  ``HdMoeEnv.step``.
+  ``LayerEvaluator.evaluate`` (hence bit-identical). On the DES (:class:`_BatchedDes`), plain
+  copies draw their aggregators from their own generators, then one compiled call simulates
+  every copy's layer (``noc.linksim.simulate_layers_comm``) and the expert phase is batched;
+  layers with partial shards or TP keep the per-copy evaluator. Copies with gating on and no
+  pre-broadcast (:class:`_BatchedGating`) gate their own router candidates with the compiled
+  call of ``DecisionEvaluator.gate`` (``gating.gated_sets``) and then take the same batched
+  evaluation (analytic or DES) on the gated sets. Every other action (pre-broadcast, replica
+  rules) goes through the copy's own ``HdMoeEnv.step``.
 * Decode steps of all copies are formed together (:class:`_Copy` defers them), with the
   noisy-oracle predictor in one compiled call (``hdamoe_env.sim.batch_kernels.form_steps``):
   routing rows, per-expert counts and V_c peaks of every layer, and the predictions, every
@@ -51,7 +55,9 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.cost.energy import EnergyBreakdown
 from hdamoe_env.env.config import EnvConfig
 from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.decisions import prediction_kernels
+from hdamoe_env.noc import linksim
 from hdamoe_env.sim import batch_kernels
 
 __all__ = ["HdMoeVectorEnv", "spawn"]
@@ -175,14 +181,32 @@ class _BatchedLayers:
         touch = self.support[np.arange(L)[None, :, None, None], sets].any(axis=3)  # [n,L,B,D]
         return counts, touch.sum(axis=2).max(axis=2, initial=0).astype(np.float64)
 
-    def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
-                peak: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Return the total latency [n] of layer ``layers[i]`` of every copy.
+    def layer_tables(self, layer: int, sets: NDArray[np.int64]
+                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return counts float64 [n, E] and V_c peaks float64 [n] of one layer's sets.
+
+        Args:
+            layer: The MoE layer.
+            sets: int64 [n, B, k] expert sets of that layer (C-contiguous).
+        """
+        if self.D <= 64:
+            h_ptr, h_node = self.holders
+            counts, peak = batch_kernels.step_tables(sets[:, None], h_ptr[layer:layer + 1],
+                                                     h_node[layer:layer + 1], self.E, self.D)
+            return counts[:, 0], peak[:, 0]
+        n = sets.shape[0]
+        flat = (sets.reshape(n, -1) + (np.arange(n) * self.E)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=n * self.E).astype(np.float64).reshape(n, self.E)
+        touch = self.support[layer][sets].any(axis=2)                          # [n, B, D]
+        return counts, touch.sum(axis=1).max(axis=1, initial=0).astype(np.float64)
+
+    def expert_phase(self, layers: NDArray[np.int64], counts: NDArray[np.float64]
+                     ) -> NDArray[np.float64]:
+        """Return the expert phase t_comp [n] of layer ``layers[i]`` of every copy.
 
         Args:
             layers: int64 [n] MoE layer of every copy.
             counts: float64 [n, E] tokens per expert of that layer (``tables``).
-            peak: float64 [n] sampled V_c / h of that layer (``tables``).
         """
         n = layers.size
         E, ev = self.E, self.ev
@@ -215,12 +239,145 @@ class _BatchedLayers:
                 t_comp[idx] = np.maximum(t_compute, stream.max(axis=1))
             else:
                 t_comp[idx] = t_compute
+        return t_comp
+
+    def latency(self, layers: NDArray[np.int64], counts: NDArray[np.float64],
+                peak: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Return the total latency [n] of layer ``layers[i]`` of every copy.
+
+        Args:
+            layers: int64 [n] MoE layer of every copy.
+            counts: float64 [n, E] tokens per expert of that layer (``tables``).
+            peak: float64 [n] sampled V_c / h of that layer (``tables``).
+        """
+        t_comp = self.expert_phase(layers, counts)
         kappa, h, bw, factor = self.comm_scale
         x_comm = kappa * (h * peak) / bw
         t_moe = self.gammas[layers] * x_comm * factor
         if self.is_tp.any():
             t_moe = np.where(self.is_tp[layers], self.tp_time, t_moe)
         return self.nm_total[layers] + t_comp + t_moe + 0.0
+
+
+class _BatchedDes:
+    """The DES layer latency of ``LayerEvaluator.evaluate`` over a batch of copies.
+
+    For layers without partial shards and not TP: each copy draws its aggregators from its own
+    generator (``choose_aggregators`` of ``simulate_moe_comm``, compiled over the copies:
+    ``linksim.aggregators_many``), then one compiled call simulates every copy's layer
+    (``linksim.simulate_layers_comm``) and the expert phase is batched
+    (``_BatchedLayers.expert_phase``); the sums are the evaluator's, in its order.
+    Other layers take ``LayerEvaluator.evaluate`` per copy (``usable`` False).
+    """
+
+    def __init__(self, env: HdMoeEnv, tables: _BatchedLayers) -> None:
+        ev = env.evaluator
+        consts = ev.layers
+        sim, conv = ev.sim, ev.conv
+        self.ev = ev
+        self.tables = tables
+        self.usable = np.array([c.partial is None and not c.is_tp for c in consts])
+        self.holders = [c.holders for c in consts]
+        self.holder_arrays = linksim.holder_arrays(self.holders)
+        self.masks = np.ascontiguousarray(np.stack([c.support for c in consts]))   # [L, E, D]
+        self.pis = np.ascontiguousarray(np.stack([c.pi for c in consts]), dtype=np.int64)
+        self.rule = conv.aggregator
+        self.both = conv.moe_comm == "dispatch+combine"
+        hop = sim.hw.hop_latency_for(conv)
+        self.topology = sim.topology
+        self.msg = np.ascontiguousarray(ev.msg, dtype=np.float64)
+        self.options: dict[str, Any] = dict(
+            phases=("dispatch", "combine") if self.both else ("combine",),
+            tie_break=conv.tie_break, hop_latency_s=hop, chunks=conv.chunks,
+            alpha_s=conv.msg_alpha_s, switching=conv.switching,
+            ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps),
+            ni_latency_s=conv.ni_latency_for(hop))
+
+    def latency(self, layers: NDArray[np.int64], sets: NDArray[np.int64],
+                counts: NDArray[np.float64], rngs: list[np.random.Generator]
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return the total latency [n] and link busy time [n, num_links] of usable layers.
+
+        Args:
+            layers: int64 [n] MoE layer of every copy (``usable``).
+            sets: int64 [n, B, k] that layer's expert sets.
+            counts: float64 [n, E] tokens per expert of that layer.
+            rngs: Every copy's generator (aggregator draws, in the copies' order).
+        """
+        aggs = self._aggregators(layers, sets, rngs)
+        makespan, busy = linksim.simulate_layers_comm(self.topology, sets, self.msg, self.masks,
+                                                      self.pis, aggs, layers, **self.options)
+        if self.both:
+            t_moe = makespan[:, 0] + makespan[:, 1]
+            link_busy = busy.sum(axis=1)
+        else:
+            t_moe = 2.0 * makespan[:, 0]
+            link_busy = 2.0 * busy.sum(axis=1)
+        t_comp = self.tables.expert_phase(layers, counts)
+        return self.tables.nm_total[layers] + t_comp + t_moe + 0.0, link_busy
+
+    def _aggregators(self, layers: NDArray[np.int64], sets: NDArray[np.int64],
+                     rngs: list[np.random.Generator]) -> NDArray[np.int64]:
+        """Draw every copy's aggregators from its own generator: one compiled call on the
+        copies' PCG64 states (``linksim.aggregators_many``), ``choose_aggregators`` per copy
+        for another bit generator or a token without a held expert."""
+        aggs = np.empty(sets.shape[:2], dtype=np.int64)
+        states = [prediction_kernels.generator_state(rng) for rng in rngs]
+        if any(state is None for state in states):
+            for j, (layer, rng) in enumerate(zip(layers.tolist(), rngs, strict=True)):
+                aggs[j] = linksim.choose_aggregators(sets[j], self.holders[layer], self.rule,
+                                                     rng, None)
+            return aggs
+        addr = np.array(states, dtype=np.uint64)
+        start = 0
+        while start < layers.size:
+            out, stop = linksim.aggregators_many(sets[start:], layers[start:],
+                                                 self.holder_arrays, self.rule, addr[start:])
+            if stop < 0:
+                aggs[start:] = out
+                break
+            i = start + stop
+            aggs[start:i] = out[:stop]
+            aggs[i] = linksim.choose_aggregators(sets[i], self.holders[int(layers[i])],
+                                                 self.rule, rngs[i], None)   # raises as the env
+            start = i + 1
+        return aggs
+
+
+class _BatchedGating:
+    """Hardware-aware gating of copies without a pre-broadcast (the batched paths).
+
+    The gated sets of ``DecisionEvaluator.gate`` from the same compiled call
+    (``gating.gated_sets``, the fused path of ``hardware_aware_gating``), without its
+    statistics and per-call checks: the arguments are the env's, fixed at construction.
+    ``usable`` is False when the env's gating options leave the fused path (a candidate window,
+    ``include_future``); every gated copy then steps through its own ``HdMoeEnv.step``.
+    """
+
+    def __init__(self, env: HdMoeEnv) -> None:
+        dec = env.decisions
+        opts = dec.gating_options
+        self.usable = (opts.get("candidate_window") is None
+                       and not opts.get("include_future", False)
+                       and not opts.get("diagnostics", True))
+        self.k = env.top_k
+        self.P = [np.asarray(P, dtype=np.float64) for P in dec.expected_shares]
+        self.tile_costs = [dec.gating_tile_cost(layer) for layer in range(env.num_layers)]
+        self.w_flops, self.compute_flops = dec.w_flops, dec.compute_flops
+        self.coefficients = dec.gating_coefficients
+        self.options = dict(comp_penalty=opts.get("comp_penalty", "marginal_max"),
+                            comm_penalty=opts.get("comm_penalty", "dispersion"),
+                            protect_top=int(opts.get("protect_top", 0)))
+
+    def sets(self, layer: int, level: float,
+             candidates: tuple[NDArray[np.int64], NDArray[np.float64]]
+             ) -> NDArray[np.int64] | None:
+        """Return the gated sets [B, k] of ``layer`` at ``level``, or None (take the copy's
+        own ``HdMoeEnv.step``)."""
+        r_comp, r_comm = self.coefficients
+        return gating_mod.gated_sets(candidates, self.k, self.P[layer], self.w_flops,
+                                     self.compute_flops, level * r_comp, level * r_comm,
+                                     tile_cost=self.tile_costs[layer], **self.options)
 
 
 class HdMoeVectorEnv(VectorEnv):
@@ -285,6 +442,17 @@ class HdMoeVectorEnv(VectorEnv):
         # decoding, no info dict), the rest batched
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
                            and not proto.replica_rules and plain_reward)
+        self._des = (_BatchedDes(proto, _BatchedLayers(proto, np.zeros(proto.num_layers)))
+                     if self._des_plain and all(c is not None for c in proto.evaluator.layers)
+                     else None)
+        # the per-decode-step tables (counts, V_c peaks) of the batched paths
+        self._tables = self._layers if self._des is None else self._des.tables
+        # copies with gating and no pre-broadcast: gated sets per copy, the rest batched
+        # (``_step_gated``)
+        self._gating: _BatchedGating | None = None
+        if self._tables is not None and any(level > 0 for level in proto.gating_levels):
+            gating = _BatchedGating(proto)
+            self._gating = gating if gating.usable else None
         # --- per-layer static observation parts and masks, stacked over L
         L, E, D, N = proto.num_layers, proto.num_experts, proto.num_nodes, self.num_envs
         self._L = L
@@ -397,16 +565,23 @@ class HdMoeVectorEnv(VectorEnv):
         self._trunc[:] = False
         infos: dict[str, Any] = {}
         fast = np.zeros(N, dtype=bool)
+        gated = np.zeros(N, dtype=bool)
         if (self._layers is not None or self._des_plain) and stepping.any():
-            fast = stepping & self._plain(a)
+            no_bc, level_off = self._plain(a)
+            fast = stepping & no_bc & level_off
+            if self._gating is not None:
+                gated = stepping & no_bc & ~level_off
         if fast.any():
             self._step_batched(np.flatnonzero(fast))
-        slow = np.flatnonzero(stepping & ~fast).tolist()
+        if gated.any():
+            gated[np.flatnonzero(gated)] = self._step_gated(np.flatnonzero(gated), a)
+        batched = fast | gated
+        slow = np.flatnonzero(stepping & ~batched).tolist()
         for i in slow:
             self._step_one(i, a[i])
-        ended = np.flatnonzero(stepping & ~fast & (self._layer == 0)).tolist()
-        if fast.any():
-            ended = sorted(ended + self._advance(np.flatnonzero(fast)))
+        ended = np.flatnonzero(stepping & ~batched & (self._layer == 0)).tolist()
+        if batched.any():
+            ended = sorted(ended + self._advance(np.flatnonzero(batched)))
         if ended:
             tbt = np.zeros(N)
             tbt[ended] = [self.envs[i]._tbts_us[-1] for i in ended]
@@ -462,15 +637,16 @@ class HdMoeVectorEnv(VectorEnv):
         self.envs = []
 
     # ------------------------------------------------------------------ internals
-    def _plain(self, a: NDArray[Any]) -> NDArray[np.bool_]:
-        """Return bool [N]: rows that are legal, without broadcast and with gating off."""
+    def _plain(self, a: NDArray[Any]) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+        """Return bool [N] twice: rows that are legal and without broadcast, and rows whose
+        gating is off."""
         nvec, mb = self._nvec, self._mb
         if a.ndim != 2 or a.shape[1] != nvec.size or a.dtype.kind not in "iu":
-            return np.zeros(self.num_envs, dtype=bool)
+            return np.zeros(self.num_envs, dtype=bool), np.zeros(self.num_envs, dtype=bool)
         legal = ((a >= 0) & (a < nvec)).all(axis=1)
         none = (a[:, :mb] == nvec[0] - 1).all(axis=1) if mb else np.ones(len(a), dtype=bool)
         level = np.clip(a[:, mb + 1], 0, self._zero_level.size - 1)
-        return legal & none & self._zero_level[level]
+        return legal & none, self._zero_level[level]
 
     def _reset_one(self, i: int, seed: int | None) -> None:
         env = self.envs[i]
@@ -495,8 +671,8 @@ class HdMoeVectorEnv(VectorEnv):
             return
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         sets = proto._routing[:, rows, :].transpose(1, 0, 2, 3).astype(np.int64)  # [n, L, B, k]
-        if self._layers is not None:
-            counts_actual, peak = self._layers.tables(sets)
+        if self._tables is not None:
+            counts_actual, peak = self._tables.tables(sets)
             self._counts[idx] = counts_actual
             self._peak[idx] = peak
             tp = proto._tp_evaluator.tp_totals(sets, counts=counts_actual)          # [n, L]
@@ -527,7 +703,7 @@ class HdMoeVectorEnv(VectorEnv):
         latencies and the observation parts batched."""
         proto = self.envs[0]
         predictor = proto._predictor
-        layers = self._layers
+        layers = self._tables
         rows = np.stack([env._rows[env._decode_step] for env in copies])          # [n, B]
         states = [prediction_kernels.generator_state(env.np_random) for env in copies]
         if any(s is None for s in states):        # a generator other than PCG64: per copy
@@ -613,13 +789,84 @@ class HdMoeVectorEnv(VectorEnv):
         self._step_lat[idx] += total
         self._prev_busy[idx] = 0.0
 
+    def _step_gated(self, idx: NDArray[np.int64], a: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Step copies ``idx`` (no broadcast, gating on): gated sets per copy, then the layer
+        batched on the gated sets as for plain actions (analytic: counts, V_c peaks and
+        latency; DES: ``_BatchedDes``); return bool [n], False for the copies left to their
+        own ``HdMoeEnv.step``.
+
+        Bit-identical to ``HdMoeEnv.step``: the decision evaluator gates the copy's candidates
+        with the same compiled call (no random draws), and without a broadcast or replicas
+        the evaluator's layer is that of the executed sets (on the DES with the copy's own
+        aggregator draws).
+        """
+        assert self._gating is not None and self._tables is not None
+        layers = self._layer[idx]
+        levels = a[idx, self._mb + 1]
+        proto = self.envs[0]
+        sets = np.empty((idx.size, proto.batch, proto.top_k), dtype=np.int64)
+        done = np.zeros(idx.size, dtype=bool)
+        if self._des is not None:                  # the rest take the per-copy evaluator
+            usable = self._des.usable[layers]
+        for j, (i, layer, lv) in enumerate(zip(idx.tolist(), layers.tolist(), levels.tolist(),
+                                               strict=True)):
+            if self._des is not None and not usable[j]:
+                continue
+            env = self.envs[i]
+            out = self._gating.sets(layer, env.gating_levels[lv], env._candidates(layer))
+            if out is not None:
+                sets[j] = out
+                done[j] = True
+        if not done.all():
+            idx, layers, sets = idx[done], layers[done], np.ascontiguousarray(sets[done])
+        if idx.size == 0:
+            return done
+        counts = np.empty((idx.size, proto.num_experts))
+        peak = np.empty(idx.size)
+        for layer in np.unique(layers).tolist():
+            rows = np.flatnonzero(layers == layer)
+            part = sets if rows.size == idx.size else np.ascontiguousarray(sets[rows])
+            counts[rows], peak[rows] = self._tables.layer_tables(layer, part)
+        if self._des is not None:
+            total, busy = self._des.latency(layers, sets, counts,
+                                            [self.envs[i].np_random for i in idx.tolist()])
+            self._set_busy(idx, total, busy)
+        else:
+            assert self._layers is not None
+            total = self._layers.latency(layers, counts, peak)
+            self._prev_busy[idx] = 0.0
+        scale = proto.reward_scale
+        tp = self._tp_totals[idx, layers]
+        self._rewards[idx] = -total / (tp if scale is None else scale)
+        self._step_lat[idx] += total
+        return done
+
+    def _set_busy(self, idx: NDArray[np.int64], total: NDArray[np.float64],
+                  busy: NDArray[np.float64]) -> None:
+        """Set the link-busy observation of copies ``idx`` from their layer's busy time
+        [n, num_links] and latency [n], as ``HdMoeEnv.step``."""
+        live = total > 0
+        self._prev_busy[idx[~live]] = 0.0
+        self._prev_busy[idx[live]] = np.minimum(busy[live] / total[live, None], 1.0).astype(
+            np.float32)
+
     def _des_latency(self, idx: NDArray[np.int64], layers: NDArray[np.int64]
                      ) -> NDArray[np.float64]:
         """Return the DES latency [n] of copies ``idx`` (``HdMoeEnv.step`` without decisions)
         and set their link-busy observation."""
         ev = self.envs[0].evaluator
         total = np.empty(idx.size)
-        for j, (i, layer) in enumerate(zip(idx.tolist(), layers.tolist(), strict=True)):
+        batched = np.zeros(idx.size, dtype=bool)
+        if self._des is not None:
+            batched = self._des.usable[layers]
+        if batched.any():        # one compiled DES call for these copies (``_BatchedDes``)
+            bi, bl = idx[batched], layers[batched]
+            t, busy = self._des.latency(bl, self._sets[bi, bl], self._counts[bi, bl],
+                                        [self.envs[i].np_random for i in bi.tolist()])
+            total[batched] = t
+            self._set_busy(bi, t, busy)
+        for j in np.flatnonzero(~batched).tolist():
+            i, layer = int(idx[j]), int(layers[j])
             res = ev.evaluate(layer, self._sets[i, layer], rng=self.envs[i].np_random,
                               fidelity="des")
             t = res.total_s + 0.0                 # + the (zero) pending charge, as the env

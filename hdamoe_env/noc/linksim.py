@@ -13,12 +13,14 @@ computation, step by step (tests pin the equality).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import llvmlite.binding as llvm
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.noc.des import (check_ni_bandwidth, check_ni_latency, check_switching,
@@ -33,14 +35,27 @@ __all__ = [
     "PHASES",
     "HolderTable",
     "LayerComm",
+    "aggregators_many",
     "choose_aggregators",
+    "holder_arrays",
     "layer_flow_keys",
     "layer_messages",
     "simulate_layer_comm",
+    "simulate_layers_comm",
 ]
 
 AGGREGATOR_RULES = ("ref", "uniform", "first")
 PHASES = ("dispatch", "combine")
+
+#: PCG64's ``next_uint32`` (numpy's C function behind ``Generator.integers`` for ranges below
+#: 2**32), registered under a fixed symbol so that kernels calling it stay cacheable on disk;
+#: a kernel passes it the address of a generator's PCG64 state (``bit_generator.ctypes.
+#: state_address``, as ``decisions.prediction_kernels.generator_state`` returns it).
+_NEXT_UINT32 = "hdamoe_env_pcg64_next_uint32"
+llvm.add_symbol(_NEXT_UINT32, ctypes.cast(np.random.PCG64(0).ctypes.next_uint32,
+                                          ctypes.c_void_p).value)
+_next_uint32 = types.ExternalFunction(_NEXT_UINT32, types.uint32(types.uintp))
+_U32_MAX = np.uint64(0xFFFFFFFF)
 
 # splitmix64 constants of ``topology.stable_hash`` as numba compile-time constants
 _U_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -717,6 +732,221 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     if alpha > 0:
         makespan = np.where(makespan > 0, makespan + alpha, makespan)
     return LayerComm(phase_names, tuple(makespan.tolist()), busy, tuple(counts.tolist()))
+
+
+def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
+                         msg_bytes: NDArray[np.float64], holder_masks: NDArray[np.bool_],
+                         pis: NDArray[np.int64], aggs: NDArray[np.int64],
+                         layers: NDArray[np.int64], *, phases: Sequence[str] = PHASES,
+                         tie_break: str = "fifo", hop_latency_s: float = 0.0, chunks: int = 1,
+                         alpha_s: float = 0.0, switching: str = "store_and_forward",
+                         ni_bw_Bps: float | None = None, ni_latency_s: float | None = None
+                         ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``simulate_layer_comm`` of n layer runs in one compiled call (the batched vector env).
+
+    Run j simulates layer ``layers[j]`` (holder mask ``holder_masks[layers[j]]``, endpoints
+    ``pis[layers[j]]``) with token sets ``token_sets[j]`` and aggregators ``aggs[j]``; no extra
+    holders, no partial shards. Every run equals ``simulate_layer_comm`` with the same
+    arguments (the same kernel, ``_layer_kernel``, per run).
+
+    Args:
+        topology: The NoC; its endpoint count must equal D.
+        token_sets: int64 [n, T, k] expert sets of every run.
+        msg_bytes: float64 [T] message sizes, shared by the runs.
+        holder_masks: bool [L, E, D] holder clusters of every layer.
+        pis: int64 [L, D] endpoint of every cluster of every layer.
+        aggs: int64 [n, T] aggregator clusters of every run.
+        layers: int64 [n] layer of every run (enters the flow keys).
+        phases, tie_break, hop_latency_s, chunks, alpha_s, switching, ni_bw_Bps, ni_latency_s:
+            As ``simulate_layer_comm``.
+
+    Returns:
+        ``makespan`` float64 [n, P] (α added as in ``simulate_layer_comm``) and ``busy``
+        float64 [n, P, num_links].
+
+    Raises:
+        ConfigError: Invalid options, or a run whose inputs fail validation (the message names
+            the run; ``simulate_layer_comm`` of that run gives the details).
+    """
+    cut = check_switching(switching)
+    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
+    tie_ref = tie_break_is_ref(tie_break)
+    hop = check_scalar("hop_latency_s", hop_latency_s)
+    ni_lat = check_ni_latency(ni_latency_s, hop)
+    chunks = check_chunks(chunks)
+    codes = _phase_codes(tuple(phases))
+    alpha = check_scalar("alpha_s", alpha_s)
+    ts = np.ascontiguousarray(token_sets, dtype=np.int64)
+    ag = np.ascontiguousarray(aggs, dtype=np.int64)
+    lay = np.ascontiguousarray(layers, dtype=np.int64)
+    n = lay.shape[0]
+    if ts.ndim != 3 or ts.shape[0] != n or ag.shape != ts.shape[:2]:
+        raise ConfigError(f"token_sets [n, T, k] and aggs [n, T] must match layers [n={n}], got "
+                          f"{ts.shape} and {ag.shape}")
+    if n and (lay.min() < 0 or lay.max() >= holder_masks.shape[0]):
+        raise ConfigError(f"layers must lie in [0, {holder_masks.shape[0]}), got {lay.tolist()}")
+    check_ref_size(tie_ref, ts.shape[1] * topology.num_endpoints * chunks)
+    size = np.ascontiguousarray(msg_bytes, dtype=np.float64)
+    busy = np.zeros((n, codes.size, topology.num_links))
+    makespan = np.zeros((n, codes.size))
+    counts = np.zeros((n, codes.size), dtype=np.int64)
+    bad = _layers_kernel(ts, np.ascontiguousarray(holder_masks, dtype=np.bool_),
+                         np.ascontiguousarray(pis, dtype=np.int64), ag, lay, size, chunks,
+                         topology.pair_route_ptr, topology.route_ptr, topology.route_links,
+                         topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref,
+                         topology.num_endpoints, codes, busy, makespan, counts, cut, ni_bw,
+                         ni_lat)
+    if bad >= 0:
+        raise ConfigError(f"run {bad} (layer {int(lay[bad])}): layer inputs failed validation; "
+                          "simulate_layer_comm of that run names the problem")
+    if alpha > 0:
+        makespan = np.where(makespan > 0, makespan + alpha, makespan)
+    return makespan, busy
+
+
+@njit(cache=True)
+def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_],
+                   pis: NDArray[np.int64], aggs: NDArray[np.int64], layers: NDArray[np.int64],
+                   msg_bytes: NDArray[np.float64], chunks: int, pair_ptr: NDArray[np.int64],
+                   route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
+                   link_bw: NDArray[np.float64], route_rank: NDArray[np.int64],
+                   hop_latency: float, tie_ref: bool, num_endpoints: int,
+                   phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
+                   makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
+                   cut_through: bool, ni_bw: float, ni_lat: float) -> int:
+    """``_layer_kernel`` for every run of ``simulate_layers_comm``; the first invalid run, or
+    −1."""
+    num_tokens = token_sets.shape[1]
+    extra = np.zeros((num_tokens, 0), dtype=np.int64)
+    no_partial = np.zeros((0, 1), dtype=np.bool_)
+    no_sizes = np.zeros(0)
+    for j in range(layers.shape[0]):
+        layer = layers[j]
+        if not _layer_kernel(token_sets[j], holder_masks[layer], extra, aggs[j], pis[layer],
+                             msg_bytes, no_partial, no_sizes, chunks, layer, pair_ptr,
+                             route_ptr, route_links, link_bw, route_rank, hop_latency, tie_ref,
+                             num_endpoints, phase_codes, busy_out[j], makespan_out[j],
+                             count_out[j], cut_through, ni_bw, ni_lat):
+            return j
+    return -1
+
+
+@njit(cache=True)
+def _bounded(state: int, rng: int) -> int:
+    """One value of ``Generator.integers(0, rng + 1)`` (an element of an array ``high``) for
+    0 <= rng < 2**32 − 1: numpy's ``random_bounded_uint64`` without a buffer, i.e. no draw for
+    rng = 0, else Lemire's multiply-shift rejection on ``next_uint32``."""
+    if rng == 0:
+        return 0
+    excl = np.uint64(rng) + np.uint64(1)
+    m = np.uint64(_next_uint32(state)) * excl
+    leftover = m & _U32_MAX
+    if leftover < excl:
+        threshold = (_U32_MAX - np.uint64(rng)) % excl
+        while leftover < threshold:
+            m = np.uint64(_next_uint32(state)) * excl
+            leftover = m & _U32_MAX
+    return np.int64(m >> np.uint64(32))
+
+
+@njit(cache=True)
+def _aggregators_kernel(token_sets: NDArray[np.int64], layers: NDArray[np.int64],
+                        tables: NDArray[np.int64], num_holders: NDArray[np.int64],
+                        states: NDArray[np.uint64], rule: int, out: NDArray[np.int64]) -> int:
+    """``choose_aggregators`` of every run (rule 0 ``ref``, 1 ``uniform``, 2 ``first``), the
+    draws from each run's PCG64 state; return the first run with a token none of whose experts
+    has a holder (nothing drawn for it), or −1."""
+    n, num_tokens, top_k = token_sets.shape
+    expert = np.empty(num_tokens, dtype=np.int64)
+    for j in range(n):
+        layer = layers[j]
+        ts = token_sets[j]
+        nh = num_holders[layer]
+        for t in range(num_tokens):
+            held = 0
+            for s in range(top_k):
+                if nh[ts[t, s]] > 0:
+                    held += 1
+            if held == 0:
+                return j
+        for t in range(num_tokens):      # one draw per token (array ``high`` = valid slots)
+            if rule == 2:
+                best = -1
+                for s in range(top_k):
+                    e = ts[t, s]
+                    if nh[e] > 0 and (best < 0 or e < best):
+                        best = e
+                expert[t] = best
+                continue
+            held = 0
+            for s in range(top_k):
+                if nh[ts[t, s]] > 0:
+                    held += 1
+            u = _bounded(states[j], held - 1)
+            pos = 0                                    # the u-th slot whose expert is held
+            seen = 0
+            for s in range(top_k):
+                if nh[ts[t, s]] > 0:
+                    if seen == u:
+                        pos = s
+                        break
+                    seen += 1
+            expert[t] = ts[t, pos]
+        for t in range(num_tokens):      # uniform: one more draw per token among its holders
+            e = expert[t]
+            v = _bounded(states[j], nh[e] - 1) if rule == 1 else 0
+            out[j, t] = tables[layer, e, v]
+    return -1
+
+
+def holder_arrays(holders: Sequence[HolderTable]
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Return the ``aggregators_many`` arrays of per-layer holder tables: ``tables`` int64
+    [L, E, h] (each layer's ``table``, zero-padded) and ``num_holders`` int64 [L, E]."""
+    num_experts = holders[0].num_holders.shape[0]
+    width = max(h.table.shape[1] for h in holders)
+    tables = np.zeros((len(holders), num_experts, width), dtype=np.int64)
+    for layer, h in enumerate(holders):
+        tables[layer, :, :h.table.shape[1]] = h.table
+    nh = np.ascontiguousarray(np.stack([h.num_holders for h in holders]), dtype=np.int64)
+    return tables, nh
+
+
+def aggregators_many(token_sets: NDArray[np.int64], layers: NDArray[np.int64],
+                     holders: tuple[NDArray[np.int64], NDArray[np.int64]], rule: str,
+                     states: NDArray[np.uint64]) -> tuple[NDArray[np.int64], int]:
+    """``choose_aggregators`` (no extra holders) of n runs in one compiled call.
+
+    Run j chooses the aggregators of ``token_sets[j]`` at layer ``layers[j]`` (holder table
+    ``holders[layers[j]]``) drawing from the PCG64 state at address ``states[j]`` (the
+    generator's ``bit_generator.ctypes.state_address``): the same values and the same stream
+    position as ``choose_aggregators(token_sets[j], holders[layers[j]], rule, rng)``.
+
+    Args:
+        token_sets: int64 [n, T, k] valid expert ids.
+        layers: int64 [n] layer of every run.
+        holders: ``holder_arrays`` of the layers' holder tables.
+        rule: ``"ref"``, ``"uniform"`` or ``"first"``.
+        states: uint64 [n] PCG64 state addresses; each generator must outlive the call.
+
+    Returns:
+        ``(aggs int64 [n, T], stop)``: ``stop`` = −1 when every run is done; otherwise run
+        ``stop`` has a token without a held expert and runs ``stop``.. are not chosen (and
+        nothing was drawn for them): call ``choose_aggregators`` for run ``stop`` (it raises
+        or uses extra holders) and this function again for the rest.
+
+    Raises:
+        ConfigError: Unknown rule.
+    """
+    if rule not in AGGREGATOR_RULES:
+        raise unknown_name("aggregator rule", rule, AGGREGATOR_RULES)
+    tables, nh = holders
+    out = np.zeros(token_sets.shape[:2], dtype=np.int64)
+    stop = _aggregators_kernel(np.ascontiguousarray(token_sets, dtype=np.int64),
+                               np.ascontiguousarray(layers, dtype=np.int64), tables, nh,
+                               np.ascontiguousarray(states, dtype=np.uint64),
+                               AGGREGATOR_RULES.index(rule), out)
+    return out, int(stop)
 
 
 def _as_partial(partial_mask: ArrayLike | None, combine_bytes: ArrayLike | None,

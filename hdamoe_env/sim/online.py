@@ -187,16 +187,21 @@ class DecisionEvaluator:
             level: Multiplier of ``gating_coefficients``.
         """
         r_comp, r_comm = self.gating_coefficients
-        shares = self.expected_shares[layer]
+        return gating_mod.hardware_aware_gating(
+            candidates, self.sim.model.top_k, self.expected_shares[layer], self.w_flops,
+            self.compute_flops, level * r_comp, level * r_comm,
+            tile_cost=self.gating_tile_cost(layer), **self.gating_options)
+
+    def gating_tile_cost(self, layer: int) -> gating_mod.TileCost | None:
+        """Return the tile-model node cost ``gate`` uses for ``layer`` (built once; None for
+        the fluid model), ``gating_tile_cost`` of the layer's expected shares."""
         tile_cost = self._tile_costs[layer]
         if tile_cost is None and self.conv.tiled:
-            tile_cost = gating_tile_cost(shares, self.sim.model, self.sim.hw, self.conv,
+            tile_cost = gating_tile_cost(self.expected_shares[layer], self.sim.model,
+                                         self.sim.hw, self.conv,
                                          streaming=self.gating_streaming)
             self._tile_costs[layer] = tile_cost
-        return gating_mod.hardware_aware_gating(
-            candidates, self.sim.model.top_k, shares, self.w_flops,
-            self.compute_flops, level * r_comp, level * r_comm, tile_cost=tile_cost,
-            **self.gating_options)
+        return tile_cost
 
     def broadcast_traffic(self, layer: int, broadcast: Sequence[int]
                           ) -> BroadcastResult:

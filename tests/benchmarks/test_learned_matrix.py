@@ -60,3 +60,59 @@ def test_unknown_cell_is_refused(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         monkeypatch.setattr("sys.argv", ["learned_matrix.py", "--phase", "bogus"])
         drv.main()
+
+
+def test_process_backend_runs_cells_at_once_and_collects_failures(tmp_path, monkeypatch):
+    """``--workers 2``: every cell's commands run (tune, then train), failures in cell order."""
+    drv = _driver()
+    ran = []
+
+    def fake_run(cmd):
+        out = Path(cmd[cmd.index("--out") + 1])
+        ran.append((cmd[1], out.parent.name))
+        if cmd[1] == "tune":
+            if out.parent.name == "qwen_10-25_B32":
+                return 1                                         # this cell's tune fails
+            out.mkdir(parents=True)
+            (out / "tuned.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr(drv, "_run", fake_run)
+    todo = [c for c in drv.cells() if c[0] in ("ds_2.5-75_B32", "qwen_10-25_B32", "mix_10-25_B128")]
+    failed = drv.run_cells(todo, tmp_path, workers=2, backend="process")
+    assert failed == ["qwen_10-25_B32:tune"]
+    assert sorted(ran) == sorted([("tune", "ds_2.5-75_B32"), ("train", "ds_2.5-75_B32"),
+                                  ("tune", "qwen_10-25_B32"), ("tune", "mix_10-25_B128"),
+                                  ("train", "mix_10-25_B128")])
+    ran.clear()                                                  # finished phases are skipped
+    assert drv.run_cells(todo[:1], tmp_path, phase="tune", workers=2) == [] and ran == []
+
+
+def test_ray_backend_without_ray_is_a_typed_error(tmp_path, monkeypatch, capsys):
+    from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
+
+    drv = _driver()
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # import ray fails
+    with pytest.raises(DependencyNotInstalled, match="needs Ray"):
+        drv.run_cells(drv.cells()[:1], tmp_path, backend="ray")
+    monkeypatch.setattr("sys.argv", ["learned_matrix.py", "--out", str(tmp_path), "--backend",
+                                     "ray", "--cells", "ds_2.5-75_B32"])
+    assert drv.main() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs Ray" in err
+    with pytest.raises(ConfigError, match="workers"):
+        drv.run_cells(drv.cells()[:1], tmp_path, workers=0)
+    with pytest.raises(ConfigError, match="backend"):
+        drv.run_cells(drv.cells()[:1], tmp_path, backend="dask")
+
+
+@pytest.mark.slow
+def test_ray_backend_runs_one_task_per_cell(tmp_path):
+    """A real local Ray instance: the train phase of cells without a tuned heuristic fails at
+    once in every task (no command runs), reported in cell order."""
+    pytest.importorskip("ray", reason="ray is not installed (extra `ray`)")
+    drv = _driver()
+    todo = drv.cells()[:2]
+    failed = drv.run_cells(todo, tmp_path, phase="train", workers=1, backend="ray")
+    assert [f.split(":")[0] for f in failed] == [c[0] for c in todo]
+    assert all("no " in f and "tuned.json" in f for f in failed)

@@ -9,7 +9,8 @@ import pytest
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.decisions.gating import (COMP_PENALTIES, TileCost, default_coefficients,
-                                         gating_diagnostics, hardware_aware_gating, penalties)
+                                         gated_sets, gating_diagnostics, hardware_aware_gating,
+                                         penalties)
 from hdamoe_env.sim.placement import expert_parallel
 
 # §14.8 item 5
@@ -272,3 +273,30 @@ def test_tile_cost_is_checked_against_the_placement():
     with pytest.raises(ConfigError, match="integers"):
         hardware_aware_gating(S5[:, :2], 1, P, 1.0, 1.0, -1.0, 0.0, tile_cost=good,
                               initial_counts=[0.5, 0.0])
+
+
+@pytest.mark.parametrize("tiles", [False, True])
+@pytest.mark.parametrize("comm", ["dispersion", "new_nodes"])
+def test_gated_sets_equal_the_sets_of_hardware_aware_gating(rng, tiles, comm):
+    """``gated_sets`` (the batched env's call) returns exactly the gating's sets, or None where
+    the fused path does not apply."""
+    B, E, D, k, width = 24, 16, 4, 2, 6
+    P = expert_parallel(1, E, D, rng).P[0]
+    tile = (TileCost(row_s=P * 1e-6, gemm_s=2e-7, stream_s=np.zeros((E, D)), tile_tokens=4)
+            if tiles else None)
+    scores = _scores(rng, B, E)
+    ids = np.argsort(-scores, axis=1)[:, :width].astype(np.int64)
+    rng.shuffle(ids.T)                               # unsorted candidates: the kernel sorts
+    vals = np.take_along_axis(scores, ids, axis=1)
+    for rc, rm in ((-4.5e4, -0.015), (-1e6, 0.0), (0.0, -0.5)):
+        ref = hardware_aware_gating((ids, vals), k, P, 1e6, 1e12, rc, rm, comm_penalty=comm,
+                                    protect_top=1, tile_cost=tile, diagnostics=False)
+        got = gated_sets((ids, vals), k, P, 1e6, 1e12, rc, rm, comm_penalty=comm,
+                         protect_top=1, tile_cost=tile)
+        assert got is not None
+        np.testing.assert_array_equal(got, ref.sets)
+    assert gated_sets((ids, vals), k, P, 1e6, 1e12, 0.0, 0.0) is None      # nothing to gate
+    assert gated_sets((ids.astype(np.int32), vals), k, P, 1e6, 1e12, -1.0, -1.0) is None
+    bad = ids.copy()
+    bad[0, 0] = E                                                          # id out of range
+    assert gated_sets((bad, vals), k, P, 1e6, 1e12, -1.0, -1.0) is None

@@ -52,6 +52,10 @@ def _compare(env_id, num_envs, steps, kwargs, *, policy="mixed", seed=11):
     for _ in range(steps):
         if policy == "noop":
             acts = np.tile(noop, (num_envs, 1))
+        elif policy == "gating":                        # no broadcast, a random gating level
+            acts = np.tile(noop, (num_envs, 1))
+            acts[:, base.max_broadcast + 1] = rng.integers(0, len(base.gating_levels),
+                                                           num_envs)
         else:
             acts = np.stack([space.sample(mask=_mask_tuple(venv.unwrapped, i))
                              for i in range(num_envs)])
@@ -91,11 +95,48 @@ def test_vector_env_equals_single_envs_analytic_id_noop():
              policy="noop")
 
 
+@pytest.mark.parametrize("num_envs,fidelity", [(1, "analytic"), (7, "analytic"), (5, "des")])
+def test_vector_env_gating_without_broadcast_is_batched_and_equal(num_envs, fidelity,
+                                                                  monkeypatch):
+    """Copies with gating on and no broadcast take the batched gated path."""
+    calls = []
+    original = HdMoeVectorEnv._step_gated
+
+    def spy(self, idx, a):
+        done = original(self, idx, a)
+        calls.append(int(done.sum()))
+        return done
+
+    monkeypatch.setattr(HdMoeVectorEnv, "_step_gated", spy)
+    _compare("hdamoe_env/HdMoE-v1", num_envs, 40, dict(TINY, fidelity=fidelity,
+                                                        gammas=[0.7] * 26), policy="gating")
+    assert sum(calls) > 10
+
+
+def test_vector_env_des_copies_take_one_batched_des_call(monkeypatch):
+    """DES copies with plain actions: aggregators per copy, one compiled DES call for all."""
+    from hdamoe_env.env import vector
+
+    runs = []
+    original = vector._BatchedDes.latency
+
+    def spy(self, layers, sets, counts, rngs):
+        runs.append(layers.size)
+        return original(self, layers, sets, counts, rngs)
+
+    monkeypatch.setattr(vector._BatchedDes, "latency", spy)
+    _compare("hdamoe_env/HdMoE-v1", 5, 40, dict(TINY, steps_per_episode=2), policy="noop")
+    assert sum(runs) > 100 and max(runs) > 1
+
+
 @pytest.mark.slow
 def test_vector_env_equals_single_envs_64():
     _compare("hdamoe_env/HdMoE-v1", 64, 60, dict(TINY, fidelity="analytic",
                                                   gammas=[0.7] * 26))
     _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY)
+    _compare("hdamoe_env/HdMoE-v1", 64, 30, dict(TINY, fidelity="analytic",
+                                                  gammas=[0.7] * 26), policy="gating")
+    _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY, policy="gating")
 
 
 def test_vector_entry_point_registered_for_every_id():

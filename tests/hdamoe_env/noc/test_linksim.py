@@ -11,10 +11,13 @@ from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc.des import simulate_messages, simulate_messages_oracle
 from hdamoe_env.noc.linksim import (
     HolderTable,
+    aggregators_many,
     choose_aggregators,
+    holder_arrays,
     layer_flow_keys,
     layer_messages,
     simulate_layer_comm,
+    simulate_layers_comm,
 )
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
 from hdamoe_env.noc.topology import make_topology, stable_hash
@@ -321,3 +324,73 @@ def test_aggregators_for_holderless_tokens():
                               extra).tolist() == [1, 1]
     with pytest.raises(ConfigError, match="holder"):
         choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("kind,opts", [
+    ("mesh", dict()),
+    ("torus", dict(tie_break="ref", chunks=2, hop_latency_s=2e-9, alpha_s=1e-7)),
+    ("mesh", dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=5e10,
+                  ni_latency_s=1.5e-9, phases=("combine",))),
+])
+def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
+    """The batched entry (one compiled call) gives every run's makespans and busy times bit
+    for bit as ``simulate_layer_comm`` of that run."""
+    rng = np.random.default_rng(5)
+    topo = make_topology(kind, HW48)
+    L, E, k, T, D = 3, 16, 3, 20, 32
+    masks = rng.random((L, E, D)) < 0.08
+    for layer in range(L):
+        masks[layer, np.arange(E), rng.integers(0, D, E)] = True
+    pis = np.stack([rng.permutation(D) for _ in range(L)])
+    layers = np.array([2, 0, 2, 1, 1])
+    sets = np.stack([np.array([rng.choice(E, k, replace=False) for _ in range(T)])
+                     for _ in layers])
+    aggs = np.stack([choose_aggregators(sets[j], masks[layer], "uniform", rng)
+                     for j, layer in enumerate(layers)])
+    msg = rng.choice([512.0, 1024.0], T)
+    makespan, busy = simulate_layers_comm(topo, sets, msg, masks, pis, aggs, layers, **opts)
+    for j, layer in enumerate(layers.tolist()):
+        one = simulate_layer_comm(topo, sets[j], msg, masks[layer], pis[layer], aggs[j],
+                                  layer=layer, **opts)
+        assert tuple(makespan[j].tolist()) == one.makespan_s
+        np.testing.assert_array_equal(busy[j], one.link_busy_s)
+    bad = aggs.copy()
+    bad[3, 0] = D                                               # cluster out of range
+    with pytest.raises(ConfigError, match="run 3"):
+        simulate_layers_comm(topo, sets, msg, masks, pis, bad, layers, **opts)
+
+
+@pytest.mark.parametrize("rule", ["ref", "uniform", "first"])
+def test_aggregators_many_equal_choose_aggregators_and_the_stream(rule):
+    """Compiled draws on each generator's PCG64 state: the same aggregators and the same
+    stream position as ``choose_aggregators`` with that generator, run by run; a run with a
+    token without a held expert stops the call before drawing anything for it."""
+    rng = np.random.default_rng(3)
+    L, E, D, k, T = 3, 12, 8, 3, 40
+    masks = rng.random((L, E, D)) < 0.25
+    masks[0] |= np.eye(E, D, dtype=bool)                  # layer 0: every expert held
+    masks[1, :3] = False                                  # layer 1: experts 0..2 unheld
+    tables = [HolderTable.from_shares(m) for m in masks]
+    arrays = holder_arrays(tables)
+    layers = np.array([0, 1, 2, 1, 0, 2, 2])
+    sets = np.stack([np.array([rng.choice(np.arange(3, E), k, replace=False)
+                               for _ in range(T)]) for _ in layers])
+    sets[3, :5, 0] = [0, 1, 2, 0, 1]                      # unheld experts among held ones
+    ref = [np.random.default_rng(100 + j) for j in range(layers.size)]
+    got = [np.random.default_rng(100 + j) for j in range(layers.size)]
+    states = np.array([g.bit_generator.ctypes.state_address for g in got], dtype=np.uint64)
+    out, stop = aggregators_many(sets, layers, arrays, rule, states)
+    assert stop == -1
+    for j, layer in enumerate(layers.tolist()):
+        want = choose_aggregators(sets[j], tables[layer], rule, ref[j])
+        np.testing.assert_array_equal(out[j], want)
+        assert got[j].random() == ref[j].random()        # same stream position after
+    orphan = sets.copy()
+    orphan[2, 7] = [0, 1, 2]                              # only unheld experts (layer 2 holds
+    masks2 = masks.copy()                                 # them? make sure it does not)
+    masks2[2, :3] = False
+    arrays2 = holder_arrays([HolderTable.from_shares(m) for m in masks2])
+    before = [g.bit_generator.state for g in got]
+    _, stop = aggregators_many(orphan, layers, arrays2, rule, states)
+    assert stop == 2
+    assert got[2].bit_generator.state == before[2]       # nothing drawn for the stopping run
