@@ -332,6 +332,16 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
             names.append(f"synthetic seed={regime_seed + r} skew={skew:g}")
         return "synthetic", tuple(names), rows
 
+    def switch_regime(self, regime: int) -> None:
+        """Switch the stream to ``regime`` from the next decode step (scripted scenarios, tests).
+
+        Raises:
+            ConfigError: ``regime`` not in [0, R).
+        """
+        if not 0 <= int(regime) < self.num_regimes:
+            raise ConfigError(f"regime {regime} not in [0, {self.num_regimes})")
+        self.regime = int(regime)
+
     @property
     def num_regimes(self) -> int:
         """R, the number of regimes."""
