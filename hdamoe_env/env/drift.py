@@ -10,7 +10,7 @@ switches between *regimes*:
   relabelling the regimes would hardly differ];
 * ``regimes="categories"``: the six task categories of the real Mixtral traces
   (``experts_<category>_mixtral.json`` in ``trace_dir``; read in place, never copied; the model
-  must be ``mixtral-8x7b``); ``"auto"`` picks them when ``trace_dir`` exists, else synthetic.
+  must be ``mixtral-8x7b``; ``categories`` selects a subset); ``"auto"`` picks them when ``trace_dir`` exists, else synthetic.
 
 Switch times are seeded: after every decode step the stream leaves its regime with probability
 1/``mean_dwell`` (geometric dwell times, mean ``mean_dwell`` decode steps) for another regime drawn
@@ -199,6 +199,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
     ## Arguments
     model, setting, mesh, topology, conventions, batch: the run (``RunSpec.resolve``).
     regimes: ``"synthetic"``, ``"categories"`` or ``"auto"``. trace_dir: the real Mixtral traces.
+    categories: the task categories used (default all six).
     num_regimes, regime_seed, regime_skews, trace_requests, trace_tokens: synthetic regimes.
     window: K decode steps per decision. num_windows: decisions per episode. mean_dwell: mean
     regime dwell, decode steps. redundancy: redundant slots per node of the re-place actions.
@@ -215,7 +216,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
     def __init__(self, *, model: str | ModelSpec = "deepseek-v2-lite", setting: str = "5/50",
                  mesh: str | tuple[int, int] = "4x8", topology: str = "mesh",
                  conventions: str = "faithful", batch: int = 128, regimes: str = "synthetic",
-                 trace_dir: str | os.PathLike[str] = DEFAULT_MIXTRAL_DIR, num_regimes: int = 4,
+                 trace_dir: str | os.PathLike[str] = DEFAULT_MIXTRAL_DIR,
+                 categories: Sequence[str] = MIXTRAL_CATEGORIES, num_regimes: int = 4,
                  regime_seed: int = 0, regime_skews: Sequence[float] = (1.0, 1.5),
                  trace_requests: int | None = None, trace_tokens: int | None = None,
                  window: int = 8, num_windows: int = 16, mean_dwell: float = 32.0,
@@ -257,7 +259,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         self.base_slots = -(-E // D)
 
         self.regime_source, self.regime_names, self._regime_rows = self._load_regimes(
-            regimes, trace_dir, int(num_regimes), int(regime_seed),
+            regimes, trace_dir, tuple(categories), int(num_regimes), int(regime_seed),
             tuple(float(s) for s in regime_skews), trace_requests, trace_tokens)
         L = self.model.num_moe_layers
         self.layers = tuple(range(L)) if layers is None else tuple(int(x) for x in layers)
@@ -295,7 +297,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         self._eval: LayerEvaluator | None = None
 
     # ------------------------------------------------------------------ regimes
-    def _load_regimes(self, regimes: str, trace_dir: str | os.PathLike[str], num_regimes: int,
+    def _load_regimes(self, regimes: str, trace_dir: str | os.PathLike[str],
+                      categories: tuple[str, ...], num_regimes: int,
                       regime_seed: int, skews: tuple[float, ...], requests: int | None,
                       tokens: int | None
                       ) -> tuple[str, tuple[str, ...], list[NDArray[np.int64]]]:
@@ -307,8 +310,12 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
             if self.model.key != "mixtral-8x7b":
                 raise ConfigError(f"regimes='categories' needs model='mixtral-8x7b' (the real "
                                   f"traces are Mixtral's), got {self.model.key!r}")
+            if len(categories) < 2 or not set(categories) <= set(MIXTRAL_CATEGORIES) or len(
+                    set(categories)) != len(categories):
+                raise ConfigError(f"categories must be >= 2 distinct names of "
+                                  f"{list(MIXTRAL_CATEGORIES)}, got {categories!r}")
             rows, names = [], []
-            for cat in MIXTRAL_CATEGORIES:
+            for cat in categories:
                 path = os.path.join(os.fspath(trace_dir), f"experts_{cat}_mixtral.json")
                 trace = load_trace(path, self.model)       # TraceFormatError names a missing file
                 rows.append(np.asarray(trace.topk_ids[:, trace.view("content")], dtype=np.int64))

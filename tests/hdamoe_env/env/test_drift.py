@@ -186,18 +186,23 @@ def test_des_fidelity_and_bad_config():
             make(**bad)
     with pytest.raises(TraceFormatError):
         HdMoeDriftEnv(model="mixtral-8x7b", regimes="categories", trace_dir="/nonexistent")
+    with pytest.raises(ConfigError):
+        HdMoeDriftEnv(model="mixtral-8x7b", regimes="categories", categories=("poetry", "stem"))
 
 
 def test_mixtral_categories():
     if not MIXTRAL_DIR.is_dir():
         pytest.skip(f"real Mixtral traces not found at {MIXTRAL_DIR} "
                     "(../shared/reference-traces/mixtral)")
+    # the two smallest files: reading all six JSON files takes ~10 s
     env = HdMoeDriftEnv(model="mixtral-8x7b", mesh="2x4", batch=16, regimes="auto",
-                        trace_dir=MIXTRAL_DIR, layers=(0,), window=2, num_windows=2)
-    assert env.regime_source == "categories" and env.num_regimes == 6
+                        trace_dir=MIXTRAL_DIR, categories=("reasoning", "extraction"),
+                        layers=(0,), window=2, num_windows=2)
+    assert env.regime_source == "categories" and env.regime_names == ("reasoning", "extraction")
     obs, info = env.reset(seed=0)
-    assert info["regime_name"] in ("extraction", "humanities", "reasoning", "roleplay", "stem",
-                                   "writing")
+    assert info["regime_name"] in ("reasoning", "extraction")
+    # the categories differ: the drift statistic between their layer-0 loads is not zero
+    assert total_variation(env.regime_frequencies(0), env.regime_frequencies(1)) > 0.01
     _, r, _, _, info = env.step(1)
     assert np.isfinite(r) and info["moves"] >= 0
 
@@ -209,9 +214,9 @@ def test_tiny_maskable_ppo_run():
 
     torch.set_num_threads(1)
     env = make()
-    model = MaskablePPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=1, seed=0,
+    model = MaskablePPO("MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0,
                         device="cpu")
-    model.learn(total_timesteps=64)
+    model.learn(total_timesteps=32)
     obs, _ = env.reset(seed=1)
     term = False
     while not term:
