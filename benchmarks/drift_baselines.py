@@ -7,8 +7,8 @@ node unless ``--redundancy-level``) and threshold-triggered (re-place when the d
 the TV distance between the window's loads and the placement's build loads, exceeds T).
 
 Printed: a Markdown table with, per policy, the mean reward per window, the mean window latency
-as a ratio to TP (weight moves included; lower is better) and without the moves, the moves per episode and the mean
-move time per window (µs).
+as a ratio to TP (weight moves included; lower is better) and without the moves, the moves
+per episode and the mean move time per window (µs).
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/drift_baselines.py --seeds 0 1 2``
 (``--regimes categories --model mixtral-8x7b`` for the real Mixtral task categories, read from

@@ -10,7 +10,8 @@ switches between *regimes*:
   relabelling the regimes would hardly differ];
 * ``regimes="categories"``: the six task categories of the real Mixtral traces
   (``experts_<category>_mixtral.json`` in ``trace_dir``; read in place, never copied; the model
-  must be ``mixtral-8x7b``; ``categories`` selects a subset); ``"auto"`` picks them when ``trace_dir`` exists, else synthetic.
+  must be ``mixtral-8x7b``; ``categories`` selects a subset); ``"auto"`` picks them when
+  ``trace_dir`` exists, else synthetic.
 
 Switch times are seeded: after every decode step the stream leaves its regime with probability
 1/``mean_dwell`` (geometric dwell times, mean ``mean_dwell`` decode steps) for another regime drawn
@@ -92,7 +93,7 @@ Policy = Callable[["HdMoeDriftEnv"], int]
 
 
 def total_variation(p: ArrayLike, q: ArrayLike) -> float:
-    """Return the total-variation distance ½·Σ|p/Σp − q/Σq| ∈ [0, 1] (0 when either sums to 0)."""
+    """Return the total-variation distance ½·Σ|p/Σp − q/Σq| ∈ [0, 1] (0 for an empty side)."""
     a = np.asarray(p, dtype=np.float64)
     b = np.asarray(q, dtype=np.float64)
     sa, sb = a.sum(), b.sum()
@@ -205,7 +206,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
     regime dwell, decode steps. redundancy: redundant slots per node of the re-place actions.
     layers: MoE layers episodes are drawn over (None: all). fidelity: ``DRIFT_FIDELITIES``.
     move_chunks: pipelined messages per moved expert. energy_weight: w of the energy term.
-    strict: unused (every action is legal); kept for the API of the other envs.
+    eval_seed: seed of the evaluator's aggregator streams and of the γ fit.
 
     ## Version History
     * v1: initial version.
@@ -454,7 +455,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         return max(self._t, 0)
 
     def _obs(self) -> NDArray[np.float32]:
-        E, D = self.num_experts, self.num_nodes
+        D = self.num_nodes
         total = self._window_loads.sum()
         hist = self._window_loads / total if total > 0 else self._window_loads
         node = self._node_load(self._window_loads)
