@@ -93,7 +93,7 @@ Policy = Callable[["HdMoeDriftEnv"], int]
 
 
 def total_variation(p: ArrayLike, q: ArrayLike) -> float:
-    """Return the total-variation distance ½·Σ|p/Σp − q/Σq| ∈ [0, 1] (0 if a side is empty)."""
+    """Return the total-variation distance ½·Σ|p/Σp − q/Σq| ∈ [0, 1] (0 on empty input)."""
     a = np.asarray(p, dtype=np.float64)
     b = np.asarray(q, dtype=np.float64)
     sa, sb = a.sum(), b.sum()
