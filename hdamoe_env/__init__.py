@@ -12,7 +12,8 @@ Core public API (the simulator knows nothing of RL; see README and docs/):
   registered at import with a string entry point (the env module is imported only on ``make``);
   variants ``hdamoe_env/HdMoE-analytic-v1`` and ``hdamoe_env/HdMoE-Mixtral-v1``
   (``REGISTERED_ENVS``); the placement env ``hdamoe_env/HdMoE-Place-v1``
-  (``hdamoe_env.env.place.HdMoePlaceEnv``, ``PLACE_ENVS``); ``gymnasium.make_vec(id, num_envs=N,
+  (``hdamoe_env.env.place.HdMoePlaceEnv``, ``PLACE_ENVS``); the drift env
+  ``hdamoe_env/HdMoE-Drift-v1`` (``hdamoe_env.env.drift.HdMoeDriftEnv``, ``DRIFT_ENVS``); ``gymnasium.make_vec(id, num_envs=N,
   vectorization_mode="vector_entry_point")`` gives the batched ``hdamoe_env.env.vector.HdMoeVectorEnv``;
   the retired -v0 ids raise a ``ConfigError`` naming -v1 (``hdamoe_env.env.versions``).
 
@@ -53,6 +54,10 @@ ENTRY_POINT = "hdamoe_env.env.environment:HdMoeEnv"
 #: step (E steps; the env terminates itself). Single env only (no vector entry point).
 PLACE_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Place-v1": {}}
 PLACE_ENTRY_POINT = "hdamoe_env.env.place:HdMoePlaceEnv"
+#: The drift env (issue 31): keep, re-place or replicate one layer's experts every K decode steps
+#: of a stream that switches between regimes; weight moves charged. Single env only.
+DRIFT_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Drift-v1": {}}
+DRIFT_ENTRY_POINT = "hdamoe_env.env.drift:HdMoeDriftEnv"
 VECTOR_ENTRY_POINT = "hdamoe_env.env.vector:HdMoeVectorEnv"
 _RETIRED_ENTRY_POINT = "hdamoe_env.env.versions:retired_env"
 
@@ -64,6 +69,9 @@ for _env_id, (_kwargs, _max_steps) in REGISTERED_ENVS.items():
 for _env_id, _kwargs in PLACE_ENVS.items():
     if _env_id not in _gymnasium.registry:
         _gymnasium.register(id=_env_id, entry_point=PLACE_ENTRY_POINT, kwargs=dict(_kwargs))
+for _env_id, _kwargs in DRIFT_ENVS.items():
+    if _env_id not in _gymnasium.registry:
+        _gymnasium.register(id=_env_id, entry_point=DRIFT_ENTRY_POINT, kwargs=dict(_kwargs))
 for _env_id in ("hdamoe_env/HdMoE-v0", "hdamoe_env/HdMoE-analytic-v0",
                 "hdamoe_env/HdMoE-Mixtral-v0"):
     if _env_id not in _gymnasium.registry:
@@ -75,6 +83,8 @@ __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "PROFILES",
+    "DRIFT_ENTRY_POINT",
+    "DRIFT_ENVS",
     "ENTRY_POINT",
     "PLACE_ENTRY_POINT",
     "PLACE_ENVS",

@@ -1,0 +1,225 @@
+"""The drift env ``HdMoeDriftEnv`` (``hdamoe_env/HdMoE-Drift-v1``, issue 31, item 3).
+
+Pins: both check_envs, legality of every action of the space (out of space raises), same seed ⇒
+same trajectory, the weight moves charged when re-placing and nothing when keeping, the
+one-layer EPLB against ``baselines.eplb``, the threshold baseline re-placing after a forced
+regime switch, the real Mixtral categories (skipped without ../shared/reference-traces) and a
+tiny MaskablePPO run. All on a tiny synthetic model (seconds).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import hdamoe_env
+from baselines.eplb import eplb, replicate
+from hdamoe_env.config.errors import ConfigError, InvalidAction, TraceFormatError
+from hdamoe_env.config.specs import ModelSpec
+from hdamoe_env.env.drift import (HdMoeDriftEnv, compare_policies, eplb_layer, periodic_policy,
+                                  static_policy, threshold_policy, total_variation)
+
+MODEL = ModelSpec(key="tiny-drift", name="tiny-drift", num_moe_layers=2, num_experts=8, top_k=2,
+                  hidden_size=64, expert_intermediate=256, attn_weight_elements=4 * 64 * 64,
+                  kv_elements_per_token=2 * 64, core_flops_per_ctx_token=4 * 64)
+KW = dict(model=MODEL, mesh="2x2", setting="1/1", batch=8, trace_requests=4, trace_tokens=256,
+          num_regimes=2, window=4, num_windows=4, mean_dwell=8.0)
+MIXTRAL_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "reference-traces" / "mixtral"
+
+
+def make(**kwargs) -> HdMoeDriftEnv:
+    return HdMoeDriftEnv(**{**KW, **kwargs})
+
+
+def rollout(env: HdMoeDriftEnv, actions, seed: int = 3) -> tuple[list, list, list]:
+    obs, info = env.reset(seed=seed)
+    seen, rewards, infos = [obs], [], [info]
+    for a in actions:
+        obs, r, term, trunc, info = env.step(a)
+        seen.append(obs)
+        rewards.append(r)
+        infos.append(info)
+    assert term and not trunc
+    return seen, rewards, infos
+
+
+def test_registered_and_check_envs():
+    from gymnasium.utils.env_checker import check_env
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    assert "hdamoe_env/HdMoE-Drift-v1" in hdamoe_env.DRIFT_ENVS
+    env = gym.make("hdamoe_env/HdMoE-Drift-v1", **KW)
+    assert isinstance(env.unwrapped, HdMoeDriftEnv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # gymnasium's note on the unbounded reward
+        check_env(env.unwrapped, skip_render_check=True)
+    sb3_check_env(make(), warn=True)
+
+
+def test_every_action_is_legal_and_out_of_space_raises():
+    env = make()
+    n = env.action_space.n
+    assert n == 4 and env.action_names == ("keep", "replace r=0", "replace r=1", "replace r=2")
+    with pytest.raises(InvalidAction):
+        env.step(0)                                    # before reset
+    obs, info = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    assert info["fidelity"] == "analytic" and info["regime_source"] == "synthetic"
+    for a in range(n):
+        assert env.action_masks().all()
+        env.reset(seed=a)
+        obs, r, term, trunc, info = env.step(np.int64(a))
+        assert env.observation_space.contains(obs) and np.isfinite(r) and not trunc
+        assert info["action"] == a and r == pytest.approx(-info["ratio"])
+        # the redundancy level of the placement shows in the holders: D·S copies after a re-place
+        if a:
+            assert env.holders.sum() == 4 * (2 + env.redundancy[a - 1])
+    for bad in (-1, n, 1.5, "1", [0, 1]):
+        with pytest.raises(InvalidAction):
+            env.step(bad)
+
+
+def test_same_seed_same_trajectory():
+    actions = [1, 0, 3, 0]
+    a_obs, a_rew, a_inf = rollout(make(), actions)
+    b_obs, b_rew, b_inf = rollout(make(), actions)
+    for x, y in zip(a_obs, b_obs, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert a_rew == b_rew
+    assert [i["regime"] for i in a_inf] == [i["regime"] for i in b_inf]
+    _, c_rew, _ = rollout(make(), actions, seed=4)
+    assert c_rew != a_rew
+
+
+def test_weight_moves_charged_when_replacing_zero_when_keeping():
+    env = make()
+    env.reset(seed=1)
+    _, _, _, _, keep = env.step(0)
+    assert keep["moves"] == 0 and keep["move_us"] == 0.0 and keep["move_energy_uj"] == 0.0
+    _, r, _, _, more = env.step(3)                     # 2 redundant slots per node: 8 new copies
+    assert more["moves"] >= 8 and more["move_us"] > 0 and more["move_energy_uj"] > 0
+    assert more["ratio"] == pytest.approx(more["window_us"] / more["tp_window_us"])
+    assert r == pytest.approx(-(more["window_us"]) / more["tp_window_us"])
+    # the charge is the makespan: the window's latency without it is a plain layer latency
+    assert more["window_us"] - more["move_us"] > 0
+    # the energy-aware reward subtracts the moves' energy, and nothing when keeping
+    env_e = make(energy_weight=1.0)
+    env_e.reset(seed=1)
+    _, r_keep, _, _, _ = env_e.step(0)
+    assert r_keep == pytest.approx(-keep["ratio"])
+    _, r_e, _, _, _ = env_e.step(3)
+    assert r_e < r
+
+
+def test_replace_on_unchanged_loads_moves_nothing():
+    env = make()
+    env.reset(seed=2)
+    env.step(1)
+    holds = env.holders
+    counts, again = env._build(env._built_on, 0)
+    assert env._moves(holds, again)[0] == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_eplb_layer_matches_baselines_eplb(seed):
+    rng = np.random.default_rng(seed)
+    f = rng.gamma(0.5, size=16)
+    for S in (4, 5, 6):
+        counts, holds = eplb_layer(f, 4, S)
+        np.testing.assert_array_equal(counts, replicate(f, 4 * S, 4))
+        ref = eplb(f, 4, S)
+        np.testing.assert_array_equal(holds.sum(axis=1), counts)
+        assert (holds.sum(axis=0) <= S).all()
+        np.testing.assert_allclose(np.sort(holds.T.astype(float) @ (f / counts)),
+                                   np.sort(ref.node_load()[0]))
+    with pytest.raises(ConfigError):
+        eplb_layer(f, 2, 4)                            # 8 slots < 16 experts
+
+
+def test_threshold_baseline_replaces_after_forced_switch():
+    env = make(batch=32, mean_dwell=1e9, regime_skews=(4.0,), num_windows=8)
+    env.reset(seed=0, options={"regime": 0})
+    policy = threshold_policy(0.35)
+    env.step(1)                                        # build on regime 0's window
+    for _ in range(2):                                 # no switch: the drift stays small
+        assert env.drift < 0.35 and policy(env) == 0
+        env.step(policy(env))
+    env.switch_regime(1)
+    _, _, _, _, info = env.step(policy(env))           # a window of the new regime
+    assert info["regime"] == 1 and info["drift"] > 0.35
+    assert policy(env) == 1
+    _, _, _, _, info = env.step(policy(env))
+    assert info["moves"] > 0 and env.drift < 0.35
+
+
+def test_baselines_and_compare():
+    env = make(num_windows=4)
+    periodic = periodic_policy(8)                      # every 2 windows of 4 steps
+    env.reset(seed=0)
+    acts = []
+    for _ in range(4):
+        acts.append(periodic(env))
+        env.step(acts[-1])
+    assert acts == [0, 1, 0, 1]
+    res = compare_policies(env, {"static": static_policy(), "periodic@8": periodic,
+                                 "threshold": threshold_policy(0.0)}, seeds=[0, 1])
+    assert res["static"]["moves_per_episode"] == 0 and res["static"]["move_us_per_window"] == 0
+    assert res["threshold"]["moves_per_episode"] > 0
+    assert all(v["ratio"] > 0 and v["reward"] == pytest.approx(-v["ratio"]) for v in res.values())
+    assert total_variation([1, 0], [0, 1]) == 1.0 and total_variation([2, 2], [1, 1]) == 0.0
+
+
+def test_des_fidelity_and_bad_config():
+    env = make(fidelity="des", num_windows=1)
+    env.reset(seed=0)
+    _, r, term, _, info = env.step(2)
+    assert info["fidelity"] == "des" and term and np.isfinite(r)
+    for bad in (dict(fidelity="fast"), dict(window=0), dict(redundancy=(1, 1)),
+                dict(mean_dwell=0.5), dict(num_regimes=1), dict(regimes="mixed"),
+                dict(regimes="categories")):           # categories need Mixtral
+        with pytest.raises(ConfigError):
+            make(**bad)
+    with pytest.raises(TraceFormatError):
+        HdMoeDriftEnv(model="mixtral-8x7b", regimes="categories", trace_dir="/nonexistent")
+    with pytest.raises(ConfigError):
+        HdMoeDriftEnv(model="mixtral-8x7b", regimes="categories", categories=("poetry", "stem"))
+
+
+def test_mixtral_categories():
+    if not MIXTRAL_DIR.is_dir():
+        pytest.skip(f"real Mixtral traces not found at {MIXTRAL_DIR} "
+                    "(../shared/reference-traces/mixtral)")
+    # the two smallest files: reading all six JSON files takes ~10 s
+    env = HdMoeDriftEnv(model="mixtral-8x7b", mesh="2x4", batch=16, regimes="auto",
+                        trace_dir=MIXTRAL_DIR, categories=("reasoning", "extraction"),
+                        layers=(0,), window=2, num_windows=2)
+    assert env.regime_source == "categories" and env.regime_names == ("reasoning", "extraction")
+    obs, info = env.reset(seed=0)
+    assert info["regime_name"] in ("reasoning", "extraction")
+    # the categories differ: the drift statistic between their layer-0 loads is not zero
+    assert total_variation(env.regime_frequencies(0), env.regime_frequencies(1)) > 0.01
+    _, r, _, _, info = env.step(1)
+    assert np.isfinite(r) and info["moves"] >= 0
+
+
+def test_tiny_maskable_ppo_run():
+    pytest.importorskip("sb3_contrib")
+    import torch
+    from sb3_contrib import MaskablePPO
+
+    torch.set_num_threads(1)
+    env = make()
+    model = MaskablePPO("MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0,
+                        device="cpu")
+    model.learn(total_timesteps=32)
+    obs, _ = env.reset(seed=1)
+    term = False
+    while not term:
+        action, _ = model.predict(obs, action_masks=env.action_masks(), deterministic=True)
+        obs, _, term, _, info = env.step(action)
+        assert info["action"] == int(action)
