@@ -3,13 +3,21 @@ agent and application tests (L = 2, E = 4, k = 2 on a 2×2 mesh)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # the model-signing key of the tests (hdamoe_env.config.trust): never the user's key file
 os.environ["HDAMOE_SIGNING_KEY"] = "hdamoe-env test signing key"
+# SB3 configures a logger directory in $TMPDIR (SB3-<time>) on every learn() without one of
+# its own: the tests' models log (nothing) into one directory that the run removes at exit
+_SB3_DIR = tempfile.mkdtemp(prefix="hdamoe-tests-sb3-")
+os.environ["SB3_LOGDIR"] = _SB3_DIR
+atexit.register(shutil.rmtree, _SB3_DIR, True)
 
 import numpy as np
 import pytest

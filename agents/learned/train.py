@@ -487,6 +487,12 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             # residual dims, then any share dims, whose value 0 is the env's replica rule: the
             # untrained policy is HDA-MoE with the default replica dispatch
             bias_keep(model, venv.action_space.nvec, residual_keep_logit)
+    if tb_dir is None:
+        # without TensorBoard SB3 would configure a logger in a fresh $TMPDIR/SB3-<time>
+        # directory on every learn(): a file-less logger creates nothing
+        from stable_baselines3.common.logger import Logger
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
     start_steps = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - start_steps)
     if not (out / META_FILE).exists():         # checkpoints need the algorithm and action mode

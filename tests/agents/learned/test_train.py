@@ -318,3 +318,13 @@ def test_typed_hyperparameters(env_kwargs, tmp_path):
     """--hp n_steps=abc is a typed error, not a TypeError inside SB3."""
     with pytest.raises(ConfigError, match="n_steps='abc'"):
         _train(env_kwargs, tmp_path, timesteps=128, hyperparams={**SMALL_PPO, "n_steps": "abc"})
+
+
+def test_training_without_tensorboard_creates_no_logger_directory(env_kwargs, tmp_path,
+                                                                   monkeypatch):
+    """SB3 would configure its logger in a new directory ($SB3_LOGDIR, else $TMPDIR/SB3-<time>)
+    on every learn(); without TensorBoard the package's file-less logger creates nothing."""
+    where = tmp_path / "sb3-logdir"
+    monkeypatch.setenv("SB3_LOGDIR", str(where))
+    _train(env_kwargs, tmp_path / "run", timesteps=128)
+    assert not where.exists()
