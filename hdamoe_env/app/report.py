@@ -698,7 +698,12 @@ def write_report(out_dir: str | os.PathLike[str], *, suite: str = "quick",
                + (f", CPU time of the computed cells {run['cpu_s'] / 60:.1f} min summed "
                   f"({run['cpu_s'] / 60 / max(int(run.get('workers') or 1), 1):.1f} min per "
                   "worker; the machine was shared, so wall time overstates the cost)"
-                  if run.get("cpu_s") else "") + "; " if run.get("wall_s") else "")
+                  if run.get("cpu_s") else "")
+               + (f"; CPU time of every finished cell, as recorded when it ran, "
+                  f"{run['cpu_s_all'] / 60:.1f} min summed "
+                  f"({run['cpu_s_all'] / 60 / max(int(run.get('workers') or 1), 1):.1f} min per "
+                  "worker)" if run.get("cpu_s_all") and run.get("resumed") else "")
+               + "; " if run.get("wall_s") else "")
             + f"written {time.strftime('%Y-%m-%d')}. Raw records: `results.jsonl` (one JSON "
             "object per method × seed × cell). Profiles: `faithful` is the physically "
             "consistent default, `paper` the journal code's conventions (paper-model.md §4); "
