@@ -190,6 +190,7 @@ def test_des_fidelity_and_bad_config():
         HdMoeDriftEnv(model="mixtral-8x7b", regimes="categories", categories=("poetry", "stem"))
 
 
+@pytest.mark.slow  # parses two real-trace JSON files (~3.5 s); the synthetic path runs by default
 def test_mixtral_categories():
     if not MIXTRAL_DIR.is_dir():
         pytest.skip(f"real Mixtral traces not found at {MIXTRAL_DIR} "
