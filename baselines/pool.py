@@ -3,7 +3,9 @@
 :func:`spawn_pool_map` runs calls in a ``spawn`` ``ProcessPoolExecutor`` and hands each result
 to a callback in completion order; an error or Ctrl-C cancels what has not started and stops
 the running workers. It runs the layers of ``baselines.pipeline.run_pipeline`` and the cells of
-``hdamoe reproduce``.
+``hdamoe reproduce``. :func:`ray_pool_map` is its Ray counterpart (one task per call on a local
+instance or a cluster), used by ``hdamoe reproduce --backend ray`` and
+``benchmarks/learned_matrix.py --backend ray``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,57 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["spawn_pool_map"]
+from hdamoe_env.config.errors import DependencyNotInstalled
+
+__all__ = ["ray_pool_map", "spawn_pool_map"]
+
+#: How to get Ray when it is missing (the ``ray`` extra).
+RAY_HINT = ("backend='ray' needs Ray (`pip install -c constraints.txt -e '.[ray]'`); or use "
+            "backend='process' (--workers N)")
+
+
+def ray_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], workers: int,
+                 done: Callable[[Any], None] | None = None, *, ray_address: str | None = None,
+                 log_to_driver: bool = False) -> list[Any]:
+    """Run ``fn(*call)`` as one Ray task per call; return the results in call order.
+
+    Starts a local Ray instance of ``workers`` CPUs (or connects to ``ray_address``) unless one
+    is running, and shuts down only an instance it started. ``done`` gets each result in
+    completion order (resumable callers write it at once).
+
+    Raises:
+        DependencyNotInstalled: Ray is not installed (the message says how to get it).
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise DependencyNotInstalled(RAY_HINT) from exc
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": log_to_driver,
+                                  "ignore_reinit_error": True}
+        if ray_address:
+            kwargs["address"] = ray_address
+        else:
+            kwargs["num_cpus"] = max(1, workers)
+        ray.init(**kwargs)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(fn)
+        refs = [remote.remote(*call) for call in calls]
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            result = ray.get(ready[0])
+            results[index[ready[0]]] = result
+            if done is not None:
+                done(result)
+        return results
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def spawn_pool_map(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], workers: int,

@@ -282,33 +282,17 @@ def run_cells(todo: list[tuple[str, str, str, int]], out: Path, *, phase: str = 
 def _run_ray(calls: list[tuple[Any, ...]], workers: int, ray_address: str | None
              ) -> list[list[str]]:
     """One Ray task per cell (a local instance of ``workers`` CPUs, or ``ray_address``)."""
+    from baselines.pool import RAY_HINT, ray_pool_map
+
     try:
-        import ray
         from ray import cloudpickle
     except ImportError as exc:
-        raise DependencyNotInstalled(
-            "backend='ray' needs Ray (`pip install -c constraints.txt -e '.[ray]'`); or use "
-            "--backend process (--workers N)") from exc
+        raise DependencyNotInstalled(RAY_HINT) from exc
     module = sys.modules.get(__name__)
     if module is not None and __name__ != "__main__":
         # a script module is not importable in the Ray workers: ship run_cell by value
         cloudpickle.register_pickle_by_value(module)
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                                  "ignore_reinit_error": True}
-        if ray_address:
-            kwargs["address"] = ray_address
-        else:
-            kwargs["num_cpus"] = max(1, workers)
-        ray.init(**kwargs)
-        started = True
-    try:
-        remote = ray.remote(num_cpus=1)(run_cell)
-        return list(ray.get([remote.remote(*call) for call in calls]))
-    finally:
-        if started:
-            ray.shutdown()
+    return ray_pool_map(run_cell, calls, workers, ray_address=ray_address, log_to_driver=True)
 
 
 if __name__ == "__main__":

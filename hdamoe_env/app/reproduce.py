@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from hdamoe_env import __version__
-from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
+from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.app.records import read_jsonl, write_jsonl
 from hdamoe_env.config.fileio import json_default, write_json
 
@@ -547,31 +547,10 @@ def _execute(cells: Sequence[Cell], *, workers: int, backend: str, cache_dir: st
     if not cells:
         return
     if backend == "ray":
-        try:
-            import ray
-        except ImportError as exc:
-            raise DependencyNotInstalled(
-                "backend='ray' needs Ray (`pip install -c constraints.txt -e '.[ray]'`); or use "
-                "backend='process' (--workers N)") from exc
-        started = False
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "ignore_reinit_error": True}
-            if ray_address:
-                kwargs["address"] = ray_address
-            else:
-                kwargs["num_cpus"] = max(1, workers)
-            ray.init(**kwargs)
-            started = True
-        try:
-            remote = ray.remote(num_cpus=1)(run_cell)
-            pending = [remote.remote(c.to_dict(), cache_dir) for c in cells]
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                done(ray.get(ready[0]))
-        finally:
-            if started:
-                ray.shutdown()
+        from baselines.pool import ray_pool_map
+
+        ray_pool_map(run_cell, [(c.to_dict(), cache_dir) for c in cells], workers, done,
+                     ray_address=ray_address)
         return
     if workers <= 1 or len(cells) == 1:
         for cell in cells:

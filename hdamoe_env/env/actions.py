@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hdamoe_env.config.errors import ConfigError
+from hdamoe_env.config.errors import ConfigError, InvalidAction
 
-__all__ = ["DEFAULT_DISPATCH_RULES", "DEFAULT_GATING_LEVELS", "ActionLayout"]
+__all__ = ["DEFAULT_DISPATCH_RULES", "DEFAULT_GATING_LEVELS", "ActionLayout", "discrete_action"]
 
 DEFAULT_DISPATCH_RULES: tuple[str, ...] = ("least_loaded", "first", "home")
 DEFAULT_GATING_LEVELS: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
@@ -192,3 +192,21 @@ class ActionLayout:
             raise ConfigError(f"env action space nvec {nvec.tolist()} does not match the layout "
                               f"{layout.nvec.tolist()} built from its attributes")
         return layout
+
+
+def discrete_action(action: Any, n: int) -> int:
+    """Return ``action`` as an index of ``Discrete(n)`` (the single-decision envs' check).
+
+    Accepts a Python or numpy integer, a one-element array, or an integral float.
+
+    Raises:
+        InvalidAction: Not one integral value, or outside ``[0, n)`` (the message names it).
+    """
+    raw = np.asarray(action)
+    if raw.size != 1 or raw.dtype.kind not in "iuf" or (
+            raw.dtype.kind == "f" and not float(raw.reshape(())).is_integer()):
+        raise InvalidAction(f"action must be an integer in [0, {n}), got {action!r}")
+    a = int(raw.reshape(()))
+    if not 0 <= a < n:
+        raise InvalidAction(f"action {a} is outside Discrete({n})")
+    return a

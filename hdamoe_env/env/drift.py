@@ -68,6 +68,7 @@ from gymnasium import spaces
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.env.actions import discrete_action
 from hdamoe_env.config.run import RunSpec
 from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.cost import energy, perf
@@ -516,14 +517,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         """Apply the decision, then run and score the next window of K decode steps."""
         if self._t < 0 or self._t >= self.num_windows:
             raise InvalidAction("step() called before reset() or after the episode ended")
-        raw = np.asarray(action)
-        if raw.size != 1 or raw.dtype.kind not in "iuf" or (
-                raw.dtype.kind == "f" and not float(raw.reshape(())).is_integer()):
-            raise InvalidAction(f"action must be an integer in [0, {self.action_space.n}), "
-                                f"got {action!r}")
-        a = int(raw.reshape(()))
-        if not 0 <= a < self.action_space.n:
-            raise InvalidAction(f"action {a} is outside Discrete({self.action_space.n})")
+        a = discrete_action(action, int(self.action_space.n))
         n_moves, move_s, move_j = 0, 0.0, 0.0
         if a > 0:
             loads = self._window_loads / (self.window * self.batch)    # f_i of the window

@@ -56,6 +56,7 @@ from gymnasium import spaces
 from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.env.actions import discrete_action
 from hdamoe_env.config.run import RunSpec
 from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.cost import perf
@@ -489,14 +490,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         """Place the current expert with the pattern ``action``."""
         if self._data is None or self._t >= self.num_experts:
             raise InvalidAction("step() called before reset() or after the episode ended")
-        raw = np.asarray(action)
-        if raw.size != 1 or raw.dtype.kind not in "iuf" or (
-                raw.dtype.kind == "f" and not float(raw.reshape(())).is_integer()):
-            raise InvalidAction(f"action must be an integer in [0, {self.action_space.n}), "
-                                f"got {action!r}")
-        a = int(raw.reshape(()))
-        if not 0 <= a < self.action_space.n:
-            raise InvalidAction(f"action {a} is outside Discrete({self.action_space.n})")
+        a = discrete_action(action, int(self.action_space.n))
         mask = self.action_masks()
         coerced = not bool(mask[a])
         if coerced and self.strict:

@@ -126,3 +126,28 @@ def test_pool_exits_within_5_s_of_an_error_or_interrupt(tmp_path, fault):
     workers = {int(p.name.split("_")[1]) for p in folder.glob("worker_*")}
     time.sleep(0.5)
     assert workers and not any(_alive(w) for w in workers)
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_ray_pool_map_without_ray_says_how_to_get_it(monkeypatch):
+    import sys
+
+    from baselines.pool import ray_pool_map
+    from hdamoe_env.config.errors import DependencyNotInstalled
+
+    monkeypatch.setitem(sys.modules, "ray", None)          # import ray -> ImportError
+    with pytest.raises(DependencyNotInstalled, match=r"needs Ray .*\[ray\]"):
+        ray_pool_map(_square, [(1,), (2,)], 1)
+
+
+@pytest.mark.slow
+def test_ray_pool_map_returns_call_order_and_reports_each_result():
+    pytest.importorskip("ray")
+    from baselines.pool import ray_pool_map
+
+    seen: list[int] = []
+    out = ray_pool_map(_square, [(k,) for k in range(5)], 2, seen.append)
+    assert out == [0, 1, 4, 9, 16] and sorted(seen) == out
