@@ -655,6 +655,22 @@ def layer_flow_keys(layer: int, task_id: ArrayLike, src_ep: ArrayLike,
     return np.column_stack(cols)
 
 
+def _comm_options(switching: str, ni_bw_Bps: float | None, tie_break: str,
+                  hop_latency_s: float, ni_latency_s: float | None, chunks: int
+                  ) -> tuple[bool, float, bool, float, float, int]:
+    """Check the DES options of a layer run: (cut-through, port bandwidth (0 = no ports), ref
+    tie rule, hop latency, port latency, chunks).
+
+    Raises:
+        ConfigError: An invalid switching, port bandwidth or latency, tie rule or chunk count.
+    """
+    cut = check_switching(switching)
+    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
+    tie_ref = tie_break_is_ref(tie_break)
+    hop = check_scalar("hop_latency_s", hop_latency_s)
+    return cut, ni_bw, tie_ref, hop, check_ni_latency(ni_latency_s, hop), check_chunks(chunks)
+
+
 def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: ArrayLike,
                         holder_mask: ArrayLike, pi: ArrayLike, agg: ArrayLike, *,
                         phases: Sequence[str] = PHASES, tie_break: str = "fifo",
@@ -704,12 +720,8 @@ def simulate_layer_comm(topology: Topology, token_sets: ArrayLike, msg_bytes: Ar
     Raises:
         ConfigError: Invalid shapes, ids, phases, tie rule, latency, chunk count or switching.
     """
-    cut = check_switching(switching)
-    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
-    tie_ref = tie_break_is_ref(tie_break)
-    hop = check_scalar("hop_latency_s", hop_latency_s)
-    ni_lat = check_ni_latency(ni_latency_s, hop)
-    chunks = check_chunks(chunks)
+    cut, ni_bw, tie_ref, hop, ni_lat, chunks = _comm_options(
+        switching, ni_bw_Bps, tie_break, hop_latency_s, ni_latency_s, chunks)
     phase_names = tuple(phases)
     codes = _phase_codes(phase_names)
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
@@ -768,12 +780,8 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
         ConfigError: Invalid options, or a run whose inputs fail validation (the message names
             the run; ``simulate_layer_comm`` of that run gives the details).
     """
-    cut = check_switching(switching)
-    ni_bw = 0.0 if ni_bw_Bps is None else check_ni_bandwidth(ni_bw_Bps)
-    tie_ref = tie_break_is_ref(tie_break)
-    hop = check_scalar("hop_latency_s", hop_latency_s)
-    ni_lat = check_ni_latency(ni_latency_s, hop)
-    chunks = check_chunks(chunks)
+    cut, ni_bw, tie_ref, hop, ni_lat, chunks = _comm_options(
+        switching, ni_bw_Bps, tie_break, hop_latency_s, ni_latency_s, chunks)
     codes = _phase_codes(tuple(phases))
     alpha = check_scalar("alpha_s", alpha_s)
     ts = np.ascontiguousarray(token_sets, dtype=np.int64)
