@@ -1,4 +1,4 @@
-"""Per-layer baseline placements as plain arrays, for scoring in the placement env (issue 31).
+"""Per-layer baseline placements as plain arrays, for scoring in the placement env.
 
 The placement env (``hdamoe_env.env.place.HdMoePlaceEnv``) builds one layer's placement and
 scores any layer placement with ``evaluate_placement(P_layer, pi_layer, allreduce)``. This

@@ -15,7 +15,7 @@ frequency-weighted mean, over groups touching ≥ 2 clusters, of the minimum-spa
 of the group's endpoints, with distances = hops weighted by inverse relative link bandwidth
 (Manhattan distance on a mesh).
 
-Energy objectives (docs/PHYSICS.md §18, issue 30): the mapping changes two parts of a layer's
+Energy objectives (docs/PHYSICS.md §18): the mapping changes two parts of a layer's
 energy, the NoC bits and the time the layer takes (static power of every node); DRAM bytes and
 MACs do not depend on it. ``objective="energy"`` scores a mapping by both, from the same DES
 run: 8·e_hop·Σ_links busy time × bandwidth (= Σ_messages bytes · hops · e_hop, exact whatever

@@ -137,7 +137,7 @@ class PlaceConfig(RunFields):
         own = [f.name for f in dataclasses.fields(self)]
         for name in own[own.index("rho_mem"):]:
             if name == "objective" and self.objective == "latency":
-                continue        # latency placements keep the hashes they had before (issue 30)
+                continue        # latency placements keep the hashes they had without an objective
             d[name] = getattr(self, name)
         return d
 

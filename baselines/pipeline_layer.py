@@ -23,7 +23,7 @@ always-feasible Node-Balance start) with the static evaluator and keeps TP for t
 Node+Link is slower (``guard="tp"``, recorded per layer with both numbers; ``guard=None`` turns
 it off). The ``node_balance`` column and artifact always hold Node Balance's own result.
 
-Objective (``PlaceConfig.objective``, issue 30): ``latency`` is the paper's. Under ``energy`` or
+Objective (``PlaceConfig.objective``): ``latency`` is the paper's. Under ``energy`` or
 ``edp`` Link Balance minimises what the mapping changes of the layer's energy (or EDP;
 ``baselines.link_balance``), and the ``best`` guard picks by the energy account's layer energy
 (or EDP) among its candidates, then compares its result with ``latency-choice``, the layer the
@@ -349,7 +349,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     unless it is faster. The final layer is therefore no slower on the scored steps than any
     candidate.
 
-    Objective (``config.objective``, issue 30): every candidate is also priced by the energy
+    Objective (``config.objective``): every candidate is also priced by the energy
     account (``MoESimulator.energy_account``: DRAM, NoC, MACs with tile padding, static power
     over the layer's time; docs/PHYSICS.md §18) on the same evaluations, and the guard minimises
     :data:`OBJECTIVE_KEYS` of the objective at every step above (winner, Link Balance, the

@@ -1,4 +1,4 @@
-"""Re-placement baselines of the drift env on the same seeds (issue 31, item 3).
+"""Re-placement baselines of the drift env on the same seeds.
 
 Runs the baselines of ``hdamoe_env.env.drift`` on ``hdamoe_env/HdMoE-Drift-v1`` episodes with
 the same seeds: static (the reset's offline EPLB, never re-placed), periodic

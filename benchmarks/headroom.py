@@ -1,4 +1,4 @@
-"""Headroom of the placement lever on held-out layers (issue 31, item 1; skeleton, one cell).
+"""Headroom of the placement lever on held-out layers (one cell so far).
 
 For one cell (model, setting, mesh, batch, profile) and the held-out layers of the placement
 env (``hdamoe_env.env.place.heldout_layers``: every 4th layer), every layer placement is scored

@@ -50,11 +50,11 @@ REGISTERED_ENVS: dict[str, tuple[dict[str, object], int | None]] = {
     "hdamoe_env/HdMoE-Mixtral-v1": ({"model": "mixtral-8x7b"}, 4 * 32),
 }
 ENTRY_POINT = "hdamoe_env.env.environment:HdMoeEnv"
-#: The placement env (issue 31): one episode builds one MoE layer's placement, one expert per
+#: The placement env: one episode builds one MoE layer's placement, one expert per
 #: step (E steps; the env terminates itself). Single env only (no vector entry point).
 PLACE_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Place-v1": {}}
 PLACE_ENTRY_POINT = "hdamoe_env.env.place:HdMoePlaceEnv"
-#: The drift env (issue 31): keep, re-place or replicate one layer's experts every K decode steps
+#: The drift env: keep, re-place or replicate one layer's experts every K decode steps
 #: of a stream that switches between regimes; weight moves charged. Single env only.
 DRIFT_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Drift-v1": {}}
 DRIFT_ENTRY_POINT = "hdamoe_env.env.drift:HdMoeDriftEnv"

@@ -22,7 +22,7 @@ placement cell per τ, keyed by it): a deployment profiles the routing it serves
 τ = 1 placements would measure a mismatch between profile and workload, not the effect of skew.
 Models whose base trace is a real one (Mixtral on its reasoning trace) have no skew cells.
 
-Energy (docs/PHYSICS.md §18, issue 30): every cell's row carries each method's energy per token
+Energy (docs/PHYSICS.md §18): every cell's row carries each method's energy per token
 (``j_per_token``), its ratio to TP's and the energy winner beside the latency winner. The four
 pJ values of :data:`hdamoe_env.config.uncertainty.ENERGY_UNCERTAINTIES` (``dram_pj_per_bit``,
 ``noc_pj_per_bit_hop``, ``mac_pj``, ``static_w_per_node``; aliases ``e_dram``, ``e_hop``,

@@ -11,7 +11,7 @@ per-layer table (TP, EP, hybrid, Node Balance, Node+Link Balance: compute, commu
 total MoE latency in µs, plus sums, solver status and wall time per layer) goes to stdout,
 followed, when the ``best`` guard scored the candidates, by the objective table
 (:func:`objective_rows`: per layer the latency winner, the energy winner and what the chosen
-placement costs in latency; ``--objective energy|edp`` chooses by energy or EDP, issue 30).
+placement costs in latency; ``--objective energy|edp`` chooses by energy or EDP).
 """
 
 from __future__ import annotations

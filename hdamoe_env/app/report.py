@@ -154,7 +154,7 @@ def _sec_end_to_end(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
 
 
 def _sec_energy(records: list[dict[str, Any]], figs: _Figures) -> list[str]:
-    """Energy per token beside TBT for the end-to-end cells (docs/PHYSICS.md §18, issue 30)."""
+    """Energy per token beside TBT for the end-to-end cells (docs/PHYSICS.md §18)."""
     cells = [(m, r) for m, r in cell_tables(records, "fig10_end_to_end")
              if any(row.get("j_per_token") is not None for row in r.values())]
     if not cells:

@@ -5,8 +5,8 @@ What lives here: the env's configuration (``config``), the action layout and its
 results into observations, reward and ``info``; no physics) and wrappers that need only the env
 (``wrappers``); the numpy-only link heat map of ``render_mode="rgb_array"`` (``render``); the
 placement env ``HdMoePlaceEnv`` (``place``: one MoE layer's placement built one expert at a
-time, issue 31); the drift env ``HdMoeDriftEnv`` (``drift``: keep, re-place or replicate one
-layer's experts under drifting traffic, issue 31).
+time); the drift env ``HdMoeDriftEnv`` (``drift``: keep, re-place or replicate one
+layer's experts under drifting traffic).
 
 May import: hdamoe_env.config, hdamoe_env.noc, hdamoe_env.cost, hdamoe_env.decisions,
 hdamoe_env.sim, traces

@@ -1,4 +1,4 @@
-"""``HdMoeDriftEnv``: keep, re-place or replicate experts while the traffic drifts (issue 31).
+"""``HdMoeDriftEnv``: keep, re-place or replicate experts while the traffic drifts.
 
 An episode is a stream of decode steps on one MoE layer (drawn per episode) whose routing
 switches between *regimes*:
@@ -164,7 +164,7 @@ def _relabel(old: NDArray[np.bool_], new: NDArray[np.bool_]) -> NDArray[np.bool_
 
 
 class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
-    """Re-place or replicate experts of one MoE layer under drifting traffic (issue 31).
+    """Re-place or replicate experts of one MoE layer under drifting traffic.
 
     ## Description
     See the module docstring: a request stream switching between regimes, one decision per

@@ -1,4 +1,4 @@
-"""``HdMoePlaceEnv``: build one MoE layer's expert placement one decision at a time (issue 31).
+"""``HdMoePlaceEnv``: build one MoE layer's expert placement one decision at a time.
 
 An episode places the routed experts of one MoE layer (drawn over layers and traces, with a
 held-out split of layers) on the node grid. The experts are visited in descending frequency
@@ -150,7 +150,7 @@ class _LayerData:
 
 
 class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
-    """Place the experts of one MoE layer, one expert per step (issue 31, placement lever).
+    """Place the experts of one MoE layer, one expert per step (the placement lever).
 
     ## Description
     See the module docstring: experts in descending frequency order, one holder pattern each;
