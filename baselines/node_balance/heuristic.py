@@ -69,7 +69,6 @@ class _State:
         self.group_ptr[1:] = np.cumsum([g.size for g in self.groups_of])
         self.group_idx = (np.concatenate(self.groups_of).astype(np.int64)
                           if self.groups_of else np.zeros(0, dtype=np.int64))
-        self.count = member.astype(np.int32).T.copy()                      # [E, G] helper
         self.cnt = (member.astype(np.int32) @ (self.P > 0).astype(np.int32))  # [G, D]
         self.load = coeffs.freqs @ self.P
         self.act = coeffs.active @ self.P
@@ -324,9 +323,8 @@ def _scan_moves(ii: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.i
             wmax = max(wmax, w[d])
         obj = umax + wmax
         tol = max(1.0, abs(best_obj))
-        if obj < best_obj - 1e-9 * tol:
-            pass
-        elif obj > best_obj + 1e-12 * tol:
+        lower = obj < best_obj - 1e-9 * tol              # _better: objective first,
+        if not lower and obj > best_obj + 1e-12 * tol:   # then the tie-breaker on a tie
             continue
         ref = max(obj, 1e-12)
         sec = 0.0
@@ -334,7 +332,7 @@ def _scan_moves(ii: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.i
             sec += (u[d] / ref) ** 8
         for d in range(D):
             sec += (w[d] / ref) ** 8
-        if obj < best_obj - 1e-9 * tol or sec < best_sec * (1 - 1e-9):
+        if lower or sec < best_sec * (1 - 1e-9):
             best_obj, best_sec, best = obj, sec, m
     return best
 
@@ -459,9 +457,7 @@ def _local_search(start: NDArray[np.float64], coeffs: NodeBalanceCoefficients,
     moves = 0
     timed_out = False
     while moves < max_moves:
-        u = st.node_time()
-        w = coeffs.kappa_us * st.mass
-        best_move = _best_move(st, u, score)
+        best_move = _best_move(st, st.node_time(), score)
         if best_move is None:
             break
         if time.perf_counter() >= deadline:
