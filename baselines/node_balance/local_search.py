@@ -159,27 +159,10 @@ class LayerScorer:
         The per-step values let a caller judge a difference between two placements against
         its noise (paired over the same steps and aggregator streams).
         """
-        comp, comm, mode, _ = self._terms(P_layer, pi_layer, allreduce)
-        return comp, comm, mode
-
-    def _terms(self, P_layer: NDArray[np.float64], pi_layer: NDArray[np.int64],
-               allreduce: bool) -> tuple[NDArray[np.float64], NDArray[np.float64], str,
-                                         NDArray[np.float64] | None]:
-        """Per-step t_comp and t_comm_moe (s), the mode, and the summed link busy time."""
-        ev = LayerEvaluator(self.sim, self.placement(P_layer, pi_layer, allreduce), self.batch,
-                            layers=(self.layer,))
-        comp, comm = [], []
-        mode = ""
-        busy: NDArray[np.float64] | None = None
-        for sets, agg_seed in zip(self.step_sets, self._agg_seeds, strict=True):
-            res = ev.evaluate(self.layer, sets, rng=np.random.default_rng(agg_seed))
-            comp.append(res.t_comp_s)
-            comm.append(res.t_comm_moe_s)
-            mode = mode or res.mode
-            if res.link_busy_s is not None:
-                busy = res.link_busy_s.copy() if busy is None else busy + res.link_busy_s
-        return (np.asarray(comp, dtype=np.float64), np.asarray(comm, dtype=np.float64), mode,
-                busy)
+        results = self.step_results(P_layer, pi_layer, allreduce)
+        return (np.asarray([r.t_comp_s for r in results], dtype=np.float64),
+                np.asarray([r.t_comm_moe_s for r in results], dtype=np.float64),
+                results[0].mode)
 
 
 class ScoredMapping:
@@ -213,10 +196,11 @@ class ScoredMapping:
     def __call__(self, pi: NDArray[np.int64]) -> float:
         """Mean over the scored steps of t_comm_moe (seconds) under mapping ``pi``."""
         self.evaluations += 1
-        _, comm, _, busy = self.scorer._terms(self.P, np.asarray(pi, dtype=np.int64),
-                                              self.allreduce)
-        self.last_link_busy = busy
-        return float(np.mean(comm))
+        results = self.scorer.step_results(self.P, np.asarray(pi, dtype=np.int64),
+                                           self.allreduce)
+        busy = [r.link_busy_s for r in results if r.link_busy_s is not None]
+        self.last_link_busy = np.sum(busy, axis=0) if busy else None
+        return float(np.mean([r.t_comm_moe_s for r in results]))
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,9 @@ def test_scored_energy_prices_what_the_mapping_changes(cfg, make_trace):
     scorer = LayerScorer(sim, 0, steps, 1)
     P = _candidates(E, D)["hybrid"][0]
     pi = np.array([2, 0, 3, 1])
-    comp, comm, _, busy = scorer._terms(P, pi, False)
+    results = scorer.step_results(P, pi, False)
+    comm = [r.t_comm_moe_s for r in results]
+    busy = np.sum([r.link_busy_s for r in results], axis=0)
     noc = float(energy.noc_energy_j(energy.link_byte_hops(busy, sim.topology.link_bw_Bps),
                                     sim.energy_spec)) / 4
     static = float(energy.static_energy_j(float(np.mean(comm)), D, sim.energy_spec))
