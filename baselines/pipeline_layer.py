@@ -345,9 +345,9 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     :data:`GUARD_CANDIDATES`) is the warm start of ``tile_local_search`` (tile-model profiles);
     Link Balance then optimises the mapping of the result when the warm start's mapping was not
     optimised for its support (EP, hybrid), on the scored steps themselves
-    (``local_search.ScoredMapping``; the ``mst`` proxy when ``lb_objective`` says so); the result is re-scored and the warm start kept
-    unless it is faster. The final layer is therefore no slower on the scored steps than any
-    candidate.
+    (``local_search.ScoredMapping``; the ``mst`` proxy when ``lb_objective`` says so); the
+    result is re-scored and the warm start kept unless it is faster. The final layer is
+    therefore no slower on the scored steps than any candidate.
 
     Objective (``config.objective``): every candidate is also priced by the energy
     account (``MoESimulator.energy_account``: DRAM, NoC, MACs with tile padding, static power
