@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselines.link_balance import LB_METHODS, LB_OBJECTIVES, PLACE_OBJECTIVES
+from baselines.link_balance import LB_METHODS, PLACE_OBJECTIVES
 from baselines.node_balance.milp import NB_MODES
 from hdamoe_env.sim import sources
 from hdamoe_env.config.errors import ConfigError
@@ -24,10 +24,15 @@ from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.run import RunFields, RunSpec, profile_key
 from hdamoe_env.config.specs import ModelSpec
 
-__all__ = ["GUARDS", "PlaceConfig", "load_trace", "parse_layers"]
+__all__ = ["GUARDS", "LB_OBJECTIVE_CHOICES", "PlaceConfig", "load_trace", "parse_layers"]
 
 #: Per-layer guards of the pipeline (``PlaceConfig.guard``).
 GUARDS = ("best", "tp", None)
+#: What Link Balance scores a mapping with (``PlaceConfig.lb_objective``): ``des`` the DES of
+#: the layer's static group task set (§8.2), ``steps`` the DES of the ``best`` guard's sampled
+#: decode steps (``local_search.ScoredMapping``), ``mst`` the proxy, ``auto`` (default)
+#: ``steps`` where the ``best`` guard runs (tile-model profiles) and ``des`` otherwise.
+LB_OBJECTIVE_CHOICES = ("auto", "des", "steps", "mst")
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class PlaceConfig(RunFields):
         solver: ``"highs"``, ``"cbc"`` or None (auto).
         lb_method: ``"bo"``, ``"local"``, ``"anneal"`` or ``"random"``.
         bo_calls: Link-Balance evaluation budget (70).
-        lb_objective: ``"des"`` or ``"mst"``.
+        lb_objective: One of :data:`LB_OBJECTIVE_CHOICES`; :attr:`lb_kind` is the one used.
         hybrid_time_limit_s: Time limit of the hybrid's region-balance MILP.
         hop_latency_ns: Per-hop latency of the NoC (None: the profile's ``hop_latency_s``);
             the run's hardware carries it (``create`` puts it there).
@@ -80,7 +85,7 @@ class PlaceConfig(RunFields):
     solver: str | None = None
     lb_method: str = "bo"
     bo_calls: int = 70
-    lb_objective: str = "des"
+    lb_objective: str = "auto"
     hybrid_time_limit_s: float = 60.0
     hop_latency_ns: float | None = None
     guard: str | None = "best"
@@ -106,9 +111,9 @@ class PlaceConfig(RunFields):
             raise ConfigError(f"nb_mode={self.nb_mode!r}; expected one of {list(NB_MODES)}")
         if self.lb_method not in LB_METHODS:
             raise ConfigError(f"lb_method={self.lb_method!r}; expected one of {list(LB_METHODS)}")
-        if self.lb_objective not in LB_OBJECTIVES:
+        if self.lb_objective not in LB_OBJECTIVE_CHOICES:
             raise ConfigError(f"lb_objective={self.lb_objective!r}; expected one of "
-                              f"{list(LB_OBJECTIVES)}")
+                              f"{list(LB_OBJECTIVE_CHOICES)}")
         if self.bo_calls < 1:
             raise ConfigError(f"bo_calls must be >= 1, got {self.bo_calls}")
         if self.guard not in GUARDS:
@@ -116,12 +121,26 @@ class PlaceConfig(RunFields):
         if self.objective not in PLACE_OBJECTIVES:
             raise ConfigError(f"objective={self.objective!r}; expected one of "
                               f"{list(PLACE_OBJECTIVES)}")
-        if self.objective != "latency" and self.lb_objective != "des":
-            raise ConfigError(f"objective={self.objective!r} needs lb_objective='des' (the "
-                              f"{self.lb_objective} proxy scores latency only)")
+        if self.objective != "latency" and self.lb_objective == "mst":
+            raise ConfigError(f"objective={self.objective!r} needs a simulated Link-Balance "
+                              f"objective (lb_objective 'auto', 'des' or 'steps'); the mst "
+                              "proxy scores latency only")
         if self.score_steps < 1 or self.ls_moves < 0:
             raise ConfigError(f"score_steps must be >= 1 and ls_moves >= 0, got "
                               f"{self.score_steps} and {self.ls_moves}")
+
+    @property
+    def lb_kind(self) -> str:
+        """The Link-Balance objective used: ``des``, ``steps`` or ``mst`` (``auto`` resolved).
+
+        [decision] ``auto`` is ``steps`` where the ``best`` guard runs (its sampled decode
+        steps judge the layer, and a 256-expert layer's group task set costs ~1 s per DES run
+        against ~30 ms for the steps), ``des`` under ``paper*`` profiles (their pipeline is the
+        paper's, §8.2) and without the ``best`` guard.
+        """
+        if self.lb_objective != "auto":
+            return self.lb_objective
+        return "steps" if self.guard == "best" and not self.conv.is_paper else "des"
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (model resolved to its preset id, run flattened)."""

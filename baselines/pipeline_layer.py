@@ -7,7 +7,10 @@ For every MoE layer l, independently:
    layer (seeded);
 3. γ_l ← ``calibrate.fit_gamma`` on (P_EP, π_0) (§5.5);
 4. P_l ← Node Balance (§7) with γ_l;
-5. π_l ← Link Balance (§8) starting from π_0;
+5. π_l ← Link Balance (§8) starting from π_0, scored (``PlaceConfig.lb_kind``) by the DES of
+   the static group task set (``des``, §8.2; ``paper*`` profiles), the DES of the ``best``
+   guard's sampled decode steps (``steps``, the default where that guard runs) or the ``mst``
+   proxy;
 6. evaluate the layer with the static evaluator (§5.7) under TP, EP (π_0), the compute-balanced
    hybrid (§9.3), Node Balance (P_l with π_0) and Node + Link Balance (P_l with π_l): expert
    compute t_comp, MoE communication t_comm_moe and their sum (the MoE latency), plus t_nm.
@@ -195,11 +198,18 @@ def place_layer(task: LayerTask) -> LayerOutcome:
         lb_history: list[float] = []
         pi_lat = pi
     else:
+        lb_kind = config.lb_kind
+        scorer = (_guard_scorer(sim, config, task, _fresh(s_score))[0] if lb_kind == "steps"
+                  else None)
+
         def run_lb(objective_name: str) -> Any:
-            objective = MappingObjective(sim, support, groups, fg, batch, layer,
-                                         np.random.default_rng(s_lb.spawn(1)[0]),
-                                         kind=config.lb_objective, agg=agg,
-                                         objective=objective_name)
+            objective: Any
+            if scorer is not None:      # the best guard's sampled steps (ScoredMapping)
+                objective = _scored_objective(scorer, P, False, objective_name)
+            else:
+                objective = MappingObjective(sim, support, groups, fg, batch, layer,
+                                             np.random.default_rng(s_lb.spawn(1)[0]),
+                                             kind=lb_kind, agg=agg, objective=objective_name)
             return link_balance(objective, pi0, sim.topology.endpoint_coords[:D],
                                 method=config.lb_method, n_calls=config.bo_calls, seed=s_lb,
                                 topology=sim.topology)
@@ -208,7 +218,7 @@ def place_layer(task: LayerTask) -> LayerOutcome:
             pi_lat = run_lb("latency").pi
         lb = run_lb(config.objective)
         pi = lb.pi
-        lb_record, lb_history = lb.record, lb.history
+        lb_record, lb_history = {**lb.record, "lb_objective": lb_kind}, lb.history
     timings["link_balance_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -322,6 +332,25 @@ class _ScoredEnergy(ScoredMapping):
         return joules if self.objective == "energy" else joules * comm_s
 
 
+def _scored_objective(scorer: LayerScorer, P_layer: NDArray[np.float64], allreduce: bool,
+                      objective: str) -> ScoredMapping:
+    """Link Balance's objective on ``scorer``'s steps under placement ``objective``."""
+    if objective == "latency":
+        return ScoredMapping(scorer, P_layer, allreduce)
+    return _ScoredEnergy(scorer, P_layer, allreduce, objective)
+
+
+def _guard_scorer(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
+                  s_score: np.random.SeedSequence
+                  ) -> tuple[LayerScorer, np.random.SeedSequence]:
+    """The ``best`` guard's scorer (``config.score_steps`` sampled steps) and its Link-Balance
+    seed; a fresh ``s_score`` (:func:`_fresh`) gives the same steps and streams every time."""
+    s_steps, s_agg, s_lb2 = s_score.spawn(3)
+    steps = sample_steps(task.rows, config.batch, config.score_steps,
+                         np.random.default_rng(s_steps))
+    return LayerScorer(sim, task.layer, steps, s_agg), s_lb2
+
+
 #: Candidates of the ``best`` guard, by the name its records use (``method_costs_us``).
 GUARD_CANDIDATES = ("nb-lb", "tp", "tp-tiled", "ep", "hybrid")
 #: The extra candidate of an energy/EDP run: the layer the latency objective chooses.
@@ -370,9 +399,7 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
         ``node-link`` for the final layer.
     """
     layer, batch = task.layer, config.batch
-    s_steps, s_agg, s_lb2 = s_score.spawn(3)
-    steps = sample_steps(task.rows, batch, config.score_steps, np.random.default_rng(s_steps))
-    scorer = LayerScorer(sim, layer, steps, s_agg)
+    scorer, s_lb2 = _guard_scorer(sim, config, task, s_score)
     account = sim.energy_account(batch)
     key = OBJECTIVE_KEYS[config.objective]
 
@@ -387,19 +414,18 @@ def _best_guard(sim: MoESimulator, config: PlaceConfig, task: LayerTask,
     P_new, pi_new = P_w, pi_w
     ls_record: dict[str, Any] = {"skipped": "continuous profile (tile_cols = 1)"}
     if unit is not None and config.ls_moves > 0:
-        ls = tile_local_search(sim, P_w, steps, unit, allreduce=red_w,
+        ls = tile_local_search(sim, P_w, scorer.step_sets, unit, allreduce=red_w,
                                max_moves=config.ls_moves)
         P_new, ls_record = ls.P_layer, ls.record
     lb_record: dict[str, Any] | None = None
     if not red_w and winner in ("ep", "hybrid"):
         objective: Any
-        if config.lb_objective == "des":             # the guard's own steps (ScoredMapping)
-            objective = (ScoredMapping(scorer, P_new, red_w) if config.objective == "latency"
-                         else _ScoredEnergy(scorer, P_new, red_w, config.objective))
+        if config.lb_kind != "mst":             # the guard's own steps (ScoredMapping)
+            objective = _scored_objective(scorer, P_new, red_w, config.objective)
         else:
             objective = MappingObjective(sim, P_new > 0, task.groups, task.group_freqs, batch,
                                          layer, np.random.default_rng(s_lb2.spawn(1)[0]),
-                                         kind=config.lb_objective, objective=config.objective)
+                                         kind=config.lb_kind, objective=config.objective)
         lb = link_balance(objective, pi_w, sim.topology.endpoint_coords[:sim.hw.num_nodes],
                           method=config.lb_method, n_calls=config.bo_calls, seed=s_lb2,
                           topology=sim.topology)

@@ -65,7 +65,7 @@ PLACEMENT_ARTIFACTS: dict[str, str | None] = {
 #: heuristic Node Balance (no MILP), swap local search for Link Balance with 12 DES evaluations,
 #: a 5 s limit on the hybrid's region-balance MILP.
 QUICK_PLACEMENT: dict[str, Any] = {"nb_mode": "heuristic", "lb_method": "local", "bo_calls": 12,
-                                   "lb_objective": "des", "hybrid_time_limit_s": 5.0}
+                                   "lb_objective": "auto", "hybrid_time_limit_s": 5.0}
 
 
 def default_cache_dir() -> Path:

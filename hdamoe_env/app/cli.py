@@ -412,8 +412,10 @@ def _add_place_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bo-calls", type=positive_int, default=70, help="Link-Balance evaluation budget")
     p.add_argument("--lb-method", default="bo", choices=sorted(place.LB_CHOICES),
                    help="Link Balance search method")
-    p.add_argument("--lb-objective", default="des", choices=("des", "mst"),
-                   help="Link Balance objective: des (simulated) or mst (proxy)")
+    p.add_argument("--lb-objective", default="auto", choices=place.LB_OBJECTIVE_CHOICES,
+                   help="Link Balance objective: des (DES of the static group task set), "
+                        "steps (DES of the best guard's sampled decode steps), mst (proxy), "
+                        "auto (steps under the best guard, else des)")
     p.add_argument("--objective", default="latency", choices=("latency", "energy", "edp"),
                    help="what the placement minimises: MoE latency (the paper's), energy per "
                         "layer, or energy x delay (Link Balance and the best guard's choice; "

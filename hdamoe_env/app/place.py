@@ -32,6 +32,8 @@ __all__ = ["format_objective_table", "format_table", "objective_rows", "run_plac
 
 #: ``--lb-method`` values -> the Link-Balance optimiser of ``PlaceConfig.lb_method``.
 LB_CHOICES = {"bo": "bo", "local": "local", "anneal": "anneal", "random": "random"}
+#: ``--lb-objective`` values (``baselines.pipeline_config.LB_OBJECTIVE_CHOICES``).
+LB_OBJECTIVE_CHOICES = ("auto", "des", "steps", "mst")
 
 
 def _config(args: argparse.Namespace, rho_mem: float | None) -> PlaceConfig:

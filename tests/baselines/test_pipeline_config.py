@@ -51,5 +51,5 @@ def test_objective_enters_the_hash_only_when_not_latency():
     assert len(hashes) == 3
     with pytest.raises(ConfigError, match="objective='power'"):
         PlaceConfig.create(model="mixtral-8x7b", objective="power")
-    with pytest.raises(ConfigError, match="needs lb_objective='des'"):
+    with pytest.raises(ConfigError, match="needs a simulated Link-Balance objective"):
         PlaceConfig.create(model="mixtral-8x7b", objective="energy", lb_objective="mst")

@@ -124,3 +124,48 @@ def test_scored_energy_prices_what_the_mapping_changes(cfg, make_trace):
     edp = pipeline_layer._ScoredEnergy(scorer, P, False, "edp")
     assert en(pi) == pytest.approx(noc + static, rel=1e-12)
     assert edp(pi) == pytest.approx((noc + static) * float(np.mean(comm)), rel=1e-12)
+
+
+def test_lb_kind_resolves_auto_by_guard_and_profile(cfg):
+    """``auto``: the guard's steps under the ``best`` guard of a tile-model profile, the static
+    group task set under ``paper`` and without that guard; explicit values are kept."""
+    from baselines.pipeline_config import PlaceConfig
+
+    assert cfg.lb_objective == "auto" and cfg.lb_kind == "steps"
+    assert dataclasses.replace(cfg, guard="tp").lb_kind == "des"
+    assert dataclasses.replace(cfg, lb_objective="des").lb_kind == "des"
+    paper = PlaceConfig.create(model="mixtral-8x7b", conventions="paper")
+    assert paper.lb_kind == "des"
+    assert PlaceConfig.create(model="mixtral-8x7b", conventions="paper",
+                              lb_objective="steps").lb_kind == "steps"
+
+
+def test_link_balance_on_the_guard_steps_never_worsens_them(cfg, trace, tmp_path):
+    """Under ``steps`` the Node-Balance mapping π_l is optimised on the guard's scored steps
+    (recorded as such), so on those steps it costs no more than the start π_0; under ``des``
+    the record says the static task set was used."""
+    from baselines.node_balance.local_search import ScoredMapping
+
+    runs = {kind: run_pipeline(dataclasses.replace(cfg, lb_objective=kind, seed=3),
+                               tmp_path / kind, trace=trace) for kind in ("steps", "des")}
+    config = dataclasses.replace(cfg, lb_objective="steps", seed=3)
+    sim = layer_simulator(config)
+    moved = False
+    for layer, outcome in runs["steps"].layers.items():
+        lb = outcome.record["link_balance"]
+        if lb.get("skipped"):
+            continue
+        assert lb["lb_objective"] == "steps"
+        assert runs["des"].layers[layer].record["link_balance"]["lb_objective"] == "des"
+        ss = np.random.SeedSequence(config.seed).spawn(sim.model.num_moe_layers + 1)[layer]
+        s_score = ss.spawn(7)[6]
+        task = LayerTask(config.to_dict(), "h", layer, None, None, None,
+                         np.asarray(trace.topk_ids[layer, trace.view(config.view)], dtype=np.int64),
+                         None)
+        scorer, _ = pipeline_layer._guard_scorer(sim, config, task, s_score)
+        arrays = outcome.arrays
+        objective = ScoredMapping(scorer, arrays["P_nb"], False)
+        assert objective(arrays["pi_lb"]) <= objective(arrays["pi0"]) + 1e-15
+        moved |= not np.array_equal(arrays["pi_lb"], arrays["pi0"])
+    assert moved or all(o.record["link_balance"].get("skipped")
+                        for o in runs["steps"].layers.values())
