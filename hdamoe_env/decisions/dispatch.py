@@ -414,77 +414,27 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
     rep_experts = np.flatnonzero(reps.any(axis=1) & held)
     P_layer = shares.copy()
     P_layer[rep_experts] = 0.0
-    nodes = np.full((num_tokens, top_k), -1, dtype=np.int64)
-    copies_of = np.full((num_tokens, top_k), -1, dtype=np.int64)
     R = rep_experts.size
-    primary_tokens = np.zeros(R)
-    replica_tokens = np.zeros((R, num_nodes))
-    flops = np.zeros(num_nodes)
-    chosen_nodes: list[list[int]] = [[] for _ in range(num_tokens)]
     if R:
         counts = np.bincount(sets.ravel(), minlength=num_experts).astype(np.float64)
         counts[rep_experts] = 0.0
         base = (counts @ P_layer) * w
         if initial_flops is not None:
             base = base + np.asarray(initial_flops, dtype=np.float64)
-        loads = base.tolist()
-        work = [0.0] * num_nodes
-        anchors_of: list[list[int]] | None = None
+        plans = _copy_plans(sets, reps, rep_experts, rule, frac)
         if rule == "nearest":
-            holders = _holder_lists(P_layer)
-            anchors_of = [sorted({c for j in row for c in holders[j]})
-                          for row in sets.tolist()]
-        set_rows = sets.tolist()
-        for r, e in enumerate(rep_experts.tolist()):
-            group = np.flatnonzero(shares[e] > 0).tolist()
-            group_share = [float(shares[e, c]) for c in group]
-            rep_nodes = np.flatnonzero(reps[e]).tolist()
-            cands: list[tuple[list[int], list[float]]] = [(group, group_share)]
-            cands += [([c], [1.0]) for c in rep_nodes]
-            rows = np.flatnonzero((sets == e).any(axis=1)).tolist()
-            plan: list[int] | None = None
-            if rule == "round_robin":
-                plan = [j % len(cands) for j in range(len(rows))]
-            elif rule == "shares" and not np.isnan(frac[e, 0]):    # NaN row: least_loaded
-                assert frac is not None
-                f = [float(frac[e, 0])] + [float(frac[e, 1 + c]) for c in rep_nodes]
-                tot = sum(f)
-                f = [v / tot for v in f] if tot > 0 else [1.0 / len(cands)] * len(cands)
-                quota = _largest_remainder(f, len(rows))
-                plan = [j for j, q in enumerate(quota) for _ in range(q)]
-            for pos, t in enumerate(rows):
-                if plan is not None:
-                    pick = plan[pos]
-                else:
-                    peak = [max(loads[c] + s * w for c, s in zip(cn, sh, strict=True))
-                            for cn, sh in cands]
-                    if rule == "nearest":
-                        assert anchors_of is not None and hop is not None
-                        anchors = sorted(set(anchors_of[t]).union(chosen_nodes[t]))
-                        cost = []
-                        for cn, _ in cands:
-                            total = 0.0
-                            for x in cn:
-                                if anchors and x not in anchors:
-                                    hx = hop[x]
-                                    total += sum(hx[a] for a in anchors) / len(anchors)
-                            cost.append(total)
-                    else:
-                        cost = [0.0] * len(cands)
-                    pick = min(range(len(cands)), key=lambda j: (cost[j], peak[j], j))
-                cn, sh = cands[pick]
-                for c, s in zip(cn, sh, strict=True):
-                    loads[c] += s * w
-                    work[c] += s * w
-                chosen_nodes[t].extend(cn)
-                slot = set_rows[t].index(e)
-                copies_of[t, slot] = pick
-                nodes[t, slot] = cn[0]
-                if pick == 0:
-                    primary_tokens[r] += 1.0
-                else:
-                    replica_tokens[r, cn[0]] += 1.0
-        flops = np.asarray(work)
+            assert hop is not None
+            out = _assign_python(sets, shares, reps, rep_experts, base, float(w), plans,
+                                 P_layer, hop)
+        else:
+            out = _assign_compiled(sets, shares, reps, rep_experts, base, float(w), plans)
+        nodes, copies_of, flops, primary_tokens, replica_tokens, extra_holders = out
+    else:
+        nodes = np.full((num_tokens, top_k), -1, dtype=np.int64)
+        copies_of = np.full((num_tokens, top_k), -1, dtype=np.int64)
+        flops = np.zeros(num_nodes)
+        primary_tokens, replica_tokens = np.zeros(0), np.zeros((0, num_nodes))
+        extra_holders = None
     prim_shares = shares[rep_experts]                                  # [R, D]
     prim_active = (primary_tokens > 0)[:, None] & (prim_shares > 0)
     extra_stream = (np.where(prim_active, prim_shares, 0.0).sum(axis=0)
@@ -496,15 +446,134 @@ def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept toget
         extra_compute = (np.asarray(tile_time(prim_t, prim_shares), dtype=np.float64).sum(axis=0)
                          + np.asarray(tile_time(replica_tokens, np.ones_like(replica_tokens)),
                                       dtype=np.float64).sum(axis=0))
+    orphans = ~(P_layer.sum(axis=1) > 0)[sets].any(axis=1)
+    return DispatchResult(nodes, flops, extra_compute, extra_stream, P_layer, extra_holders,
+                          orphans, copies_of)
+
+
+#: What the assignment of :func:`dispatch_replicas` returns: ``nodes`` [B, k], ``copies``
+#: [B, k], the work per node [D], the tokens of each primary group [R] and replica node
+#: [R, D], and the extra holders [B, x] (None when no token chose a copy).
+_Assignment = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64],
+                    NDArray[np.float64], NDArray[np.float64], "NDArray[np.int64] | None"]
+
+
+def _copy_plans(sets: NDArray[np.int64], reps: NDArray[np.bool_],
+                rep_experts: NDArray[np.int64], rule: str,
+                frac: NDArray[np.float64] | None) -> list[list[int] | None]:
+    """The copy of every token (batch order) of each replicated expert under ``round_robin``
+    and ``shares`` (None: the expert follows ``least_loaded`` / ``nearest``)."""
+    plans: list[list[int] | None] = []
+    for e in rep_experts.tolist():
+        n_copies = 1 + int(reps[e].sum())
+        n_rows = int((sets == e).any(axis=1).sum())
+        plan: list[int] | None = None
+        if rule == "round_robin":
+            plan = [j % n_copies for j in range(n_rows)]
+        elif rule == "shares":
+            assert frac is not None
+            if not np.isnan(frac[e, 0]):                       # NaN row: least_loaded
+                rep_nodes = np.flatnonzero(reps[e]).tolist()
+                f = [float(frac[e, 0])] + [float(frac[e, 1 + c]) for c in rep_nodes]
+                tot = sum(f)
+                f = [v / tot for v in f] if tot > 0 else [1.0 / n_copies] * n_copies
+                quota = _largest_remainder(f, n_rows)
+                plan = [j for j, q in enumerate(quota) for _ in range(q)]
+        plans.append(plan)
+    return plans
+
+
+def _assign_compiled(sets: NDArray[np.int64], shares: NDArray[np.float64],
+                     reps: NDArray[np.bool_], rep_experts: NDArray[np.int64],
+                     base: NDArray[np.float64], w: float,
+                     plans: list[list[int] | None]) -> _Assignment:
+    """The assignment by ``dispatch_kernels.replica_kernel`` (every rule but ``nearest``)."""
+    from hdamoe_env.decisions.dispatch_kernels import replica_kernel
+
+    lengths = [0 if p is None else len(p) for p in plans]
+    plan_ofs = np.zeros(len(plans), dtype=np.int64)
+    plan_ofs[1:] = np.cumsum(lengths)[:-1]
+    flat = np.fromiter((j for p in plans if p is not None for j in p), dtype=np.int64,
+                       count=sum(lengths))
+    has_plan = np.array([p is not None for p in plans], dtype=bool)
+    group_max = int((shares[rep_experts] > 0).sum(axis=1).max())
+    width = sets.shape[1] * max(group_max, 1)
+    nodes, copies, work, prim, repl, chosen, n_chosen = replica_kernel(
+        sets, shares, reps, rep_experts.astype(np.int64), base.astype(np.float64).copy(),
+        float(w), flat, plan_ofs, has_plan, width)
+    used = int(n_chosen.max()) if n_chosen.size else 0
+    return nodes, copies, work, prim, repl, (chosen[:, :used].copy() if used else None)
+
+
+def _assign_python(sets: NDArray[np.int64], shares: NDArray[np.float64],
+                   reps: NDArray[np.bool_], rep_experts: NDArray[np.int64],
+                   base: NDArray[np.float64], w: float, plans: list[list[int] | None],
+                   P_layer: NDArray[np.float64], hop: list[list[float]] | None
+                   ) -> _Assignment:
+    """The assignment loop in Python: ``nearest`` (``hop`` given), and the reference of
+    :func:`_assign_compiled` for the other rules (``hop`` None)."""
+    num_tokens, top_k = sets.shape
+    num_nodes = shares.shape[1]
+    R = rep_experts.size
+    nodes = np.full((num_tokens, top_k), -1, dtype=np.int64)
+    copies_of = np.full((num_tokens, top_k), -1, dtype=np.int64)
+    primary_tokens = np.zeros(R)
+    replica_tokens = np.zeros((R, num_nodes))
+    chosen_nodes: list[list[int]] = [[] for _ in range(num_tokens)]
+    loads = base.tolist()
+    work = [0.0] * num_nodes
+    anchors_of: list[list[int]] | None = None
+    if hop is not None:
+        holders = _holder_lists(P_layer)
+        anchors_of = [sorted({c for j in row for c in holders[j]}) for row in sets.tolist()]
+    set_rows = sets.tolist()
+    for r, e in enumerate(rep_experts.tolist()):
+        group = np.flatnonzero(shares[e] > 0).tolist()
+        group_share = [float(shares[e, c]) for c in group]
+        rep_nodes = np.flatnonzero(reps[e]).tolist()
+        cands: list[tuple[list[int], list[float]]] = [(group, group_share)]
+        cands += [([c], [1.0]) for c in rep_nodes]
+        rows = np.flatnonzero((sets == e).any(axis=1)).tolist()
+        plan = plans[r]
+        for pos, t in enumerate(rows):
+            if plan is not None:
+                pick = plan[pos]
+            else:
+                peak = [max(loads[c] + s * w for c, s in zip(cn, sh, strict=True))
+                        for cn, sh in cands]
+                if hop is not None:
+                    assert anchors_of is not None
+                    anchors = sorted(set(anchors_of[t]).union(chosen_nodes[t]))
+                    cost = []
+                    for cn, _ in cands:
+                        total = 0.0
+                        for x in cn:
+                            if anchors and x not in anchors:
+                                hx = hop[x]
+                                total += sum(hx[a] for a in anchors) / len(anchors)
+                        cost.append(total)
+                else:
+                    cost = [0.0] * len(cands)
+                pick = min(range(len(cands)), key=lambda j: (cost[j], peak[j], j))
+            cn, sh = cands[pick]
+            for c, s in zip(cn, sh, strict=True):
+                loads[c] += s * w
+                work[c] += s * w
+            chosen_nodes[t].extend(cn)
+            slot = set_rows[t].index(e)
+            copies_of[t, slot] = pick
+            nodes[t, slot] = cn[0]
+            if pick == 0:
+                primary_tokens[r] += 1.0
+            else:
+                replica_tokens[r, cn[0]] += 1.0
     extra_holders = None
     width = max((len(x) for x in chosen_nodes), default=0)
     if width:
         extra_holders = np.full((num_tokens, width), -1, dtype=np.int64)
         for t, xs in enumerate(chosen_nodes):
             extra_holders[t, :len(xs)] = xs
-    orphans = ~(P_layer.sum(axis=1) > 0)[sets].any(axis=1)
-    return DispatchResult(nodes, flops, extra_compute, extra_stream, P_layer, extra_holders,
-                          orphans, copies_of)
+    return nodes, copies_of, np.asarray(work), primary_tokens, replica_tokens, extra_holders
 
 
 def merge_dispatch(first: DispatchResult, second: DispatchResult) -> DispatchResult:
