@@ -26,8 +26,8 @@ Every ``window`` (K, default 8) decode steps the agent picks one action of ``Dis
   redundant slots per node (default 0, 1, 2): S = ⌈E/D⌉ + r_j whole-expert slots per node,
   D·S physical experts (at most D copies of one expert), replicated greedily by load per copy
   and packed heaviest first to the least-loaded node that has room and lacks the expert — the
-  two steps of ``baselines.eplb`` (the env may not import ``baselines``: :func:`eplb_layer`
-  restates them for one layer; its tests compare it with ``baselines.eplb``). New node labels
+  two steps of ``baselines.eplb``, which live in the simulator (``hdamoe_env.sim.eplb``:
+  ``eplb_layer``, re-exported here; ``baselines.eplb`` imports the same steps). New node labels
   are matched greedily to the old ones by overlap [decision: greedy, not Hungarian, to keep
   scipy out of the env]; every copy the new placement adds is one weight move of W_e bytes from
   the nearest old holder, dropped copies are free. The memory cap is not enforced [decision].
@@ -74,6 +74,7 @@ from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.cost import energy, perf
 from hdamoe_env.noc.des import simulate_messages
 from hdamoe_env.sim.calibrate import fit_gamma
+from hdamoe_env.sim.eplb import eplb_layer
 from hdamoe_env.sim.evaluator import LayerEvaluator
 from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping
 from hdamoe_env.sim.simulator import MoESimulator
@@ -101,50 +102,6 @@ def total_variation(p: ArrayLike, q: ArrayLike) -> float:
     if sa <= 0 or sb <= 0:
         return 0.0
     return float(0.5 * np.abs(a / sa - b / sb).sum())
-
-
-def eplb_layer(loads: ArrayLike, num_nodes: int, slots_per_node: int
-               ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-    """Return EPLB's copies of one layer: (int64 [E] copy counts, bool [E, D] holders).
-
-    Step 1 replicates greedily: D·S physical experts (at most D copies each), every extra copy
-    to the expert with the largest load per copy (ties: lower id). Step 2 packs the copies
-    heaviest first (ties: lower expert) to the least-loaded node (ties: lower node) with a free
-    slot that does not hold the expert yet; when no such node exists the copy goes to the
-    least-loaded node lacking the expert that has a free slot after moving one of its copies
-    elsewhere — and if none, the copy is dropped (the count shrinks) [decision].
-
-    Raises:
-        ConfigError: Negative or non-finite loads, or D·S < E.
-    """
-    f = np.asarray(loads, dtype=np.float64)
-    D, S = int(num_nodes), int(slots_per_node)
-    E = f.size
-    if f.ndim != 1 or not np.all(np.isfinite(f)) or (f < 0).any():
-        raise ConfigError(f"loads must be finite, >= 0, of shape [E]; got {np.shape(loads)}")
-    if D < 1 or S < 1 or D * S < E:
-        raise ConfigError(f"EPLB needs D·S >= E slots, got D={D}, S={S}, E={E}")
-    counts = np.ones(E, dtype=np.int64)
-    for _ in range(min(D * S, E * D) - E):
-        per_copy = np.where(counts < D, f / counts, -np.inf)
-        counts[int(np.argmax(per_copy))] += 1
-    items = np.repeat(np.arange(E), counts)
-    w = (f / counts)[items]
-    order = np.lexsort((items, -w))
-    holds = np.zeros((E, D), dtype=bool)
-    load = np.zeros(D)
-    used = np.zeros(D, dtype=np.int64)
-    for it in order:
-        i = int(items[it])
-        ok = (used < S) & ~holds[i]
-        if not ok.any():
-            counts[i] -= 1                # every node with room already holds i
-            continue
-        d = int(np.argmin(np.where(ok, load, np.inf)))
-        holds[i, d] = True
-        load[d] += w[it]
-        used[d] += 1
-    return counts, holds
 
 
 def _relabel(old: NDArray[np.bool_], new: NDArray[np.bool_]) -> NDArray[np.bool_]:
