@@ -45,7 +45,8 @@ from hdamoe_env.env.place import (PLACE_EVALUATORS, RANDOM_SAMPLERS, HdMoePlaceE
 #: Table columns: (header, key of the per-layer results).
 COLUMNS = (("NoOp (EP)", "ep"), ("TP", "tp"), ("TP tiled", "tp-tiled"), ("hybrid", "hybrid"),
            ("best baseline", "best_baseline"), ("Node+Link", "node_link"),
-           ("greedy", "greedy"), ("random best", "random"), ("learned", "learned"))
+           ("greedy", "greedy"), ("random best", "random"), ("learned", "learned"),
+           ("compute bound", "bound"))
 
 
 def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
@@ -85,14 +86,17 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, dict[str, float]]]:
         row["greedy"] = scorer.evaluate_placement(best_greedy.best_placement[0], None,
                                                   best_greedy.best_placement[1], layer=layer,
                                                   trace_index=0)
-        t1 = time.perf_counter()
-        rs = random_search(env, args.episodes, rng, layer=layer, sampler=args.sampler)
-        P_best, red_best = rs.best_placement
-        row["random"] = scorer.evaluate_placement(P_best, None, red_best, layer=layer,
-                                                  trace_index=0)
-        print(f"layer {layer}: random search {args.episodes} episodes "
-              f"{time.perf_counter() - t1:.0f} s, best ratio {rs.best_ratio:.4f}, median "
-              f"{float(np.median(rs.ratios)):.4f}")
+        bound = scorer.latency_lower_bound(layer=layer, trace_index=0)
+        row["bound"] = {"latency_us": bound["lower_bound_us"], "ratio": bound["ratio"]}
+        if args.episodes > 0:
+            t1 = time.perf_counter()
+            rs = random_search(env, args.episodes, rng, layer=layer, sampler=args.sampler)
+            P_best, red_best = rs.best_placement
+            row["random"] = scorer.evaluate_placement(P_best, None, red_best, layer=layer,
+                                                      trace_index=0)
+            print(f"layer {layer}: random search {args.episodes} episodes "
+                  f"{time.perf_counter() - t1:.0f} s, best ratio {rs.best_ratio:.4f}, median "
+                  f"{float(np.median(rs.ratios)):.4f}")
         results[layer] = row
     if args.learn_steps > 0:
         for layer, (P, red) in learned_placements(args, make, layers).items():
@@ -118,8 +122,10 @@ def learned_placements(args: argparse.Namespace, make: Any, layers: tuple[int, .
     n_steps = min(512, args.learn_steps)
     model = MaskablePPO("MultiInputPolicy", train_env, n_steps=n_steps,
                         batch_size=min(128, n_steps), n_epochs=5,
-                        gamma=1.0, ent_coef=0.01, seed=args.seed, device="cpu", verbose=0)
-    model.learn(total_timesteps=args.learn_steps)
+                        gamma=1.0, ent_coef=0.01, seed=args.seed, device="cpu", verbose=0,
+                        tensorboard_log=args.tensorboard)
+    model.learn(total_timesteps=args.learn_steps, callback=latency_callback(),
+                tb_log_name="place-maskable-ppo")
     print(f"MaskablePPO {args.learn_steps} steps on layers {list(train_env.layers)}: "
           f"{time.perf_counter() - t0:.0f} s")
     env = make(args.seed)
@@ -133,6 +139,27 @@ def learned_placements(args: argparse.Namespace, make: Any, layers: tuple[int, .
         print(f"layer {layer}: learned ratio {info['ratio']:.4f} (search streams)")
         out[layer] = env.placement_layer()
     return out
+
+
+def latency_callback() -> Any:
+    """SB3 callback: the episode latency of the placement env under ``latency/``.
+
+    The tags of HdMoE-v0's training (docs/TENSORBOARD.md): ``latency/total_us`` and
+    ``latency/total_over_tp``, means since the last dump, from the terminal step's
+    ``info["total_us"]`` and ``info["tp_total_us"]``.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class PlaceLatency(BaseCallback):
+        def _on_step(self) -> bool:
+            for info in self.locals.get("infos", ()):
+                if "total_us" in info and info.get("tp_total_us", 0) > 0:
+                    self.logger.record_mean("latency/total_us", float(info["total_us"]))
+                    self.logger.record_mean("latency/total_over_tp",
+                                            float(info["total_us"]) / float(info["tp_total_us"]))
+            return True
+
+    return PlaceLatency()
 
 
 def table(results: dict[int, dict[str, dict[str, float]]]) -> str:
@@ -408,6 +435,62 @@ def online_summary(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+
+#: Layers of the placement cells (the first three held-out layers of every model).
+PLACE_CELL_LAYERS = "3,7,11"
+
+
+def run_place_cells(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """The placement lever over the 12 cells (synthetic traces; resumes ``--out/place.json``).
+
+    Per cell :func:`run` on ``--layers`` (default :data:`PLACE_CELL_LAYERS`) without the random
+    search and the learned policy; returns ``{cell: {method: {latency_us, ratio}}}`` with the
+    means over the layers.
+    """
+    import copy
+    import json
+    from pathlib import Path
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "place.json"
+    results: dict[str, dict[str, dict[str, Any]]] = (
+        json.loads(path.read_text()) if path.exists() else {})
+    for name, m, setting, batch in online_cells(args):
+        if name in results:
+            continue
+        a = copy.copy(args)
+        a.model, a.setting, a.batch = ONLINE_MODELS[m][0], setting, batch
+        a.layers = args.layers or PLACE_CELL_LAYERS
+        a.episodes, a.learn_steps = 0, 0
+        a.out = str(out / "place" / name)
+        t0, c0 = time.perf_counter(), time.process_time()
+        per_layer = run(a)
+        methods = next(iter(per_layer.values())).keys()
+        results[name] = {k: {"latency_us": float(np.mean([r[k]["latency_us"]
+                                                          for r in per_layer.values()])),
+                             "ratio": float(np.mean([r[k]["ratio"] for r in per_layer.values()]))}
+                         for k in methods}
+        results[name]["_meta"] = {"layers": a.layers, "cpu_s": time.process_time() - c0}
+        print(f"{name}: {time.perf_counter() - t0:.0f} s wall", flush=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(path)
+    return results
+
+
+def place_cells_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Markdown: per cell the mean ratio to TP of every placement and the bound."""
+    cols = [(h, k) for h, k in COLUMNS if k not in ("random", "learned")]
+    lines = ["| cell | " + " | ".join(h for h, _ in cols) + " | best found ÷ bound |",
+             "|" + "---|" * (len(cols) + 2)]
+    for cell, row in results.items():
+        best = min(row[k]["ratio"] for _, k in cols if k != "bound")
+        lines.append(f"| {cell} | " + " | ".join(f"{row[k]['ratio']:.3f}" for _, k in cols)
+                     + f" | {best / row['bound']['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Parse the arguments, run, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -425,15 +508,21 @@ def main() -> None:
     ap.add_argument("--learn-steps", type=int, default=0,
                     help="train MaskablePPO for this many env steps on the training layers "
                          "(0: no learned column)")
+    ap.add_argument("--tensorboard", default=None, metavar="DIR",
+                    help="TensorBoard log directory of the MaskablePPO run (SB3's tags plus "
+                    "latency/total_us, latency/total_over_tp)")
     ap.add_argument("--learn-shaping", type=float, default=0.0,
                     help="shaping_weight of the training env (potential on the peak load)")
     ap.add_argument("--layers", default=None, help="comma-separated layers (default: held-out)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default="runs/headroom", help="pipeline output directory")
-    ap.add_argument("--part", default="placement", choices=("placement", "online"),
+    ap.add_argument("--part", default="placement",
+                    choices=("placement", "online", "placement-cells"),
                     help="placement: the placement lever of one cell; online: the online "
-                         "levers of HdMoE-v0 over the 12 cells (resumes from --out/online.json)")
+                         "levers of HdMoE-v0 over the 12 cells (resumes from --out/online.json); "
+                         "placement-cells: the placement lever over the 12 cells (resumes "
+                         "from --out/place.json)")
     ap.add_argument("--cells", default=None,
                     help="online: comma list of cell names (default all 12, e.g. ds_5-50_B128)")
     ap.add_argument("--train-seeds", type=int, default=2,
@@ -446,6 +535,11 @@ def main() -> None:
                     help="online: decode steps per held-out episode")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.part == "placement-cells":
+        res = run_place_cells(args)
+        print("\n" + place_cells_table(res))
+        print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+        return
     if args.part == "online":
         res = run_online(args)
         print("\n" + online_summary(res) + "\n\n" + online_table(res))

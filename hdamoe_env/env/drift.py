@@ -507,6 +507,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         info.update(action=a, action_name=self.action_names[a], ratio=ratio,
                     window_us=(lat + move_s) * 1e6, tp_window_us=tp * 1e6,
                     move_us=move_s * 1e6, moves=n_moves, move_energy_uj=move_j * 1e6)
+        # the keys HdMoE-v0's training callback logs (latency/total_us, latency/total_over_tp)
+        info.update(total_us=info["window_us"], tp_total_us=info["tp_window_us"])
         return self._obs(), float(reward), terminated, False, info
 
 
@@ -542,11 +544,15 @@ def threshold_policy(threshold: float = 0.15, redundancy_level: int = 0) -> Poli
     return lambda env: 1 + redundancy_level if env.drift > float(threshold) else 0
 
 
-def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: Sequence[int]
+def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: Sequence[int],
+                     *, on_step: Callable[[str, int, int, dict[str, Any]], None] | None = None
                      ) -> dict[str, dict[str, float]]:
     """Run every policy on the same seeds; return per policy the mean reward per window, the
     mean window ratio to TP (``ratio``; ``ratio_no_moves`` without the moves' makespan), the
     mean moves per episode and the mean move time per window (µs).
+
+    ``on_step(policy name, seed, window index, info)`` runs after every env step (e.g. a
+    TensorBoard writer, ``benchmarks/drift_baselines.py --tensorboard``).
     """
     out: dict[str, dict[str, float]] = {}
     for name, policy in policies.items():
@@ -556,6 +562,8 @@ def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: 
             done, n = False, 0
             while not done:
                 _, r, term, trunc, info = env.step(policy(env))
+                if on_step is not None:
+                    on_step(name, int(seed), int(info["window"]) - 1, info)
                 rewards.append(r)
                 ratios.append(info["ratio"])
                 bare.append((info["window_us"] - info["move_us"]) / info["tp_window_us"])

@@ -554,6 +554,8 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             P_layer, red = self.placement_layer()
             res = self.evaluate_placement(P_layer, None, red)
             info.update(res)
+            # the keys HdMoE-v0's training callback logs (latency/total_us, total_over_tp)
+            info.update(total_us=res["latency_us"], tp_total_us=res["tp_latency_us"])
             reward = res["reward"] - phi_before
         else:
             reward = self._potential() - phi_before

@@ -201,6 +201,17 @@ def test_bad_arguments_raise_config_errors():
         make().step(0)                            # before reset
 
 
+def test_terminal_info_carries_the_training_callback_keys():
+    env = make(evaluator="static")
+    env.reset(seed=0)
+    for _ in range(7):
+        *_, info = env.step(env.spread_action)
+        assert "total_us" not in info
+    *_, term, _, info = env.step(env.spread_action)
+    assert term and info["total_us"] == info["latency_us"]
+    assert info["total_us"] / info["tp_total_us"] == pytest.approx(info["ratio"])
+
+
 def test_same_seed_same_trajectory():
     def run(seed):
         env = make(rho_mem=1.5)
