@@ -123,7 +123,7 @@ def learned_placements(args: argparse.Namespace, make: Any, layers: tuple[int, .
     model = MaskablePPO("MultiInputPolicy", train_env, n_steps=n_steps,
                         batch_size=min(128, n_steps), n_epochs=5,
                         gamma=1.0, ent_coef=0.01, seed=args.seed, device="cpu", verbose=0,
-                        tensorboard_log=args.tensorboard)
+                        tensorboard_log=getattr(args, "tensorboard", None))
     model.learn(total_timesteps=args.learn_steps, callback=latency_callback(),
                 tb_log_name="place-maskable-ppo")
     print(f"MaskablePPO {args.learn_steps} steps on layers {list(train_env.layers)}: "
