@@ -482,11 +482,12 @@ def run_place_cells(args: argparse.Namespace) -> dict[str, dict[str, dict[str, A
 def place_cells_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     """Markdown: per cell the mean ratio to TP of every placement and the bound."""
     cols = [(h, k) for h, k in COLUMNS if k not in ("random", "learned")]
-    lines = ["| cell | " + " | ".join(h for h, _ in cols) + " | best found ÷ bound |",
-             "|" + "---|" * (len(cols) + 2)]
+    lines = ["| cell | layers | " + " | ".join(h for h, _ in cols) + " | best found ÷ bound |",
+             "|" + "---|" * (len(cols) + 3)]
     for cell, row in results.items():
         best = min(row[k]["ratio"] for _, k in cols if k != "bound")
-        lines.append(f"| {cell} | " + " | ".join(f"{row[k]['ratio']:.3f}" for _, k in cols)
+        lines.append(f"| {cell} | {row['_meta']['layers']} | "
+                     + " | ".join(f"{row[k]['ratio']:.3f}" for _, k in cols)
                      + f" | {best / row['bound']['ratio']:.2f} |")
     return "\n".join(lines)
 
