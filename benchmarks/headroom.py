@@ -384,7 +384,12 @@ def run_online(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]
     path = out / "online.json"
     results: dict[str, dict[str, dict[str, Any]]] = (
         json.loads(path.read_text()) if path.exists() else {})
-    for name, m, setting, batch in online_cells(args):
+    for other in args.merge or ():          # cells run by other processes (--cells, own --out)
+        done = Path(other) / "online.json"
+        if done.exists():
+            for cell, rows in json.loads(done.read_text()).items():
+                results.setdefault(cell, rows)
+    for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
         if name in results:
             continue
         t0 = time.perf_counter()
@@ -456,6 +461,11 @@ def run_place_cells(args: argparse.Namespace) -> dict[str, dict[str, dict[str, A
     path = out / "place.json"
     results: dict[str, dict[str, dict[str, Any]]] = (
         json.loads(path.read_text()) if path.exists() else {})
+    for other in args.merge or ():          # cells run by other processes (--cells, own --out)
+        done = Path(other) / "online.json"
+        if done.exists():
+            for cell, rows in json.loads(done.read_text()).items():
+                results.setdefault(cell, rows)
     for name, m, setting, batch in online_cells(args):
         if name in results:
             continue
@@ -526,6 +536,11 @@ def main() -> None:
                          "from --out/place.json)")
     ap.add_argument("--cells", default=None,
                     help="online: comma list of cell names (default all 12, e.g. ds_5-50_B128)")
+    ap.add_argument("--merge", nargs="*", default=None, metavar="DIR",
+                    help="online: also take the finished cells of these --out directories "
+                    "(runs split over processes with --cells)")
+    ap.add_argument("--table-only", action="store_true",
+                    help="online: print the tables of the finished cells, run nothing")
     ap.add_argument("--train-seeds", type=int, default=2,
                     help="online: training episodes (seeds 0 …) that pick the tuned point")
     ap.add_argument("--train-steps", type=int, default=3,
