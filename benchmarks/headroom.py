@@ -1,4 +1,13 @@
-"""Headroom of the placement lever on held-out layers (one cell so far).
+"""Headroom per lever: NoOp, tuned heuristic and a hindsight oracle or bound (issue 31).
+
+Three parts (``--part``); docs/results/headroom.md has the tables and commands.
+
+* ``online``: the online levers of ``HdMoE-v1`` over the 12 cells (:func:`online_levers`,
+  :func:`online_cell`): NoOp, the grid point tuned on training episodes and the per-layer
+  hindsight oracle (``agents.tuned.per_layer_oracle``) on held-out episodes.
+* ``placement-cells``: the placement part below over the same cells, with the placement env's
+  compute bound (``HdMoePlaceEnv.latency_lower_bound``) and without random search / learning.
+* ``placement`` (default): the placement lever in one cell, in depth:
 
 For one cell (model, setting, mesh, batch, profile) and the held-out layers of the placement
 env (``hdamoe_env.env.place.heldout_layers``: every 4th layer), every layer placement is scored
@@ -25,7 +34,8 @@ sampled steps and aggregators), so a search's pick carries no selection bias int
 Printed: a Markdown table per layer of the MoE latency t_comp + t_comm_moe in µs and as a
 ratio to TP, and the mean ratio over the layers. Lower is better.
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/headroom.py --episodes 64 --out runs/headroom``.
+Run: ``OMP_NUM_THREADS=1 python benchmarks/headroom.py --episodes 64 --out runs/headroom``
+(``--part online --out runs/headroom`` for the online levers).
 """
 
 from __future__ import annotations
