@@ -12,16 +12,28 @@ per episode and the mean move time per window (µs).
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/drift_baselines.py --seeds 0 1 2``
 (``--regimes categories --model mixtral-8x7b`` for the real Mixtral task categories, read from
-``--trace-dir``, default ../shared/reference-traces/mixtral).
+``--trace-dir``, default ../shared/reference-traces/mixtral). ``--tensorboard DIR`` also writes
+every window's scalars, one run directory per (policy, seed) (docs/TENSORBOARD.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
+from typing import Any
 
 from hdamoe_env.env.drift import (DEFAULT_MIXTRAL_DIR, HdMoeDriftEnv, compare_policies,
                                   periodic_policy, static_policy, threshold_policy)
+
+
+def window_scalars(info: dict[str, Any]) -> dict[str, float]:
+    """TensorBoard scalars of one drift-env window (tags of docs/TENSORBOARD.md)."""
+    return {"latency/window_us": float(info["window_us"]),
+            "latency/tp_window_us": float(info["tp_window_us"]),
+            "latency/total_over_tp": float(info["ratio"]),
+            "latency/move_us": float(info["move_us"]), "moves/count": float(info["moves"]),
+            "moves/energy_uj": float(info["move_energy_uj"]), "drift/tv": float(info["drift"])}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--redundancy-level", type=int, default=0,
                     help="index into the env's redundancy levels (0, 1, 2) for re-placements")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tensorboard", default=None, metavar="DIR",
+                    help="write every window's latency scalars under DIR (one run per policy "
+                    "and seed)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     env = HdMoeDriftEnv(model=args.model, setting=args.setting, mesh=args.mesh,
@@ -54,7 +69,23 @@ def main(argv: list[str] | None = None) -> None:
     policies = {"static": static_policy()}
     policies.update({f"periodic@{n}": periodic_policy(n, lvl) for n in args.periods})
     policies.update({f"threshold>{t:g}": threshold_policy(t, lvl) for t in args.thresholds})
-    res = compare_policies(env, policies, args.seeds)
+    writers: dict[tuple[str, int], Any] = {}
+
+    def log_window(name: str, seed: int, window: int, info: dict[str, Any]) -> None:
+        from hdamoe_env.app import tb
+
+        w = writers.get((name, seed))
+        if w is None:
+            run = tb.run_dir_name(name, seed, env_id="HdMoE-Drift-v1", model=args.model,
+                                  setting=args.setting, batch=args.batch)
+            w = writers[(name, seed)] = tb.make_writer(Path(args.tensorboard) / run)
+            w.add_text("config", tb.config_markdown({**vars(args), "policy": name,
+                                                      "seed": seed}))
+        w.add_scalars(window_scalars(info), window)
+    res = compare_policies(env, policies, args.seeds,
+                           on_step=log_window if args.tensorboard else None)
+    for w in writers.values():
+        w.close()
     print(f"{args.model} {args.mesh} {args.setting} B={args.batch} {env.regime_source} regimes "
           f"({env.num_regimes}), K={args.window}, {args.num_windows} windows, mean dwell "
           f"{args.mean_dwell:g} steps, {args.fidelity}, profile faithful, seeds {args.seeds}\n")

@@ -56,6 +56,10 @@ class OracleResult:
         unconstrained_top1: Mean top-1 retention of the unconstrained oracle's choices.
         target: The per-layer quality target.
         choices: How often each point was the constrained oracle's choice (per point, [K]).
+        layer_s: float [S, K, L] every point's MoE-layer seconds per decode step and layer
+            (the terms of the oracles; e.g. an oracle over a subset of the points).
+        layer_top1: float [S, K, L] the matching per-layer top-1 retention.
+        dense_s: Seconds per decode step outside the MoE layers (added to every TBT).
     """
 
     points: tuple[TunedKnobs, ...]
@@ -67,6 +71,9 @@ class OracleResult:
     unconstrained_top1: float
     target: float
     choices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    layer_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    layer_top1: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    dense_s: float = 0.0
 
     def best_fixed(self) -> int | None:
         """Index of the fastest fixed point with mean top-1 retention ≥ target (None: none)."""
@@ -325,4 +332,5 @@ def per_layer_oracle(env_kwargs: dict[str, Any], points: Iterable[TunedKnobs],
         constrained_top1=float(cons_q.mean()),
         unconstrained_tbt_us=(uncons.sum(axis=1) + dense_s) * 1e6,
         unconstrained_top1=float(uncons_q.mean()), target=float(target),
-        choices=np.bincount(pick.ravel(), minlength=K).astype(np.int64))
+        choices=np.bincount(pick.ravel(), minlength=K).astype(np.int64),
+        layer_s=lat, layer_top1=top1, dense_s=dense_s)

@@ -26,8 +26,8 @@ Every ``window`` (K, default 8) decode steps the agent picks one action of ``Dis
   redundant slots per node (default 0, 1, 2): S = ⌈E/D⌉ + r_j whole-expert slots per node,
   D·S physical experts (at most D copies of one expert), replicated greedily by load per copy
   and packed heaviest first to the least-loaded node that has room and lacks the expert — the
-  two steps of ``baselines.eplb`` (the env may not import ``baselines``: :func:`eplb_layer`
-  restates them for one layer; its tests compare it with ``baselines.eplb``). New node labels
+  two steps of ``baselines.eplb``, which live in the simulator (``hdamoe_env.sim.eplb``:
+  ``eplb_layer``, re-exported here; ``baselines.eplb`` imports the same steps). New node labels
   are matched greedily to the old ones by overlap [decision: greedy, not Hungarian, to keep
   scipy out of the env]; every copy the new placement adds is one weight move of W_e bytes from
   the nearest old holder, dropped copies are free. The memory cap is not enforced [decision].
@@ -74,6 +74,7 @@ from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.cost import energy, perf
 from hdamoe_env.noc.des import simulate_messages
 from hdamoe_env.sim.calibrate import fit_gamma
+from hdamoe_env.sim.eplb import eplb_layer
 from hdamoe_env.sim.evaluator import LayerEvaluator
 from hdamoe_env.sim.placement import Placement, expert_parallel, identity_mapping
 from hdamoe_env.sim.simulator import MoESimulator
@@ -101,50 +102,6 @@ def total_variation(p: ArrayLike, q: ArrayLike) -> float:
     if sa <= 0 or sb <= 0:
         return 0.0
     return float(0.5 * np.abs(a / sa - b / sb).sum())
-
-
-def eplb_layer(loads: ArrayLike, num_nodes: int, slots_per_node: int
-               ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-    """Return EPLB's copies of one layer: (int64 [E] copy counts, bool [E, D] holders).
-
-    Step 1 replicates greedily: D·S physical experts (at most D copies each), every extra copy
-    to the expert with the largest load per copy (ties: lower id). Step 2 packs the copies
-    heaviest first (ties: lower expert) to the least-loaded node (ties: lower node) with a free
-    slot that does not hold the expert yet; when no such node exists the copy goes to the
-    least-loaded node lacking the expert that has a free slot after moving one of its copies
-    elsewhere — and if none, the copy is dropped (the count shrinks) [decision].
-
-    Raises:
-        ConfigError: Negative or non-finite loads, or D·S < E.
-    """
-    f = np.asarray(loads, dtype=np.float64)
-    D, S = int(num_nodes), int(slots_per_node)
-    E = f.size
-    if f.ndim != 1 or not np.all(np.isfinite(f)) or (f < 0).any():
-        raise ConfigError(f"loads must be finite, >= 0, of shape [E]; got {np.shape(loads)}")
-    if D < 1 or S < 1 or D * S < E:
-        raise ConfigError(f"EPLB needs D·S >= E slots, got D={D}, S={S}, E={E}")
-    counts = np.ones(E, dtype=np.int64)
-    for _ in range(min(D * S, E * D) - E):
-        per_copy = np.where(counts < D, f / counts, -np.inf)
-        counts[int(np.argmax(per_copy))] += 1
-    items = np.repeat(np.arange(E), counts)
-    w = (f / counts)[items]
-    order = np.lexsort((items, -w))
-    holds = np.zeros((E, D), dtype=bool)
-    load = np.zeros(D)
-    used = np.zeros(D, dtype=np.int64)
-    for it in order:
-        i = int(items[it])
-        ok = (used < S) & ~holds[i]
-        if not ok.any():
-            counts[i] -= 1                # every node with room already holds i
-            continue
-        d = int(np.argmin(np.where(ok, load, np.inf)))
-        holds[i, d] = True
-        load[d] += w[it]
-        used[d] += 1
-    return counts, holds
 
 
 def _relabel(old: NDArray[np.bool_], new: NDArray[np.bool_]) -> NDArray[np.bool_]:
@@ -550,6 +507,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         info.update(action=a, action_name=self.action_names[a], ratio=ratio,
                     window_us=(lat + move_s) * 1e6, tp_window_us=tp * 1e6,
                     move_us=move_s * 1e6, moves=n_moves, move_energy_uj=move_j * 1e6)
+        # the keys HdMoE-v0's training callback logs (latency/total_us, latency/total_over_tp)
+        info.update(total_us=info["window_us"], tp_total_us=info["tp_window_us"])
         return self._obs(), float(reward), terminated, False, info
 
 
@@ -585,11 +544,15 @@ def threshold_policy(threshold: float = 0.15, redundancy_level: int = 0) -> Poli
     return lambda env: 1 + redundancy_level if env.drift > float(threshold) else 0
 
 
-def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: Sequence[int]
+def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: Sequence[int],
+                     *, on_step: Callable[[str, int, int, dict[str, Any]], None] | None = None
                      ) -> dict[str, dict[str, float]]:
     """Run every policy on the same seeds; return per policy the mean reward per window, the
     mean window ratio to TP (``ratio``; ``ratio_no_moves`` without the moves' makespan), the
     mean moves per episode and the mean move time per window (µs).
+
+    ``on_step(policy name, seed, window index, info)`` runs after every env step (e.g. a
+    TensorBoard writer, ``benchmarks/drift_baselines.py --tensorboard``).
     """
     out: dict[str, dict[str, float]] = {}
     for name, policy in policies.items():
@@ -599,6 +562,8 @@ def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: 
             done, n = False, 0
             while not done:
                 _, r, term, trunc, info = env.step(policy(env))
+                if on_step is not None:
+                    on_step(name, int(seed), int(info["window"]) - 1, info)
                 rewards.append(r)
                 ratios.append(info["ratio"])
                 bare.append((info["window_us"] - info["move_us"]) / info["tp_window_us"])

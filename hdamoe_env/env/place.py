@@ -413,6 +413,49 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         out["reward"] = -out["ratio"]
         return out
 
+    def latency_lower_bound(self, *, layer: int | None = None,
+                            trace_index: int | None = None) -> dict[str, float]:
+        """Return a lower bound on ``evaluate_placement``'s latency over every placement.
+
+        On the evaluator's own steps (or expected loads for ``static``), per step: the expert
+        phase t_comp = max_c max(compute_c, stream_c) is at least the node mean of either term,
+        and both sums over the nodes do not depend on the placement (every expert's shares sum
+        to 1): Σ_c stream_c = Σ_i a_i·W_e / (BW_mem·η) and, since the tile model pads tokens and
+        columns up and an active expert runs at least one shard, Σ_c compute_c ≥
+        Σ_i (n_i·F_e / C + a_i·m·o) (fluid work plus one GEMM overhead per matrix; without the
+        tile model exactly Σ_i n_i·F_e / C). The MoE communication is bounded by 0. So
+
+            LB = mean over steps of max(Σ_c compute_c, Σ_c stream_c) / D.
+
+        Returns:
+            ``lower_bound_us``, ``compute_bound_us`` and ``stream_bound_us`` (step means of the
+            two sums / D) and ``ratio`` (LB / TP's latency on the same steps).
+        """
+        layer = self.layer if layer is None else int(layer)
+        trace_index = self.trace_index if trace_index is None else int(trace_index)
+        data = self._layer_data(trace_index, layer)
+        model, hw, conv = self.model, self.sim.hw, self.sim.conv
+        E, D = self.num_experts, self.num_nodes
+        if data.steps is None:                       # static: expected loads
+            n = data.freqs * self.batch
+            active = perf.expected_active(data.freqs, self.batch)[None, :]
+            n = n[None, :]
+        else:
+            n = np.stack([np.bincount(s.ravel(), minlength=E)[:E] for s in data.steps]
+                         ).astype(np.float64)
+            active = (n > 0).astype(np.float64)
+        work = n.sum(axis=1) * perf.expert_flops(model, conv) / hw.compute_flops
+        if conv.tiled:
+            work = work + active.sum(axis=1) * conv.expert_matrices * conv.gemm_overhead_s
+        stream = (active.sum(axis=1) * perf.expert_bytes(model, conv)
+                  / perf.effective_mem_bw(hw, conv)) if conv.weight_streaming else 0.0 * work
+        lb = np.maximum(work, stream) / D
+        out = {"lower_bound_us": float(lb.mean()) * 1e6,
+               "compute_bound_us": float(work.mean()) / D * 1e6,
+               "stream_bound_us": float(np.mean(stream)) / D * 1e6}
+        out["ratio"] = out["lower_bound_us"] / data.tp_us
+        return out
+
     @property
     def expert_order(self) -> NDArray[np.int64]:
         """Experts of the current episode's layer in visiting order (descending f_i), int64 [E].
@@ -511,6 +554,8 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             P_layer, red = self.placement_layer()
             res = self.evaluate_placement(P_layer, None, red)
             info.update(res)
+            # the keys HdMoE-v0's training callback logs (latency/total_us, total_over_tp)
+            info.update(total_us=res["latency_us"], tp_total_us=res["tp_latency_us"])
             reward = res["reward"] - phi_before
         else:
             reward = self._potential() - phi_before

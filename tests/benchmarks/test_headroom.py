@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hdamoe_env.config.specs import ModelSpec
@@ -54,3 +55,41 @@ def test_tiny_headroom_table_with_learned_column(tmp_path):
     drv = _driver()
     results = drv.run(tiny_args(tmp_path, 32))
     assert results[3]["learned"]["ratio"] > 0 and "learned" in drv.table(results)
+
+
+def test_tiny_headroom_table_has_a_bound_below_every_placement(tmp_path):
+    drv = _driver()
+    row = drv.run(tiny_args(tmp_path, 0))[3]
+    assert all(row["bound"]["latency_us"] <= r["latency_us"] * (1 + 1e-9)
+               for k, r in row.items() if k != "bound")
+
+
+class _Oracle:
+    """Stand-in of OracleResult's per-layer terms: S = 1 step, K = 3 points, L = 2 layers."""
+
+    dense_s = 1e-6
+    layer_s = np.array([[[3e-6, 3e-6], [2e-6, 4e-6], [1e-6, 1e-6]]])
+    layer_top1 = np.array([[[1.0, 1.0], [1.0, 0.9], [0.5, 0.5]]])
+
+
+def test_subset_oracle_respects_the_per_layer_target():
+    drv = _driver()
+    out = drv._subset(_Oracle(), [0, 1, 2], 0.95)
+    np.testing.assert_allclose(out["fixed_us"], [7.0, 7.0, 3.0])
+    np.testing.assert_allclose(out["top1"], [1.0, 0.95, 0.5])
+    assert out["oracle_us"] == pytest.approx(1 + 2 + 3)     # layer 0: point 1; layer 1: point 0
+    assert out["free_us"] == pytest.approx(1 + 1 + 1)       # quality ignored: point 2
+    assert drv._subset(_Oracle(), [0, 1], 0.85)["oracle_us"] == pytest.approx(1 + 2 + 3)
+
+
+def test_online_tables_render_every_row():
+    drv = _driver()
+    row = {"noop_us": 10.0, "tuned_us": 8.0, "tuned_top1": 1.0, "tuned": "x", "oracle_us": 7.0,
+           "free_us": 6.0}
+    res = {"c": {k: dict(row) for k, _ in drv.ONLINE_ROWS}}
+    res["c"]["gating@0.9"]["oracle_us"] = 7.5
+    text = drv.online_table(res)
+    assert text.count("\n") == len(drv.ONLINE_ROWS) + 1 and "| yes |" in text
+    summary = drv.online_summary(res)
+    assert "12.5 %" in summary and summary.count("| yes |") == len(drv.ONLINE_ROWS) - 1
+    assert len(drv.online_levers()["gating"][0]) == 22

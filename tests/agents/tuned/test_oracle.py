@@ -62,6 +62,11 @@ def test_oracle_is_below_every_fixed_point(tiny_kwargs):
     assert int(o.choices.sum()) == S * 2                       # one choice per layer
     s = o.summary()
     assert s["constrained_over_best_fixed"] <= 1.0 + 1e-12
+    # the per-layer terms reproduce every fixed point and the unconstrained oracle
+    assert o.layer_s.shape == o.layer_top1.shape == (S, len(pts), 2)
+    np.testing.assert_allclose((o.layer_s.sum(axis=2).T + o.dense_s) * 1e6, o.fixed_tbt_us)
+    np.testing.assert_allclose((o.layer_s.min(axis=1).sum(axis=1) + o.dense_s) * 1e6,
+                               o.unconstrained_tbt_us)
 
 
 def test_oracle_fixed_point_matches_the_env_run(tiny_kwargs):

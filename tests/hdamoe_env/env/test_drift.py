@@ -166,8 +166,16 @@ def test_baselines_and_compare():
         acts.append(periodic(env))
         env.step(acts[-1])
     assert acts == [0, 1, 0, 1]
+    seen = []
     res = compare_policies(env, {"static": static_policy(), "periodic@8": periodic,
-                                 "threshold": threshold_policy(0.0)}, seeds=[0, 1])
+                                 "threshold": threshold_policy(0.0)}, seeds=[0, 1],
+                           on_step=lambda *a: seen.append(a))
+    assert [(n, s, w) for n, s, w, _ in seen[:5]] == [("static", 0, w) for w in range(4)] + [
+        ("static", 1, 0)]
+    assert len(seen) == 3 * 2 * 4
+    for *_, info in seen:                               # the training callback's keys
+        assert info["total_us"] == info["window_us"] and info["tp_total_us"] > 0
+        assert info["total_us"] / info["tp_total_us"] == pytest.approx(info["ratio"])
     assert res["static"]["moves_per_episode"] == 0 and res["static"]["move_us_per_window"] == 0
     assert res["threshold"]["moves_per_episode"] > 0
     assert all(v["ratio"] > 0 and v["reward"] == pytest.approx(-v["ratio"]) for v in res.values())

@@ -201,6 +201,17 @@ def test_bad_arguments_raise_config_errors():
         make().step(0)                            # before reset
 
 
+def test_terminal_info_carries_the_training_callback_keys():
+    env = make(evaluator="static")
+    env.reset(seed=0)
+    for _ in range(7):
+        *_, info = env.step(env.spread_action)
+        assert "total_us" not in info
+    *_, term, _, info = env.step(env.spread_action)
+    assert term and info["total_us"] == info["latency_us"]
+    assert info["total_us"] / info["tp_total_us"] == pytest.approx(info["ratio"])
+
+
 def test_same_seed_same_trajectory():
     def run(seed):
         env = make(rho_mem=1.5)
@@ -319,3 +330,28 @@ def test_default_registered_env_passes_both_checkers():
             from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
             sb3_check_env(env, warn=True)
+
+
+@pytest.mark.parametrize("evaluator", ["static", "des"])
+def test_latency_lower_bound_is_below_every_placement(evaluator):
+    """The compute bound holds for TP, tiled TP, EP-like, greedy and random placements."""
+    env = make(mesh="2x4", evaluator=evaluator, score_steps=3)
+    env.reset(seed=0, options={"layer": 1})
+    lb = env.latency_lower_bound()
+    assert lb["lower_bound_us"] > 0
+    # the step mean of the max is at least the max of the step means (equal for one step)
+    assert lb["lower_bound_us"] >= max(lb["compute_bound_us"], lb["stream_bound_us"]) * (1 - 1e-9)
+    placements = [(tensor_parallel_tiled(1, 8, 8, 0.25).P[0], True),
+                  (np.full((8, 8), 1.0 / 8), False)]
+    one_hot = np.zeros((8, 8))
+    one_hot[np.arange(8), np.arange(8)] = 1.0
+    placements.append((one_hot, False))
+    for size in (1, 2, 4):
+        placements.append(greedy_balance(env, size, layer=1).best_placement)
+    rs = random_search(env, 4, np.random.default_rng(0), layer=1)
+    placements.append(rs.best_placement)
+    for P, allreduce in placements:
+        out = env.evaluate_placement(P, None, allreduce, layer=1)
+        assert lb["lower_bound_us"] <= out["compute_us"] * (1 + 1e-9)
+        assert lb["lower_bound_us"] <= out["latency_us"] * (1 + 1e-9)
+    assert 0 < lb["ratio"] <= 1.0
