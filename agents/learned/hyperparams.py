@@ -52,6 +52,8 @@ class PPOHyperparams:
         vf_coef: Value-loss weight.
         max_grad_norm: Gradient clip.
         net_arch: Hidden layers of the policy and value MLPs (shared extractor flattens the Dict).
+        policy_input: ``"compact"`` (the ``replicas`` map summarised as E + D values,
+            ``agents.learned.nets``) or ``"full"`` (every observation value, SB3's flattening).
     """
 
     n_steps: int = 256
@@ -65,6 +67,7 @@ class PPOHyperparams:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     net_arch: tuple[int, ...] = (64, 64)
+    policy_input: str = "compact"
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class A2CHyperparams:
         vf_coef: Value-loss weight.
         max_grad_norm: Gradient clip.
         net_arch: Hidden layers of the policy and value MLPs.
+        policy_input: ``"compact"`` or ``"full"`` (as :class:`PPOHyperparams`).
     """
 
     n_steps: int = 8
@@ -97,6 +101,7 @@ class A2CHyperparams:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     net_arch: tuple[int, ...] = (64, 64)
+    policy_input: str = "compact"
 
 
 HYPERPARAMS: dict[str, type[Any]] = {"ppo": PPOHyperparams,
@@ -344,9 +349,23 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
 
 
 def model_kwargs(hp: Any) -> dict[str, Any]:
+    """Return the SB3 constructor keywords of ``hp`` (``policy_kwargs`` from ``net_arch`` and
+    ``policy_input``).
+
+    Raises:
+        ConfigError: ``policy_input`` is not one of ``agents.learned.nets.POLICY_INPUTS``.
+    """
     kwargs = dataclasses.asdict(hp)
     net_arch = list(kwargs.pop("net_arch"))
+    policy_input = kwargs.pop("policy_input", "full")
     kwargs["policy_kwargs"] = {"net_arch": {"pi": net_arch, "vf": list(net_arch)}}
+    from agents.learned.nets import POLICY_INPUTS, compact_extractor
+
+    if policy_input not in POLICY_INPUTS:
+        raise ConfigError(f"hyperparameter policy_input={policy_input!r}: expected one of "
+                          f"{list(POLICY_INPUTS)}, e.g. --hp policy_input=full")
+    if policy_input == "compact":
+        kwargs["policy_kwargs"]["features_extractor_class"] = compact_extractor()
     return kwargs
 
 
