@@ -38,11 +38,18 @@ __all__ = [
 class PPOHyperparams:
     """PPO hyperparameters (RL-Zoo style; sized for ~10⁴–10⁵ steps on the analytic twin).
 
+    The defaults are sized for the batched vector env (``hdamoe train``'s default 32 copies,
+    docs/results/throughput.md): 4 epochs of minibatches of 256 over 1,024-step rollouts. The
+    earlier defaults (one env, n_steps 256, batch 64, 10 epochs, ``policy_input="full"``) are
+    the section ``maskable-ppo-earlier`` of ``hyperparams/maskable-ppo.yml``.
+
     Attributes:
-        n_steps: Rollout steps per env before an update (n_steps · n_envs per update; about
-            2.5 episodes of DeepSeek-V2-Lite at 4 decode steps × 26 layers).
-        batch_size: Minibatch size of the SGD epochs.
-        n_epochs: SGD passes over each rollout.
+        n_steps: Rollout steps per env before an update (n_steps · n_envs per update: 1,024
+            with ``hdamoe train``'s default 32 batched copies, about 10 episodes of
+            DeepSeek-V2-Lite at 4 decode steps × 26 layers). Earlier default: 256 with one env.
+        batch_size: Minibatch size of the SGD epochs (earlier default 64; a rollout smaller
+            than it is one minibatch).
+        n_epochs: SGD passes over each rollout (earlier default 10).
         learning_rate: Adam step size.
         gamma: Discount per env step (one MoE layer); 0.99 ≈ a 100-layer horizon, about one
             decode step of a 26-layer model × 4.
@@ -56,9 +63,9 @@ class PPOHyperparams:
             ``agents.learned.nets``) or ``"full"`` (every observation value, SB3's flattening).
     """
 
-    n_steps: int = 256
-    batch_size: int = 64
-    n_epochs: int = 10
+    n_steps: int = 32
+    batch_size: int = 256
+    n_epochs: int = 4
     learning_rate: float = 3e-4
     gamma: float = 0.99
     gae_lambda: float = 0.95

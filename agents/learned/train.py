@@ -482,6 +482,9 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         log.info("resumed from %s at %d steps", ckpt, model.num_timesteps)
     else:
         kwargs = model_kwargs(hp)
+        # a rollout smaller than one minibatch is one minibatch (SB3 would warn and do so)
+        if "batch_size" in kwargs:
+            kwargs["batch_size"] = min(hp.batch_size, hp.n_steps * n_envs)
         model = cls(_policy(key), venv_train, seed=seed, tensorboard_log=tb_dir,
                     verbose=0, device="cpu", **kwargs)
         if action_mode == "residual" and residual_keep_logit:
