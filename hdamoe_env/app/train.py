@@ -73,8 +73,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="training fidelity")
     p.add_argument("--n-envs", type=positive_int, default=None,
                    help="env copies (default: n_envs of --hyperparams, else 32 on the batched "
-                   "backend when it applies, else 1; --n-envs 1 with --hyperparams-section "
-                   "maskable-ppo-earlier is the earlier default run)")
+                   "backend when it applies, else 1; the earlier one-env run: --n-envs 1 "
+                   "with --hyperparams-section maskable-ppo-earlier)")
     p.add_argument("--vec-backend", default="auto", choices=("auto", "subproc", "batched"),
                    help="env copies in one process each (subproc) or all in the batched "
                    "vector env of this process (batched; action modes full and ranked, no "
