@@ -38,11 +38,18 @@ __all__ = [
 class PPOHyperparams:
     """PPO hyperparameters (RL-Zoo style; sized for ~10⁴–10⁵ steps on the analytic twin).
 
+    The defaults are sized for the batched vector env (``hdamoe train``'s default 32 copies,
+    docs/results/throughput.md): 4 epochs of minibatches of 256 over 1,024-step rollouts. The
+    earlier defaults (one env, n_steps 256, batch 64, 10 epochs, ``policy_input="full"``) are
+    the section ``maskable-ppo-earlier`` of ``hyperparams/maskable-ppo.yml``.
+
     Attributes:
-        n_steps: Rollout steps per env before an update (n_steps · n_envs per update; about
-            2.5 episodes of DeepSeek-V2-Lite at 4 decode steps × 26 layers).
-        batch_size: Minibatch size of the SGD epochs.
-        n_epochs: SGD passes over each rollout.
+        n_steps: Rollout steps per env before an update (n_steps · n_envs per update: 1,024
+            with ``hdamoe train``'s default 32 batched copies, about 10 episodes of
+            DeepSeek-V2-Lite at 4 decode steps × 26 layers). Earlier default: 256 with one env.
+        batch_size: Minibatch size of the SGD epochs (earlier default 64; a rollout smaller
+            than it is one minibatch).
+        n_epochs: SGD passes over each rollout (earlier default 10).
         learning_rate: Adam step size.
         gamma: Discount per env step (one MoE layer); 0.99 ≈ a 100-layer horizon, about one
             decode step of a 26-layer model × 4.
@@ -52,11 +59,13 @@ class PPOHyperparams:
         vf_coef: Value-loss weight.
         max_grad_norm: Gradient clip.
         net_arch: Hidden layers of the policy and value MLPs (shared extractor flattens the Dict).
+        policy_input: ``"compact"`` (the ``replicas`` map summarised as E + D values,
+            ``agents.learned.nets``) or ``"full"`` (every observation value, SB3's flattening).
     """
 
-    n_steps: int = 256
-    batch_size: int = 64
-    n_epochs: int = 10
+    n_steps: int = 32
+    batch_size: int = 256
+    n_epochs: int = 4
     learning_rate: float = 3e-4
     gamma: float = 0.99
     gae_lambda: float = 0.95
@@ -65,6 +74,7 @@ class PPOHyperparams:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     net_arch: tuple[int, ...] = (64, 64)
+    policy_input: str = "compact"
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class A2CHyperparams:
         vf_coef: Value-loss weight.
         max_grad_norm: Gradient clip.
         net_arch: Hidden layers of the policy and value MLPs.
+        policy_input: ``"compact"`` or ``"full"`` (as :class:`PPOHyperparams`).
     """
 
     n_steps: int = 8
@@ -97,6 +108,7 @@ class A2CHyperparams:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     net_arch: tuple[int, ...] = (64, 64)
+    policy_input: str = "compact"
 
 
 HYPERPARAMS: dict[str, type[Any]] = {"ppo": PPOHyperparams,
@@ -344,9 +356,23 @@ def load_hyperparams(path: str | os.PathLike[str], algo: str = "maskable-ppo",
 
 
 def model_kwargs(hp: Any) -> dict[str, Any]:
+    """Return the SB3 constructor keywords of ``hp`` (``policy_kwargs`` from ``net_arch`` and
+    ``policy_input``).
+
+    Raises:
+        ConfigError: ``policy_input`` is not one of ``agents.learned.nets.POLICY_INPUTS``.
+    """
     kwargs = dataclasses.asdict(hp)
     net_arch = list(kwargs.pop("net_arch"))
+    policy_input = kwargs.pop("policy_input", "full")
     kwargs["policy_kwargs"] = {"net_arch": {"pi": net_arch, "vf": list(net_arch)}}
+    from agents.learned.nets import POLICY_INPUTS, compact_extractor
+
+    if policy_input not in POLICY_INPUTS:
+        raise ConfigError(f"hyperparameter policy_input={policy_input!r}: expected one of "
+                          f"{list(POLICY_INPUTS)}, e.g. --hp policy_input=full")
+    if policy_input == "compact":
+        kwargs["policy_kwargs"]["features_extractor_class"] = compact_extractor()
     return kwargs
 
 

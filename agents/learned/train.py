@@ -481,8 +481,12 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
             state.restore_model(model, vecnorm)
         log.info("resumed from %s at %d steps", ckpt, model.num_timesteps)
     else:
-        model = cls("MultiInputPolicy", venv_train, seed=seed, tensorboard_log=tb_dir,
-                    verbose=0, device="cpu", **model_kwargs(hp))
+        kwargs = model_kwargs(hp)
+        # a rollout smaller than one minibatch is one minibatch (SB3 would warn and do so)
+        if "batch_size" in kwargs:
+            kwargs["batch_size"] = min(hp.batch_size, hp.n_steps * n_envs)
+        model = cls(_policy(key), venv_train, seed=seed, tensorboard_log=tb_dir,
+                    verbose=0, device="cpu", **kwargs)
         if action_mode == "residual" and residual_keep_logit:
             # residual dims, then any share dims, whose value 0 is the env's replica rule: the
             # untrained policy is HDA-MoE with the default replica dispatch
@@ -552,6 +556,16 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
         evaluate_fn(out)
     return model_path
 
+
+
+def _policy(key: str) -> Any:
+    """Return the policy of algorithm ``key``: MaskablePPO's with the padded masked head
+    (``agents.learned.nets.fast_maskable_policy``), SB3's ``MultiInputPolicy`` otherwise."""
+    if key == "maskable-ppo":
+        from agents.learned.nets import fast_maskable_policy
+
+        return fast_maskable_policy()
+    return "MultiInputPolicy"
 
 
 def _with_placement(env_kwargs: dict[str, Any], placement: Placement | None) -> dict[str, Any]:

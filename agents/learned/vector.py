@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.env.actions import ActionLayout
-from hdamoe_env.env.wrappers import ranked_mask, ranked_to_full
+from hdamoe_env.env.wrappers import ranked_mask_many, ranked_to_full_many
 
 __all__ = ["VECTOR_ACTION_MODES", "SharedVecEnv"]
 
@@ -134,9 +134,7 @@ class SharedVecEnv(_vec_env_base()):  # type: ignore[misc]
         if self.action_mode == "full":
             return full
         assert self._obs is not None, "call reset() first"
-        pred = self._obs["pred_load"]
-        return np.stack([ranked_mask(full[i], self.layout, self.num_candidates, pred[i])
-                         for i in range(self.num_envs)])
+        return ranked_mask_many(full, self.layout, self.num_candidates, self._obs["pred_load"])
 
     def close(self) -> None:
         """Close the vector env."""
@@ -173,7 +171,5 @@ class SharedVecEnv(_vec_env_base()):  # type: ignore[misc]
         if self.action_mode == "full":
             return actions
         assert self._obs is not None
-        full_masks = self.venv.action_masks()
-        pred = self._obs["pred_load"]
-        return np.stack([ranked_to_full(actions[i], self.layout, self.num_candidates, pred[i],
-                                        full_masks[i]) for i in range(self.num_envs)])
+        return ranked_to_full_many(actions, self.layout, self.num_candidates,
+                                   self._obs["pred_load"], self.venv.action_masks())

@@ -38,7 +38,8 @@ from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 from hdamoe_env.config.fileio import atomic_write
 from hdamoe_env.sim.placement import Placement
 
-__all__ = ["add_train_arguments", "cmd_train", "resolve_vec_backend"]
+__all__ = ["DEFAULT_N_ENVS", "add_train_arguments", "cmd_train", "default_n_envs",
+           "resolve_vec_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                    help="training fidelity")
     p.add_argument("--n-envs", type=positive_int, default=None,
-                   help="env copies, SubprocVecEnv if > 1 (default: n_envs of --hyperparams, "
-                   "else 1)")
+                   help="env copies (default: n_envs of --hyperparams, else 32 on the batched "
+                   "backend when it applies, else 1; the earlier one-env run: --n-envs 1 "
+                   "with --hyperparams-section maskable-ppo-earlier)")
     p.add_argument("--vec-backend", default="auto", choices=("auto", "subproc", "batched"),
                    help="env copies in one process each (subproc) or all in the batched "
                    "vector env of this process (batched; action modes full and ranked, no "
@@ -181,7 +183,8 @@ def _train_settings(args: argparse.Namespace) -> tuple[dict[str, Any], int, int,
     args.action_mode = args.action_mode or mode or "ranked"
     args.candidates = args.candidates or candidates or 4
     timesteps = args.timesteps or timesteps or 10_000
-    n_envs = args.n_envs or n_envs or 1
+    n_envs = args.n_envs or n_envs or default_n_envs(args.action_mode, _quality(args),
+                                                     getattr(args, "replica_shares", None))
     normalize = False if args.no_normalize else (True if normalize is None else normalize)
     return hp, timesteps, n_envs, normalize
 
@@ -247,6 +250,20 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"hdamoe train: no learning-curve plot ({exc})")
     print(f"wall {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+#: Env copies of ``hdamoe train`` without ``--n-envs`` (or a file's ``n_envs``) when the batched
+#: backend supports the run; one env otherwise (docs/results/throughput.md, "Training").
+DEFAULT_N_ENVS = 32
+
+
+def default_n_envs(action_mode: str, quality: dict[str, Any] | None,
+                   replica_shares: int | None) -> int:
+    """Return the default env copies: :data:`DEFAULT_N_ENVS` where the batched vector backend
+    applies (action mode full or ranked, no quality reward, no replica shares), else 1 (the
+    per-process backend would start one process per copy)."""
+    return DEFAULT_N_ENVS if resolve_vec_backend("auto", DEFAULT_N_ENVS, action_mode, quality,
+                                                 replica_shares) == "batched" else 1
 
 
 def resolve_vec_backend(name: str, n_envs: int, action_mode: str,

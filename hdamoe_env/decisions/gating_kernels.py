@@ -407,7 +407,29 @@ def greedy_kernel(ids: NDArray[np.int64], vals: NDArray[np.float64], width: int,
             sets[t, q] = i
             weights[t, q] = sv[p]
             positions[t, q] = p
-            peak = add_expert(i, loads, peak, h_ptr, h_node, h_wc, tiles)
+            # add_expert(i, loads, peak, ...) written out: a compiled call with its nine
+            # arrays as arguments cost more than the body (inlined, the kernel takes about
+            # half the time; same results)
+            if tiles[7]:
+                counts, comp, strm, h_row, h_stream = (tiles[0], tiles[1], tiles[2], tiles[3],
+                                                       tiles[4])
+                n = counts[i]
+                for j in range(h_ptr[i], h_ptr[i + 1]):
+                    c = h_node[j]
+                    comp[c] = comp[c] + tile_step(n, h_row[j], tiles[5], tiles[6])
+                    if n == 0:
+                        strm[c] = strm[c] + h_stream[j]
+                    v = comp[c] if comp[c] >= strm[c] else strm[c]
+                    loads[c] = v
+                    if v > peak:
+                        peak = v
+                counts[i] = n + 1
+            else:
+                for j in range(h_ptr[i], h_ptr[i + 1]):
+                    v = loads[h_node[j]] + h_wc[j]
+                    loads[h_node[j]] = v
+                    if v > peak:
+                        peak = v
     return sets, weights, positions
 
 

@@ -42,8 +42,11 @@ __all__ = [
     "RankedBroadcastWrapper",
     "ReplicaSharesWrapper",
     "ranked_candidates",
+    "ranked_candidates_many",
     "ranked_mask",
+    "ranked_mask_many",
     "ranked_to_full",
+    "ranked_to_full_many",
     "replica_share_fractions",
     "replica_share_values",
 ]
@@ -168,6 +171,73 @@ def ranked_to_full(action: NDArray[Any], layout: ActionLayout, num_candidates: i
         if c < cands.size:
             full[slot] = cands[c]
     full[layout.max_broadcast:] = action[layout.max_broadcast:]
+    return full
+
+
+def ranked_candidates_many(pred_load: NDArray[Any], allowed: NDArray[np.bool_],
+                           num_candidates: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """:func:`ranked_candidates` of N copies at once (the batched training backend).
+
+    Args:
+        pred_load: float [N, E] predicted tokens per expert ÷ B of every copy.
+        allowed: bool [N, E] experts each copy allows in a slot.
+        num_candidates: K.
+
+    Returns:
+        ``(cands, count)``: int64 [N, K] and int64 [N]; row i's first ``count[i]`` entries
+        are ``ranked_candidates(pred_load[i], allowed[i], K)`` (the rest is padding).
+    """
+    load = np.where(allowed, np.asarray(pred_load, dtype=np.float64), -1.0)
+    order = np.argsort(-load, axis=1, kind="stable")      # = lexsort((arange, -load)) per row
+    k = min(int(num_candidates), load.shape[1])
+    cands = np.zeros((load.shape[0], int(num_candidates)), dtype=np.int64)
+    cands[:, :k] = order[:, :k]
+    count = np.minimum((load > 0).sum(axis=1), k).astype(np.int64)
+    return cands, count
+
+
+def ranked_mask_many(full_masks: NDArray[np.bool_], layout: ActionLayout,
+                     num_candidates: int, pred_load: NDArray[Any]) -> NDArray[np.bool_]:
+    """:func:`ranked_mask` of N copies at once: bool [N, ranked mask size] from [N, flat size].
+
+    Row i equals ``ranked_mask(full_masks[i], layout, num_candidates, pred_load[i])``.
+    """
+    full_masks = np.asarray(full_masks, dtype=bool)
+    n, e, k = full_masks.shape[0], layout.num_experts, int(num_candidates)
+    ends = np.cumsum(layout.nvec)
+    starts = ends - layout.nvec
+    cands, count = ranked_candidates_many(pred_load, full_masks[:, :e], k)
+    valid = np.arange(k)[None, :] < count[:, None]                      # [N, K]
+    rows = np.arange(n)[:, None]
+    out = [np.empty((n, 0), dtype=bool)]
+    for slot in range(layout.max_broadcast):
+        part = full_masks[:, starts[slot]:starts[slot] + e]
+        m = np.zeros((n, k + 1), dtype=bool)
+        m[:, k] = True                                                  # "none" always allowed
+        m[:, :k] = part[rows, cands] & valid & part.any(axis=1)[:, None]
+        out.append(m)
+    out.append(full_masks[:, starts[layout.max_broadcast]:])
+    return np.concatenate(out, axis=1)
+
+
+def ranked_to_full_many(actions: NDArray[Any], layout: ActionLayout, num_candidates: int,
+                        pred_load: NDArray[Any], full_masks: NDArray[np.bool_]
+                        ) -> NDArray[np.int64]:
+    """:func:`ranked_to_full` of N copies at once: int64 [N, layout.size].
+
+    Row i equals ``ranked_to_full(actions[i], layout, num_candidates, pred_load[i],
+    full_masks[i])``.
+    """
+    actions = np.asarray(actions, dtype=np.int64).reshape(len(full_masks), -1)
+    e, mb = layout.num_experts, layout.max_broadcast
+    cands, count = ranked_candidates_many(pred_load, np.asarray(full_masks, dtype=bool)[:, :e],
+                                          num_candidates)
+    slot_vals = actions[:, :mb]
+    ok = (slot_vals >= 0) & (slot_vals < count[:, None])
+    picked = np.take_along_axis(cands, np.clip(slot_vals, 0, cands.shape[1] - 1), axis=1)
+    full = np.empty((actions.shape[0], layout.size), dtype=np.int64)
+    full[:, :mb] = np.where(ok, picked, layout.none)
+    full[:, mb:] = actions[:, mb:]
     return full
 
 

@@ -78,7 +78,7 @@ def test_flags_override_the_file():
                               "maskable-ppo-residual", "--hp", "n_steps=64", "--out", "x"])
     hp, timesteps, n_envs, normalize = train_app._train_settings(args)
     assert hp["n_steps"] == 64 and hp["gamma"] == 0.0
-    assert (timesteps, n_envs, normalize) == (10_000, 1, True)
+    assert (timesteps, n_envs, normalize) == (10_000, train_app.DEFAULT_N_ENVS, True)
     args = parser.parse_args(["train", "--hyperparams-section", "x", "--out", "x"])
     with pytest.raises(ConfigError, match="needs --hyperparams"):
         train_app._train_settings(args)
@@ -127,3 +127,21 @@ def test_vec_backend_auto_picks_batched_when_it_applies():
     assert resolve("auto", 4, "ranked", None, 4) == "subproc"                 # replica shares
     assert resolve("subproc", 16, "ranked", None, None) == "subproc"          # explicit choice
     assert resolve("batched", 1, "ranked", None, None) == "batched"
+
+
+@needs_yaml
+def test_default_copies_follow_the_backend_and_the_earlier_section_is_one_env():
+    """32 batched copies by default where the batched backend applies; one env for the
+    per-process designs (residual, quality reward); ``maskable-ppo-earlier`` is the earlier
+    default run (one env, 256-step rollouts, 10 epochs of 64, the full policy input)."""
+    parser = cli.build_parser()
+    settings = lambda *extra: train_app._train_settings(  # noqa: E731
+        parser.parse_args(["train", *extra, "--out", "x"]))
+    assert settings()[2] == 32 and settings("--action-mode", "full")[2] == 32
+    assert settings("--action-mode", "residual")[2] == 1
+    assert settings("--quality-target", "0.99")[2] == 1
+    assert settings("--n-envs", "4")[2] == 4
+    hp, _, n_envs, _ = settings("--hyperparams", str(COMMITTED), "--hyperparams-section",
+                                "maskable-ppo-earlier")
+    assert n_envs == 1 and (hp["n_steps"], hp["batch_size"], hp["n_epochs"],
+                            hp["policy_input"]) == (256, 64, 10, "full")

@@ -17,8 +17,10 @@ import pytest
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
 from hdamoe_env.env.environment import HdMoeEnv
+from hdamoe_env.env.actions import ActionLayout
 from hdamoe_env.env.wrappers import (FlattenReplicasWrapper, RankedBroadcastWrapper,
-                                     ranked_candidates)
+                                     ranked_candidates, ranked_mask, ranked_mask_many,
+                                     ranked_to_full, ranked_to_full_many)
 
 TINY = ModelSpec(key="tiny3", name="tiny3", num_moe_layers=3, num_experts=4, top_k=2,
                  hidden_size=64, expert_intermediate=128, attn_weight_elements=4 * 64 * 64,
@@ -425,3 +427,24 @@ def test_ranked_action_translation():
     assert rmask[:4].tolist() == [True, True, False, True]
     full = ranked_to_full(np.array([0, 3, 2, 1]), lay, 3, pred, full_mask)
     assert full.tolist() == [1, 4, 2, 1]
+
+
+@pytest.mark.parametrize("num_candidates", [1, 4, 9])
+def test_ranked_many_equal_the_per_copy_translation(num_candidates):
+    """The batched mask and action translation equal the per-copy functions row by row, with
+    tied and zero predicted loads, unbroadcastable experts and slots with nothing allowed."""
+    layout = ActionLayout(8, 3, ("least_loaded", "first", "home"), (0.0, 0.5, 1.0, 2.0), ())
+    rng = np.random.default_rng(7)
+    n = 40
+    pred = rng.choice([0.0, 0.125, 0.25, 0.5], size=(n, 8)).astype(np.float32)
+    masks = rng.random((n, int(layout.nvec.sum()))) < 0.7
+    masks[::5, 9:18] = False                                  # slot 1: nothing allowed
+    got = ranked_mask_many(masks, layout, num_candidates, pred)
+    want = np.stack([ranked_mask(masks[i], layout, num_candidates, pred[i]) for i in range(n)])
+    np.testing.assert_array_equal(got, want)
+    ranked_nvec = [num_candidates + 1] * 3 + [3, 4]
+    actions = np.stack([rng.integers(0, v, size=n) for v in ranked_nvec], axis=1)
+    got = ranked_to_full_many(actions, layout, num_candidates, pred, masks)
+    want = np.stack([ranked_to_full(actions[i], layout, num_candidates, pred[i], masks[i])
+                     for i in range(n)])
+    np.testing.assert_array_equal(got, want)
