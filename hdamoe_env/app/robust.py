@@ -32,9 +32,15 @@ where the sample's hardware cannot execute them: a knob that changes the share g
 width whose unit the base grid is not a multiple of) gets placements optimised under the base
 profile with those knobs set to the sample's values (one placement cell per distinct grid).
 
+Routing quality: a gating method (HDA-MoE) can win by changing expert choices, so every row
+states the top-1 retention of its modal winner (minimum over the cell's records), and when a
+method changed routing the report adds the same verdicts among the methods that keep it
+(``analyse_robust(keep_routing=True)``): the ranking at unchanged routing quality.
+
 Outputs (in ``OUT``): ``results.jsonl`` (every bench record), ``robust.json`` (per cell: the
-samples' knob values and winners, the verdict, the deciding knob and its split) and
-``robust.md`` (the report section).
+samples' knob values and winners, the verdict, the deciding knob and its split; ``rows`` over
+all methods, ``rows_keep_routing`` over those that keep the routing) and ``robust.md`` (the
+report section).
 """
 
 from __future__ import annotations
@@ -299,11 +305,28 @@ def mark(verdict: Mapping[str, Any]) -> str:
     return f"depends on {verdict['deciding']} ({share:.0%})"
 
 
-def analyse_robust(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def changes_routing(rec: Mapping[str, Any]) -> bool:
+    """Whether a bench record's method changed any expert choice (gating changed fraction > 0)."""
+    gating = rec.get("gating") or {}
+    return float(gating.get("changed_fraction", 0.0) or 0.0) > 0.0
+
+
+def top1_kept(rec: Mapping[str, Any]) -> float:
+    """The record's top-1 retention (1 for methods that keep the routing)."""
+    gating = rec.get("gating") or {}
+    value = gating.get("top1_retention")
+    return 1.0 if value is None else float(value)
+
+
+def analyse_robust(records: Sequence[Mapping[str, Any]], *,
+                   keep_routing: bool = False) -> list[dict[str, Any]]:
     """Group robust bench records per cell and return one verdict row per cell.
 
     Args:
         records: Records of ``results.jsonl`` (others than :data:`FIGURE` are ignored).
+        keep_routing: Rank only the methods that change no expert choice in any record of the
+            cell (:func:`changes_routing`), i.e. the ranking at unchanged routing quality; the
+            row's ``excluded`` names the methods left out.
 
     Returns:
         One row per (model, setting, B, mesh), in record order: the cell, the base profile's
@@ -321,6 +344,15 @@ def analyse_robust(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     for (model, setting, batch, mesh, *_), by_sample in groups.items():
         first = next(iter(by_sample.values()))[0]
         knobs = list(first.get("robust_knobs", ()))
+        cell_recs = [r for recs in by_sample.values() for r in recs]
+        top1_min: dict[str, float] = {}
+        for r in cell_recs:
+            top1_min[r["method"]] = min(top1_min.get(r["method"], 1.0), top1_kept(r))
+        excluded = (sorted({r["method"] for r in cell_recs if changes_routing(r)})
+                    if keep_routing else [])
+        if excluded:
+            by_sample = {label: [r for r in recs if r["method"] not in excluded]
+                         for label, recs in by_sample.items()}
         order: list[str] = []
         for recs in by_sample.values():
             order += [r["method"] for r in recs if r["method"] not in order]
@@ -341,7 +373,8 @@ def analyse_robust(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
                                "mesh": mesh, "base_profile": first.get("base"),
                                "knobs": knobs, "robust_seed": first.get("robust_seed"),
                                "samples_planned": first.get("robust_n"),
-                               "base": base_row, "samples": samples}
+                               "base": base_row, "samples": samples,
+                               "top1_min": top1_min, "excluded": excluded}
         if samples:
             values = {k: [float(s["knobs"][k]) for s in samples] for k in knobs}
             out.update(cell_verdict(values, [s["winner"] for s in samples],
@@ -373,15 +406,28 @@ def _split_text(row: Mapping[str, Any]) -> str:
 
 
 def render_section(rows: Sequence[Mapping[str, Any]], *, command: str | None = None,
-                   level: int = 2) -> str:
-    """Render the Markdown section of a robust run (one row per cell)."""
+                   level: int = 2, keep_routing: bool = False) -> str:
+    """Render the Markdown section of a robust run (one row per cell).
+
+    ``keep_routing``: the rows rank only the methods that keep the routing
+    (``analyse_robust(keep_routing=True)``); the section says so and names the ones left out.
+    """
     h = "#" * level
-    lines = [f"{h} Robust rankings: which winners depend on which uncertainty", ""]
+    title = ("Among the methods that keep the routing" if keep_routing
+             else "Robust rankings: which winners depend on which uncertainty")
+    lines = [f"{h} {title}", ""]
     if command:
         lines += [f"Regenerate: `{command}`.", ""]
     done = [r for r in rows if r.get("samples")]
     if not done:
         return "\n".join(lines + ["No finished robust cell.", ""])
+    if keep_routing:
+        left_out = sorted({m for r in done for m in r.get("excluded", ())})
+        lines += ["The same samples, ranking only the methods that change no expert choice in "
+                  "any sample of the cell (gating changed fraction 0), i.e. the ranking at "
+                  "unchanged routing quality"
+                  + (f"; left out: {', '.join(f'`{m}`' for m in left_out)}." if left_out
+                     else "."), ""]
     knobs = done[0]["knobs"]
     n = max(len(r["samples"]) for r in done)
     lines += [f"Every cell is evaluated under the base profile `{done[0]['base_profile']}` and "
@@ -396,16 +442,19 @@ def render_section(rows: Sequence[Mapping[str, Any]], *, command: str | None = N
     for r in rows:
         if not r.get("samples"):
             table.append([r["model"], r["setting"], str(r["batch"]), "-", "-", "-",
-                          "not run", "-"])
+                          "not run", "-", "-"])
             continue
         counts = ", ".join(f"{m} {c}" for m, c in r["counts"].items())
         missing = ("" if r["samples_planned"] in (None, len(r["samples"]))
                    else f" ({len(r['samples'])} of {r['samples_planned']} samples)")
+        kept = r.get("top1_min", {}).get(r["modal"], 1.0)
         table.append([r["model"], r["setting"], str(r["batch"]),
                       "-" if r["base"] is None else r["base"]["winner"],
-                      f"{r['base_share']:.0%}", counts + missing, r["mark"], _split_text(r)])
+                      f"{r['base_share']:.0%}", counts + missing, r["mark"], f"{kept:.1%}",
+                      _split_text(r)])
     lines += [render_table(["model", "setting", "B", "base winner", "share", "winners over "
-                            "samples", "verdict", "deciding split"], table, style="markdown"),
+                            "samples", "verdict", "top-1 kept by the modal winner (min)",
+                            "deciding split"], table, style="markdown"),
               ""]
     lines += ["Per knob, the share of samples whose winner its best single split predicts "
               "(the majority winner alone predicts the `majority` column):", ""]
@@ -455,13 +504,17 @@ def write_robust_report(out_dir: str | Path, *, command: str | None = None) -> P
         ConfigError: ``results.jsonl`` is missing or has no robust records.
     """
     out = Path(out_dir)
-    rows = analyse_robust(finished_records(out))
+    records = finished_records(out)
+    rows = analyse_robust(records)
     if not rows:
         raise ConfigError(f"{out / 'results.jsonl'} has no robust records; run "
                           f"`hdamoe crossover --robust --out {out}` first")
-    write_json(out / "robust.json", {"rows": rows, "robust_share": ROBUST_SHARE,
-                                     "tie_rtol": TIE_RTOL})
+    kept = analyse_robust(records, keep_routing=True)
+    write_json(out / "robust.json", {"rows": rows, "rows_keep_routing": kept,
+                                     "robust_share": ROBUST_SHARE, "tie_rtol": TIE_RTOL})
     text = render_section(rows, command=command, level=1)
+    if any(r.get("excluded") for r in kept):
+        text += "\n" + render_section(kept, level=2, keep_routing=True)
     path = out / "robust.md"
     atomic_write(path, lambda fh: fh.write(text))
     return path

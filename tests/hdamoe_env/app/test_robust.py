@@ -177,3 +177,30 @@ def test_parts_of_a_grid_run_into_one_out_are_reported_together(tmp_path, monkey
     rows = json.loads((out / "robust.json").read_text())["rows"]
     assert sorted(r["setting"] for r in rows) == ["10/25", "5/50"]
     assert all(len(r["samples"]) == 3 and r["base"] is not None for r in rows)
+
+
+def test_keep_routing_ranks_only_the_methods_that_change_no_expert_choice():
+    """A gating method that wins every sample by changing routing is left out of the
+    ``keep_routing`` verdicts (which then name the best routing-preserving method), and every
+    row states the modal winner's worst top-1 retention."""
+    def rec(sample, method, tbt, changed=0.0, top1=1.0):
+        return {"kind": "bench", "figure": robust.FIGURE, "model": "m", "setting": "5/50",
+                "batch": 128, "mesh": "4x8", "base": "faithful", "robust_n": 4,
+                "robust_seed": 0, "robust_knobs": ["gemm_overhead_s"], "robust_sample": sample,
+                "profile": "faithful", "method": method, "seed": 0, "tbt_us": tbt,
+                "tbt_std_us": 0.0, "breakdown_us": {}, "decision_ms_per_step": 0.0,
+                "gating": {"changed_fraction": changed, "top1_retention": top1}}
+
+    records = []
+    for sample in ("base", 0, 1, 2, 3):
+        records += [rec(sample, "tp", 100.0), rec(sample, "ep", 90.0 + (sample == 3) * 20),
+                    rec(sample, "hda-moe", 80.0, changed=0.4, top1=0.7 - 0.01 * (sample == 1))]
+    (row,) = robust.analyse_robust(records)
+    assert row["modal"] == "hda-moe" and row["counts"] == {"hda-moe": 4}
+    assert row["top1_min"]["hda-moe"] == pytest.approx(0.69) and row["top1_min"]["tp"] == 1.0
+    (kept,) = robust.analyse_robust(records, keep_routing=True)
+    assert kept["excluded"] == ["hda-moe"]
+    assert kept["counts"] == {"ep": 3, "tp": 1} and kept["base"]["winner"] == "ep"
+    text = robust.render_section([kept], keep_routing=True)
+    assert "left out: `hda-moe`" in text and "| 100.0% |" in text
+    assert "69.0%" in robust.render_section([row])
