@@ -41,7 +41,9 @@ Run: ``OMP_NUM_THREADS=1 python benchmarks/headroom.py --episodes 64 --out runs/
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -384,21 +386,27 @@ def online_cells(args: argparse.Namespace) -> list[tuple[str, str, str, int]]:
     return cells
 
 
-def run_online(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
-    """Run (or resume from ``--out/online.json``) every requested cell; return all rows."""
-    import json
-    from pathlib import Path
-
+def _resume_results(args: argparse.Namespace, filename: str
+                    ) -> tuple[Path, dict[str, dict[str, dict[str, Any]]]]:
+    """``--out/filename`` and the cells already in it, plus those of the ``--merge`` dirs'
+    files of the same name (cells run by other processes with ``--cells`` and their own
+    ``--out``)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "online.json"
+    path = out / filename
     results: dict[str, dict[str, dict[str, Any]]] = (
         json.loads(path.read_text()) if path.exists() else {})
-    for other in args.merge or ():          # cells run by other processes (--cells, own --out)
-        done = Path(other) / "online.json"
+    for other in args.merge or ():
+        done = Path(other) / filename
         if done.exists():
             for cell, rows in json.loads(done.read_text()).items():
                 results.setdefault(cell, rows)
+    return path, results
+
+
+def run_online(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """Run (or resume from ``--out/online.json``) every requested cell; return all rows."""
+    path, results = _resume_results(args, "online.json")
     for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
         if name in results:
             continue
@@ -463,19 +471,8 @@ def run_place_cells(args: argparse.Namespace) -> dict[str, dict[str, dict[str, A
     means over the layers.
     """
     import copy
-    import json
-    from pathlib import Path
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "place.json"
-    results: dict[str, dict[str, dict[str, Any]]] = (
-        json.loads(path.read_text()) if path.exists() else {})
-    for other in args.merge or ():          # cells run by other processes (--cells, own --out)
-        done = Path(other) / "online.json"
-        if done.exists():
-            for cell, rows in json.loads(done.read_text()).items():
-                results.setdefault(cell, rows)
+    path, results = _resume_results(args, "place.json")
     for name, m, setting, batch in online_cells(args):
         if name in results:
             continue

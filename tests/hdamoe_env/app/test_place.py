@@ -76,7 +76,8 @@ def test_place_objective_energy_prints_the_objective_table(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--objective", "power"], "invalid choice: 'power'"),
-    (["--objective", "energy", "--lb-objective", "mst"], "needs a simulated Link-Balance objective"),
+    (["--objective", "energy", "--lb-objective", "mst"],
+     "needs a simulated Link-Balance objective"),
 ])
 def test_place_bad_objective_is_one_line_exit_2(tmp_path, capsys, extra, needle):
     argv = ["place", "--model", "mixtral", "--mesh", "2x2", "--out", str(tmp_path / "o"), *extra]
