@@ -59,7 +59,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError, InfeasibleError
-from hdamoe_env.sim.eplb import balanced_packing, replicate
+from hdamoe_env.sim.eplb import balanced_packing, place_copies, replicate
 from hdamoe_env.sim.placement import Placement, identity_mapping
 from hdamoe_env.config.profiles import Conventions
 from hdamoe_env.config.specs import HardwareSpec, ModelSpec
@@ -201,10 +201,7 @@ def _eplb_layer(f: NDArray[np.float64], D: int, S: int, G: int, groups: int
     fell_back = False
     for g in range(G):
         experts = np.flatnonzero(node_group == g)
-        c = replicate(f[experts], nodes_per_group * S, nodes_per_group)
-        items = np.repeat(np.arange(experts.size), c)
-        item_load = (f[experts] / c)[items]
-        bins, fb = balanced_packing(item_load, nodes_per_group, S, items)
+        c, items, bins, fb = place_copies(f[experts], nodes_per_group, S)
         fell_back |= fb
         counts[experts] = c
         holds[experts[items], g * nodes_per_group + bins] = True

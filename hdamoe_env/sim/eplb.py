@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError, InfeasibleError
 
-__all__ = ["balanced_packing", "eplb_layer", "replicate"]
+__all__ = ["balanced_packing", "eplb_layer", "place_copies", "replicate"]
 
 
 def replicate(loads: ArrayLike, num_physical: int, max_copies: int) -> NDArray[np.int64]:
@@ -129,9 +129,23 @@ def eplb_layer(loads: ArrayLike, num_nodes: int, slots_per_node: int
         raise ConfigError(f"loads must be finite, >= 0, of shape [E]; got {np.shape(loads)}")
     if D < 1 or S < 1 or D * S < f.size:
         raise ConfigError(f"EPLB needs D·S >= E slots, got D={D}, S={S}, E={f.size}")
-    counts = replicate(f, D * S, D)
-    items = np.repeat(np.arange(f.size), counts)
-    bins, _ = balanced_packing((f / counts)[items], D, S, items)
+    counts, items, bins, _ = place_copies(f, D, S)
     holds = np.zeros((f.size, D), dtype=bool)
     holds[items, bins] = True
     return counts, holds
+
+
+def place_copies(loads: NDArray[np.float64], num_nodes: int, slots_per_node: int
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], bool]:
+    """Both steps on one set of experts and nodes (no checks): :func:`replicate` to D·S
+    physical experts (at most D copies each), then :func:`balanced_packing` of the copies (load
+    f_i / c_i each) to the D nodes of S slots, copies of one expert on distinct nodes.
+
+    Returns:
+        ``(counts int64 [E], items int64 [Σc] the expert of every copy, bins int64 [Σc] its
+        node, True when the round-robin fallback was used)``.
+    """
+    counts = replicate(loads, num_nodes * slots_per_node, num_nodes)
+    items = np.repeat(np.arange(loads.size), counts)
+    bins, fell_back = balanced_packing((loads / counts)[items], num_nodes, slots_per_node, items)
+    return counts, items, bins, fell_back
