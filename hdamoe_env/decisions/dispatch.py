@@ -316,7 +316,7 @@ def valid_fractions(frac: NDArray[np.float64]) -> bool:
     return bool(np.isfinite(rest).all() and (rest >= 0).all())
 
 
-def dispatch_replicas(  # noqa: C901 - four rules in one greedy loop, kept together
+def dispatch_replicas(  # noqa: C901 - the checks of four rules, then their assignment
         token_sets: ArrayLike, P: ArrayLike, replicas: ArrayLike, w: float, *,
         rule: str = "least_loaded", fractions: ArrayLike | None = None,
         hops: ArrayLike | None = None, pi: ArrayLike | None = None,
@@ -463,6 +463,8 @@ def _copy_plans(sets: NDArray[np.int64], reps: NDArray[np.bool_],
                 frac: NDArray[np.float64] | None) -> list[list[int] | None]:
     """The copy of every token (batch order) of each replicated expert under ``round_robin``
     and ``shares`` (None: the expert follows ``least_loaded`` / ``nearest``)."""
+    if rule not in ("round_robin", "shares"):
+        return [None] * rep_experts.size
     plans: list[list[int] | None] = []
     for e in rep_experts.tolist():
         n_copies = 1 + int(reps[e].sum())
@@ -470,7 +472,7 @@ def _copy_plans(sets: NDArray[np.int64], reps: NDArray[np.bool_],
         plan: list[int] | None = None
         if rule == "round_robin":
             plan = [j % n_copies for j in range(n_rows)]
-        elif rule == "shares":
+        else:
             assert frac is not None
             if not np.isnan(frac[e, 0]):                       # NaN row: least_loaded
                 rep_nodes = np.flatnonzero(reps[e]).tolist()
@@ -499,7 +501,7 @@ def _assign_compiled(sets: NDArray[np.int64], shares: NDArray[np.float64],
     group_max = int((shares[rep_experts] > 0).sum(axis=1).max())
     width = sets.shape[1] * max(group_max, 1)
     nodes, copies, work, prim, repl, chosen, n_chosen = replica_kernel(
-        sets, shares, reps, rep_experts.astype(np.int64), base.astype(np.float64).copy(),
+        sets, shares, reps, rep_experts.astype(np.int64), np.array(base, dtype=np.float64),
         float(w), flat, plan_ofs, has_plan, width)
     used = int(n_chosen.max()) if n_chosen.size else 0
     return nodes, copies, work, prim, repl, (chosen[:, :used].copy() if used else None)
