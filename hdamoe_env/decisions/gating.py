@@ -637,7 +637,7 @@ def gated_sets(candidates: tuple[NDArray[np.int64], NDArray[np.float64]], k: int
         int64 [B, k] the gated sets, or None.
     """
     out = _fused_call(candidates, k, P_layer, float(w_flops), float(compute_flops),
-                      1.0 * float(r_comp), 1.0 * float(r_comm), comp_penalty, comm_penalty,
+                      float(r_comp), float(r_comm), comp_penalty, comm_penalty,
                       int(protect_top), tile_cost)
     return None if out is None else out[0]
 
