@@ -473,14 +473,14 @@ def run_place_cells(args: argparse.Namespace) -> dict[str, dict[str, dict[str, A
     import copy
 
     path, results = _resume_results(args, "place.json")
-    for name, m, setting, batch in online_cells(args):
+    for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
         if name in results:
             continue
         a = copy.copy(args)
         a.model, a.setting, a.batch = ONLINE_MODELS[m][0], setting, batch
         a.layers = args.layers or PLACE_CELL_LAYERS
         a.episodes, a.learn_steps = 0, 0
-        a.out = str(out / "place" / name)
+        a.out = str(path.parent / "place" / name)
         t0, c0 = time.perf_counter(), time.process_time()
         per_layer = run(a)
         methods = next(iter(per_layer.values())).keys()
