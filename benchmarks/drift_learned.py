@@ -141,7 +141,8 @@ def summary(cell: str, res: dict[str, Any]) -> str:
              f"| hindsight oracle | {ref['oracle']:.4f} |",
              "| learned, seeds " + ", ".join(f"{v:.4f}" for v in vals)
              + f" | {mean:.4f} ± {half:.4f} (95 % t) |",
-             "", f"{cell}: oracle headroom over tuned {max(0.0, 100 * gap / ref['tuned']):.1f} %; the "
+             "", f"{cell}: oracle headroom over tuned "
+             f"{max(0.0, 100 * gap / ref['tuned']):.1f} %; the "
              "learned policy captures " + ", ".join(f"{100 * c:.0f} %" for c in captured)
              + " of it per seed (target ≥ 50 %); training "
              + ", ".join(f"{r['steps_per_s']:.0f}" for r in runs) + " steps/s."]
