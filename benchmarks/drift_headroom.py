@@ -73,6 +73,7 @@ def run_cell(env: HdMoeDriftEnv, train: list[int], heldout: list[int]) -> dict[s
     oracles = [hindsight_oracle(env, s) for s in heldout]
     return {"static": held["static"]["ratio"], "tuned": held["tuned"]["ratio"],
             "tuned_name": name, "tuned_train": scores[name]["ratio"],
+            "train_scores": {k: v["ratio"] for k, v in scores.items()},
             "tuned_moves": held["tuned"]["moves_per_episode"],
             "oracle": float(np.mean([o.ratio for o in oracles])),
             "oracle_per_seed": [o.ratio for o in oracles],
@@ -84,18 +85,27 @@ def run_cell(env: HdMoeDriftEnv, train: list[int], heldout: list[int]) -> dict[s
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    """Markdown: per cell NoOp / tuned / oracle / moves-free ratios and the headroom."""
+    """Markdown: per cell NoOp / tuned / oracle / moves-free ratios and the headroom.
+
+    The headroom is given over the tuned heuristic (picked on the training streams, the
+    issue's definition) and over the better of NoOp and tuned on the held-out streams (which
+    does not credit the oracle for a tuned pick that does worse than never re-placing).
+    """
     lines = ["| cell | regimes | NoOp (static) | tuned (policy; moves / episode) | oracle "
-             "(moves / episode) | moves free | tuned ÷ NoOp | oracle ÷ tuned | headroom "
-             "≥ 10 %? |", "|" + "---|" * 9]
+             "(moves / episode) | moves free | tuned ÷ NoOp | oracle ÷ tuned | oracle ÷ "
+             "min(NoOp, tuned) | headroom ≥ 10 %? |", "|" + "---|" * 10]
     for cell, r in results.items():
         head = 1.0 - r["oracle"] / r["tuned"]
+        best = min(r["static"], r["tuned"])
+        head_best = 1.0 - r["oracle"] / best
+        verdict = ("yes" if head_best >= 0.10 else
+                   "over tuned only" if head >= 0.10 else "no")
         lines.append(
             f"| {cell} | {r['regimes']} | {r['static']:.3f} | {r['tuned']:.3f} "
             f"({r['tuned_name']}; {r['tuned_moves']:.0f}) | {r['oracle']:.3f} "
             f"({r['oracle_moves']:.0f}) | {r['free']:.3f} | {r['tuned'] / r['static']:.3f} | "
-            f"{r['oracle'] / r['tuned']:.3f} | {'yes' if head >= 0.10 else 'no'} "
-            f"({100 * head:.1f} %) |")
+            f"{r['oracle'] / r['tuned']:.3f} | {r['oracle'] / best:.3f} | {verdict} "
+            f"({100 * head:.1f} % / {100 * head_best:.1f} %) |")
     return "\n".join(lines)
 
 
