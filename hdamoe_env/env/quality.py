@@ -466,12 +466,15 @@ class KnapsackResult:
         choices: int [N] the chosen action of every decision (flattened [S·L]).
         lost: Σ lost top-1 choices of ``choices`` (≤ the budget).
         lp_bound_s: The LP relaxation's value (≤ ``latency_s``).
+        front_s: float [cap + 1] the optimum for every smaller budget b = 0 … cap
+            (cap = min(budget, the largest possible loss)): the oracle's whole Pareto front.
     """
 
     latency_s: float
     choices: NDArray[np.int64]
     lost: int
     lp_bound_s: float
+    front_s: NDArray[np.float64]
 
 
 def lp_bound(lat: NDArray[np.float64], loss: NDArray[np.int64], budget: int) -> float:
@@ -565,4 +568,4 @@ def knapsack_oracle(lat: NDArray[np.float64], loss: NDArray[np.int64], budget: i
         b -= int(w[n, a])
     lost = int(w[np.arange(N), choices].sum())
     return KnapsackResult(latency_s=float(dp[cap]), choices=choices, lost=lost,
-                          lp_bound_s=lp_bound(t, w, budget))
+                          lp_bound_s=lp_bound(t, w, budget), front_s=dp)

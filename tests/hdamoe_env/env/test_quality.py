@@ -186,6 +186,9 @@ def test_knapsack_oracle_is_exact_and_the_lp_a_bound():
         budget = int(rng.integers(0, 8))
         res = knapsack_oracle(lat, loss, budget)
         assert res.latency_s == pytest.approx(_brute(lat, loss, budget))
+        assert res.front_s.size <= budget + 1 and res.front_s[-1] == res.latency_s
+        b = int(rng.integers(0, res.front_s.size))
+        assert res.front_s[b] == pytest.approx(_brute(lat, loss, b))   # every smaller budget
         assert res.lost <= budget
         assert res.lp_bound_s <= res.latency_s + 1e-12
         assert res.lp_bound_s >= lat.min(axis=1).sum() - 1e-12
