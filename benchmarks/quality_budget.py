@@ -199,8 +199,10 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
                                   args.eval_steps)}
             # the same allocator inside the env's API (masks, run_policy)
             env_us = float(np.mean([run_policy(held_env, price_policy(price), s,
-                                               options={"target": target})["tbt_us"]
-                                    for s in held_seeds]))
+                                               options={"target": target},
+                                               on_step=tb_logger(args, model, setting, batch,
+                                                                 f"allocator@{target:g}", s))
+                                    ["tbt_us"] for s in held_seeds]))
             check.append(abs(env_us - alloc_us) / alloc_us)
     # the oracle's whole front: the DP's optimum for every budget b at once (same b in every
     # episode: top-1 ≥ 1 − b / (B·L·S), exact where the front is tight)
@@ -221,6 +223,37 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
                    "tables_cpu_s": build_s, "cpu_s": time.process_time() - c0,
                    "dense_us": dense * 1e6}
     return out
+
+
+def step_scalars(info: dict[str, Any]) -> dict[str, float]:
+    """The TensorBoard scalars of one env step (``HdMoE-v1``'s ``latency/`` tags)."""
+    out = {"latency/total_us": float(info["total_us"]),
+           "latency/total_over_tp": float(info["total_us"]) / float(info["tp_total_us"]),
+           "latency/ungated_us": float(info["ungated_us"]),
+           "quality/lost_top1": float(info["lost"]),
+           "quality/remaining_budget": float(info["remaining"])}
+    if "tbt_us" in info:
+        out["latency/tbt_us"] = float(info["tbt_us"])
+    return out
+
+
+def tb_logger(args: argparse.Namespace, model: str, setting: str, batch: int, method: str,
+              seed: int) -> Any:
+    """Return ``run_policy``'s ``on_step`` writing one TensorBoard run (None without
+    ``--tensorboard``); the run is closed at the episode's last step."""
+    if not getattr(args, "tensorboard", None):
+        return None
+    from hdamoe_env.app import tb
+
+    run = tb.run_dir_name(method, seed, env_id="HdMoE-Quality-v1", model=model,
+                          setting=setting, batch=batch)
+    writer = tb.make_writer(Path(args.tensorboard) / run)
+
+    def on_step(n: int, info: dict[str, Any]) -> None:
+        writer.add_scalars(step_scalars(info), n)
+        if "episode_tbt_us" in info:
+            writer.close()
+    return on_step
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, str, str, int]]:
@@ -299,6 +332,9 @@ def main() -> None:
     ap.add_argument("--hv-ref", type=float, default=0.85,
                     help="top-1 of the hypervolume reference point (TBT ÷ NoOp = 1)")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--tensorboard", default=None, metavar="DIR",
+                    help="write every held-out allocator episode's step scalars under DIR "
+                    "(one run per target and seed)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
