@@ -86,26 +86,34 @@ def cell_kwargs(model: str, setting: str, batch: int, trace: str, eval_trace: st
     return train, held
 
 
-def tables(env: HdMoeQualityEnv, seeds: list[int]) -> list[tuple[NDArray[np.float64],
-                                                                  NDArray[np.int64]]]:
-    """Return the (latency s, lost top-1) tables [S, L, A] of the episodes of ``seeds``."""
+def tables(env: HdMoeQualityEnv, seeds: list[int]
+           ) -> list[tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float64]]]:
+    """Return per episode of ``seeds`` the tables [S, L, A] (latency s charged, lost top-1,
+    latency s the env observes): the charged one is the env's fidelity, the observed one the
+    analytic twin (the same array under ``analytic``)."""
     out = []
     for seed in seeds:
         env.reset(seed=seed)
-        out.append(env.episode_table())
+        seen, loss = env.episode_table()
+        charged = seen if env.fidelity == "analytic" else env.episode_table(env.fidelity)[0]
+        out.append((charged, loss, seen))
     return out
 
 
 def simulate_price(lat: NDArray[np.float64], loss: NDArray[np.int64], budget: int,
-                   price: float, batch: int) -> tuple[float, int]:
-    """Return (Σ latency s, lost) of ``price_policy(price)`` under the masks (the env's rule)."""
+                   price: float, batch: int, charged: NDArray[np.float64] | None = None
+                   ) -> tuple[float, int]:
+    """Return (Σ latency s, lost) of ``price_policy(price)`` under the masks (the env's rule):
+    decisions on ``lat`` (what the env observes), latency charged from ``charged`` (default
+    ``lat``)."""
     t = lat.reshape(-1, lat.shape[-1])
+    c = t if charged is None else charged.reshape(t.shape)
     w = loss.reshape(t.shape)
     remaining, total, lost = budget, 0.0, 0
     for n in range(t.shape[0]):
         score = np.where(w[n] <= remaining, t[n] / t[n, 0] + price * w[n] / batch, np.inf)
         a = int(np.argmin(score))
-        total += float(t[n, a])
+        total += float(c[n, a])
         remaining -= int(w[n, a])
         lost += int(w[n, a])
     return total, lost
@@ -139,8 +147,10 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
     model, trace, eval_trace = MODELS[model_key]
     c0 = time.process_time()
     train_kw, held_kw = cell_kwargs(model, setting, batch, trace, eval_trace)
-    train_env = HdMoeQualityEnv(**train_kw, steps_per_episode=args.train_steps, target=0.0)
-    held_env = HdMoeQualityEnv(**held_kw, steps_per_episode=args.eval_steps, target=0.0)
+    train_env = HdMoeQualityEnv(**train_kw, steps_per_episode=args.train_steps, target=0.0,
+                                fidelity=args.fidelity)
+    held_env = HdMoeQualityEnv(**held_kw, steps_per_episode=args.eval_steps, target=0.0,
+                               fidelity=args.fidelity)
     train_seeds = list(range(args.train_seeds))
     held_seeds = [10_000 + i for i in range(args.eval_seeds)]
     tr, ho = tables(train_env, train_seeds), tables(held_env, held_seeds)
@@ -160,10 +170,12 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
     names = held_env.action_names
     A = len(names)
     # single scale, open loop
-    ss_tr = [(tbt_us([float(t[..., a].sum()) for t, _ in tr], args.train_steps),
-              top1([int(w[..., a].sum()) for _, w in tr], args.train_steps)) for a in range(A)]
-    ss_ho = [(tbt_us([float(t[..., a].sum()) for t, _ in ho], args.eval_steps),
-              top1([int(w[..., a].sum()) for _, w in ho], args.eval_steps)) for a in range(A)]
+    ss_tr = [(tbt_us([float(t[..., a].sum()) for t, _, _ in tr], args.train_steps),
+              top1([int(w[..., a].sum()) for _, w, _ in tr], args.train_steps))
+             for a in range(A)]
+    ss_ho = [(tbt_us([float(t[..., a].sum()) for t, _, _ in ho], args.eval_steps),
+              top1([int(w[..., a].sum()) for _, w, _ in ho], args.eval_steps))
+             for a in range(A)]
     noop = ss_ho[0][0]
     out: dict[str, Any] = {"noop_us": noop, "actions": list(names),
                            "single_scale": [{"action": names[a], "tbt_us": ss_ho[a][0],
@@ -175,13 +187,13 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
         ss_pick = min(ok, key=lambda a: ss_tr[a][0])
         # allocator: λ tuned on training
         tr_b, ho_b = budget(target, args.train_steps), budget(target, args.eval_steps)
-        tr_scores = [tbt_us([simulate_price(t, w, tr_b, p, B)[0] for t, w in tr],
+        tr_scores = [tbt_us([simulate_price(seen, w, tr_b, p, B, t)[0] for t, w, seen in tr],
                             args.train_steps) for p in PRICES]
         price = PRICES[int(np.argmin(tr_scores))]
-        runs = [simulate_price(t, w, ho_b, price, B) for t, w in ho]
+        runs = [simulate_price(seen, w, ho_b, price, B, t) for t, w, seen in ho]
         alloc_us = tbt_us([r[0] for r in runs], args.eval_steps)
         alloc_top1 = top1([r[1] for r in runs], args.eval_steps)
-        orc = [knapsack_oracle(t, w, ho_b) for t, w in ho]
+        orc = [knapsack_oracle(t, w, ho_b) for t, w, _ in ho]
         orc_us = tbt_us([o.latency_s for o in orc], args.eval_steps)
         lp_us = tbt_us([o.lp_bound_s for o in orc], args.eval_steps)
         orc_top1 = top1([o.lost for o in orc], args.eval_steps)
@@ -195,7 +207,7 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
                 "single_scale_top1": ss_q, "price": price, "allocator_us": alloc_us,
                 "allocator_top1": alloc_top1, "oracle_us": orc_us, "lp_us": lp_us,
                 "oracle_top1": orc_top1, "tuned_us": tuned,
-                "free_us": tbt_us([float(t.min(axis=-1).sum()) for t, _ in ho],
+                "free_us": tbt_us([float(t.min(axis=-1).sum()) for t, _, _ in ho],
                                   args.eval_steps)}
             # the same allocator inside the env's API (masks, run_policy)
             env_us = float(np.mean([run_policy(held_env, price_policy(price), s,
@@ -208,7 +220,7 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
     # episode: top-1 ≥ 1 − b / (B·L·S), exact where the front is tight)
     ref = args.hv_ref
     cap = budget(ref, args.eval_steps)
-    per_ep = [knapsack_oracle(t, w, cap).front_s for t, w in ho]
+    per_ep = [knapsack_oracle(t, w, cap).front_s for t, w, _ in ho]
     fronts = np.stack([np.pad(f, (0, cap + 1 - f.size), mode="edge") for f in per_ep])
     dense_front = [((fronts[:, b].mean() / args.eval_steps + dense) * 1e6 / noop,
                     1.0 - b / (B * L * args.eval_steps)) for b in range(fronts.shape[1])]
@@ -218,7 +230,7 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
                                           ref),
                  "oracle": hypervolume(dense_front, ref)}
     out["env_check_max_rel"] = float(max(check))
-    out["meta"] = {"train": f"{len(train_seeds)} x {args.train_steps}",
+    out["meta"] = {"fidelity": args.fidelity, "train": f"{len(train_seeds)} x {args.train_steps}",
                    "held": f"{len(held_seeds)} x {args.eval_steps}",
                    "tables_cpu_s": build_s, "cpu_s": time.process_time() - c0,
                    "dense_us": dense * 1e6}
@@ -331,6 +343,8 @@ def main() -> None:
     ap.add_argument("--eval-steps", type=int, default=4)
     ap.add_argument("--hv-ref", type=float, default=0.85,
                     help="top-1 of the hypervolume reference point (TBT ÷ NoOp = 1)")
+    ap.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
+                    help="the latency charged (decisions always see the analytic twin)")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--tensorboard", default=None, metavar="DIR",
                     help="write every held-out allocator episode's step scalars under DIR "

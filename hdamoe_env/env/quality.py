@@ -284,37 +284,64 @@ class HdMoeQualityEnv(gym.Env[NDArray[np.float32], np.int64]):
                                       gamma=float(self._gammas[layer])).result
         return float(res.total_s)
 
+    def _layer_candidates(self, ep: dict[str, Any], step: int, layer: int
+                          ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        ids, scores = ep["cands"][step]
+        return np.ascontiguousarray(ids[layer]), np.ascontiguousarray(scores[layer])
+
+    def _action_sets(self, ep: dict[str, Any], step: int, layer: int, a: int
+                     ) -> NDArray[np.int64]:
+        """The executed sets [B, k] of action ``a`` at (step, layer)."""
+        if a == 0:
+            return ep["sets"][step, layer]
+        level, protect = self.actions[a]
+        return self._gated(layer, self._layer_candidates(ep, step, layer), level, protect)
+
     def _fill(self, ep: dict[str, Any], step: int, layer: int) -> None:
         """Compute loss and analytic latency of every action at (step, layer) (cached)."""
         if ep["loss"][step, layer, 0] >= 0:
             return
-        ids, scores = ep["cands"][step]
-        cands = (np.ascontiguousarray(ids[layer]), np.ascontiguousarray(scores[layer]))
+        ids, scores = self._layer_candidates(ep, step, layer)
         B = self.batch
-        top1 = cands[0][np.arange(B), np.argmax(cands[1], axis=1)]
-        gated: list[NDArray[np.int64]] = []
-        for a, (level, protect) in enumerate(self.actions):
-            s = ep["sets"][step, layer] if a == 0 else self._gated(layer, cands, level, protect)
-            gated.append(s)
+        top1 = ids[np.arange(B), np.argmax(scores, axis=1)]
+        for a in range(len(self.actions)):
+            s = self._action_sets(ep, step, layer, a)
             ep["loss"][step, layer, a] = 0 if a == 0 else int(
                 B - np.count_nonzero((s == top1[:, None]).any(axis=1)))
             ep["lat"][step, layer, a] = self._latency(layer, s, self._layer_rng(ep, step, layer),
                                                       "analytic")
-        ep.setdefault("gated", {})[(step, layer)] = gated
 
-    def episode_table(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    def episode_table(self, fidelity: str = "analytic"
+                      ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
         """Return the current episode's (latency s [S, L, A], lost top-1 [S, L, A]) of every
         action at every decision (hindsight: computes the layers not yet reached).
 
+        Args:
+            fidelity: ``"analytic"`` (the observation's estimates, the reward of the default
+                env) or ``"des"`` (what a ``fidelity="des"`` env charges; S·L·A DES runs).
+
         Raises:
-            ConfigError: Before ``reset``.
+            ConfigError: Before ``reset``, or an unknown fidelity.
         """
         if self._ep is None:
             raise ConfigError("episode_table() needs reset() first")
+        if fidelity not in QUALITY_FIDELITIES:
+            raise ConfigError(f"fidelity must be one of {list(QUALITY_FIDELITIES)}, got "
+                              f"{fidelity!r}")
+        ep = self._ep
         for s in range(self.steps_per_episode):
             for layer in range(self.num_layers):
-                self._fill(self._ep, s, layer)
-        return self._ep["lat"].copy(), self._ep["loss"].copy()
+                self._fill(ep, s, layer)
+        if fidelity == "des":
+            if "lat_des" not in ep:
+                lat = np.zeros_like(ep["lat"])
+                for s, layer, a in np.ndindex(*lat.shape):
+                    lat[s, layer, a] = self._latency(
+                        layer, self._action_sets(ep, s, layer, a),
+                        self._layer_rng(ep, s, layer), "des")
+                ep["lat_des"] = lat
+            return ep["lat_des"].copy(), ep["loss"].copy()
+        return ep["lat"].copy(), ep["loss"].copy()
 
     # ------------------------------------------------------------------ observation
     def current_costs(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
@@ -387,8 +414,8 @@ class HdMoeQualityEnv(gym.Env[NDArray[np.float32], np.int64]):
         if self.fidelity == "analytic":
             t = float(lat[a])
         else:
-            t = self._latency(layer, ep["gated"][(s, layer)][a], self._layer_rng(ep, s, layer),
-                              "des")
+            t = self._latency(layer, self._action_sets(ep, s, layer, a),
+                              self._layer_rng(ep, s, layer), "des")
         self._lost += int(loss[a])
         self._step_s += t
         reward = -t / ep["tp_mean"]

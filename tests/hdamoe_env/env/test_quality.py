@@ -220,6 +220,11 @@ def test_des_fidelity_charges_the_des():
     _, r, _, _, info = env.step(0)
     assert info["fidelity"] == "des" and np.isfinite(r) and info["total_us"] > 0
     assert info["ungated_us"] == pytest.approx(lat[0] * 1e6)     # the analytic estimate
+    des, loss = env.episode_table("des")
+    assert des[0, 0, 0] * 1e6 == pytest.approx(info["total_us"])    # what the step charged
+    assert des.shape == loss.shape and (des > 0).all()
+    with pytest.raises(ConfigError):
+        env.episode_table("exact")
 
 
 def test_tiny_maskable_ppo_run():
