@@ -312,9 +312,9 @@ def hv_table(results: dict[str, dict[str, Any]]) -> str:
 
 def summary(results: dict[str, dict[str, Any]]) -> str:
     """Markdown: per target the range over cells (the verdict row)."""
-    lines = ["| target | cells | tuned ÷ NoOp (min … max) | oracle ÷ tuned (min … max) | "
-             "largest oracle headroom (cell) | quality-free ÷ tuned (min) | ≥ 10 %? |",
-             "|" + "---|" * 7]
+    lines = ["| target | cells | tuned ÷ NoOp (min … max) | allocator ÷ single-scale (min … "
+             "max) | oracle ÷ tuned (min … max) | largest oracle headroom (cell) | "
+             "quality-free ÷ tuned (min) | ≥ 10 %? |", "|" + "---|" * 8]
     for target in TARGETS:
         key = f"{target:g}"
         rs = [(c, r["targets"][key], r["noop_us"]) for c, r in results.items()
@@ -324,8 +324,10 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
         tn = [row["tuned_us"] / n for _, row, n in rs]
         ot = [row["oracle_us"] / row["tuned_us"] for _, row, _ in rs]
         ft = [row["free_us"] / row["tuned_us"] for _, row, _ in rs]
+        av = [row["allocator_us"] / row["single_scale_us"] for _, row, _ in rs]
         worst = int(np.argmin(ot))
         lines.append(f"| {target:g} | {len(rs)} | {min(tn):.4f} … {max(tn):.4f} | "
+                     f"{min(av):.4f} … {max(av):.4f} | "
                      f"{min(ot):.4f} … {max(ot):.4f} | {100 * (1 - ot[worst]):.1f} % "
                      f"({rs[worst][0]}) | {min(ft):.4f} | "
                      f"{'yes' if min(ot) <= 0.90 else 'no'} |")
