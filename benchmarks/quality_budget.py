@@ -56,8 +56,8 @@ FRONT_TARGETS = (0.995, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.90, 0.875, 0
 PRICES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
-def cell_kwargs(model: str, setting: str, batch: int, trace: str, eval_trace: str | None
-                ) -> tuple[dict[str, Any], dict[str, Any]]:
+def cell_kwargs(model: str, setting: str, batch: int, trace: str, eval_trace: str | None,
+                conventions: str = "faithful") -> tuple[dict[str, Any], dict[str, Any]]:
     """Return the (training, held-out) ``HdMoE-v1`` arguments of a cell (Node+Link placement).
 
     The split of ``benchmarks/headroom.py --part online``: a synthetic training trace
@@ -67,7 +67,7 @@ def cell_kwargs(model: str, setting: str, batch: int, trace: str, eval_trace: st
     from hdamoe_env.app.evaluate import HELD_OUT_TRACE_OFFSET
     from hdamoe_env.config.run import RunSpec
 
-    run = RunSpec.resolve(model=model, setting=setting, mesh="4x8", conventions="faithful",
+    run = RunSpec.resolve(model=model, setting=setting, mesh="4x8", conventions=conventions,
                           batch=batch, trace=trace)
     config = bench.BenchConfig(run=run, steps=4, fidelity="analytic",
                                env_kwargs={"trace_seed": 0})
@@ -146,7 +146,8 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
     """All numbers of one cell (module docstring)."""
     model, trace, eval_trace = MODELS[model_key]
     c0 = time.process_time()
-    train_kw, held_kw = cell_kwargs(model, setting, batch, trace, eval_trace)
+    train_kw, held_kw = cell_kwargs(model, setting, batch, trace, eval_trace,
+                                    args.conventions)
     train_env = HdMoeQualityEnv(**train_kw, steps_per_episode=args.train_steps, target=0.0,
                                 fidelity=args.fidelity)
     held_env = HdMoeQualityEnv(**held_kw, steps_per_episode=args.eval_steps, target=0.0,
@@ -230,7 +231,7 @@ def evaluate_cell(model_key: str, setting: str, batch: int, args: argparse.Names
                                           ref),
                  "oracle": hypervolume(dense_front, ref)}
     out["env_check_max_rel"] = float(max(check))
-    out["meta"] = {"fidelity": args.fidelity, "train": f"{len(train_seeds)} x {args.train_steps}",
+    out["meta"] = {"fidelity": args.fidelity, "conventions": args.conventions, "train": f"{len(train_seeds)} x {args.train_steps}",
                    "held": f"{len(held_seeds)} x {args.eval_steps}",
                    "tables_cpu_s": build_s, "cpu_s": time.process_time() - c0,
                    "dense_us": dense * 1e6}
@@ -347,6 +348,7 @@ def main() -> None:
                     help="top-1 of the hypervolume reference point (TBT ÷ NoOp = 1)")
     ap.add_argument("--fidelity", default="analytic", choices=("analytic", "des"),
                     help="the latency charged (decisions always see the analytic twin)")
+    ap.add_argument("--conventions", default="faithful", help="profile (default faithful)")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--tensorboard", default=None, metavar="DIR",
                     help="write every held-out allocator episode's step scalars under DIR "
