@@ -450,8 +450,9 @@ def single_scale_policy(action: int) -> Policy:
 def price_policy(price: float) -> Policy:
     """Greedy allocator: the legal action minimising t_a / t_0 + ``price`` · loss_a / B.
 
-    ``price`` is the latency fraction one lost top-1 rate point is worth (λ; 0 = the fastest
-    legal action while the budget lasts); tuned per target on training episodes.
+    ``price`` (λ) is the fraction of the layer's level-0 latency that losing the top-1 choice
+    of all B tokens of the layer is worth (0 = the fastest legal action while the budget
+    lasts); tuned per target on training episodes (``benchmarks/quality_budget.py``).
     """
     lam = float(price)
 
