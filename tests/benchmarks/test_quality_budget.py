@@ -54,3 +54,19 @@ def test_simulated_allocator_equals_the_env():
                                "lost": 1, "remaining": 3, "tbt_us": 9.0})
     assert scalars["latency/total_over_tp"] == 0.5 and scalars["latency/tbt_us"] == 9.0
     assert np.isfinite(list(scalars.values())).all()
+
+
+def test_tensorboard_run_per_episode(tmp_path):
+    import argparse
+
+    qb = _driver()
+    env = HdMoeQualityEnv(model=MODEL, mesh="2x2", setting="1/1", batch=16, trace_requests=8,
+                          trace_tokens=256, steps_per_episode=2, target=0.9,
+                          gating_coefficients=(-1e7, -0.05), levels=(1.0,), protect=(0,))
+    args = argparse.Namespace(tensorboard=str(tmp_path))
+    assert qb.tb_logger(argparse.Namespace(tensorboard=None), "m", "1/1", 16, "x", 0) is None
+    run_policy(env, price_policy(0.0), 0,
+               on_step=qb.tb_logger(args, "tiny-qb", "1/1", 16, "allocator@0.9", 0))
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("HdMoE-Quality-v1__tiny-qb__1-1__B16__")
+    assert any(runs[0].iterdir())                     # the writer wrote its file
