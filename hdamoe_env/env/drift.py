@@ -57,9 +57,11 @@ hdamoe_env.sim, traces
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -81,8 +83,8 @@ from hdamoe_env.sim.simulator import MoESimulator
 from hdamoe_env.sim.sources import load_trace
 
 __all__ = ["DEFAULT_MIXTRAL_DIR", "DRIFT_FIDELITIES", "MIXTRAL_CATEGORIES", "HdMoeDriftEnv",
-           "compare_policies", "eplb_layer", "periodic_policy", "static_policy",
-           "threshold_policy", "total_variation"]
+           "DriftHindsight", "compare_policies", "eplb_layer", "hindsight_oracle",
+           "periodic_policy", "static_policy", "threshold_policy", "total_variation"]
 
 #: Evaluators of the window latency.
 DRIFT_FIDELITIES = ("analytic", "des")
@@ -576,3 +578,132 @@ def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: 
                      "moves_per_episode": float(np.mean(moves)),
                      "move_us_per_window": float(np.mean(move_us))}
     return out
+
+
+@dataclass(frozen=True)
+class DriftHindsight:
+    """Result of :func:`hindsight_oracle` on one episode (one seed).
+
+    Attributes:
+        actions: The action of every window, as the dynamic programme chose them.
+        ratio: Mean window ratio to TP with the moves, of ``actions`` replayed in the env
+            (``compare_policies``' ``ratio``).
+        reward: Mean reward per window of the replay.
+        moves: Weight moves of the replay.
+        dp_ratio: The programme's own value (mean window ratio; equals ``ratio`` up to
+            rounding).
+        free_ratio: Mean over the windows of the fastest placement the programme's states
+            hold by then, moves free: what re-placement could give if moving were free.
+        static_ratio: Mean window ratio of never re-placing (the same stream).
+    """
+
+    actions: tuple[int, ...]
+    ratio: float
+    reward: float
+    moves: int
+    dp_ratio: float
+    free_ratio: float
+    static_ratio: float
+
+
+def _record_stream(env: HdMoeDriftEnv) -> tuple[list[list[NDArray[np.int64]]], list[list[int]]]:
+    """Return the episode's decode-step sets and aggregator seeds per window; the env's stream
+    state is restored (the stream does not depend on the actions)."""
+    state = copy.deepcopy(env.np_random.bit_generator.state)
+    regime = env.regime
+    sets, seeds = [], []
+    for w in range(env.num_windows):
+        sets.append([env._next_sets() for _ in range(env.window)])
+        seeds.append([int(np.random.SeedSequence([env.eval_seed, env.layer, w * env.window + k])
+                          .generate_state(1)[0]) for k in range(env.window)])
+    env.np_random.bit_generator.state = state
+    env.regime = regime
+    return sets, seeds
+
+
+def hindsight_oracle(env: HdMoeDriftEnv, seed: int,
+                     options: dict[str, Any] | None = None) -> DriftHindsight:
+    """Choose every window's action knowing the whole stream, by dynamic programming.
+
+    The stream (regimes, rows, aggregator seeds) does not depend on the actions, so it is
+    recorded once. A placement is the reset's, or the EPLB placement one decision built on
+    the previous window's loads at one redundancy level: state (j, r) = last re-placement at
+    decision j with level r. The programme minimises Σ_w (window latency + move makespan) / TP
+    latency (+ the energy term when ``energy_weight`` > 0) over keep / re-place transitions.
+    The env relabels every new placement against the one it replaces, so a state's placement
+    depends on the path: the programme keeps, per state, the placement of its best path and
+    scores windows and moves on it exactly (node labels move the replica dispatch's ties and
+    the moves' hops). Keeping one path per state is where it can miss the optimum (a worse
+    path to a state may hold better labels). The chosen actions are then replayed in the env
+    and ``ratio`` is the replay's value (an achievable sequence: its headroom over a policy
+    is a lower bound on the optimum's).
+
+    Args:
+        env: The drift env (its episode is reset with ``seed`` and ``options``).
+        seed: Episode seed.
+        options: ``reset`` options (``layer``, ``regime``).
+
+    Returns:
+        The :class:`DriftHindsight`.
+    """
+    env.reset(seed=int(seed), options=options)
+    sets, seeds = _record_stream(env)
+    W, K, B, D = env.num_windows, env.window, env.batch, env.num_nodes
+    loads_before = [env._window_loads.copy()]
+    for w in range(W - 1):
+        loads_before.append(sum(np.bincount(x.ravel(), minlength=env.num_experts)
+                                for x in sets[w]).astype(np.float64))
+    tp_eval = env._tp_eval[env.layer]
+    tp = [sum(env._latency_s(tp_eval, x, sd) for x, sd in zip(sets[w], seeds[w], strict=True))
+          for w in range(W)]
+    evals: dict[bytes, LayerEvaluator] = {}
+    lat_cache: dict[tuple[bytes, int], float] = {}
+
+    def lat(held: NDArray[np.bool_], w: int) -> float:
+        key = held.tobytes()
+        if (key, w) not in lat_cache:
+            if key not in evals:
+                evals[key] = LayerEvaluator(env.sim, env._placement(held), B, layers=(env.layer,))
+            lat_cache[(key, w)] = sum(env._latency_s(evals[key], x, sd)
+                                      for x, sd in zip(sets[w], seeds[w], strict=True)) / tp[w]
+        return lat_cache[(key, w)]
+
+    def moved(old: NDArray[np.bool_], raw: NDArray[np.bool_], w: int
+              ) -> tuple[float, NDArray[np.bool_]]:
+        new = _relabel(old, raw)
+        _, move_s, move_j = env._moves(old, new)
+        return move_s / tp[w] + env.energy_weight * move_j / env._energy_ref_j, new
+
+    # state -> (value, actions, the placement its best path holds in the env)
+    Entry = tuple[float, tuple[int, ...], NDArray[np.bool_]]
+    init = env._holds.copy()
+    value: dict[Any, Entry] = {"init": (0.0, (), init)}
+    free = 0.0
+    for w in range(W):
+        nxt: dict[Any, Entry] = {s: (v + lat(held, w), acts + (0,), held)
+                                 for s, (v, acts, held) in value.items()}
+        f = loads_before[w] / (K * B)
+        for r in range(len(env.redundancy)):
+            raw = eplb_layer(f, D, env.base_slots + env.redundancy[r])[1]
+            best: Entry | None = None
+            for v, acts, held in value.values():
+                cost, new = moved(held, raw, w)
+                total = v + cost + lat(new, w)
+                if best is None or total < best[0]:
+                    best = (total, acts + (1 + r,), new)
+            assert best is not None
+            nxt[(w, r)] = best
+        free += min(lat(held, w) for _, _, held in nxt.values())
+        value = nxt
+    dp_value, actions, _ = min(value.values(), key=lambda t: t[0])
+    static_ratio = sum(lat(init, w) for w in range(W)) / W
+    env.reset(seed=int(seed), options=options)
+    ratios, rewards, moves = [], [], 0
+    for a in actions:
+        _, r, _, _, info = env.step(a)
+        ratios.append(info["ratio"])
+        rewards.append(r)
+        moves += int(info["moves"])
+    return DriftHindsight(actions=tuple(int(a) for a in actions), ratio=float(np.mean(ratios)),
+                          reward=float(np.mean(rewards)), moves=moves, dp_ratio=dp_value / W,
+                          free_ratio=free / W, static_ratio=static_ratio)

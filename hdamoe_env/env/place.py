@@ -275,6 +275,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             "topology": spaces.Box(0.0, 1.0, (3 * D,), np.float32),
         })
         self._cache: dict[tuple[int, int], _LayerData] = {}
+        self._hops_cache: NDArray[np.float64] | None = None
         self._data: _LayerData | None = None
         self.layer = layers[0]
         self.trace_index = 0
@@ -417,19 +418,39 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
                             trace_index: int | None = None) -> dict[str, float]:
         """Return a lower bound on ``evaluate_placement``'s latency over every placement.
 
-        On the evaluator's own steps (or expected loads for ``static``), per step: the expert
-        phase t_comp = max_c max(compute_c, stream_c) is at least the node mean of either term,
-        and both sums over the nodes do not depend on the placement (every expert's shares sum
-        to 1): Σ_c stream_c = Σ_i a_i·W_e / (BW_mem·η) and, since the tile model pads tokens and
-        columns up and an active expert runs at least one shard, Σ_c compute_c ≥
-        Σ_i (n_i·F_e / C + a_i·m·o) (fluid work plus one GEMM overhead per matrix; without the
-        tile model exactly Σ_i n_i·F_e / C). The MoE communication is bounded by 0. So
+        Valid for every layer placement whose shares are whole tiles (multiples of 1/U, the
+        env's grid: every pattern of the action space, tile-aligned TP, the pipeline's
+        placements), in dispatch mode or marked all-reduce, and for TP itself (whose latency is
+        one candidate of the minimum). docs/results/headroom.md derives it; in short, per
+        sampled step (``analytic`` / ``des``), with n_e the step's tokens of expert e, h_e its
+        holders, τ the expert phase's time t_comp = max_c max(compute_c, stream_c):
 
-            LB = mean over steps of max(Σ_c compute_c, Σ_c stream_c) / D.
+        * total compute Σ_c compute_c ≥ Σ_e [G_e(I) + (h_e − 1)·m·o], G_e(c) the tile model's
+          time of n_e tokens on c columns (``perf.gemm_tile_time``: rows padded to the token
+          tile, one GEMM overhead per matrix and holder); total streaming Σ_i a_i·W_e/(BW·η);
+          so τ ≥ either sum / D;
+        * the largest holder of e has ≥ ⌈U/h_e⌉ tiles, so τ ≥ M_e(h_e) = max(G_e(⌈U/h_e⌉·I/U),
+          ⌈U/h_e⌉/U · W_e/(BW·η)): h_e ≥ h_e(τ), the least h with M_e(h) ≤ τ;
+        * a token t reaches |U_t| distinct holder clusters, |U_t| ≥ max_e∈S_t h_e and, as each
+          cluster computes at most τ, |U_t| ≥ ⌈Σ_e∈S_t G_e(I) / τ⌉ (and the same for streaming);
+          its aggregator is one of them, so each MoE phase carries ≥ |U_t| − 1 messages of the
+          token. ``des``: a phase lasts at least its bytes over the injection capacity (D ports
+          of ``ni_bw``, or every link) and one message's serialisation, plus α; ``analytic``:
+          γ·κ·h·max_c V_c / BW_end with max_c V_c ≥ Σ_t |U_t| / D.
+        * all-reduce (tile-aligned TP) layers pay TP's all-reduce instead of the phases.
+
+        Minimising over τ (on a grid that holds every breakpoint of h_e(τ); between grid points
+        the capacity term is taken at the interval's upper end) gives the step's bound; the
+        layer's is the step mean, capped by TP's latency. The per-step minimum lets every step
+        choose its own placement, which is where the bound is loose: a placement is fixed over
+        the steps whose loads fluctuate. ``static`` (expected loads) keeps the compute-only
+        bound: the node mean of max(Σ_i (n_i·F_e/C + a_i·m·o), Σ_i a_i·W_e/(BW_mem·η)).
 
         Returns:
-            ``lower_bound_us``, ``compute_bound_us`` and ``stream_bound_us`` (step means of the
-            two sums / D) and ``ratio`` (LB / TP's latency on the same steps).
+            ``lower_bound_us``; ``compute_bound_us`` and ``stream_bound_us`` (step means of the
+            two placement-independent sums / D, one overhead per active expert); for sampled
+            evaluators ``dispatch_bound_us`` and ``allreduce_bound_us`` (the step means of the
+            two modes' bounds); ``ratio`` (LB / TP's latency on the same steps).
         """
         layer = self.layer if layer is None else int(layer)
         trace_index = self.trace_index if trace_index is None else int(trace_index)
@@ -449,12 +470,130 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             work = work + active.sum(axis=1) * conv.expert_matrices * conv.gemm_overhead_s
         stream = (active.sum(axis=1) * perf.expert_bytes(model, conv)
                   / perf.effective_mem_bw(hw, conv)) if conv.weight_streaming else 0.0 * work
-        lb = np.maximum(work, stream) / D
-        out = {"lower_bound_us": float(lb.mean()) * 1e6,
-               "compute_bound_us": float(work.mean()) / D * 1e6,
+        out = {"compute_bound_us": float(work.mean()) / D * 1e6,
                "stream_bound_us": float(np.mean(stream)) / D * 1e6}
+        if data.steps is None:
+            out["lower_bound_us"] = float(np.maximum(work, stream).mean()) / D * 1e6
+        else:
+            t_ar = self.sim.tp_allreduce(self.batch).time_s
+            bounds = np.array([self._step_bound(sets, data.gamma) for sets in data.steps])
+            out["dispatch_bound_us"] = float(bounds[:, 0].mean()) * 1e6
+            out["allreduce_bound_us"] = (float(bounds[:, 1].mean()) + t_ar) * 1e6
+            out["lower_bound_us"] = min(float(np.minimum(bounds[:, 0], bounds[:, 1] + t_ar
+                                                         ).mean()) * 1e6, data.tp_us)
         out["ratio"] = out["lower_bound_us"] / data.tp_us
         return out
+
+    def _step_bound(self, sets: NDArray[np.int64], gamma: float | None) -> tuple[float, float]:
+        """Return (dispatch-mode bound, all-reduce-mode expert phase bound) of one step, seconds.
+
+        ``latency_lower_bound`` states the argument.
+        """
+        model, hw, conv, topo = self.model, self.sim.hw, self.sim.conv, self.sim.topology
+        E, D, U = self.num_experts, self.num_nodes, self.units
+        n = np.bincount(sets.ravel(), minlength=E)[:E].astype(np.float64)
+        act = n > 0
+        hs = np.arange(1, min(U, D) + 1)
+        big = np.ceil(U / hs) / U                               # largest holder's share [H]
+        if conv.tiled:
+            total = perf.gemm_tile_time(n, model.expert_intermediate, model, hw, conv)
+            m_e = perf.gemm_tile_time(n[:, None], big[None, :] * model.expert_intermediate,
+                                      model, hw, conv)
+            extra = conv.expert_matrices * conv.gemm_overhead_s
+        else:
+            total = n * perf.expert_flops(model, conv) / hw.compute_flops
+            m_e = total[:, None] * big[None, :]
+            extra = 0.0
+        w_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
+               if conv.weight_streaming else 0.0)
+        m_e = np.maximum(m_e, act[:, None] * w_s * big[None, :])[act]       # [A, H] ↓ in h
+        total_a = total[act]
+        stream_mean = float(act.sum()) * w_s / D
+        lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
+        grid = np.unique(np.concatenate([m_e.ravel(), np.geomspace(lo, hi, 512)]))
+        grid = grid[(grid >= lo) & (grid <= hi)]
+        # h_e(τ) on [grid_i, grid_i+1): constant, since every breakpoint is a grid point
+        ok = m_e[None, :, :] <= grid[:, None, None] * (1.0 + 1e-12)
+        h = np.argmax(ok, axis=2) + 1                                        # [K, A]
+        mean = np.maximum((total_a.sum() + (h - 1).sum(axis=1) * extra) / D, stream_mean)
+        comp = np.maximum(grid, mean)                                        # [K]
+        # capacity at the interval's upper end (the last interval is unbounded: no capacity)
+        upper = np.append(grid[1:], np.inf)
+        h_full = np.zeros((grid.size, E), dtype=np.int64)
+        h_full[:, act] = h
+        need = np.maximum(total[sets].sum(axis=1)[None, :],
+                          act[sets].sum(axis=1)[None, :] * w_s) / upper[:, None]
+        u_t = np.maximum(h_full[:, sets].max(axis=2), np.ceil(need - 1e-9))  # [K, B]
+        u_t = np.maximum(u_t, 1.0)
+        if self.evaluator == "des":
+            comm = self._comm_bound(u_t, h_full, sets)
+        else:                                        # analytic twin (γ ≥ 0)
+            peak = np.ceil(u_t.sum(axis=1) / D - 1e-9)
+            comm = (gamma or 0.0) * conv.kappa_a * model.hidden_size * peak / topo.bw_end_Bps \
+                * (2.0 if conv.gamma_combine_only else 1.0)
+        return float((comp + comm).min()), float(comp.min())
+
+    def _nearest_hops(self) -> NDArray[np.float64]:
+        """Return float [D]: entry j is the least Σ of hop counts from one cluster to j others.
+
+        min over clusters a of the sum of the j smallest hop counts from a to the other
+        clusters (the shortest candidate route of every pair): a token whose messages go from
+        its aggregator to j distinct clusters crosses at least this many links, whatever the
+        mapping.
+        """
+        if self._hops_cache is None:
+            topo = self.sim.topology
+            n = topo.num_endpoints
+            lengths = np.diff(topo.route_ptr).astype(np.float64)
+            ptr = topo.pair_route_ptr
+            has = np.diff(ptr) > 0
+            hops = np.zeros(n * n)
+            starts = ptr[:-1][has]
+            hops[has] = np.minimum.reduceat(lengths, starts) if starts.size else 0.0
+            hops = hops.reshape(n, n)
+            np.fill_diagonal(hops, np.inf)
+            near = np.sort(hops, axis=1)[:, :n - 1]
+            self._hops_cache = np.concatenate([[0.0], np.cumsum(near, axis=1).min(axis=0)])
+        return self._hops_cache
+
+    def _comm_bound(self, u_t: NDArray[np.float64], h: NDArray[np.int64],
+                    sets: NDArray[np.int64]) -> NDArray[np.float64]:
+        """Return the DES dispatch + combine bound [K] of one step (``latency_lower_bound``).
+
+        Per phase: at least the phase's bytes over the injection capacity (D ports of
+        ``ni_bw``, else all links), its hop-bytes over the links' total bandwidth, and one
+        message's serialisation; plus α. Every token sends |U_t| − 1 messages per phase; under
+        ``psum_combine``, at least max_e∈S_t,h_e≥2 h_e − 1 of its combine messages carry
+        partial sums (``b_psum``), the rest ``b_msg``.
+        """
+        model, conv, topo = self.model, self.sim.conv, self.sim.topology
+        D = self.num_nodes
+        b = float(self.sim.msg_bytes)
+        msgs = u_t - 1.0                                                       # [K, B]
+        extra = np.zeros_like(msgs)
+        b_low = b
+        if conv.psum_combine:
+            bp = float(model.hidden_size * conv.b_psum)
+            if bp >= b:
+                split = np.where(h >= 2, h, 0)                                   # [K, E]
+                extra = np.maximum(split[:, sets].max(axis=2) - 1.0, 0.0) * (bp - b)
+            else:
+                b_low = bp
+        bw = topo.link_bw_Bps
+        ni = self.sim.conv.ni_bw_for(topo.bw_end_Bps)
+        links_cap = float(bw.size * bw.max())
+        inject_cap = min(D * ni, links_cap) if ni and ni > 0 else links_cap
+        near = self._nearest_hops()[np.clip(msgs, 0, D - 1).astype(np.int64)]  # [K, B]
+        phases = []
+        for bytes_per, add in ((b, 0.0 * extra), (b_low, extra)):      # dispatch, combine
+            vol = (msgs * bytes_per + add).sum(axis=1)
+            hop_bytes = (near * bytes_per + add).sum(axis=1)
+            phase = np.maximum.reduce([vol / inject_cap, hop_bytes / float(bw.sum()),
+                                       np.full(vol.shape, min(b, b_low) / float(bw.max()))])
+            phases.append(np.where(vol > 0, phase + conv.msg_alpha_s, 0.0))
+        if conv.moe_comm == "dispatch+combine":
+            return phases[0] + phases[1]
+        return 2.0 * phases[1]                       # paper*: the combine, charged twice
 
     @property
     def expert_order(self) -> NDArray[np.int64]:

@@ -93,3 +93,21 @@ def test_online_tables_render_every_row():
     summary = drv.online_summary(res)
     assert "12.5 %" in summary and summary.count("| yes |") == len(drv.ONLINE_ROWS) - 1
     assert len(drv.online_levers()["gating"][0]) == 22
+
+
+def test_place_cells_run_resumes_and_renders(tmp_path, monkeypatch):
+    """--part placement-cells on one tiny cell: the results file, a resume, the table."""
+    drv = _driver()
+    monkeypatch.setattr(drv, "ONLINE_MODELS", {"tiny": (MODEL, "synthetic", None)})
+    monkeypatch.setattr(drv, "online_cells", lambda args: [("tiny_1-1_B8", "tiny", "1/1", 8)])
+    args = tiny_args(tmp_path, 0)
+    args.layers, args.merge, args.table_only = "3", None, False
+    res = drv.run_place_cells(args)
+    row = res["tiny_1-1_B8"]
+    assert row["tp"]["ratio"] == pytest.approx(1.0) and row["_meta"]["layers"] == "3"
+    assert (tmp_path / "pipeline" / "place.json").exists()
+    assert (tmp_path / "pipeline" / "place" / "tiny_1-1_B8").is_dir()
+    args.table_only = True
+    assert drv.run_place_cells(args) == res
+    text = drv.place_cells_table(res)
+    assert "| tiny_1-1_B8 | 3 |" in text and text.count("\n") == 2

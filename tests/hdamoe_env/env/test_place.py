@@ -355,3 +355,56 @@ def test_latency_lower_bound_is_below_every_placement(evaluator):
         assert lb["lower_bound_us"] <= out["compute_us"] * (1 + 1e-9)
         assert lb["lower_bound_us"] <= out["latency_us"] * (1 + 1e-9)
     assert 0 < lb["ratio"] <= 1.0
+
+
+def _random_tile_placement(rng: np.random.Generator, E: int, D: int, U: int) -> np.ndarray:
+    """Whole tiles: every expert on 1..min(U, D) random clusters, its tiles dealt at random."""
+    P = np.zeros((E, D))
+    for e in range(E):
+        h = int(rng.integers(1, min(U, D) + 1))
+        nodes = rng.choice(D, size=h, replace=False)
+        tiles = np.ones(h, dtype=np.int64)
+        np.add.at(tiles, rng.integers(0, h, size=U - h), 1)
+        P[e, nodes] = tiles / U
+    return P
+
+
+@pytest.mark.parametrize("evaluator,conventions", [
+    ("des", "faithful"), ("analytic", "faithful"), ("des", "paper"),
+    ("des", "faithful+ni_ports=False")])
+def test_latency_lower_bound_holds_for_random_tile_placements(evaluator, conventions):
+    """Dispatch-mode, all-reduce and TP placements, any mapping, never beat the joint bound."""
+    env = make(mesh="2x4", evaluator=evaluator, score_steps=3, conventions=conventions)
+    env.reset(seed=0, options={"layer": 2})
+    lb = env.latency_lower_bound()
+    E, D, U = env.num_experts, env.num_nodes, env.units
+    rng = np.random.default_rng(7)
+    worst = np.inf
+    for i in range(24):
+        P = _random_tile_placement(rng, E, D, U)
+        pi = rng.permutation(D) if i % 2 else None
+        out = env.evaluate_placement(P, pi, allreduce=(i % 5 == 0))
+        worst = min(worst, out["latency_us"])
+        assert lb["lower_bound_us"] <= out["latency_us"] * (1 + 1e-9), (i, lb, out)
+    for size in (1, 2, 4, 8):
+        P, red = greedy_balance(env, size, layer=2).best_placement
+        out = env.evaluate_placement(P, None, red)
+        assert lb["lower_bound_us"] <= out["latency_us"] * (1 + 1e-9)
+    assert lb["lower_bound_us"] <= env.evaluate_placement(np.full((E, D), 1.0 / D))["latency_us"]
+    assert lb["lower_bound_us"] <= worst
+
+
+def test_latency_lower_bound_is_tighter_than_the_compute_means():
+    """Token-tile padding, per-holder overheads and the tile grid lift it above the node means."""
+    env = make(mesh="2x4", evaluator="des", score_steps=3)
+    env.reset(seed=0, options={"layer": 2})
+    lb = env.latency_lower_bound()
+    assert lb["dispatch_bound_us"] > 1.05 * max(lb["compute_bound_us"], lb["stream_bound_us"])
+    assert lb["lower_bound_us"] == pytest.approx(min(lb["dispatch_bound_us"],
+                                                     lb["allreduce_bound_us"]), rel=0.5)
+
+
+def test_nearest_hops_on_a_2x4_mesh():
+    """Σ of the j smallest hop counts from the best-placed cluster (an inner one of the row)."""
+    env = make(mesh="2x4", evaluator="des", score_steps=1)
+    np.testing.assert_array_equal(env._nearest_hops(), [0, 1, 2, 3, 5, 7, 9, 12])
