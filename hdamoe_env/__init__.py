@@ -58,6 +58,10 @@ PLACE_ENTRY_POINT = "hdamoe_env.env.place:HdMoePlaceEnv"
 #: of a stream that switches between regimes; weight moves charged. Single env only.
 DRIFT_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Drift-v1": {}}
 DRIFT_ENTRY_POINT = "hdamoe_env.env.drift:HdMoeDriftEnv"
+#: The quality-budget env: one gating action per MoE layer and decode step, a top-1
+#: retention budget per episode enforced by masks. Single env only.
+QUALITY_ENVS: dict[str, dict[str, object]] = {"hdamoe_env/HdMoE-Quality-v1": {}}
+QUALITY_ENTRY_POINT = "hdamoe_env.env.quality:HdMoeQualityEnv"
 VECTOR_ENTRY_POINT = "hdamoe_env.env.vector:HdMoeVectorEnv"
 _RETIRED_ENTRY_POINT = "hdamoe_env.env.versions:retired_env"
 
@@ -72,6 +76,9 @@ for _env_id, _kwargs in PLACE_ENVS.items():
 for _env_id, _kwargs in DRIFT_ENVS.items():
     if _env_id not in _gymnasium.registry:
         _gymnasium.register(id=_env_id, entry_point=DRIFT_ENTRY_POINT, kwargs=dict(_kwargs))
+for _env_id, _kwargs in QUALITY_ENVS.items():
+    if _env_id not in _gymnasium.registry:
+        _gymnasium.register(id=_env_id, entry_point=QUALITY_ENTRY_POINT, kwargs=dict(_kwargs))
 for _env_id in ("hdamoe_env/HdMoE-v0", "hdamoe_env/HdMoE-analytic-v0",
                 "hdamoe_env/HdMoE-Mixtral-v0"):
     if _env_id not in _gymnasium.registry:
@@ -88,6 +95,8 @@ __all__ = [
     "ENTRY_POINT",
     "PLACE_ENTRY_POINT",
     "PLACE_ENVS",
+    "QUALITY_ENTRY_POINT",
+    "QUALITY_ENVS",
     "REGISTERED_ENVS",
     "VECTOR_ENTRY_POINT",
     "ConfigError",
