@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.env.drift import (DEFAULT_MIXTRAL_DIR, HdMoeDriftEnv, compare_policies,
-                                  hindsight_oracle, periodic_policy, static_policy,
-                                  threshold_policy)
+from hdamoe_env.env.drift import (DEFAULT_MIXTRAL_DIR, MOVE_CHARGES, HdMoeDriftEnv,
+                                  compare_policies, hindsight_oracle, periodic_policy,
+                                  static_policy, threshold_policy)
 
 #: model key -> (model, regimes).
 MODELS = {"ds": ("deepseek-v2-lite", "synthetic"), "mix": ("mixtral-8x7b", "categories")}
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-windows", type=int, default=16)
     ap.add_argument("--mean-dwell", type=float, default=32.0)
     ap.add_argument("--fidelity", default="analytic", choices=("analytic", "des"))
+    ap.add_argument("--move-charge", default="serial", choices=MOVE_CHARGES,
+                    help="serial: moves' makespan charged to the window; free: not charged")
     ap.add_argument("--trace-dir", default=DEFAULT_MIXTRAL_DIR)
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args(argv)
@@ -135,15 +137,15 @@ def main(argv: list[str] | None = None) -> None:
         env = HdMoeDriftEnv(model=model, setting=setting, batch=batch, regimes=regimes,
                             trace_dir=args.trace_dir, window=args.window,
                             num_windows=args.num_windows, mean_dwell=args.mean_dwell,
-                            fidelity=args.fidelity)
+                            fidelity=args.fidelity, move_charge=args.move_charge)
         results[name] = run_cell(env, args.train_seeds, args.heldout_seeds)
         print(f"{name}: {time.perf_counter() - t0:.0f} s wall", flush=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(path)
     print(f"\nK = {args.window}, {args.num_windows} windows, mean dwell {args.mean_dwell:g}, "
-          f"{args.fidelity}, faithful, 4x8; training seeds {args.train_seeds}, held-out "
-          f"{args.heldout_seeds}\n")
+          f"{args.fidelity}, moves {args.move_charge}, faithful, 4x8; training seeds "
+          f"{args.train_seeds}, held-out {args.heldout_seeds}\n")
     print(table(results))
 
 

@@ -83,11 +83,15 @@ from hdamoe_env.sim.simulator import MoESimulator
 from hdamoe_env.sim.sources import load_trace
 
 __all__ = ["DEFAULT_MIXTRAL_DIR", "DRIFT_FIDELITIES", "MIXTRAL_CATEGORIES", "HdMoeDriftEnv",
-           "DriftHindsight", "compare_policies", "eplb_layer", "hindsight_oracle",
+           "MOVE_CHARGES", "DriftHindsight", "compare_policies", "eplb_layer", "hindsight_oracle",
            "periodic_policy", "static_policy", "threshold_policy", "total_variation"]
 
 #: Evaluators of the window latency.
 DRIFT_FIDELITIES = ("analytic", "des")
+#: How a re-placement's weight moves are charged to the window: ``serial`` = their makespan
+#: before the window's steps (no overlap: the pessimistic end); ``free`` = not at all (full
+#: overlap with the rest of the decode step: the optimistic end).
+MOVE_CHARGES = ("serial", "free")
 #: The task categories of the real Mixtral traces (../shared/reference-traces/mixtral).
 MIXTRAL_CATEGORIES = ("extraction", "humanities", "reasoning", "roleplay", "stem", "writing")
 #: Where the real Mixtral traces are read from, relative to the working directory.
@@ -146,7 +150,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
     | the rest | one-hot of the current placement's redundancy level | {0, 1} |
 
     ## Rewards
-    −(window latency incl. the weight moves' makespan) / (the same window under TP);
+    −(window latency incl. the weight moves' makespan, unless ``move_charge="free"``) / (the
+    same window under TP);
     ``info["ratio"]`` is the ratio. ``energy_weight`` adds an energy term (module docstring).
 
     ## Starting State
@@ -165,8 +170,9 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
     window: K decode steps per decision. num_windows: decisions per episode. mean_dwell: mean
     regime dwell, decode steps. redundancy: redundant slots per node of the re-place actions.
     layers: MoE layers episodes are drawn over (None: all). fidelity: ``DRIFT_FIDELITIES``.
-    move_chunks: pipelined messages per moved expert. energy_weight: w of the energy term.
-    eval_seed: seed of the evaluator's aggregator streams and of the γ fit.
+    move_chunks: pipelined messages per moved expert. move_charge: ``MOVE_CHARGES``.
+    energy_weight: w of the energy term. eval_seed: seed of the evaluator's aggregator
+    streams and of the γ fit.
 
     ## Version History
     * v1: initial version.
@@ -183,7 +189,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
                  trace_requests: int | None = None, trace_tokens: int | None = None,
                  window: int = 8, num_windows: int = 16, mean_dwell: float = 32.0,
                  redundancy: Sequence[int] = (0, 1, 2), layers: Sequence[int] | None = None,
-                 fidelity: str = "analytic", move_chunks: int = 8, energy_weight: float = 0.0,
+                 fidelity: str = "analytic", move_chunks: int = 8, move_charge: str = "serial",
+                 energy_weight: float = 0.0,
                  eval_seed: int = 0, render_mode: str | None = None) -> None:
         if render_mode is not None:
             raise ConfigError("HdMoeDriftEnv has no render modes; pass render_mode=None")
@@ -200,6 +207,8 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
             raise ConfigError(f"energy_weight must be finite and >= 0, got {energy_weight}")
         if int(move_chunks) < 1:
             raise ConfigError(f"move_chunks must be >= 1, got {move_chunks}")
+        if move_charge not in MOVE_CHARGES:
+            raise ConfigError(f"move_charge={move_charge!r}; expected one of {list(MOVE_CHARGES)}")
         run = RunSpec.resolve(model=model, setting=setting, mesh=mesh, topology=topology,
                               conventions=conventions, batch=batch)
         self.run = run
@@ -214,6 +223,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         self.redundancy = red
         self.fidelity = fidelity
         self.move_chunks = int(move_chunks)
+        self.move_charge = move_charge
         self.energy_weight = float(energy_weight)
         self.eval_seed = int(eval_seed)
         self.render_mode = render_mode
@@ -501,14 +511,16 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
                        .generate_state(1)[0])
             lat += self._latency_s(self._eval, sets, seed)
             tp += self._latency_s(tp_eval, sets, seed)
-        ratio = (lat + move_s) / tp
+        charged = move_s if self.move_charge == "serial" else 0.0
+        ratio = (lat + charged) / tp
         reward = -ratio - self.energy_weight * move_j / self._energy_ref_j
         self._t += 1
         terminated = self._t >= self.num_windows
         info = self._info()
         info.update(action=a, action_name=self.action_names[a], ratio=ratio,
-                    window_us=(lat + move_s) * 1e6, tp_window_us=tp * 1e6,
-                    move_us=move_s * 1e6, moves=n_moves, move_energy_uj=move_j * 1e6)
+                    window_us=(lat + charged) * 1e6, tp_window_us=tp * 1e6,
+                    move_us=move_s * 1e6, charged_move_us=charged * 1e6, moves=n_moves,
+                    move_energy_uj=move_j * 1e6)
         # the keys HdMoE-v0's training callback logs (latency/total_us, latency/total_over_tp)
         info.update(total_us=info["window_us"], tp_total_us=info["tp_window_us"])
         return self._obs(), float(reward), terminated, False, info
@@ -568,7 +580,7 @@ def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: 
                     on_step(name, int(seed), int(info["window"]) - 1, info)
                 rewards.append(r)
                 ratios.append(info["ratio"])
-                bare.append((info["window_us"] - info["move_us"]) / info["tp_window_us"])
+                bare.append((info["window_us"] - info["charged_move_us"]) / info["tp_window_us"])
                 move_us.append(info["move_us"])
                 n += info["moves"]
                 done = term or trunc
@@ -672,7 +684,8 @@ def hindsight_oracle(env: HdMoeDriftEnv, seed: int,
               ) -> tuple[float, NDArray[np.bool_]]:
         new = _relabel(old, raw)
         _, move_s, move_j = env._moves(old, new)
-        return move_s / tp[w] + env.energy_weight * move_j / env._energy_ref_j, new
+        charged = move_s if env.move_charge == "serial" else 0.0
+        return charged / tp[w] + env.energy_weight * move_j / env._energy_ref_j, new
 
     # state -> (value, actions, the placement its best path holds in the env)
     Entry = tuple[float, tuple[int, ...], NDArray[np.bool_]]

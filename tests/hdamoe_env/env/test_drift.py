@@ -269,3 +269,19 @@ def test_hindsight_oracle_keeps_when_moves_cost_more():
     assert res["ratio"] == pytest.approx(h.ratio, rel=1e-12)
     # the stream is recorded without disturbing the env: a replay after the oracle is unchanged
     assert hindsight_oracle(env, 1) == h
+
+
+def test_free_move_charge_drops_only_the_moves_makespan():
+    """Same stream and moves; "free" leaves the makespan out of the window, "serial" charges it."""
+    serial, free = make(), make(move_charge="free")
+    actions = [1, 0, 3, 0]
+    _, _, a = rollout(serial, actions)
+    _, _, b = rollout(free, actions)
+    moved = [i for i, x in enumerate(a[1:]) if x["moves"] > 0]
+    assert moved
+    for x, y in zip(a[1:], b[1:], strict=True):
+        assert (x["moves"], x["move_us"]) == (y["moves"], y["move_us"])
+        assert y["charged_move_us"] == 0.0 and x["charged_move_us"] == x["move_us"]
+        assert x["window_us"] == pytest.approx(y["window_us"] + x["move_us"], rel=1e-12)
+    with pytest.raises(ConfigError, match="move_charge"):
+        make(move_charge="overlap")
