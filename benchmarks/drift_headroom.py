@@ -54,6 +54,27 @@ def cells(selected: str | None) -> list[tuple[str, str, str, int]]:
     return [c for c in every if c[0] in want]
 
 
+def add_stream_arguments(ap: argparse.ArgumentParser) -> None:
+    """The drift env's stream and cost options (shared with ``drift_learned.py``)."""
+    ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--num-windows", type=int, default=16)
+    ap.add_argument("--mean-dwell", type=float, default=32.0)
+    ap.add_argument("--fidelity", default="analytic", choices=("analytic", "des"))
+    ap.add_argument("--move-charge", default="serial", choices=MOVE_CHARGES,
+                    help="serial: moves' makespan charged to the window; free: not charged")
+    ap.add_argument("--trace-dir", default=DEFAULT_MIXTRAL_DIR)
+
+
+def make_env(model_key: str, setting: str, batch: int, args: argparse.Namespace
+             ) -> HdMoeDriftEnv:
+    """The drift env of one cell with the options of :func:`add_stream_arguments`."""
+    model, regimes = MODELS[model_key]
+    return HdMoeDriftEnv(model=model, setting=setting, batch=batch, regimes=regimes,
+                         trace_dir=args.trace_dir, window=args.window,
+                         num_windows=args.num_windows, mean_dwell=args.mean_dwell,
+                         fidelity=args.fidelity, move_charge=args.move_charge)
+
+
 def policy_grid(levels: int) -> dict[str, Any]:
     """The tuned heuristic's candidates: static, periodic N × level, threshold T × level."""
     grid: dict[str, Any] = {"static": static_policy()}
@@ -116,13 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cells", default=None, help="comma list (default all 8)")
     ap.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--heldout-seeds", type=int, nargs="+", default=[100, 101, 102])
-    ap.add_argument("--window", type=int, default=8)
-    ap.add_argument("--num-windows", type=int, default=16)
-    ap.add_argument("--mean-dwell", type=float, default=32.0)
-    ap.add_argument("--fidelity", default="analytic", choices=("analytic", "des"))
-    ap.add_argument("--move-charge", default="serial", choices=MOVE_CHARGES,
-                    help="serial: moves' makespan charged to the window; free: not charged")
-    ap.add_argument("--trace-dir", default=DEFAULT_MIXTRAL_DIR)
+    add_stream_arguments(ap)
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -133,11 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         if name in results:
             continue
         t0 = time.perf_counter()
-        model, regimes = MODELS[m]
-        env = HdMoeDriftEnv(model=model, setting=setting, batch=batch, regimes=regimes,
-                            trace_dir=args.trace_dir, window=args.window,
-                            num_windows=args.num_windows, mean_dwell=args.mean_dwell,
-                            fidelity=args.fidelity, move_charge=args.move_charge)
+        env = make_env(m, setting, batch, args)
         results[name] = run_cell(env, args.train_seeds, args.heldout_seeds)
         print(f"{name}: {time.perf_counter() - t0:.0f} s wall", flush=True)
         tmp = path.with_suffix(".tmp")

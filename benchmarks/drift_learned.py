@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.env.drift import (DEFAULT_MIXTRAL_DIR, MOVE_CHARGES, HdMoeDriftEnv,
-                                  compare_policies, hindsight_oracle)
+from hdamoe_env.env.drift import HdMoeDriftEnv, compare_policies, hindsight_oracle
 
 #: Two-sided 95 % Student-t quantiles by degrees of freedom.
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -53,11 +52,7 @@ def make_env(cell: str, args: argparse.Namespace) -> HdMoeDriftEnv:
     if not match:
         raise SystemExit(f"unknown cell {cell!r}; e.g. {dh.cells(None)[0][0]}")
     _, m, setting, batch = match[0]
-    model, regimes = dh.MODELS[m]
-    return HdMoeDriftEnv(model=model, setting=setting, batch=batch, regimes=regimes,
-                         trace_dir=args.trace_dir, window=args.window,
-                         num_windows=args.num_windows, mean_dwell=args.mean_dwell,
-                         fidelity=args.fidelity, move_charge=args.move_charge)
+    return dh.make_env(m, setting, batch, args)
 
 
 def policy_ratio(env: HdMoeDriftEnv, model: Any, seeds: list[int]) -> float:
@@ -164,13 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--gamma", type=float, default=0.99)
     ap.add_argument("--ent-coef", type=float, default=0.01)
-    ap.add_argument("--window", type=int, default=8)
-    ap.add_argument("--num-windows", type=int, default=16)
-    ap.add_argument("--mean-dwell", type=float, default=32.0)
-    ap.add_argument("--fidelity", default="analytic", choices=("analytic", "des"))
-    ap.add_argument("--move-charge", default="serial", choices=MOVE_CHARGES,
-                    help="serial: moves' makespan charged to the window; free: not charged")
-    ap.add_argument("--trace-dir", default=DEFAULT_MIXTRAL_DIR)
+    _headroom_module().add_stream_arguments(ap)
     ap.add_argument("--tensorboard", default=None, metavar="DIR")
     ap.add_argument("--out", default="runs/drift-learned")
     args = ap.parse_args(argv)
