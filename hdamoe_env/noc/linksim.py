@@ -157,8 +157,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
     ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``,
     each with latency ``ni_lat`` (seconds): every message's link list gets its ports, from
-    ``port_ptr``/``port_links`` (``_port_routes``: every route with its ports, built once for a
-    batch of layers) or, when ``port_ptr`` is empty, built here.
+    ``port_ptr``/``port_links`` (``_port_routes``: every route with its ports, built once per
+    topology) or, when ``port_ptr`` is empty, built here.
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -813,7 +813,7 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
                          topology.pair_route_ptr, topology.route_ptr, topology.route_links,
                          topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref,
                          topology.num_endpoints, codes, busy, makespan, counts, cut, ni_bw,
-                         ni_lat)
+                         ni_lat, *_port_arrays(topology, ni_bw))
     if bad >= 0:
         raise ConfigError(f"run {bad} (layer {int(lay[bad])}): layer inputs failed validation; "
                           "simulate_layer_comm of that run names the problem")
@@ -862,18 +862,14 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
                    hop_latency: float, tie_ref: bool, num_endpoints: int,
                    phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
                    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
-                   cut_through: bool, ni_bw: float, ni_lat: float) -> int:
+                   cut_through: bool, ni_bw: float, ni_lat: float, port_ptr: NDArray[np.int64],
+                   port_links: NDArray[np.int32]) -> int:
     """``_layer_kernel`` for every run of ``simulate_layers_comm``; the first invalid run, or
     −1."""
     num_tokens = token_sets.shape[1]
     extra = np.zeros((num_tokens, 0), dtype=np.int64)
     no_partial = np.zeros((0, 1), dtype=np.bool_)
     no_sizes = np.zeros(0)
-    if ni_bw > 0 and layers.shape[0] > 1:
-        port_ptr, port_links = _port_routes(pair_ptr, route_ptr, route_links, num_endpoints,
-                                            link_bw.shape[0])
-    else:
-        port_ptr, port_links = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
     for j in range(layers.shape[0]):
         layer = layers[j]
         if not _layer_kernel(token_sets[j], holder_masks[layer], extra, aggs[j], pis[layer],
@@ -1034,8 +1030,25 @@ def _as_partial(partial_mask: ArrayLike | None, combine_bytes: ArrayLike | None,
 
 _NO_PARTIAL = np.zeros((0, 1), dtype=np.bool_)
 _NO_SIZES = np.zeros(0, dtype=np.float64)
-_NO_PORT_PTR = np.zeros(0, dtype=np.int64)
-_NO_PORT_LINKS = np.zeros(0, dtype=np.int32)
+_NO_PORTS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
+
+#: Every route of a topology with its network-interface ports (``_port_routes``), by topology
+#: (identity: ``Topology`` compares by identity and its arrays are read-only).
+_PORT_ROUTES: BoundedCache[Topology, tuple[NDArray[np.int64], NDArray[np.int32]]] = BoundedCache(
+    8, name="hdamoe_env.noc.linksim.port_routes")
+
+
+def _port_arrays(topology: Topology, ni_bw: float
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """Return the kernel's port routes of ``topology`` (empty arrays without ports)."""
+    if ni_bw <= 0:
+        return _NO_PORTS
+    found = _PORT_ROUTES.get(topology)
+    if found is None:
+        found = _port_routes(topology.pair_route_ptr, topology.route_ptr, topology.route_links,
+                             topology.num_endpoints, topology.num_links)
+        _PORT_ROUTES.put(topology, found)
+    return found
 
 
 def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
@@ -1051,4 +1064,5 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
                          topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
-                         busy, makespan, counts, cut, ni_bw, ni_lat, _NO_PORT_PTR, _NO_PORT_LINKS)
+                         busy, makespan, counts, cut, ni_bw, ni_lat,
+                         *_port_arrays(topology, ni_bw))
