@@ -66,6 +66,7 @@ from hdamoe_env.config.trust import verify_file, write_signature
 from hdamoe_env.sim.placement import Placement
 
 __all__ = [
+    "LEGACY_POLICY_INPUT",
     "NORM_OBS_KEYS",
     "to_jsonable",
     "train",
@@ -75,6 +76,10 @@ log = logging.getLogger(__name__)
 
 #: Observation keys normalised by ``VecNormalize`` (module docstring).
 NORM_OBS_KEYS: tuple[str, ...] = ("pred_load", "node_load", "link_busy")
+
+#: The policy input of runs written before the hyperparameter ``policy_input`` existed (SB3's
+#: flattening of every observation value); ``--resume`` of such a run keeps it.
+LEGACY_POLICY_INPUT = "full"
 
 # ------------------------------------------------------------------------------- callbacks
 def _progress_callback(on_progress: Callable[[int, float], None]) -> Any:
@@ -218,11 +223,19 @@ def run_digest(algo: str, action_mode: str, num_candidates: int, fidelity: str,
                normalize_obs: bool, hp: Any, env_kwargs: dict[str, Any],
                residual_keep_logit: float | None,
                quality: dict[str, Any] | None = None,
-               replica_shares: int | None = None) -> str:
-    """Return the SHA-256 of everything a resumed run must share (env + hyperparameters)."""
+               replica_shares: int | None = None, *, legacy_policy_input: bool = False) -> str:
+    """Return the SHA-256 of everything a resumed run must share (env + hyperparameters).
+
+    ``legacy_policy_input``: the digest of a run written before the hyperparameter
+    ``policy_input`` existed (its hyperparameters without that key; such a run used
+    ``policy_input="full"``, :data:`LEGACY_POLICY_INPUT`).
+    """
+    hp_entry = dataclasses.asdict(hp)
+    if legacy_policy_input:
+        hp_entry.pop("policy_input", None)
     payload: dict[str, Any] = {"algo": algo, "action_mode": action_mode, "num_candidates": num_candidates,
                "fidelity": fidelity, "normalize_obs": normalize_obs,
-               "hyperparams": to_jsonable(dataclasses.asdict(hp)),
+               "hyperparams": to_jsonable(hp_entry),
                "env_kwargs": to_jsonable(env_kwargs),
                "residual_keep_logit": residual_keep_logit if action_mode == "residual" else None}
     if quality is not None:                  # only then: a latency-only digest has no entry
@@ -253,8 +266,11 @@ def _layout_meta(venv: Any) -> dict[str, Any]:
 
 
 def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: int,
-                       digest: str = "", details: dict[str, Any] | None = None) -> Path | None:
-    """Return the checkpoint to resume from (None: start afresh), checking it matches the run.
+                       digest: str = "", details: dict[str, Any] | None = None,
+                       legacy_digest: str = "") -> tuple[Path | None, bool]:
+    """Return the checkpoint to resume from (None: start afresh), checking it matches the run,
+    and whether its run digest is ``legacy_digest`` (written before ``policy_input`` existed:
+    ``run_digest(..., legacy_policy_input=True)``) rather than ``digest``.
 
     Raises:
         ConfigError: ``out`` was trained with another algorithm, action design, env or
@@ -266,7 +282,7 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
     ckpt = latest_checkpoint(out)
     if ckpt is None:
         log.warning("resume: no checkpoint in %s; starting from scratch", out / "checkpoints")
-        return None
+        return None, False
     complete = _latest_complete_checkpoint(out)
     if complete is not None and complete != ckpt:
         log.warning("resume: %s is incomplete (no sidecar: the run stopped while writing "
@@ -290,7 +306,8 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
     except (OSError, ValueError):
         raise ConfigError(f"--resume: checkpoint {str(ckpt)!r} has no readable {side.name} "
                           "(written by an older version or another program); use a new --out")
-    if digest and record.get("run_digest") != digest:
+    legacy = bool(legacy_digest) and record.get("run_digest") == legacy_digest
+    if digest and record.get("run_digest") != digest and not legacy:
         diff = []
         if details is not None:
             old_kw = earlier.get("env_kwargs", {})
@@ -310,7 +327,7 @@ def _resume_checkpoint(out: Path, algo: str, action_mode: str, num_candidates: i
                              "recorded next to it; it was modified and is not loaded (loading "
                              "runs code from the file)")
     verify_file(ckpt, what="--resume checkpoint")
-    return ckpt
+    return ckpt, legacy
 
 
 def _latest_complete_checkpoint(out: Path) -> Path | None:
@@ -436,8 +453,26 @@ def train(algo: str = "maskable-ppo", env_kwargs: dict[str, Any] | None = None,
     details = {"env_kwargs": to_jsonable(user_kwargs), "hyperparams": dataclasses.asdict(hp),
                "fidelity": fidelity, "normalize_obs": normalize_obs,
                "replica_shares": replica_shares}
-    ckpt = (_resume_checkpoint(out, key, action_mode, num_candidates, digest, to_jsonable(details))
-            if resume else None)
+    ckpt, legacy = None, False
+    if resume:
+        legacy_digest = run_digest(key, action_mode, num_candidates, fidelity, normalize_obs, hp,
+                                   user_kwargs, residual_keep_logit, quality, replica_shares,
+                                   legacy_policy_input=True)
+        ckpt, legacy = _resume_checkpoint(out, key, action_mode, num_candidates, digest,
+                                          to_jsonable(details), legacy_digest)
+    if legacy:
+        # a run from before the hyperparameter policy_input: it used the full input, and its
+        # checkpoints keep the digest without the key (so later resumes match again)
+        asked = (hyperparams or {}).get("policy_input", LEGACY_POLICY_INPUT)
+        if asked != LEGACY_POLICY_INPUT:
+            raise ConfigError(f"--resume: {out} was trained before the hyperparameter "
+                              f"policy_input existed, i.e. with policy_input="
+                              f"{LEGACY_POLICY_INPUT!r}; drop --hp policy_input={asked} or "
+                              "train into a new --out")
+        hp = dataclasses.replace(hp, policy_input=LEGACY_POLICY_INPUT)
+        digest = legacy_digest
+        log.info("resume: %s predates policy_input; resuming with policy_input=%r", out,
+                 LEGACY_POLICY_INPUT)
     state = _resume_state(ckpt, vec_backend)
     if state is not None and state.n_envs != n_envs:        # before any worker starts
         raise ConfigError(f"--resume: the checkpoint was taken with {state.n_envs} env copies, "

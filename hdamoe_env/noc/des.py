@@ -230,6 +230,8 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     relative order of all other events.
     """
     num_msg = pos.shape[0]
+    if num_msg >= 2**31:  # message and bucket ids are int32 (a smaller working set)
+        raise ValueError("des_core: more than 2**31 - 1 messages")
     busy_until = np.zeros(link_bw.shape[0])
     kbase = np.zeros(num_msg, dtype=np.int64)
     tail_in = np.full(num_msg, -np.inf)  # cut-through: the tail's arrival from upstream
@@ -237,7 +239,7 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
         size_rank = _dense_rank(msg_size)
         kbase = _dense_rank(size_rank * (msg_rank.max() + 1) + msg_rank)
     # messages with empty routes finish at their ready time
-    nxt = np.empty(num_msg, dtype=np.int64)
+    nxt = np.empty(num_msg, dtype=np.int32)
     makespan = 0.0
     live = 0
     sorted_ready = True
@@ -257,12 +259,12 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     # buckets (at most one per event in flight, so at most `live`): list head and tail, table
     # slot; the heap keeps the time next to the bucket id so comparisons need no indirection
     cap = max(live, 1)
-    b_head = np.empty(cap, dtype=np.int64)
-    b_tail = np.empty(cap, dtype=np.int64)
+    b_head = np.empty(cap, dtype=np.int32)
+    b_tail = np.empty(cap, dtype=np.int32)
     b_slot = np.empty(cap, dtype=np.uint64)
-    free_ids = np.empty(cap, dtype=np.int64)
+    free_ids = np.empty(cap, dtype=np.int32)
     h_time = np.empty(cap)
-    h_b = np.empty(cap, dtype=np.int64)
+    h_b = np.empty(cap, dtype=np.int32)
     run = np.empty(cap, dtype=np.int64)  # scratch for sorting a bucket (ref)
     # hash table time bits -> bucket, -1 = empty slot
     log_slots = 1
@@ -272,7 +274,7 @@ def des_core(  # noqa: C901 - one flat event loop is what keeps the kernel fast
     mask = np.uint64((1 << log_slots) - 1)
     one = np.uint64(1)
     s_bits = np.empty(1 << log_slots, dtype=np.uint64)
-    s_b = np.full(1 << log_slots, -1, dtype=np.int64)
+    s_b = np.full(1 << log_slots, -1, dtype=np.int32)
     # initial buckets: runs of equal ready time in sorted order; a sorted array is a heap
     n = 0
     prev = -1

@@ -146,7 +146,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool, num_endpoints: int,
     phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
     makespan_out: NDArray[np.float64], count_out: NDArray[np.int64], cut_through: bool,
-    ni_bw: float, ni_lat: float,
+    ni_bw: float, ni_lat: float, port_ptr: NDArray[np.int64], port_links: NDArray[np.int32],
 ) -> bool:
     """Generate the layer's messages (§6.2) and run one DES per phase (0 dispatch, 1 combine).
 
@@ -156,7 +156,9 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     A combine message from a cluster that holds a partial shard of any expert of its token
     (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
     ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``,
-    each with latency ``ni_lat`` (seconds).
+    each with latency ``ni_lat`` (seconds): every message's link list gets its ports, from
+    ``port_ptr``/``port_links`` (``_port_routes``: every route with its ports, built once per
+    topology) or, when ``port_ptr`` is empty, built here.
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -243,6 +245,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     port_busy = np.zeros(port_bw.shape[0])
     pos2 = np.empty(num_msg, dtype=np.int64)
     stop2 = np.empty(num_msg, dtype=np.int64)
+    ported = ni_bw > 0 and port_ptr.shape[0] > 0
+    ptr = port_ptr if ported else route_ptr
     for p in range(phase_codes.shape[0]):
         combine = phase_codes[p] == 1
         m = 0
@@ -260,8 +264,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                 if ncand > 1:
                     h = _flow_hash4(layer, pair_tok[i], s, ch)
                     r = base + np.int64(h % np.uint64(ncand))
-                pos[m] = route_ptr[r]
-                stop[m] = route_ptr[r + 1]
+                pos[m] = ptr[r]
+                stop[m] = ptr[r + 1]
                 msg_src[m] = s
                 msg_dst[m] = d
                 if tie_ref:
@@ -273,6 +277,13 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
             makespan_out[p] = des_core(pos, stop, size_p, msg_ready, msg_rank, route_links,
                                        link_bw, link_lat, tie_ref, busy_out[p], finish,
                                        cut_through)
+            continue
+        port_busy[:] = 0.0
+        if ported:
+            makespan_out[p] = des_core(pos, stop, size_p, msg_ready, msg_rank, port_links,
+                                       port_bw, port_lat, tie_ref, port_busy, finish,
+                                       cut_through)
+            busy_out[p] += port_busy[:num_links]
             continue
         total = 0
         for m in range(num_msg):
@@ -291,7 +302,6 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                 links2[k] = num_links + num_ep + msg_dst[m]
                 k += 1
             stop2[m] = k
-        port_busy[:] = 0.0
         makespan_out[p] = des_core(pos2, stop2, size_p, msg_ready, msg_rank, links2, port_bw,
                                    port_lat, tie_ref, port_busy, finish, cut_through)
         busy_out[p] += port_busy[:num_links]
@@ -803,13 +813,44 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
                          topology.pair_route_ptr, topology.route_ptr, topology.route_links,
                          topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref,
                          topology.num_endpoints, codes, busy, makespan, counts, cut, ni_bw,
-                         ni_lat)
+                         ni_lat, *_port_arrays(topology, ni_bw))
     if bad >= 0:
         raise ConfigError(f"run {bad} (layer {int(lay[bad])}): layer inputs failed validation; "
                           "simulate_layer_comm of that run names the problem")
     if alpha > 0:
         makespan = np.where(makespan > 0, makespan + alpha, makespan)
     return makespan, busy
+
+
+@njit(cache=True)
+def _port_routes(pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
+                 route_links: NDArray[np.int32], num_endpoints: int, num_links: int
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """Every route with its network-interface ports, as CSR (``ptr`` [R + 1], ``links``).
+
+    Route r of the pair (s, d) becomes the injection port ``num_links + s``, its links, then
+    the ejection port ``num_links + N + d``; an empty route stays empty. The link lists the
+    port path of ``_layer_kernel`` builds message by message.
+    """
+    num_routes = route_ptr.shape[0] - 1
+    ptr = np.zeros(num_routes + 1, dtype=np.int64)
+    for r in range(num_routes):
+        length = route_ptr[r + 1] - route_ptr[r]
+        ptr[r + 1] = ptr[r] + (length + 2 if length > 0 else 0)
+    links = np.empty(ptr[num_routes], dtype=np.int32)
+    for s in range(num_endpoints):
+        for d in range(num_endpoints):
+            pair = s * num_endpoints + d
+            for r in range(pair_ptr[pair], pair_ptr[pair + 1]):
+                if route_ptr[r + 1] == route_ptr[r]:
+                    continue
+                k = ptr[r]
+                links[k] = num_links + s
+                for q in range(route_ptr[r], route_ptr[r + 1]):
+                    k += 1
+                    links[k] = route_links[q]
+                links[k + 1] = num_links + num_endpoints + d
+    return ptr, links
 
 
 @njit(cache=True)
@@ -821,7 +862,8 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
                    hop_latency: float, tie_ref: bool, num_endpoints: int,
                    phase_codes: NDArray[np.int64], busy_out: NDArray[np.float64],
                    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
-                   cut_through: bool, ni_bw: float, ni_lat: float) -> int:
+                   cut_through: bool, ni_bw: float, ni_lat: float, port_ptr: NDArray[np.int64],
+                   port_links: NDArray[np.int32]) -> int:
     """``_layer_kernel`` for every run of ``simulate_layers_comm``; the first invalid run, or
     −1."""
     num_tokens = token_sets.shape[1]
@@ -834,7 +876,7 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
                              msg_bytes, no_partial, no_sizes, chunks, layer, pair_ptr,
                              route_ptr, route_links, link_bw, route_rank, hop_latency, tie_ref,
                              num_endpoints, phase_codes, busy_out[j], makespan_out[j],
-                             count_out[j], cut_through, ni_bw, ni_lat):
+                             count_out[j], cut_through, ni_bw, ni_lat, port_ptr, port_links):
             return j
     return -1
 
@@ -988,6 +1030,25 @@ def _as_partial(partial_mask: ArrayLike | None, combine_bytes: ArrayLike | None,
 
 _NO_PARTIAL = np.zeros((0, 1), dtype=np.bool_)
 _NO_SIZES = np.zeros(0, dtype=np.float64)
+_NO_PORTS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
+
+#: Every route of a topology with its network-interface ports (``_port_routes``), by topology
+#: (identity: ``Topology`` compares by identity and its arrays are read-only).
+_PORT_ROUTES: BoundedCache[Topology, tuple[NDArray[np.int64], NDArray[np.int32]]] = BoundedCache(
+    8, name="hdamoe_env.noc.linksim.port_routes")
+
+
+def _port_arrays(topology: Topology, ni_bw: float
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """Return the kernel's port routes of ``topology`` (empty arrays without ports)."""
+    if ni_bw <= 0:
+        return _NO_PORTS
+    found = _PORT_ROUTES.get(topology)
+    if found is None:
+        found = _port_routes(topology.pair_route_ptr, topology.route_ptr, topology.route_links,
+                             topology.num_endpoints, topology.num_links)
+        _PORT_ROUTES.put(topology, found)
+    return found
 
 
 def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
@@ -1003,4 +1064,5 @@ def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],
                          topology.pair_route_ptr,
                          topology.route_ptr, topology.route_links, topology.link_bw_Bps,
                          topology.route_lex_rank, hop, tie_ref, topology.num_endpoints, codes,
-                         busy, makespan, counts, cut, ni_bw, ni_lat)
+                         busy, makespan, counts, cut, ni_bw, ni_lat,
+                         *_port_arrays(topology, ni_bw))

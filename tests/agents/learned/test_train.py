@@ -314,6 +314,40 @@ def test_resume_refuses_other_hyperparameters_and_stale_checkpoints(env_kwargs, 
         _train(env_kwargs, trained, timesteps=256, resume=True)
 
 
+def test_resume_of_a_run_from_before_policy_input(env_kwargs, tmp_path):
+    """A checkpoint written before the hyperparameter policy_input existed (its run digest
+    lacks the key; the run used the full input) resumes with policy_input=full when the run
+    does not ask for another input, and keeps that digest for its later checkpoints."""
+    full = {**SMALL_PPO, "policy_input": "full"}
+    _train(env_kwargs, tmp_path, timesteps=128, hyperparams=full)
+    hp = learned_hp.MaskablePPOHyperparams(**full)
+    legacy = learned_train.run_digest("maskable-ppo", "ranked", 4, "analytic", True, hp,
+                                      env_kwargs, None, legacy_policy_input=True)
+    assert legacy != learned_train.run_digest("maskable-ppo", "ranked", 4, "analytic", True,
+                                              hp, env_kwargs, None)
+    # what the earlier version wrote: the digest and learned.json without policy_input
+    side = tmp_path / "checkpoints" / "ckpt_128.json"
+    side.write_text(json.dumps({**json.loads(side.read_text()), "run_digest": legacy}))
+    meta = json.loads((tmp_path / "learned.json").read_text())
+    meta["hyperparams"].pop("policy_input")
+    (tmp_path / "learned.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="policy_input"):
+        _train(env_kwargs, tmp_path, timesteps=256, resume=True,
+               hyperparams={**SMALL_PPO, "policy_input": "compact"})
+    _train(env_kwargs, tmp_path, timesteps=256, resume=True)        # default input: compact
+    meta = json.loads((tmp_path / "learned.json").read_text())
+    assert meta["resumed_at"] == 128 and meta["num_timesteps"] == 256
+    assert meta["hyperparams"]["policy_input"] == "full" and meta["run_digest"] == legacy
+    assert json.loads((tmp_path / "checkpoints" / "ckpt_256.json").read_text())[
+        "run_digest"] == legacy
+    _train(env_kwargs, tmp_path, timesteps=384, resume=True)        # and again
+    assert json.loads((tmp_path / "learned.json").read_text())["resumed_at"] == 256
+    # another setting still differs from the checkpoint's
+    with pytest.raises(ConfigError, match="hp.n_epochs"):
+        _train(env_kwargs, tmp_path, timesteps=512, resume=True,
+               hyperparams={**SMALL_PPO, "n_epochs": 3})
+
+
 def test_typed_hyperparameters(env_kwargs, tmp_path):
     """--hp n_steps=abc is a typed error, not a TypeError inside SB3."""
     with pytest.raises(ConfigError, match="n_steps='abc'"):

@@ -331,6 +331,10 @@ def test_aggregators_for_holderless_tokens():
     ("torus", dict(tie_break="ref", chunks=2, hop_latency_s=2e-9, alpha_s=1e-7)),
     ("mesh", dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=5e10,
                   ni_latency_s=1.5e-9, phases=("combine",))),
+    # ports on a topology with several routes per pair (the batched call builds every
+    # route's port list once), ref ties and chunks
+    ("fattree", dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=2e10,
+                   tie_break="ref", chunks=2)),
 ])
 def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
     """The batched entry (one compiled call) gives every run's makespans and busy times bit
