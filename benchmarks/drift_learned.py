@@ -10,8 +10,9 @@ ratio to TP (moves included) per method, the learned runs' mean with a 95 % t-in
 seeds, and the share of the oracle's headroom over tuned the learned policy captures,
 (tuned − learned) / (tuned − oracle).
 
-Writes ``--out/<cell>.json`` (resumes finished seeds) and, with ``--tensorboard DIR``, SB3's
-training scalars plus ``eval/ratio`` per run.
+Writes ``--out/<cell>.json`` (resumes finished seeds) and, with ``--tensorboard DIR``, one
+run per seed (``HdMoE-Drift-v1__{model}__{setting}__B{batch}__maskable-ppo__{seed}__{time}_1``)
+with SB3's training scalars and ``eval/ratio``.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/drift_learned.py --cell mix_5-50_B128
 --timesteps 8192 --out runs/drift-learned``.
@@ -78,18 +79,13 @@ def train_seed(cell: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
     torch.set_num_threads(1)
     env, eval_env = make_env(cell, args), make_env(cell, args)
     curve: list[tuple[int, float]] = []
-    writer = None
-    if args.tensorboard:
-        from hdamoe_env.app import tb
-        writer = tb.make_writer(Path(args.tensorboard) / f"HdMoE-Drift-v1__{cell}__ppo__{seed}")
 
     class Curve(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % args.eval_every == 0:
                 r = policy_ratio(eval_env, self.model, args.heldout_seeds[:3])
                 curve.append((int(self.num_timesteps), r))
-                if writer is not None:
-                    writer.add_scalars({"eval/ratio": r}, int(self.num_timesteps))
+                self.logger.record("eval/ratio", r)      # in SB3's run, at its next dump
             return True
 
     model = MaskablePPO("MlpPolicy", env, n_steps=args.n_steps, batch_size=args.batch_size,
@@ -97,11 +93,15 @@ def train_seed(cell: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
                         ent_coef=args.ent_coef, seed=seed, device="cpu", verbose=0,
                         tensorboard_log=args.tensorboard)
     t0, c0 = time.perf_counter(), time.process_time()
+    run = None
+    if args.tensorboard:
+        from hdamoe_env.app import tb
+        run = tb.run_dir_name("maskable-ppo", seed, env_id="HdMoE-Drift-v1",
+                              model=env.model.key, setting=str(env.run.setting),
+                              batch=env.batch)
     model.learn(total_timesteps=args.timesteps, callback=Curve(),
-                tb_log_name=f"HdMoE-Drift-v1__{cell}__sb3__{seed}")
+                tb_log_name=run or "MaskablePPO")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if writer is not None:
-        writer.close()
     return {"heldout": policy_ratio(eval_env, model, args.heldout_seeds), "curve": curve,
             "train_wall_s": wall, "train_cpu_s": cpu, "steps_per_s": args.timesteps / wall}
 

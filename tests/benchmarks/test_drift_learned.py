@@ -16,7 +16,8 @@ def test_drift_learned_runs_resumes_and_summarises(tmp_path, monkeypatch, load_b
     monkeypatch.setattr(dl, "make_env", tiny_drift_env)
     argv = ["--cell", "tiny", "--seeds", "1", "--train-seeds", "0", "--heldout-seeds", "0",
             "2", "--timesteps", "32", "--eval-every", "16", "--n-steps", "16", "--batch-size",
-            "16", "--n-epochs", "1", "--out", str(tmp_path)]
+            "16", "--n-epochs", "1", "--out", str(tmp_path), "--tensorboard",
+            str(tmp_path / "tb")]
     dl.main(argv)
     res = json.loads((tmp_path / "tiny.json").read_text())
     assert sorted(res["runs"]) == ["1"]
@@ -25,6 +26,9 @@ def test_drift_learned_runs_resumes_and_summarises(tmp_path, monkeypatch, load_b
     assert ref["oracle"] < ref["static"] and res["runs"]["1"]["heldout"] > 0
     text = dl.summary("tiny", res)
     assert "hindsight oracle" in text and "95 % t" in text
+    runs = list((tmp_path / "tb").iterdir())
+    assert len(runs) == 1
+    assert runs[0].name.startswith("HdMoE-Drift-v1__tiny-drift-bench__0.05-1__B64__maskable-ppo__1__")
     before = (tmp_path / "tiny.json").read_text()
     dl.main(argv)                                   # resumes: nothing re-trained
     assert json.loads((tmp_path / "tiny.json").read_text())["runs"] == json.loads(before)["runs"]
