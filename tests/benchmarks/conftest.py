@@ -1,4 +1,4 @@
-"""Fixtures of the drift benchmarks' tests: the scripts as modules, a tiny drift env where
+"""Fixtures of the benchmark scripts' tests: the scripts as modules, a tiny drift env where
 re-placing pays, and a three-policy grid (seconds instead of the benchmark's 28 policies)."""
 
 from __future__ import annotations

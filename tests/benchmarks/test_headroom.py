@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,18 +11,10 @@ from hdamoe_env.config.specs import ModelSpec
 
 pytest.importorskip("pulp")
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = ModelSpec(key="tiny-headroom", name="tiny-headroom", num_moe_layers=4, num_experts=8,
                   top_k=2, hidden_size=64, expert_intermediate=256, hybrid_regions=2,
                   attn_weight_elements=4 * 64 * 64, kv_elements_per_token=2 * 64,
                   core_flops_per_ctx_token=4 * 64)
-
-
-def _driver():
-    spec = importlib.util.spec_from_file_location("headroom", ROOT / "benchmarks" / "headroom.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_args(tmp_path, learn_steps):
@@ -35,8 +25,8 @@ def tiny_args(tmp_path, learn_steps):
                               out=str(tmp_path / "pipeline"))
 
 
-def test_tiny_headroom_table(tmp_path):
-    drv = _driver()
+def test_tiny_headroom_table(tmp_path, load_benchmark):
+    drv = load_benchmark("headroom")
     args = tiny_args(tmp_path, 0)
     results = drv.run(args)
     assert list(results) == [3]                          # the held-out layer of L = 4
@@ -50,15 +40,15 @@ def test_tiny_headroom_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_headroom_table_with_learned_column(tmp_path):
+def test_tiny_headroom_table_with_learned_column(tmp_path, load_benchmark):
     pytest.importorskip("sb3_contrib")
-    drv = _driver()
+    drv = load_benchmark("headroom")
     results = drv.run(tiny_args(tmp_path, 32))
     assert results[3]["learned"]["ratio"] > 0 and "learned" in drv.table(results)
 
 
-def test_tiny_headroom_table_has_a_bound_below_every_placement(tmp_path):
-    drv = _driver()
+def test_tiny_headroom_table_has_a_bound_below_every_placement(tmp_path, load_benchmark):
+    drv = load_benchmark("headroom")
     row = drv.run(tiny_args(tmp_path, 0))[3]
     assert all(row["bound"]["latency_us"] <= r["latency_us"] * (1 + 1e-9)
                for k, r in row.items() if k != "bound")
@@ -72,8 +62,8 @@ class _Oracle:
     layer_top1 = np.array([[[1.0, 1.0], [1.0, 0.9], [0.5, 0.5]]])
 
 
-def test_subset_oracle_respects_the_per_layer_target():
-    drv = _driver()
+def test_subset_oracle_respects_the_per_layer_target(load_benchmark):
+    drv = load_benchmark("headroom")
     out = drv._subset(_Oracle(), [0, 1, 2], 0.95)
     np.testing.assert_allclose(out["fixed_us"], [7.0, 7.0, 3.0])
     np.testing.assert_allclose(out["top1"], [1.0, 0.95, 0.5])
@@ -82,8 +72,8 @@ def test_subset_oracle_respects_the_per_layer_target():
     assert drv._subset(_Oracle(), [0, 1], 0.85)["oracle_us"] == pytest.approx(1 + 2 + 3)
 
 
-def test_online_tables_render_every_row():
-    drv = _driver()
+def test_online_tables_render_every_row(load_benchmark):
+    drv = load_benchmark("headroom")
     row = {"noop_us": 10.0, "tuned_us": 8.0, "tuned_top1": 1.0, "tuned": "x", "oracle_us": 7.0,
            "free_us": 6.0}
     res = {"c": {k: dict(row) for k, _ in drv.ONLINE_ROWS}}
@@ -95,9 +85,9 @@ def test_online_tables_render_every_row():
     assert len(drv.online_levers()["gating"][0]) == 22
 
 
-def test_place_cells_run_resumes_and_renders(tmp_path, monkeypatch):
+def test_place_cells_run_resumes_and_renders(tmp_path, monkeypatch, load_benchmark):
     """--part placement-cells on one tiny cell: the results file, a resume, the table."""
-    drv = _driver()
+    drv = load_benchmark("headroom")
     monkeypatch.setattr(drv, "ONLINE_MODELS", {"tiny": (MODEL, "synthetic", None)})
     monkeypatch.setattr(drv, "online_cells", lambda args: [("tiny_1-1_B8", "tiny", "1/1", 8)])
     args = tiny_args(tmp_path, 0)

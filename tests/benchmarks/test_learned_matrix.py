@@ -7,26 +7,15 @@ parser (no work is done) catches that here, for all 12 cells and both placements
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from hdamoe_env.app import cli
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _driver():
-    spec = importlib.util.spec_from_file_location("learned_matrix",
-                                                  ROOT / "benchmarks" / "learned_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_command_parses(tmp_path):
-    drv = _driver()
+def test_every_command_parses(tmp_path, load_benchmark):
+    drv = load_benchmark("learned_matrix")
     parser = cli.build_parser()
     cells = drv.cells()
     assert len(cells) == 12 and len({c[0] for c in cells}) == 12
@@ -46,13 +35,13 @@ def test_every_command_parses(tmp_path):
                 assert args.eval_trace.endswith("experts_stem_mixtral.json")
 
 
-def test_summary_of_an_empty_run_has_only_headers(tmp_path):
-    text = _driver().summary(tmp_path)
+def test_summary_of_an_empty_run_has_only_headers(tmp_path, load_benchmark):
+    text = load_benchmark("learned_matrix").summary(tmp_path)
     assert text.count("\n|---") == 2 and "DeepSeek" not in text
 
 
-def test_unknown_cell_is_refused(tmp_path, monkeypatch, capsys):
-    drv = _driver()
+def test_unknown_cell_is_refused(tmp_path, monkeypatch, capsys, load_benchmark):
+    drv = load_benchmark("learned_matrix")
     monkeypatch.setattr("sys.argv", ["learned_matrix.py", "--out", str(tmp_path), "--cells",
                                      "ds_1-1_B7"])
     assert drv.main() == 2
@@ -62,9 +51,10 @@ def test_unknown_cell_is_refused(tmp_path, monkeypatch, capsys):
         drv.main()
 
 
-def test_process_backend_runs_cells_at_once_and_collects_failures(tmp_path, monkeypatch):
+def test_process_backend_runs_cells_at_once_and_collects_failures(tmp_path, monkeypatch,
+                                                                  load_benchmark):
     """``--workers 2``: every cell's commands run (tune, then train), failures in cell order."""
-    drv = _driver()
+    drv = load_benchmark("learned_matrix")
     ran = []
 
     def fake_run(cmd):
@@ -88,10 +78,10 @@ def test_process_backend_runs_cells_at_once_and_collects_failures(tmp_path, monk
     assert drv.run_cells(todo[:1], tmp_path, phase="tune", workers=2) == [] and ran == []
 
 
-def test_ray_backend_without_ray_is_a_typed_error(tmp_path, monkeypatch, capsys):
+def test_ray_backend_without_ray_is_a_typed_error(tmp_path, monkeypatch, capsys, load_benchmark):
     from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled
 
-    drv = _driver()
+    drv = load_benchmark("learned_matrix")
     monkeypatch.setitem(__import__("sys").modules, "ray", None)  # import ray fails
     with pytest.raises(DependencyNotInstalled, match="needs Ray"):
         drv.run_cells(drv.cells()[:1], tmp_path, backend="ray")
@@ -107,11 +97,11 @@ def test_ray_backend_without_ray_is_a_typed_error(tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.slow
-def test_ray_backend_runs_one_task_per_cell(tmp_path):
+def test_ray_backend_runs_one_task_per_cell(tmp_path, load_benchmark):
     """A real local Ray instance: the train phase of cells without a tuned heuristic fails at
     once in every task (no command runs), reported in cell order."""
     pytest.importorskip("ray", reason="ray is not installed (extra `ray`)")
-    drv = _driver()
+    drv = load_benchmark("learned_matrix")
     todo = drv.cells()[:2]
     failed = drv.run_cells(todo, tmp_path, phase="train", workers=1, backend="ray")
     assert [f.split(":")[0] for f in failed] == [c[0] for c in todo]

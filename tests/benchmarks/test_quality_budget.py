@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.env.quality import HdMoeQualityEnv, price_policy, run_policy
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = ModelSpec(key="tiny-qb", name="tiny-qb", num_moe_layers=3, num_experts=8, top_k=2,
                   hidden_size=64, expert_intermediate=256, attn_weight_elements=4 * 64 * 64,
                   kv_elements_per_token=2 * 64, core_flops_per_ctx_token=4 * 64)
 
 
-def _driver():
-    spec = importlib.util.spec_from_file_location("quality_budget",
-                                                  ROOT / "benchmarks" / "quality_budget.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_hypervolume_and_pareto():
-    qb = _driver()
+def test_hypervolume_and_pareto(load_benchmark):
+    qb = load_benchmark("quality_budget")
     # one point (0.8, 0.95) w.r.t. (1, 0.85): 0.2 × 0.10
     assert qb.hypervolume([(0.8, 0.95)], 0.85) == pytest.approx(0.02)
     # a dominated point adds nothing; points outside the reference box neither
@@ -37,8 +25,8 @@ def test_hypervolume_and_pareto():
     assert qb.pareto([(0.9, 0.99), (0.8, 0.95), (0.9, 0.9)]) == [(0.8, 0.95), (0.9, 0.99)]
 
 
-def test_simulated_allocator_equals_the_env():
-    qb = _driver()
+def test_simulated_allocator_equals_the_env(load_benchmark):
+    qb = load_benchmark("quality_budget")
     env = HdMoeQualityEnv(model=MODEL, mesh="2x2", setting="1/1", batch=16, trace_requests=8,
                           trace_tokens=256, steps_per_episode=2, target=0.9,
                           gating_coefficients=(-1e7, -0.05), levels=(1.0, 4.0), protect=(0, 1))
@@ -56,10 +44,10 @@ def test_simulated_allocator_equals_the_env():
     assert np.isfinite(list(scalars.values())).all()
 
 
-def test_tensorboard_run_per_episode(tmp_path):
+def test_tensorboard_run_per_episode(tmp_path, load_benchmark):
     import argparse
 
-    qb = _driver()
+    qb = load_benchmark("quality_budget")
     env = HdMoeQualityEnv(model=MODEL, mesh="2x2", setting="1/1", batch=16, trace_requests=8,
                           trace_tokens=256, steps_per_episode=2, target=0.9,
                           gating_coefficients=(-1e7, -0.05), levels=(1.0,), protect=(0,))

@@ -9,10 +9,8 @@ tiny MaskablePPO run. All on a tiny synthetic model (seconds).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -48,18 +46,8 @@ def rollout(env: HdMoeDriftEnv, actions, seed: int = 3) -> tuple[list, list, lis
     return seen, rewards, infos
 
 
-def test_registered_and_check_envs():
-    from gymnasium.utils.env_checker import check_env
-    pytest.importorskip("stable_baselines3")
-    from stable_baselines3.common.env_checker import check_env as sb3_check_env
-
-    assert "hdamoe_env/HdMoE-Drift-v1" in hdamoe_env.DRIFT_ENVS
-    env = gym.make("hdamoe_env/HdMoE-Drift-v1", **KW)
-    assert isinstance(env.unwrapped, HdMoeDriftEnv)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")       # gymnasium's note on the unbounded reward
-        check_env(env.unwrapped, skip_render_check=True)
-    sb3_check_env(make(), warn=True)
+def test_registered_and_check_envs(check_registered_env):
+    check_registered_env("hdamoe_env/HdMoE-Drift-v1", hdamoe_env.DRIFT_ENVS, HdMoeDriftEnv, KW, make())
 
 
 def test_every_action_is_legal_and_out_of_space_raises():

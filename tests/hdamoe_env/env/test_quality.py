@@ -10,9 +10,7 @@ and a tiny MaskablePPO run. All on a tiny synthetic model (seconds).
 from __future__ import annotations
 
 import itertools
-import warnings
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -36,18 +34,8 @@ def make(**kwargs) -> HdMoeQualityEnv:
     return HdMoeQualityEnv(**{**KW, **kwargs})
 
 
-def test_registered_and_check_envs():
-    from gymnasium.utils.env_checker import check_env
-    pytest.importorskip("stable_baselines3")
-    from stable_baselines3.common.env_checker import check_env as sb3_check_env
-
-    assert "hdamoe_env/HdMoE-Quality-v1" in hdamoe_env.QUALITY_ENVS
-    env = gym.make("hdamoe_env/HdMoE-Quality-v1", **KW)
-    assert isinstance(env.unwrapped, HdMoeQualityEnv)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")       # gymnasium's note on the unbounded reward
-        check_env(env.unwrapped, skip_render_check=True)
-    sb3_check_env(make(), warn=True)
+def test_registered_and_check_envs(check_registered_env):
+    check_registered_env("hdamoe_env/HdMoE-Quality-v1", hdamoe_env.QUALITY_ENVS, HdMoeQualityEnv, KW, make())
 
 
 def test_action_grid_and_bad_arguments():
