@@ -1,6 +1,6 @@
 """``HdMoeQualityEnv``: spend a top-1 retention budget on gating across layers and decode steps.
 
-Issue 31, item 4. An episode is ``steps_per_episode`` (S) decode steps × L MoE layers of one
+An episode is ``steps_per_episode`` (S) decode steps × L MoE layers of one
 configuration (model, mesh, setting, batch, placement, profile: the arguments of ``HdMoE-v1``,
 ``EnvConfig``). At every (decode step, layer) the agent picks one gating action of a grid
 (level × protect-top; level 0 = plain top-k), executed by the same compiled gating as
