@@ -34,7 +34,8 @@ from hdamoe_env.env.drift import (DEFAULT_MIXTRAL_DIR, MOVE_CHARGES, HdMoeDriftE
                                   static_policy, threshold_policy)
 
 #: model key -> (model, regimes).
-MODELS = {"ds": ("deepseek-v2-lite", "synthetic"), "mix": ("mixtral-8x7b", "categories")}
+MODELS = {"ds": ("deepseek-v2-lite", "synthetic"), "qwen": ("qwen2-57b-a14b", "synthetic"),
+          "mix": ("mixtral-8x7b", "categories")}
 SETTINGS = ("5/50", "10/25")
 BATCHES = (32, 128)
 PERIODS = (16, 32, 64, 128)
@@ -42,7 +43,7 @@ THRESHOLDS = (0.1, 0.15, 0.2, 0.3, 0.4)
 
 
 def cells(selected: str | None) -> list[tuple[str, str, str, int]]:
-    """Return ``(name, model key, setting, batch)`` of the requested cells (default all 8)."""
+    """Return ``(name, model key, setting, batch)`` of the requested cells (default all 12)."""
     every = [(f"{m}_{s.replace('/', '-')}_B{b}", m, s, b)
              for m in MODELS for s in SETTINGS for b in BATCHES]
     if selected is None:
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the options, run the cells (resuming), print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/drift-headroom")
-    ap.add_argument("--cells", default=None, help="comma list (default all 8)")
+    ap.add_argument("--cells", default=None, help="comma list (default all 12)")
     ap.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--heldout-seeds", type=int, nargs="+", default=[100, 101, 102])
     add_stream_arguments(ap)

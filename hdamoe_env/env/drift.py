@@ -264,6 +264,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         self._level = 0
         self._built_on = np.zeros(E)
         self._since = 0
+        self._replacements = 0
         self._window_loads = np.zeros(E)
         self._eval: LayerEvaluator | None = None
 
@@ -415,6 +416,11 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         return self._since
 
     @property
+    def replacements(self) -> int:
+        """Re-placements so far in the episode."""
+        return self._replacements
+
+    @property
     def holders(self) -> NDArray[np.bool_]:
         """bool [E, D]: the nodes holding a copy of every expert of the episode's layer."""
         return self._holds.copy()
@@ -475,6 +481,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
             self._tp_eval[self.layer] = LayerEvaluator(self.sim, self._placement(None),
                                                        self.batch, layers=(self.layer,))
         self._since = 0
+        self._replacements = 0
         self._window_loads = np.zeros(self.num_experts)
         for _ in range(self.window):                       # a warm-up window, observed only
             self._window_loads += np.bincount(self._next_sets().ravel(),
@@ -497,6 +504,7 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
             self._eval = LayerEvaluator(self.sim, self._placement(holds), self.batch,
                                         layers=(self.layer,))
             self._since = 0
+            self._replacements += 1
         else:
             self._since += 1
         assert self._eval is not None
@@ -547,15 +555,27 @@ def periodic_policy(period_steps: int, redundancy_level: int = 0) -> Policy:
     return act
 
 
-def threshold_policy(threshold: float = 0.15, redundancy_level: int = 0) -> Policy:
+def threshold_policy(threshold: float = 0.15, redundancy_level: int = 0,
+                     cooldown_windows: int = 0) -> Policy:
     """Re-place when the drift statistic (TV distance) exceeds ``threshold``.
 
+    With ``cooldown_windows`` = C > 0, not again within C windows of the last re-placement
+    (the first re-placement of an episode is never held back; C ≥ the episode's windows: at
+    most once per episode).
+
     Raises:
-        ConfigError: ``threshold`` not in [0, 1].
+        ConfigError: ``threshold`` not in [0, 1], or ``cooldown_windows`` < 0.
     """
     if not 0.0 <= float(threshold) <= 1.0:
         raise ConfigError(f"threshold must be in [0, 1], got {threshold}")
-    return lambda env: 1 + redundancy_level if env.drift > float(threshold) else 0
+    if int(cooldown_windows) < 0:
+        raise ConfigError(f"cooldown_windows must be >= 0, got {cooldown_windows}")
+    t, c = float(threshold), int(cooldown_windows)
+
+    def act(env: HdMoeDriftEnv) -> int:
+        ready = env.replacements == 0 or env.windows_since_replace >= c
+        return 1 + redundancy_level if env.drift > t and ready else 0
+    return act
 
 
 def compare_policies(env: HdMoeDriftEnv, policies: Mapping[str, Policy], seeds: Sequence[int],

@@ -8,7 +8,7 @@ import pytest
 def test_drift_headroom_cell_and_table(monkeypatch, load_benchmark, tiny_drift_env,
                                        small_drift_grid):
     dh = load_benchmark("drift_headroom")
-    assert len(dh.cells(None)) == 8 and dh.cells("mix_5-50_B128")[0][1:] == ("mix", "5/50", 128)
+    assert len(dh.cells(None)) == 12 and dh.cells("mix_5-50_B128")[0][1:] == ("mix", "5/50", 128)
     with pytest.raises(SystemExit, match="unknown cells"):
         dh.cells("ds_1-1_B8")
     assert len(dh.policy_grid(3)) == 1 + 3 * (len(dh.PERIODS) + len(dh.THRESHOLDS))

@@ -273,3 +273,23 @@ def test_free_move_charge_drops_only_the_moves_makespan():
         assert x["window_us"] == pytest.approx(y["window_us"] + x["move_us"], rel=1e-12)
     with pytest.raises(ConfigError, match="move_charge"):
         make(move_charge="overlap")
+
+
+def test_threshold_cooldown_holds_back_later_replacements():
+    """Threshold 0 re-places whenever the loads moved; a cooldown of the episode's length
+    allows one re-placement; bad arguments are typed errors."""
+    env = make(num_windows=6)
+    counts = {}
+    for c in (0, 6):
+        policy = threshold_policy(0.0, 1, cooldown_windows=c)
+        env.reset(seed=4)
+        actions = []
+        for _ in range(env.num_windows):
+            a = policy(env)
+            actions.append(a)
+            env.step(a)
+        counts[c] = sum(a > 0 for a in actions)
+        assert env.replacements == counts[c]
+    assert counts[6] == 1 and counts[0] > 1
+    with pytest.raises(ConfigError, match="cooldown_windows"):
+        threshold_policy(0.1, 0, cooldown_windows=-1)
