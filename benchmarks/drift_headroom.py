@@ -76,19 +76,24 @@ def make_env(model_key: str, setting: str, batch: int, args: argparse.Namespace
                          fidelity=args.fidelity, move_charge=args.move_charge)
 
 
-def policy_grid(levels: int) -> dict[str, Any]:
-    """The tuned heuristic's candidates: static, periodic N × level, threshold T × level."""
+def policy_grid(levels: int, cooldowns: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The tuned heuristic's candidates: static, periodic N × level, threshold T × level, and
+    threshold T × level × cooldown C for every C of ``cooldowns`` (windows)."""
     grid: dict[str, Any] = {"static": static_policy()}
     for lvl in range(levels):
         grid.update({f"periodic@{n} r{lvl}": periodic_policy(n, lvl) for n in PERIODS})
         grid.update({f"threshold>{t:g} r{lvl}": threshold_policy(t, lvl) for t in THRESHOLDS})
+        grid.update({f"threshold>{t:g} r{lvl} cool{c}": threshold_policy(t, lvl, c)
+                     for t in THRESHOLDS for c in cooldowns})
     return grid
 
 
-def run_cell(env: HdMoeDriftEnv, train: list[int], heldout: list[int]) -> dict[str, Any]:
-    """Tune on ``train``, then static, tuned and the oracle on ``heldout``."""
+def run_cell(env: HdMoeDriftEnv, train: list[int], heldout: list[int],
+             cooldowns: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Tune on ``train`` (over ``policy_grid``), then static, tuned and the oracle on
+    ``heldout``."""
     c0 = time.process_time()
-    grid = policy_grid(len(env.redundancy))
+    grid = policy_grid(len(env.redundancy), cooldowns)
     scores = compare_policies(env, grid, train)
     name = min(scores, key=lambda k: scores[k]["ratio"])
     held = compare_policies(env, {"static": grid["static"], "tuned": grid[name]}, heldout)
@@ -138,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cells", default=None, help="comma list (default all 12)")
     ap.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--heldout-seeds", type=int, nargs="+", default=[100, 101, 102])
+    ap.add_argument("--cooldowns", type=int, nargs="*", default=[],
+                    help="also tune threshold policies with these cooldowns (windows)")
     add_stream_arguments(ap)
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args(argv)
@@ -150,14 +157,16 @@ def main(argv: list[str] | None = None) -> None:
             continue
         t0 = time.perf_counter()
         env = make_env(m, setting, batch, args)
-        results[name] = run_cell(env, args.train_seeds, args.heldout_seeds)
+        results[name] = run_cell(env, args.train_seeds, args.heldout_seeds,
+                                 tuple(args.cooldowns))
         print(f"{name}: {time.perf_counter() - t0:.0f} s wall", flush=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(path)
     print(f"\nK = {args.window}, {args.num_windows} windows, mean dwell {args.mean_dwell:g}, "
           f"{args.fidelity}, moves {args.move_charge}, faithful, 4x8; training seeds "
-          f"{args.train_seeds}, held-out {args.heldout_seeds}\n")
+          f"{args.train_seeds}, held-out {args.heldout_seeds}, threshold cooldowns "
+          f"{args.cooldowns or 'none'}\n")
     print(table(results))
 
 

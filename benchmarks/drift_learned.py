@@ -110,7 +110,7 @@ def references(cell: str, args: argparse.Namespace) -> dict[str, Any]:
     """Static, tuned (picked on the training streams) and the oracle on the held-out streams."""
     dh = _headroom_module()
     env = make_env(cell, args)
-    grid = dh.policy_grid(len(env.redundancy))
+    grid = dh.policy_grid(len(env.redundancy), tuple(args.cooldowns))
     scores = compare_policies(env, grid, args.train_seeds)
     name = min(scores, key=lambda k: scores[k]["ratio"])
     held = compare_policies(env, {"static": grid["static"], "tuned": grid[name]},
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--heldout-seeds", type=int, nargs="+", default=[100, 101, 102, 103, 104, 105])
+    ap.add_argument("--cooldowns", type=int, nargs="*", default=[],
+                    help="also tune threshold policies with these cooldowns (windows)")
     ap.add_argument("--timesteps", type=int, default=8192)
     ap.add_argument("--eval-every", type=int, default=1024)
     ap.add_argument("--n-steps", type=int, default=256)

@@ -46,7 +46,7 @@ def tiny_drift_env() -> Callable[..., HdMoeDriftEnv]:
 @pytest.fixture
 def small_drift_grid() -> Callable[[int], dict[str, Any]]:
     """Three candidates of the tuned grid instead of the benchmark's 28."""
-    def grid(levels: int) -> dict[str, Any]:
+    def grid(levels: int, cooldowns: tuple[int, ...] = ()) -> dict[str, Any]:
         return {"static": static_policy(), "periodic@8 r2": periodic_policy(8, levels - 1),
                 "periodic@16 r0": periodic_policy(16, 0)}
     return grid

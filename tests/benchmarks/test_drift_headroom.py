@@ -12,6 +12,7 @@ def test_drift_headroom_cell_and_table(monkeypatch, load_benchmark, tiny_drift_e
     with pytest.raises(SystemExit, match="unknown cells"):
         dh.cells("ds_1-1_B8")
     assert len(dh.policy_grid(3)) == 1 + 3 * (len(dh.PERIODS) + len(dh.THRESHOLDS))
+    assert len(dh.policy_grid(3, (4, 16))) == 1 + 3 * (len(dh.PERIODS) + 3 * len(dh.THRESHOLDS))
     monkeypatch.setattr(dh, "policy_grid", small_drift_grid)
     r = dh.run_cell(tiny_drift_env(), [0], [0, 2])
     # the tuned pick is one of the grid's, the oracle replays below static on these streams
