@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.env.drift import HdMoeDriftEnv, compare_policies, hindsight_oracle
+from hdamoe_env.env.drift import HdMoeDriftEnv
 
 #: Two-sided 95 % Student-t quantiles by degrees of freedom.
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -107,17 +107,11 @@ def train_seed(cell: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
 
 
 def references(cell: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Static, tuned (picked on the training streams) and the oracle on the held-out streams."""
-    dh = _headroom_module()
-    env = make_env(cell, args)
-    grid = dh.policy_grid(len(env.redundancy), tuple(args.cooldowns))
-    scores = compare_policies(env, grid, args.train_seeds)
-    name = min(scores, key=lambda k: scores[k]["ratio"])
-    held = compare_policies(env, {"static": grid["static"], "tuned": grid[name]},
-                            args.heldout_seeds)
-    oracle = [hindsight_oracle(env, s).ratio for s in args.heldout_seeds]
-    return {"static": held["static"]["ratio"], "tuned": held["tuned"]["ratio"],
-            "tuned_name": name, "oracle": float(np.mean(oracle))}
+    """Static, tuned (picked on the training streams) and the oracle on the held-out streams
+    (``drift_headroom.run_cell``)."""
+    r = _headroom_module().run_cell(make_env(cell, args), args.train_seeds, args.heldout_seeds,
+                                    tuple(args.cooldowns))
+    return {k: r[k] for k in ("static", "tuned", "tuned_name", "oracle")}
 
 
 def summary(cell: str, res: dict[str, Any]) -> str:

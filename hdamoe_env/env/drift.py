@@ -365,6 +365,19 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
                           fidelity=self.fidelity, gamma=self._gamma())
         return float(res.t_comp_s + res.t_comm_moe_s)
 
+    def _step_seed(self, step: int) -> int:
+        """Seed of the aggregator draws of decode step ``step`` of the episode's layer."""
+        return int(np.random.SeedSequence([self.eval_seed, self.layer, step])
+                   .generate_state(1)[0])
+
+    def _charged_s(self, move_s: float) -> float:
+        """The part of a re-placement's move makespan charged to its window (``move_charge``)."""
+        return move_s if self.move_charge == "serial" else 0.0
+
+    def _energy_penalty(self, move_j: float) -> float:
+        """The reward's energy term of a re-placement's moves (0 unless ``energy_weight``)."""
+        return self.energy_weight * move_j / self._energy_ref_j
+
     def _moves(self, old: NDArray[np.bool_], new: NDArray[np.bool_]
                ) -> tuple[int, float, float]:
         """Return (moves, makespan s, NoC energy J) of turning holders ``old`` into ``new``."""
@@ -515,13 +528,12 @@ class HdMoeDriftEnv(gym.Env[NDArray[np.float32], np.int64]):
         for k in range(self.window):
             sets = self._next_sets()
             self._window_loads += np.bincount(sets.ravel(), minlength=self.num_experts)
-            seed = int(np.random.SeedSequence([self.eval_seed, self.layer, base + k])
-                       .generate_state(1)[0])
+            seed = self._step_seed(base + k)
             lat += self._latency_s(self._eval, sets, seed)
             tp += self._latency_s(tp_eval, sets, seed)
-        charged = move_s if self.move_charge == "serial" else 0.0
+        charged = self._charged_s(move_s)
         ratio = (lat + charged) / tp
-        reward = -ratio - self.energy_weight * move_j / self._energy_ref_j
+        reward = -ratio - self._energy_penalty(move_j)
         self._t += 1
         terminated = self._t >= self.num_windows
         info = self._info()
@@ -646,8 +658,7 @@ def _record_stream(env: HdMoeDriftEnv) -> tuple[list[list[NDArray[np.int64]]], l
     sets, seeds = [], []
     for w in range(env.num_windows):
         sets.append([env._next_sets() for _ in range(env.window)])
-        seeds.append([int(np.random.SeedSequence([env.eval_seed, env.layer, w * env.window + k])
-                          .generate_state(1)[0]) for k in range(env.window)])
+        seeds.append([env._step_seed(w * env.window + k) for k in range(env.window)])
     env.np_random.bit_generator.state = state
     env.regime = regime
     return sets, seeds
@@ -704,8 +715,7 @@ def hindsight_oracle(env: HdMoeDriftEnv, seed: int,
               ) -> tuple[float, NDArray[np.bool_]]:
         new = _relabel(old, raw)
         _, move_s, move_j = env._moves(old, new)
-        charged = move_s if env.move_charge == "serial" else 0.0
-        return charged / tp[w] + env.energy_weight * move_j / env._energy_ref_j, new
+        return env._charged_s(move_s) / tp[w] + env._energy_penalty(move_j), new
 
     # state -> (value, actions, the placement its best path holds in the env)
     Entry = tuple[float, tuple[int, ...], NDArray[np.bool_]]
