@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hdamoe_env.env.drift import HdMoeDriftEnv
+from hdamoe_env.env.drift import (HdMoeDriftEnv, compare_policies, once_policy,
+                                  regime_policy)
 
 #: Two-sided 95 % Student-t quantiles by degrees of freedom.
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -114,6 +115,36 @@ def references(cell: str, args: argparse.Namespace) -> dict[str, Any]:
     return {k: r[k] for k in ("static", "tuned", "tuned_name", "oracle")}
 
 
+def causal_references(cell: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Non-clairvoyant references, each family's best picked on the training streams
+    (``--causal-train-seeds``, default ``--train-seeds``) and scored on the held-out ones.
+
+    ``open-loop``: re-place once at decision j with level r (``once_policy``), every j of the
+    episode and every level. ``regime-aware``: ``regime_policy`` (privileged: it reads the
+    stream's true current regime) over levels × at most 1, 2 or every window re-placements ×
+    delay 0 or 1 window. Neither sees the future, so together they show how much of the
+    oracle's headroom a causal policy reaches by timing alone and by perfect regime recognition.
+    """
+    env = make_env(cell, args)
+    levels = len(env.redundancy)
+    families = {
+        "open-loop": {f"once@{j} r{lvl}": once_policy(j, lvl)
+                      for j in range(env.num_windows) for lvl in range(levels)},
+        "regime-aware": {f"regime r{lvl} max{n} delay{d}": regime_policy(lvl, n, d)
+                         for lvl in range(levels) for n in (1, 2, env.num_windows)
+                         for d in (0, 1)},
+    }
+    out: dict[str, Any] = {}
+    for family, grid in families.items():
+        train = compare_policies(env, grid, args.causal_train_seeds or args.train_seeds)
+        name = min(train, key=lambda k: train[k]["ratio"])
+        held = compare_policies(env, {name: grid[name]}, args.heldout_seeds)
+        out[family] = {"name": name, "train": train[name]["ratio"],
+                       "train_seeds": list(args.causal_train_seeds or args.train_seeds),
+                       "heldout": held[name]["ratio"], "candidates": len(grid)}
+    return out
+
+
 def summary(cell: str, res: dict[str, Any]) -> str:
     """Markdown rows: the methods' ratios, the learned interval and the captured headroom."""
     runs = [res["runs"][k] for k in sorted(res["runs"], key=int)]
@@ -128,6 +159,8 @@ def summary(cell: str, res: dict[str, Any]) -> str:
              f"| static (NoOp) | {ref['static']:.4f} |",
              f"| tuned ({ref['tuned_name']}) | {ref['tuned']:.4f} |",
              f"| hindsight oracle | {ref['oracle']:.4f} |",
+             *[f"| best {fam} ({c['name']}; {c['candidates']} candidates) | "
+               f"{c['heldout']:.4f} |" for fam, c in res.get("causal", {}).items()],
              "| learned, seeds " + ", ".join(f"{v:.4f}" for v in vals)
              + f" | {mean:.4f} ± {half:.4f} (95 % t) |",
              "", f"{cell}: oracle headroom over tuned "
@@ -135,6 +168,9 @@ def summary(cell: str, res: dict[str, Any]) -> str:
              "learned policy captures " + ", ".join(f"{100 * c:.0f} %" for c in captured)
              + " of it per seed (target ≥ 50 %); training "
              + ", ".join(f"{r['steps_per_s']:.0f}" for r in runs) + " steps/s."]
+    for fam, c in res.get("causal", {}).items():
+        share = (ref["tuned"] - c["heldout"]) / gap if gap > 0 else float("nan")
+        lines.append(f"The best {fam} reference captures {100 * share:.0f} %.")
     return "\n".join(lines)
 
 
@@ -156,6 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gamma", type=float, default=0.99)
     ap.add_argument("--ent-coef", type=float, default=0.01)
     _headroom_module().add_stream_arguments(ap)
+    ap.add_argument("--causal-refs", action="store_true",
+                    help="also score the best open-loop and regime-aware schedules")
+    ap.add_argument("--causal-train-seeds", type=int, nargs="+", default=None,
+                    help="streams the causal references are picked on (default: --train-seeds)")
     ap.add_argument("--tensorboard", default=None, metavar="DIR")
     ap.add_argument("--out", default="runs/drift-learned")
     args = ap.parse_args(argv)
@@ -163,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.cell}.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"runs": {}}
-    res["config"] = {k: v for k, v in vars(args).items() if k not in ("out", "tensorboard")}
+    res["config"] = {k: v for k, v in vars(args).items()
+                     if k not in ("out", "tensorboard", "causal_refs", "causal_train_seeds")}
 
     def save() -> None:
         tmp = path.with_suffix(".tmp")
@@ -171,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
         tmp.replace(path)
     if "references" not in res:
         res["references"] = references(args.cell, args)
+        save()
+    if args.causal_refs and "causal" not in res:
+        res["causal"] = causal_references(args.cell, args)
         save()
     for seed in args.seeds:
         if str(seed) in res["runs"]:

@@ -84,7 +84,8 @@ from hdamoe_env.sim.sources import load_trace
 
 __all__ = ["DEFAULT_MIXTRAL_DIR", "DRIFT_FIDELITIES", "MIXTRAL_CATEGORIES", "HdMoeDriftEnv",
            "MOVE_CHARGES", "DriftHindsight", "compare_policies", "eplb_layer", "hindsight_oracle",
-           "periodic_policy", "static_policy", "threshold_policy", "total_variation"]
+           "once_policy", "periodic_policy", "regime_policy", "static_policy", "threshold_policy",
+           "total_variation"]
 
 #: Evaluators of the window latency.
 DRIFT_FIDELITIES = ("analytic", "des")
@@ -587,6 +588,56 @@ def threshold_policy(threshold: float = 0.15, redundancy_level: int = 0,
     def act(env: HdMoeDriftEnv) -> int:
         ready = env.replacements == 0 or env.windows_since_replace >= c
         return 1 + redundancy_level if env.drift > t and ready else 0
+    return act
+
+
+def once_policy(window: int, redundancy_level: int = 0) -> Policy:
+    """Re-place once, at decision ``window`` of every episode (an open-loop schedule).
+
+    Raises:
+        ConfigError: ``window`` < 0.
+    """
+    if int(window) < 0:
+        raise ConfigError(f"window must be >= 0, got {window}")
+    w = int(window)
+
+    def act(env: HdMoeDriftEnv) -> int:
+        return 1 + redundancy_level if env.window_index == w and env.replacements == 0 else 0
+    return act
+
+
+def regime_policy(redundancy_level: int = 0, max_replacements: int = 1,
+                  delay_windows: int = 0) -> Policy:
+    """Re-place when the stream's *true* regime differs from the one last re-placed for.
+
+    A privileged reference, not an agent: it reads ``env.regime`` (the stream's current
+    regime, that of the last decode step), which the observation does not contain. It knows the
+    present but not the future, so it estimates what a causal policy could gain from
+    recognising regimes perfectly. A re-placement waits until the regime has lasted
+    ``delay_windows`` further windows (its build window then holds only that regime) and stops
+    after ``max_replacements`` per episode. The policy keeps its memory in the closure and
+    clears it at every episode's first decision, so one instance serves one env at a time.
+
+    Raises:
+        ConfigError: ``max_replacements`` < 1 or ``delay_windows`` < 0.
+    """
+    if int(max_replacements) < 1:
+        raise ConfigError(f"max_replacements must be >= 1, got {max_replacements}")
+    if int(delay_windows) < 0:
+        raise ConfigError(f"delay_windows must be >= 0, got {delay_windows}")
+    state = {"placed_for": -1, "current": -1, "seen": 0}
+
+    def act(env: HdMoeDriftEnv) -> int:
+        if env.window_index == 0:
+            state.update(placed_for=-1, current=env.regime, seen=0)
+        if env.regime != state["current"]:
+            state.update(current=env.regime, seen=0)
+        state["seen"] += 1
+        if (env.replacements < int(max_replacements) and env.regime != state["placed_for"]
+                and state["seen"] > int(delay_windows)):
+            state["placed_for"] = env.regime
+            return 1 + redundancy_level
+        return 0
     return act
 
 

@@ -17,7 +17,7 @@ def test_drift_learned_runs_resumes_and_summarises(tmp_path, monkeypatch, load_b
     argv = ["--cell", "tiny", "--seeds", "1", "--train-seeds", "0", "--heldout-seeds", "0",
             "2", "--timesteps", "32", "--eval-every", "16", "--n-steps", "16", "--batch-size",
             "16", "--n-epochs", "1", "--out", str(tmp_path), "--tensorboard",
-            str(tmp_path / "tb")]
+            str(tmp_path / "tb"), "--causal-refs"]
     dl.main(argv)
     res = json.loads((tmp_path / "tiny.json").read_text())
     assert sorted(res["runs"]) == ["1"]
@@ -26,6 +26,12 @@ def test_drift_learned_runs_resumes_and_summarises(tmp_path, monkeypatch, load_b
     assert ref["oracle"] < ref["static"] and res["runs"]["1"]["heldout"] > 0
     text = dl.summary("tiny", res)
     assert "hindsight oracle" in text and "95 % t" in text
+    causal = res["causal"]
+    assert causal["open-loop"]["name"].startswith("once@")
+    assert causal["regime-aware"]["name"].startswith("regime r")
+    for c in causal.values():                    # never better than the oracle on held-out
+        assert ref["oracle"] <= c["heldout"] + 1e-12
+    assert "best open-loop" in text and "best regime-aware" in text
     runs = list((tmp_path / "tb").iterdir())
     assert len(runs) == 1
     assert runs[0].name.startswith("HdMoE-Drift-v1__tiny-drift-bench__0.05-1__B64__maskable-ppo__1__")

@@ -19,8 +19,8 @@ from baselines.eplb import eplb, replicate
 from hdamoe_env.config.errors import ConfigError, InvalidAction, TraceFormatError
 from hdamoe_env.config.specs import ModelSpec
 from hdamoe_env.env.drift import (HdMoeDriftEnv, compare_policies, eplb_layer, hindsight_oracle,
-                                  periodic_policy,
-                                  static_policy, threshold_policy, total_variation)
+                                  once_policy, periodic_policy, regime_policy, static_policy,
+                                  threshold_policy, total_variation)
 
 MODEL = ModelSpec(key="tiny-drift", name="tiny-drift", num_moe_layers=2, num_experts=8, top_k=2,
                   hidden_size=64, expert_intermediate=256, attn_weight_elements=4 * 64 * 64,
@@ -293,3 +293,49 @@ def test_threshold_cooldown_holds_back_later_replacements():
     assert counts[6] == 1 and counts[0] > 1
     with pytest.raises(ConfigError, match="cooldown_windows"):
         threshold_policy(0.1, 0, cooldown_windows=-1)
+
+
+def test_once_policy_replaces_at_its_window_only():
+    env = make(num_windows=5)
+    policy = once_policy(2, 1)
+    for seed in (0, 1):                                # the same instance over two episodes
+        env.reset(seed=seed)
+        actions = []
+        for _ in range(env.num_windows):
+            actions.append(policy(env))
+            env.step(actions[-1])
+        assert actions == [0, 0, 2, 0, 0] and env.replacements == 1
+    with pytest.raises(ConfigError, match="window"):
+        once_policy(-1)
+
+
+def test_regime_policy_follows_the_true_regime():
+    """It re-places at the first decision (built for the current regime), not again while the
+    regime holds, again after a forced switch once the delay has passed, and never beyond
+    ``max_replacements``; its memory is cleared by the next episode."""
+    env = make(mean_dwell=1e9, num_windows=8)
+    policy = regime_policy(0, max_replacements=2, delay_windows=1)
+    for _ in range(2):
+        env.reset(seed=0, options={"regime": 0})
+        actions = []
+        for w in range(env.num_windows):
+            if w == 3:
+                env.switch_regime(1)                   # windows from here on are regime 1
+            actions.append(policy(env))
+            env.step(actions[-1])
+        # delay 1: the first decision (regime 0's first window) waits one window; the switch
+        # made before decision 3 shows in env.regime at decision 3, waits until decision 4
+        assert actions == [0, 1, 0, 0, 1, 0, 0, 0]
+    one = regime_policy(0, max_replacements=1)
+    env.reset(seed=0, options={"regime": 0})
+    acts = []
+    for w in range(4):
+        if w == 2:
+            env.switch_regime(1)
+        acts.append(one(env))
+        env.step(acts[-1])
+    assert acts == [1, 0, 0, 0]
+    with pytest.raises(ConfigError, match="max_replacements"):
+        regime_policy(0, max_replacements=0)
+    with pytest.raises(ConfigError, match="delay_windows"):
+        regime_policy(0, delay_windows=-1)
