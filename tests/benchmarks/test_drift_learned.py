@@ -34,7 +34,8 @@ def test_drift_learned_runs_resumes_and_summarises(tmp_path, monkeypatch, load_b
     assert "best open-loop" in text and "best regime-aware" in text
     runs = list((tmp_path / "tb").iterdir())
     assert len(runs) == 1
-    assert runs[0].name.startswith("HdMoE-Drift-v1__tiny-drift-bench__0.05-1__B64__maskable-ppo__1__")
+    assert runs[0].name.startswith(
+        "HdMoE-Drift-v1__tiny-drift-bench__0.05-1__B64__maskable-ppo__1__")
     before = (tmp_path / "tiny.json").read_text()
     dl.main(argv)                                   # resumes: nothing re-trained
     assert json.loads((tmp_path / "tiny.json").read_text())["runs"] == json.loads(before)["runs"]

@@ -47,7 +47,8 @@ def rollout(env: HdMoeDriftEnv, actions, seed: int = 3) -> tuple[list, list, lis
 
 
 def test_registered_and_check_envs(check_registered_env):
-    check_registered_env("hdamoe_env/HdMoE-Drift-v1", hdamoe_env.DRIFT_ENVS, HdMoeDriftEnv, KW, make())
+    check_registered_env("hdamoe_env/HdMoE-Drift-v1", hdamoe_env.DRIFT_ENVS, HdMoeDriftEnv, KW,
+                         make())
 
 
 def test_every_action_is_legal_and_out_of_space_raises():
