@@ -171,6 +171,9 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
     | ``memory`` | [D] | tiles held / (E·U/D) (∈ [0, D]) |
     | ``topology`` | [3·D] | rows, then columns (∈ [0, 1]), then mean grid distance to the |
     | | | other clusters (÷ X + Y − 2) of every cluster; flat (SB3 warns on 2-D boxes) |
+    | ``pattern_peak`` | [n] | only with ``pattern_features=True``: per action, the most loaded |
+    | | | of its clusters after adding f_cur/size there, minus the least such value over the |
+    | | | legal actions of the same size, ÷ (k/D) (∈ [0, D]; D for a masked action) |
 
     ## Rewards
     0 on every step but the last (plus the shaping terms when ``shaping_weight`` > 0); the
@@ -191,7 +194,9 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
     region pattern sizes. rho_mem: relative memory cap per layer (None: off). evaluator:
     ``PLACE_EVALUATORS``. score_steps: sampled steps of ``analytic``/``des``. eval_seed: seed of
     the evaluator streams (aggregators, sampled steps, the EP of the γ fit). shaping_weight: w
-    of the potential. strict: raise on masked actions.
+    of the potential. strict: raise on masked actions. pattern_features: add the
+    ``pattern_peak`` key to the observation (the per-action criterion of ``greedy_balance``;
+    off by default, so the default observation is unchanged).
 
     ## Version History
     * v1: initial version.
@@ -207,7 +212,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
                  region_sizes: Sequence[int] = (2, 4, 8), rho_mem: float | None = None,
                  evaluator: str = "analytic", score_steps: int = 8, eval_seed: int = 0,
                  shaping_weight: float = 0.0, strict: bool = False,
-                 render_mode: str | None = None) -> None:
+                 pattern_features: bool = False, render_mode: str | None = None) -> None:
         if render_mode is not None:
             raise ConfigError("HdMoePlaceEnv has no render modes; pass render_mode=None")
         if evaluator not in PLACE_EVALUATORS:
@@ -234,6 +239,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         self.eval_seed = int(eval_seed)
         self.shaping_weight = float(shaping_weight)
         self.strict = bool(strict)
+        self.pattern_features = bool(pattern_features)
         self.render_mode = render_mode
 
         if not isinstance(trace, str) and not hasattr(trace, "topk_ids"):
@@ -266,14 +272,17 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         mean_dist = dist.sum(axis=1) / max(D - 1, 1) / max(X + Y - 2, 1)
         self._topology_obs = np.concatenate([rows_of / max(X - 1, 1), cols_of / max(Y - 1, 1),
                                              mean_dist]).astype(np.float32)
-        self.observation_space = spaces.Dict({
+        obs_spaces = {
             "freqs": spaces.Box(0.0, 1.0, (E,), np.float32),
             "expert": spaces.Box(0.0, 1.0, (4,), np.float32),
             "coact": spaces.Box(0.0, float(self.top_k), (D,), np.float32),
             "load": spaces.Box(0.0, float(D), (D,), np.float32),
             "memory": spaces.Box(0.0, float(D), (D,), np.float32),
             "topology": spaces.Box(0.0, 1.0, (3 * D,), np.float32),
-        })
+        }
+        if self.pattern_features:
+            obs_spaces["pattern_peak"] = spaces.Box(0.0, float(D), (len(names),), np.float32)
+        self.observation_space = spaces.Dict(obs_spaces)
         self._cache: dict[tuple[int, int], _LayerData] = {}
         self._hops_cache: NDArray[np.float64] | None = None
         self._data: _LayerData | None = None
@@ -739,7 +748,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         unplaced = float(f_sorted[self._t:].sum()) / k
         cap = 1.0 if self.cap_tiles is None else min(self.cap_tiles / (E * self.units), 1.0)
         even_tiles = E * self.units / D
-        return {
+        obs = {
             "freqs": np.clip(f_sorted, 0.0, 1.0).astype(np.float32),
             "expert": np.clip([self._t / E, 0.0 if done else data.freqs[cur], unplaced, cap],
                               0.0, 1.0).astype(np.float32),
@@ -748,6 +757,23 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             "memory": np.clip(self._node_tiles / even_tiles, 0.0, D).astype(np.float32),
             "topology": self._topology_obs.copy(),
         }
+        if self.pattern_features:
+            obs["pattern_peak"] = self._pattern_peak(0.0 if done else float(data.freqs[cur]))
+        return obs
+
+    def _pattern_peak(self, f_cur: float) -> NDArray[np.float32]:
+        """The ``pattern_peak`` observation: ``greedy_balance``'s criterion per action."""
+        D, pats = self.num_nodes, self.patterns
+        sizes = pats.sum(axis=1)
+        after = self._load[None, :] + f_cur * pats / sizes[:, None]
+        peak = np.where(pats, after, -np.inf).max(axis=1)                       # [n]
+        legal = self.action_masks()
+        rel = np.full(peak.shape, float(D))
+        for size in np.unique(sizes):
+            ok = legal & (sizes == size)
+            if ok.any():
+                rel[ok] = (peak[ok] - peak[ok].min()) / (self.top_k / D)
+        return np.clip(rel, 0.0, D).astype(np.float32)
 
     def _info(self) -> dict[str, Any]:
         return {"action_mask": self.action_masks(), "layer": self.layer,

@@ -408,3 +408,19 @@ def test_nearest_hops_on_a_2x4_mesh():
     """Σ of the j smallest hop counts from the best-placed cluster (an inner one of the row)."""
     env = make(mesh="2x4", evaluator="des", score_steps=1)
     np.testing.assert_array_equal(env._nearest_hops(), [0, 1, 2, 3, 5, 7, 9, 12])
+
+
+def test_pattern_peak_is_greedys_criterion_and_optional():
+    assert "pattern_peak" not in make().observation_space.spaces
+    env = make(pattern_features=True, mesh="2x4")
+    assert env.observation_space["pattern_peak"].shape == (env.action_space.n,)
+    for size in (1, 2):
+        g = greedy_balance(env, size, layer=1)
+        obs, _ = env.reset(options={"layer": 1, "trace_index": 0})
+        positive = 0
+        for a in g.best_actions:
+            assert env.observation_space.contains(obs)
+            assert obs["pattern_peak"][a] == 0.0          # the greedy's pick is a minimum
+            positive += int((obs["pattern_peak"] > 0).sum())
+            obs, *_ = env.step(a)
+        assert positive > 0                               # and the feature tells patterns apart
