@@ -34,7 +34,7 @@ differs in an option that changes results. ``--tensorboard DIR``: one SB3 run pe
 ``eval/ratio``. Bad options: one line on stderr, exit 2.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/place_learned.py --cells ds_10-25_B128,ds_5-50_B128
---timesteps 40960 --out runs/place-learned``.
+--timesteps 65536 --out runs/place-learned``.
 """
 
 from __future__ import annotations
@@ -400,9 +400,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "criterion per action)")
     ap.add_argument("--shaping", type=float, default=0.0,
                     help="shaping_weight of the training env")
-    ap.add_argument("--timesteps", type=int, default=20480, help="PPO steps per seed (0: BC only)")
+    ap.add_argument("--timesteps", type=int, default=65536, help="PPO steps per seed (0: BC only)")
     ap.add_argument("--eval-every", type=int, default=4096)
-    ap.add_argument("--bc-epochs", type=int, default=30)
+    ap.add_argument("--bc-epochs", type=int, default=100)
     ap.add_argument("--bc-lr", type=float, default=1e-3)
     ap.add_argument("--bc-batch", type=int, default=256)
     ap.add_argument("--net-arch", default="256,256", help="hidden layers of policy and value")
