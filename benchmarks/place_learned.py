@@ -258,7 +258,7 @@ def train_seed(cell: str, seed: int, variant: str, args: argparse.Namespace,
     rec.update(final=policy_ratios(eval_env, model), curve=curve,
                ppo_cpu_s=time.process_time() - c1, ppo_wall_s=time.perf_counter() - t1,
                train_cpu_s=time.process_time() - c0, train_wall_s=time.perf_counter() - t0,
-               timesteps=args.timesteps)
+               timesteps=args.timesteps, n_steps=args.n_steps)
     return rec
 
 
@@ -311,6 +311,21 @@ def summary(cell: str, ref: dict[str, Any], runs: list[dict[str, Any]]) -> str:
                      + ", ".join(f"≥ {100 * s:.1f} %" for s in share)
                      + f" | {m - greedy:+.4f} | {steps} | "
                      + (", ".join(f"{r[cpu]:.0f}" for r in rs) if cpu else "—") + " |")
+    curved = [r for v in ("bc+ppo", "scratch") for r in by[v]]
+    if curved:
+        steps = [s for s, _ in curved[0]["curve"]]
+        lines += ["", "Learning curves (mean held-out ratio to TP, deterministic policy; step 0 "
+                  "= after BC, or the untrained policy from scratch; the point at step s is "
+                  f"evaluated while the rollout ending at s is collected, i.e. after the updates "
+                  f"on the first s − {curved[0].get('n_steps', 2048)} steps; final = after the "
+                  "last update):", "",
+                  "| run, seed | " + " | ".join(f"{s / 1024:g}k" for s in steps) + " | final |",
+                  "|" + "---|" * (len(steps) + 2)]
+        for r in curved:
+            vals = dict(r["curve"])
+            lines.append(f"| {r['variant']}, {r['seed']} | "
+                         + " | ".join(f"{vals[s]:.3f}" if s in vals else "—" for s in steps)
+                         + f" | {np.mean(list(r['final'].values())):.3f} |")
     lines += ["", f"{cell}: Node+Link {nl:.4f}, greedy {greedy:.4f}, bound {bound:.4f} × TP "
               f"(mean over held-out layers {', '.join(layers)}); the bound leaves at most "
               f"{100 * (1 - bound / nl):.1f} % below Node+Link, the greedy finds "
