@@ -354,6 +354,18 @@ def plot_curves(records: list[dict[str, Any]], refs: dict[str, dict[str, Any]],
                                         ("bound", "bound")), ("--", "-.", ":"), strict=True):
             ax.axhline(float(np.mean([v[key] for v in refs[cell].values()])), color="k",
                        linestyle=style, linewidth=0.8, label=label)
+        bc = [v for r in records if r["cell"] == cell and r["variant"] == "bc+ppo"
+              for _, v in r["curve"]]
+        if bc:            # zoom on the BC runs; a from-scratch run far above is noted
+            low = float(np.mean([v["bound"] for v in refs[cell].values()]))
+            top = max(max(bc), 1.0) + 0.05
+            ax.set_ylim(low - 0.05, top)
+            for r in records:
+                if r["cell"] == cell and r["variant"] == "scratch" and max(
+                        v for _, v in r["curve"]) > top:
+                    ax.text(0.02, 0.97, f"scratch seed {r['seed']}: {r['curve'][0][1]:.2f} → "
+                            f"{r['curve'][-1][1]:.2f} (above the axis)", transform=ax.transAxes,
+                            fontsize=7, va="top")
         ax.set_title(cell)
         ax.set_xlabel("PPO env steps (0 = BC only)")
         ax.set_ylabel("held-out mean latency / TP")
