@@ -46,7 +46,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -405,9 +405,16 @@ def check_out(out: Path, config: dict[str, Any], resume: bool) -> None:
                               "); use a new directory")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors raise ``ConfigError`` (one line in :func:`main`)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default="ds_10-25_B128",
                     help="comma list of cells, e.g. ds_10-25_B128,ds_5-50_B128")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

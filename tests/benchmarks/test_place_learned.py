@@ -107,7 +107,8 @@ def test_out_refused_without_resume_and_with_other_options(pl, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("bad", [["--timesteps", "-1"], ["--cells", "ds_10-25"],
-                                 ["--evaluator", "exact"], ["--net-arch", "64,x"]])
+                                 ["--evaluator", "exact"], ["--net-arch", "64,x"],
+                                 ["--timesteps", "many"], ["--no-such-flag"]])
 def test_bad_option_one_line_exit_2(pl, tmp_path, capsys, bad):
     assert pl.main([*bad, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
