@@ -423,8 +423,9 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         out["reward"] = -out["ratio"]
         return out
 
-    def latency_lower_bound(self, *, layer: int | None = None,
-                            trace_index: int | None = None) -> dict[str, float]:
+    def latency_lower_bound(self, *, layer: int | None = None, trace_index: int | None = None,
+                            fixed: bool = False, grid_points: int = 64,
+                            time_limit_s: float = 120.0) -> dict[str, float]:
         """Return a lower bound on ``evaluate_placement``'s latency over every placement.
 
         Valid for every layer placement whose shares are whole tiles (multiples of 1/U, the
@@ -455,11 +456,37 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         the steps whose loads fluctuate. ``static`` (expected loads) keeps the compute-only
         bound: the node mean of max(Σ_i (n_i·F_e/C + a_i·m·o), Σ_i a_i·W_e/(BW_mem·η)).
 
+        ``fixed=True`` (sampled evaluators) shares the placement across the steps: a placement
+        has one holder-count vector h ∈ {1..min(U, D)}^E and one mode for every step, so
+
+            LB_fixed = min(TP, max(LB, min(min_h mean_s B_s(h), min_h mean_s C_s(h) + t_AR)))
+
+        where B_s(h) is the per-step argument above with h_e fixed (τ_s ≥ M_e(h_e) for the
+        step's active experts, the node-mean terms with these h_e, |U_t| ≥ max_e∈S_t h_e and
+        ≥ ⌈work_t / τ_s⌉, the phases' terms) and C_s(h) its expert phase alone. As
+        mean_s min_h ≤ min_h mean_s, LB_fixed ≥ LB. Each min over h is a MILP (SciPy's HiGHS,
+        imported lazily; binaries z_e,h and one τ-interval choice per step on a grid of every
+        breakpoint plus ``grid_points`` geometric points, capacity at the interval's upper end;
+        intervals where a token would need more than D clusters are infeasible; one continuous
+        reach per distinct expert set; the hop sum by the affine pieces of the lower convex
+        hull of ``_nearest_hops``). Its value is HiGHS's best dual bound, never the incumbent,
+        so a time limit keeps it valid. ``static`` returns LB.
+
+        Args:
+            layer: MoE layer (default: the current episode's).
+            trace_index: Trace (default: the current episode's).
+            fixed: Return the fixed-placement bound as ``lower_bound_us``.
+            grid_points: Geometric τ points per step of the MILP (besides the breakpoints).
+            time_limit_s: HiGHS's time limit per MILP (the dual bound stays valid).
+
         Returns:
             ``lower_bound_us``; ``compute_bound_us`` and ``stream_bound_us`` (step means of the
             two placement-independent sums / D, one overhead per active expert); for sampled
             evaluators ``dispatch_bound_us`` and ``allreduce_bound_us`` (the step means of the
-            two modes' bounds); ``ratio`` (LB / TP's latency on the same steps).
+            two modes' bounds); ``ratio`` (LB / TP's latency on the same steps). With
+            ``fixed=True`` also ``perstep_bound_us`` (LB), ``fixed_dispatch_us`` and
+            ``fixed_allreduce_us`` (the two MILPs' dual bounds, the latter + t_AR),
+            ``fixed_gap`` (the larger relative MIP gap) and ``fixed_solve_s`` (CPU seconds).
         """
         layer = self.layer if layer is None else int(layer)
         trace_index = self.trace_index if trace_index is None else int(trace_index)
@@ -483,6 +510,8 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
                "stream_bound_us": float(np.mean(stream)) / D * 1e6}
         if data.steps is None:
             out["lower_bound_us"] = float(np.maximum(work, stream).mean()) / D * 1e6
+            if fixed:
+                out["perstep_bound_us"] = out["lower_bound_us"]
         else:
             t_ar = self.sim.tp_allreduce(self.batch).time_s
             bounds = np.array([self._step_bound(sets, data.gamma) for sets in data.steps])
@@ -490,6 +519,18 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             out["allreduce_bound_us"] = (float(bounds[:, 1].mean()) + t_ar) * 1e6
             out["lower_bound_us"] = min(float(np.minimum(bounds[:, 0], bounds[:, 1] + t_ar
                                                          ).mean()) * 1e6, data.tp_us)
+            if fixed:
+                steps = [self._fixed_step_data(sets, grid_points) for sets in data.steps]
+                disp = self._fixed_bound_milp(steps, data.steps, data.gamma, True, time_limit_s)
+                ared = self._fixed_bound_milp(steps, data.steps, data.gamma, False, time_limit_s)
+                out["perstep_bound_us"] = out["lower_bound_us"]
+                out["fixed_dispatch_us"] = disp["value_us"]
+                out["fixed_allreduce_us"] = ared["value_us"] + t_ar * 1e6
+                out["fixed_gap"] = max(disp["gap"], ared["gap"])
+                out["fixed_solve_s"] = disp["solve_s"] + ared["solve_s"]
+                out["lower_bound_us"] = min(max(out["perstep_bound_us"],
+                                                min(out["fixed_dispatch_us"],
+                                                    out["fixed_allreduce_us"])), data.tp_us)
         out["ratio"] = out["lower_bound_us"] / data.tp_us
         return out
 
@@ -541,6 +582,227 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             comm = (gamma or 0.0) * conv.kappa_a * model.hidden_size * peak / topo.bw_end_Bps \
                 * (2.0 if conv.gamma_combine_only else 1.0)
         return float((comp + comm).min()), float(comp.min())
+
+    def _fixed_step_data(self, sets: NDArray[np.int64], points: int) -> dict[str, Any]:
+        """Return one step's terms of the fixed-placement bound (µs; ``latency_lower_bound``).
+
+        Keys: ``act`` bool [E]; ``total`` (Σ_e∈A G_e(I)), ``extra`` (m·o), ``stream`` (the
+        streaming node mean); ``grid`` [K] the τ points (every breakpoint of h_e(τ) and
+        ``points`` geometric ones), ``hreq`` int [K, E] (h_e(τ) on [grid_k, grid_k+1); 0 for
+        inactive experts), ``cap`` [K, B] (⌈work_t / grid_k+1⌉, ≥ 1); intervals where some
+        token would need more than D clusters are dropped.
+        """
+        model, hw, conv = self.model, self.sim.hw, self.sim.conv
+        E, D, U = self.num_experts, self.num_nodes, self.units
+        n = np.bincount(sets.ravel(), minlength=E)[:E].astype(np.float64)
+        act = n > 0
+        hs = np.arange(1, min(U, D) + 1)
+        big = np.ceil(U / hs) / U
+        if conv.tiled:
+            total = perf.gemm_tile_time(n, model.expert_intermediate, model, hw, conv)
+            m_e = perf.gemm_tile_time(n[:, None], big[None, :] * model.expert_intermediate,
+                                      model, hw, conv)
+            extra = conv.expert_matrices * conv.gemm_overhead_s
+        else:
+            total = n * perf.expert_flops(model, conv) / hw.compute_flops
+            m_e = total[:, None] * big[None, :]
+            extra = 0.0
+        w_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
+               if conv.weight_streaming else 0.0)
+        m_e = np.maximum(m_e, act[:, None] * w_s * big[None, :])[act] * 1e6      # [A, H] µs
+        lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
+        grid = np.unique(np.concatenate([m_e.ravel(), np.geomspace(lo, hi, max(points, 2))]))
+        grid = grid[(grid >= lo) & (grid <= hi)]
+        ok = m_e[None, :, :] <= grid[:, None, None] * (1.0 + 1e-12)
+        hreq = np.zeros((grid.size, E), dtype=np.int64)
+        hreq[:, act] = np.argmax(ok, axis=2) + 1
+        upper = np.append(grid[1:], np.inf)
+        need = np.maximum(total[sets].sum(axis=1), act[sets].sum(axis=1) * w_s) * 1e6  # [B]
+        cap = np.maximum(np.ceil(need[None, :] / upper[:, None] - 1e-9), 1.0)       # [K, B]
+        keep = (cap <= D).all(axis=1)
+        return {"act": act, "total": float(total[act].sum()) * 1e6, "extra": extra * 1e6,
+                "stream": float(act.sum()) * w_s / D * 1e6, "grid": grid[keep],
+                "hreq": hreq[keep], "cap": cap[keep]}
+
+    def _hops_hull(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return (intercepts, slopes) of the lower convex hull of ``_nearest_hops`` (m ≥ 0)."""
+        near = self._nearest_hops()
+        pts: list[int] = []
+        for j in range(near.size):               # monotone chain, lower hull
+            while len(pts) >= 2:
+                a, b = pts[-2], pts[-1]
+                if (near[b] - near[a]) * (j - a) >= (near[j] - near[a]) * (b - a):
+                    pts.pop()
+                else:
+                    break
+            pts.append(j)
+        xs = np.array(pts, dtype=np.float64)
+        ys = near[pts]
+        slopes = np.diff(ys) / np.diff(xs) if xs.size > 1 else np.zeros(1)
+        inter = ys[:-1] - slopes * xs[:-1] if xs.size > 1 else np.zeros(1)
+        return inter, slopes
+
+    def _fixed_bound_milp(self, steps: list[dict[str, Any]], sets_all: NDArray[np.int64],
+                          gamma: float | None, comm: bool, time_limit: float
+                          ) -> dict[str, float]:
+        """Solve min_h mean_s B_s(h) as a MILP (HiGHS via SciPy); the value is the dual bound.
+
+        ``comm=False`` drops the communication terms (the all-reduce mode's expert phase).
+        Returns ``value_us`` (HiGHS's best dual bound, µs), ``gap`` (relative MIP gap),
+        ``solve_s`` (CPU seconds) and ``optimal`` (1.0 when solved to the gap tolerance).
+        """
+        import time
+
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
+        model, conv, topo = self.model, self.sim.conv, self.sim.topology
+        E, D, U = self.num_experts, self.num_nodes, self.units
+        H = min(U, D)
+        S = len(steps)
+        lb_v: list[float] = []
+        ub_v: list[float] = []
+        integ: list[int] = []
+        cost: list[float] = []
+        rows: list[tuple[dict[int, float], float, float]] = []
+
+        def var(lo: float, hi: float, integer: bool = False, c: float = 0.0) -> int:
+            lb_v.append(lo)
+            ub_v.append(hi)
+            integ.append(1 if integer else 0)
+            cost.append(c)
+            return len(lb_v) - 1
+
+        def row(coefs: dict[int, float], lo: float, hi: float = np.inf) -> None:
+            rows.append((coefs, lo, hi))
+
+        used = np.flatnonzero(np.any([st["act"] for st in steps], axis=0))
+        z = {int(e): [var(0, 1, True) for _ in range(H)] for e in used}
+        for e in z:
+            row({v: 1.0 for v in z[e]}, 1.0, 1.0)
+
+        def h_expr(e: int, scale: float = 1.0) -> dict[int, float]:
+            return {v: scale * (j + 1) for j, v in enumerate(z[e])}
+
+        b = float(self.sim.msg_bytes)
+        b_low, bp, split = b, b, False
+        if conv.psum_combine:
+            bp = float(model.hidden_size * conv.b_psum)
+            if bp >= b:
+                split = True
+            else:
+                b_low = bp
+        bw = topo.link_bw_Bps
+        ni = conv.ni_bw_for(topo.bw_end_Bps)
+        links_cap = float(bw.size * bw.max())
+        inject_cap = min(D * ni, links_cap) if ni and ni > 0 else links_cap
+        bw_sum, bw_max = float(bw.sum()), float(bw.max())
+        inter, slopes = self._hops_hull()
+        for st, sets in zip(steps, sets_all, strict=True):
+            K = st["grid"].size
+            y = [var(0, 1, True) for _ in range(K)]
+            row({v: 1.0 for v in y}, 1.0, 1.0)
+            act_e = np.flatnonzero(st["act"])
+            comp = var(st["stream"], np.inf, c=1.0 / S)
+            row({comp: 1.0, **{v: -float(g) for v, g in zip(y, st["grid"], strict=True)}}, 0.0)
+            if st["extra"] > 0:
+                c = {comp: 1.0}
+                for e in act_e:
+                    for v, k in h_expr(int(e), -st["extra"] / D).items():
+                        c[v] = c.get(v, 0.0) + k
+                row(c, (st["total"] - st["extra"] * act_e.size) / D)
+            else:
+                row({comp: 1.0}, st["total"] / D)
+            for e in act_e:                       # h_e ≥ h_e(τ_s)
+                c = h_expr(int(e))
+                for v, k in zip(y, st["hreq"][:, e], strict=True):
+                    c[v] = c.get(v, 0.0) - float(k)
+                row(c, 0.0)
+            if not comm:
+                continue
+            # tokens with the same expert set are the same token: one variable, a multiplicity
+            keys, inv, mult = np.unique(np.sort(sets, axis=1), axis=0, return_inverse=True,
+                                        return_counts=True)
+            inv = np.asarray(inv).ravel()
+            first = np.array([int(np.flatnonzero(inv == i)[0]) for i in range(keys.shape[0])])
+            us, hops, xs = [], [], []
+            w = var(0, 1, True)
+            for i, t in enumerate(first):
+                u = var(1.0, float(D))
+                us.append(u)
+                for e in np.unique(keys[i]):
+                    c = {u: 1.0}
+                    for v, k in h_expr(int(e), -1.0).items():
+                        c[v] = k
+                    row(c, 0.0)
+                c = {u: 1.0}
+                for v, k in zip(y, st["cap"][:, t], strict=True):
+                    c[v] = -float(k)
+                row(c, 0.0)
+                row({u: 1.0, w: -(D - 1.0)}, -np.inf, 1.0)
+                if self.evaluator == "des":
+                    hp = var(0.0, np.inf)
+                    hops.append(hp)
+                    for a, s in zip(inter, slopes, strict=True):   # hp ≥ a + s·(u − 1)
+                        row({hp: 1.0, u: -float(s)}, float(a - s))
+                    if split:
+                        x = var(0.0, np.inf)
+                        xs.append(x)
+                        for e in np.unique(keys[i]):
+                            c = {x: 1.0}
+                            for v, k in h_expr(int(e), -(bp - b)).items():
+                                c[v] = k
+                            row(c, -(bp - b))
+            m = mult.astype(np.float64)
+            if self.evaluator != "des":
+                coef = (gamma or 0.0) * conv.kappa_a * model.hidden_size / topo.bw_end_Bps \
+                    * (2.0 if conv.gamma_combine_only else 1.0) * 1e6
+                peak = var(0.0, np.inf, True, coef / S)
+                row({peak: 1.0, **{u: -mi / D for u, mi in zip(us, m, strict=True)}}, 0.0)
+                continue
+            phases = []
+            for bytes_per, with_x in ((b, False), (b_low, split)):
+                p = var(0.0, np.inf)
+                phases.append(p)
+                xc = {x: -mi for x, mi in zip(xs, m, strict=True)} if with_x else {}
+                c = {p: 1.0, **{u: -bytes_per * mi / inject_cap * 1e6
+                                 for u, mi in zip(us, m, strict=True)}}
+                for x, k in xc.items():
+                    c[x] = k / inject_cap * 1e6
+                row(c, -bytes_per * float(m.sum()) / inject_cap * 1e6)
+                c = {p: 1.0, **{hp: -bytes_per * mi / bw_sum * 1e6
+                                for hp, mi in zip(hops, m, strict=True)}}
+                for x, k in xc.items():
+                    c[x] = k / bw_sum * 1e6
+                row(c, 0.0)
+                row({p: 1.0, w: -min(b, b_low) / bw_max * 1e6}, 0.0)
+            if conv.moe_comm == "dispatch+combine":
+                cost[phases[0]] += 1.0 / S
+                cost[phases[1]] += 1.0 / S
+            else:
+                cost[phases[1]] += 2.0 / S
+            cost[w] += 2.0 * conv.msg_alpha_s * 1e6 / S
+
+        r_i, c_i, vals, lo_r, hi_r = [], [], [], [], []
+        for i, (coefs, lo, hi) in enumerate(rows):
+            for j, v in coefs.items():
+                r_i.append(i)
+                c_i.append(j)
+                vals.append(v)
+            lo_r.append(lo)
+            hi_r.append(hi)
+        A = coo_matrix((vals, (r_i, c_i)), shape=(len(rows), len(lb_v))).tocsr()
+        c0 = time.process_time()
+        res = milp(np.array(cost), constraints=LinearConstraint(A, lo_r, hi_r),
+                   integrality=np.array(integ), bounds=Bounds(lb_v, ub_v),
+                   options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
+        solve_s = time.process_time() - c0
+        dual = getattr(res, "mip_dual_bound", None)
+        if dual is None or not np.isfinite(dual):
+            dual = res.fun if res.status == 0 else -np.inf
+        gap = float(getattr(res, "mip_gap", np.nan) or 0.0)
+        return {"value_us": float(dual), "gap": gap, "solve_s": solve_s,
+                "optimal": 1.0 if res.status == 0 else 0.0}
 
     def _nearest_hops(self) -> NDArray[np.float64]:
         """Return float [D]: entry j is the least Σ of hop counts from one cluster to j others.

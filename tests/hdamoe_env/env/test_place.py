@@ -424,3 +424,96 @@ def test_pattern_peak_is_greedys_criterion_and_optional():
             positive += int((obs["pattern_peak"] > 0).sum())
             obs, *_ = env.step(a)
         assert positive > 0                               # and the feature tells patterns apart
+
+
+def _brute_force_fixed(env: HdMoePlaceEnv, layer: int, comm: bool = True) -> float:
+    """min over every h ∈ {1..min(U, D)}^E of mean_s B_s(h) (µs), B_s by direct evaluation."""
+    import itertools
+
+    data = env._layer_data(0, layer)
+    E, D = env.num_experts, env.num_nodes
+    H = min(env.units, D)
+    steps = [env._fixed_step_data(sets, 64) for sets in data.steps]
+    best = np.inf
+    for hv in itertools.product(range(1, H + 1), repeat=E):
+        h = np.array(hv, dtype=np.int64)
+        total = 0.0
+        for st, sets in zip(steps, data.steps, strict=True):
+            act = st["act"]
+            ok = (st["hreq"][:, act] <= h[act]).all(axis=1)          # τ ≥ max_e M_e(h_e)
+            if not ok.any():
+                total = np.inf
+                break
+            mean = max((st["total"] + (h[act] - 1).sum() * st["extra"]) / D, st["stream"])
+            comp = np.maximum(st["grid"][ok], mean)
+            if comm:
+                u = np.maximum(h[sets].max(axis=1)[None, :], st["cap"][ok])
+                h_full = np.broadcast_to(np.where(act, h, 1), (u.shape[0], E))
+                comp = comp + env._comm_bound(u, h_full, sets) * 1e6
+            total += float(comp.min())
+        best = min(best, total / len(steps))
+    return best
+
+
+# E = 4, k = 2; I = 256 at 64-column tiles: U = 4, so 4^4 holder-count vectors
+MODEL_E4 = ModelSpec(key="tiny-place-e4", name="tiny-place-e4", num_moe_layers=4, num_experts=4,
+                     top_k=2, hidden_size=64, expert_intermediate=256,
+                     attn_weight_elements=4 * 64 * 64, kv_elements_per_token=2 * 64,
+                     core_flops_per_ctx_token=4 * 64)
+
+
+@pytest.mark.parametrize("conventions", ["faithful", "faithful+ni_ports=False",
+                                         "faithful+moe_comm=2xcombine"])
+def test_fixed_bound_equals_brute_force_over_holder_counts(conventions):
+    """The MILP's dual bound is min_h mean_s B_s(h) over every holder-count vector, exactly,
+    and here strictly above the per-step bound (the steps disagree on the best h)."""
+    env = make(model=MODEL_E4, mesh="2x4", setting="5/50", evaluator="des", score_steps=3,
+               batch=64, conventions=conventions)
+    assert env.units == 4
+    data = env._layer_data(0, 2)
+    steps = [env._fixed_step_data(sets, 64) for sets in data.steps]
+    for comm in (True, False):
+        milp = env._fixed_bound_milp(steps, data.steps, data.gamma, comm, 60.0)
+        assert milp["optimal"] == 1.0
+        assert milp["value_us"] == pytest.approx(_brute_force_fixed(env, 2, comm), rel=1e-6)
+    fx = env.latency_lower_bound(layer=2, trace_index=0, fixed=True)
+    assert fx["fixed_dispatch_us"] > 1.003 * fx["dispatch_bound_us"]
+
+
+@pytest.mark.parametrize("evaluator,conventions", [
+    ("des", "faithful"), ("analytic", "faithful"), ("des", "paper")])
+def test_fixed_bound_between_per_step_bound_and_tile_placements(evaluator, conventions):
+    """per-step LB ≤ fixed LB ≤ every random tile placement, greedy, TP (any mode, mapping)."""
+    env = make(mesh="2x4", evaluator=evaluator, score_steps=3, batch=16,
+               conventions=conventions)
+    env.reset(seed=0, options={"layer": 2})
+    lb = env.latency_lower_bound()
+    fx = env.latency_lower_bound(fixed=True)
+    assert {k: lb[k] for k in lb} == {k: fx[k] for k in lb if k not in ("lower_bound_us",
+                                                                         "ratio")} | {
+        "lower_bound_us": lb["lower_bound_us"], "ratio": lb["ratio"]}
+    assert fx["perstep_bound_us"] == lb["lower_bound_us"]
+    assert fx["lower_bound_us"] >= lb["lower_bound_us"]
+    assert fx["fixed_dispatch_us"] >= lb["dispatch_bound_us"] * (1 - 1e-6)
+    assert fx["fixed_gap"] <= 1e-5
+    E, D, U = env.num_experts, env.num_nodes, env.units
+    rng = np.random.default_rng(11)
+    for i in range(24):
+        P = _random_tile_placement(rng, E, D, U)
+        pi = rng.permutation(D) if i % 2 else None
+        out = env.evaluate_placement(P, pi, allreduce=(i % 5 == 0))
+        assert fx["lower_bound_us"] <= out["latency_us"] * (1 + 1e-9), (i, fx, out)
+    for size in (1, 2, 4, 8):
+        P, red = greedy_balance(env, size, layer=2).best_placement
+        assert fx["lower_bound_us"] <= env.evaluate_placement(P, None, red)["latency_us"] * (
+            1 + 1e-9)
+    assert fx["lower_bound_us"] <= fx["lower_bound_us"] / fx["ratio"] * (1 + 1e-12)   # ≤ TP
+    assert fx["lower_bound_us"] <= env.evaluate_placement(np.full((E, D), 1.0 / D))["latency_us"]
+
+
+def test_fixed_bound_static_is_the_per_step_bound():
+    env = make(evaluator="static")
+    env.reset(seed=0, options={"layer": 1})
+    fx = env.latency_lower_bound(fixed=True)
+    assert fx["lower_bound_us"] == fx["perstep_bound_us"] == env.latency_lower_bound()[
+        "lower_bound_us"]
