@@ -657,7 +657,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         from scipy.sparse import coo_matrix
 
         model, conv, topo = self.model, self.sim.conv, self.sim.topology
-        E, D, U = self.num_experts, self.num_nodes, self.units
+        D, U = self.num_nodes, self.units
         H = min(U, D)
         S = len(steps)
         lb_v: list[float] = []

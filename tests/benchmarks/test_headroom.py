@@ -101,3 +101,15 @@ def test_place_cells_run_resumes_and_renders(tmp_path, monkeypatch, load_benchma
     assert drv.run_place_cells(args) == res
     text = drv.place_cells_table(res)
     assert "| tiny_1-1_B8 | 3 |" in text and text.count("\n") == 2
+    # --bound fixed re-runs the cell (same placements, same numbers) and adds the column
+    args.table_only, args.bound = False, "fixed"
+    fixed = drv.run_place_cells(args)["tiny_1-1_B8"]
+    assert {k: v for k, v in fixed.items() if k not in ("bound_fixed", "_meta")} == {
+        k: v for k, v in row.items() if k != "_meta"}
+    fx = fixed["bound_fixed"]
+    assert row["bound"]["ratio"] * (1 - 1e-12) <= fx["ratio"] <= min(
+        r["ratio"] for k, r in fixed.items() if k not in ("bound", "bound_fixed", "_meta")
+    ) * (1 + 1e-9)
+    assert fx["gap"] <= 1e-5 and fx["solve_s"] >= 0
+    text = drv.place_cells_table({"tiny_1-1_B8": fixed})
+    assert "fixed-placement bound" in text and f"| {fx['ratio']:.3f} |" in text
