@@ -55,7 +55,7 @@ import numpy as np
 from gymnasium import spaces
 from numpy.typing import NDArray
 
-from hdamoe_env.config.errors import ConfigError, InvalidAction
+from hdamoe_env.config.errors import ConfigError, DependencyNotInstalled, InvalidAction
 from hdamoe_env.env.actions import discrete_action
 from hdamoe_env.config.run import RunSpec
 from hdamoe_env.config.specs import ModelSpec
@@ -489,6 +489,9 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             ``fixed=True`` also ``perstep_bound_us`` (LB), ``fixed_dispatch_us`` and
             ``fixed_allreduce_us`` (the two MILPs' dual bounds, the latter + t_AR),
             ``fixed_gap`` (the larger relative MIP gap) and ``fixed_solve_s`` (CPU seconds).
+
+        Raises:
+            DependencyNotInstalled: ``fixed=True`` with a sampled evaluator and no SciPy.
         """
         layer = self.layer if layer is None else int(layer)
         trace_index = self.trace_index if trace_index is None else int(trace_index)
@@ -655,8 +658,12 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         """
         import time
 
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
+        try:
+            from scipy.optimize import Bounds, LinearConstraint, milp
+            from scipy.sparse import coo_matrix
+        except ImportError as exc:
+            raise DependencyNotInstalled('the fixed-placement bound needs SciPy (HiGHS); run '
+                                         '`pip install "hdamoe-env[opt]"`') from exc
 
         model, conv, topo = self.model, self.sim.conv, self.sim.topology
         D, U = self.num_nodes, self.units
