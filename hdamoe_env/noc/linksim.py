@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -835,6 +836,15 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
     return makespan, busy
 
 
+#: numba threading layer ``numba_threads`` picks when the process has not chosen one. The
+#: default order would take OpenMP here, whose threads spin while they wait: with other
+#: processes on the cores, 2 threads made a batched DES call up to 3x slower than 1 thread
+#: (docs/results/throughput.md, sixth round); the workqueue's threads sleep. The batch's runs
+#: are one parallel region per call, so its larger launch cost does not show. Not safe for
+#: parallel calls from several Python threads at once (numba aborts); run one env per thread.
+THREADING_LAYER = "workqueue"
+
+
 def check_threads(threads: int, name: str = "threads") -> int:
     """Return ``threads`` checked as a numba thread count for ``simulate_layers_comm``.
 
@@ -862,10 +872,17 @@ def check_threads(threads: int, name: str = "threads") -> int:
 def numba_threads(threads: int) -> Iterator[None]:
     """Run the block with ``numba.set_num_threads(threads)``; restore the previous count.
 
+    Unless the process chose numba's threading layer (``NUMBA_THREADING_LAYER`` or
+    ``numba.config.THREADING_LAYER`` set to anything but ``"default"``), the first call picks
+    :data:`THREADING_LAYER` before numba starts its threads (numba fixes the layer then, for
+    the whole process).
+
     Raises:
         ConfigError: ``threads`` fails ``check_threads``.
     """
     threads = check_threads(threads)
+    if numba.config.THREADING_LAYER == "default" and "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = THREADING_LAYER
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
