@@ -839,9 +839,10 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
 #: numba threading layer ``numba_threads`` picks when the process has not chosen one. The
 #: default order would take OpenMP here, whose threads spin while they wait: with other
 #: processes on the cores, 2 threads made a batched DES call up to 3x slower than 1 thread
-#: (docs/results/throughput.md, sixth round); the workqueue's threads sleep. The batch's runs
-#: are one parallel region per call, so its larger launch cost does not show. Not safe for
-#: parallel calls from several Python threads at once (numba aborts); run one env per thread.
+#: (docs/results/throughput.md, sixth round); the workqueue's threads sleep, which costs a
+#: wake-up per call (in the env on idle cores: 1.37x from 2 threads instead of the 1.93x of
+#: spinning OpenMP workers; set NUMBA_THREADING_LAYER=omp OMP_WAIT_POLICY=active on dedicated
+#: cores). Not safe for parallel calls from several Python threads at once (numba aborts).
 THREADING_LAYER = "workqueue"
 
 
