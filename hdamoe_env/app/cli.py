@@ -265,6 +265,10 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(steps/s of both in the same run, ratio)")
     p.add_argument("--fidelity", choices=("analytic", "des", "both"), default="both",
                    help="with --num-envs: the fidelities measured")
+    p.add_argument("--des-threads", type=positive_int, nargs="+", default=[1], metavar="T",
+                   help="with --num-envs: numba threads of the batched DES env (des_threads); "
+                        "several values measure one batched env each in the same run (the "
+                        "single env always uses one thread); at most NUMBA_NUM_THREADS")
     p.add_argument("--json", default=None,
                    help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     p.set_defaults(func=envbench.cmd_bench_env)

@@ -236,7 +236,7 @@ def _cmd_bench_vector(args: argparse.Namespace) -> int:
     res = vecbench.bench_vector(args.num_envs, seconds=args.seconds, model=args.model,
                                 mesh=args.mesh, setting=args.setting, batch=args.batch,
                                 conventions=args.conventions, fidelities=fidelities,
-                                seed=args.seed)
+                                seed=args.seed, des_threads=tuple(args.des_threads))
     print(f"vector env benchmark: {res['model']} {res['mesh']} {res['setting']} "
           f"B={res['batch']} ({res['conventions']}), EP placement, {res['steps_per_episode']} "
           f"decode steps per episode")

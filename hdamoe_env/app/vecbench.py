@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.run import RUN_DEFAULTS
 
 __all__ = ["ROUNDS", "bench_vector", "format_vector_bench", "items_per_second", "masked_sample"]
@@ -61,8 +62,8 @@ def masked_sample(masks: NDArray[np.bool_], nvec: NDArray[np.int64],
 def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAULTS.model,
                  mesh: str = RUN_DEFAULTS.mesh, setting: str = RUN_DEFAULTS.setting,
                  batch: int = RUN_DEFAULTS.batch, conventions: str = RUN_DEFAULTS.conventions,
-                 fidelities: tuple[str, ...] = ("analytic", "des"), seed: int = 0
-                 ) -> dict[str, Any]:
+                 fidelities: tuple[str, ...] = ("analytic", "des"), seed: int = 0,
+                 des_threads: tuple[int, ...] = (1,)) -> dict[str, Any]:
     """Measure single-env and batched steps/s (module docstring) on the EP placement.
 
     Args:
@@ -71,24 +72,42 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
         model, mesh, setting, batch, conventions: The run.
         fidelities: ``"analytic"`` and/or ``"des"``.
         seed: Seed of the envs and of the random actions.
+        des_threads: ``des_threads`` of the batched DES env, one batched env per value, all
+            measured in the same rounds as the single env (which always uses one thread).
+            The first value gives the ``..._batched_...`` keys; each further value t gives
+            ``des_{policy}_batched_{t}t_steps_per_s`` and ``des_{policy}_ratio_{t}t``.
 
     Returns:
         ``{fidelity}_{policy}_single_steps_per_s``, ``..._batched_steps_per_s`` and
         ``..._ratio`` for policy ``noop`` and ``random_masked``, plus the configuration.
+
+    Raises:
+        ConfigError: A bad ``des_threads`` value (``linksim.check_threads``).
     """
     from hdamoe_env.env.environment import HdMoeEnv
     from hdamoe_env.env.vector import HdMoeVectorEnv
+    from hdamoe_env.noc.linksim import check_threads
 
+    threads = tuple(check_threads(t, "des_threads") for t in des_threads) or (1,)
+    if len(set(threads)) != len(threads):
+        raise ConfigError(f"des_threads must not repeat a value, got {list(des_threads)}; "
+                          "list each thread count once")
     out: dict[str, Any] = {"model": model, "mesh": mesh, "setting": setting, "batch": batch,
                            "conventions": conventions, "num_envs": num_envs,
-                           "seconds": seconds, "placement": "ep", "steps_per_episode": 4}
+                           "seconds": seconds, "placement": "ep", "steps_per_episode": 4,
+                           "des_threads": list(threads)}
     for fidelity in fidelities:
         kwargs = dict(model=model, mesh=mesh, setting=setting, batch=batch,
                       conventions=conventions, placement="ep", fidelity=fidelity,
                       steps_per_episode=4, placement_seed=seed)
         t0 = time.perf_counter()
-        venv = HdMoeVectorEnv(num_envs, **kwargs)
+        venv = HdMoeVectorEnv(num_envs, des_threads=threads[0], **kwargs)
         out[f"{fidelity}_setup_s"] = time.perf_counter() - t0
+        # further thread counts of the DES: one more batched env each ("" = the first)
+        venvs = {"": venv}
+        if fidelity == "des":
+            venvs.update({f"_{t}t": HdMoeVectorEnv(num_envs, des_threads=t, **kwargs)
+                          for t in threads[1:]})
         gammas = venv.envs[0]._gammas if fidelity == "analytic" else None
         single = HdMoeEnv(**kwargs, **({} if gammas is None else {"gammas": list(gammas)}))
         nvec = single.action_space.nvec
@@ -112,30 +131,34 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
 
             steps_per_episode = single.steps_per_episode * single.num_layers
 
-            def batched_run(policy: str = policy) -> int:
-                venv.reset(seed=seed)
-                acts = np.tile(noop, (num_envs, 1))
-                for _ in range(steps_per_episode):
-                    if policy != "noop":
-                        acts = masked_sample(venv.action_masks(), nvec, rng)
-                    venv.step(acts)
-                return steps_per_episode * num_envs
-
             single_run()                                 # warm-up: JIT, caches
-            batched_run()
             runners[f"{fidelity}_{policy}_single"] = single_run
-            runners[f"{fidelity}_{policy}_batched"] = batched_run
+            for suffix, env in venvs.items():
+
+                def batched_run(policy: str = policy, env: HdMoeVectorEnv = env) -> int:
+                    env.reset(seed=seed)
+                    acts = np.tile(noop, (num_envs, 1))
+                    for _ in range(steps_per_episode):
+                        if policy != "noop":
+                            acts = masked_sample(env.action_masks(), nvec, rng)
+                        env.step(acts)
+                    return steps_per_episode * num_envs
+
+                batched_run()
+                runners[f"{fidelity}_{policy}_batched{suffix}"] = batched_run
         best = dict.fromkeys(runners, 0.0)
         for _ in range(ROUNDS):
             for key, run in runners.items():
                 best[key] = max(best[key], items_per_second(run, seconds / ROUNDS)[0])
         for policy in ("noop", "random_masked"):
             s = best[f"{fidelity}_{policy}_single"]
-            b = best[f"{fidelity}_{policy}_batched"]
             out[f"{fidelity}_{policy}_single_steps_per_s"] = s
-            out[f"{fidelity}_{policy}_batched_steps_per_s"] = b
-            out[f"{fidelity}_{policy}_ratio"] = b / s if s > 0 else float("nan")
-        venv.close()
+            for suffix in venvs:
+                b = best[f"{fidelity}_{policy}_batched{suffix}"]
+                out[f"{fidelity}_{policy}_batched{suffix}_steps_per_s"] = b
+                out[f"{fidelity}_{policy}_ratio{suffix}"] = b / s if s > 0 else float("nan")
+        for env in venvs.values():
+            env.close()
     return out
 
 
@@ -145,14 +168,20 @@ def format_vector_bench(res: dict[str, Any], fidelities: tuple[str, ...] = ("ana
     head = ("fidelity", "policy", "single steps/s", f"batched N={res['num_envs']} steps/s",
             "ratio")
     rows = []
+    threads = res.get("des_threads", [1])
     for fidelity in fidelities:
         if f"{fidelity}_noop_ratio" not in res:
             continue
         for policy in ("noop", "random_masked"):
-            rows.append((fidelity, policy.replace("_", " "),
-                         f"{res[f'{fidelity}_{policy}_single_steps_per_s']:,.0f}",
-                         f"{res[f'{fidelity}_{policy}_batched_steps_per_s']:,.0f}",
-                         f"{res[f'{fidelity}_{policy}_ratio']:.2f}"))
+            for i, t in enumerate(threads if fidelity == "des" else threads[:1]):
+                suffix = "" if i == 0 else f"_{t}t"
+                label = policy.replace("_", " ")
+                if fidelity == "des" and threads != [1]:
+                    label += f", batched DES {t} thread{'s' if t > 1 else ''}"
+                rows.append((fidelity, label,
+                             f"{res[f'{fidelity}_{policy}_single_steps_per_s']:,.0f}",
+                             f"{res[f'{fidelity}_{policy}_batched{suffix}_steps_per_s']:,.0f}",
+                             f"{res[f'{fidelity}_{policy}_ratio{suffix}']:.2f}"))
     widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

@@ -270,7 +270,7 @@ class _BatchedDes:
     Other layers take ``LayerEvaluator.evaluate`` per copy (``usable`` False).
     """
 
-    def __init__(self, env: HdMoeEnv, tables: _BatchedLayers) -> None:
+    def __init__(self, env: HdMoeEnv, tables: _BatchedLayers, threads: int = 1) -> None:
         ev = env.evaluator
         consts = ev.layers
         sim, conv = ev.sim, ev.conv
@@ -291,7 +291,7 @@ class _BatchedDes:
             tie_break=conv.tie_break, hop_latency_s=hop, chunks=conv.chunks,
             alpha_s=conv.msg_alpha_s, switching=conv.switching,
             ni_bw_Bps=conv.ni_bw_for(sim.topology.bw_end_Bps),
-            ni_latency_s=conv.ni_latency_for(hop))
+            ni_latency_s=conv.ni_latency_for(hop), threads=threads)
 
     def latency(self, layers: NDArray[np.int64], sets: NDArray[np.int64],
                 counts: NDArray[np.float64], rngs: list[np.random.Generator]
@@ -389,16 +389,22 @@ class HdMoeVectorEnv(VectorEnv):
             registered id; ``gymnasium.make_vec`` passes it), or None.
         autoreset_mode: ``AutoresetMode`` (or its value); ``NEXT_STEP`` by default.
         config: An ``EnvConfig``; ``**kwargs`` replace its fields, as in ``HdMoeEnv``.
+        des_threads: numba threads the batched DES call spreads the copies' layers over
+            (``linksim.simulate_layers_comm(threads=...)``); at most numba's pool size
+            (``NUMBA_NUM_THREADS``, fixed at process start). 1 (default) runs them on the
+            calling thread. Results are bit-identical for every value; only the DES fidelity
+            uses it.
         **kwargs: The fields of ``EnvConfig``.
 
     Raises:
-        ConfigError: A bad ``num_envs`` / ``max_episode_steps`` / ``autoreset_mode``, or any
-            argument ``HdMoeEnv`` rejects.
+        ConfigError: A bad ``num_envs`` / ``max_episode_steps`` / ``autoreset_mode`` /
+            ``des_threads``, or any argument ``HdMoeEnv`` rejects.
     """
 
     def __init__(self, num_envs: int = 1, *, max_episode_steps: int | None = None,
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-                 config: EnvConfig | None = None, **kwargs: Any) -> None:
+                 config: EnvConfig | None = None, des_threads: int = 1,
+                 **kwargs: Any) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) \
                 or num_envs < 1:
             raise ConfigError(f"num_envs must be an integer >= 1, got {num_envs!r}")
@@ -411,6 +417,7 @@ class HdMoeVectorEnv(VectorEnv):
         except ValueError:
             raise ConfigError(f"unknown autoreset_mode {autoreset_mode!r}; expected one of "
                               f"{[m.value for m in AutoresetMode]}") from None
+        self.des_threads = linksim.check_threads(des_threads, "des_threads")
         proto = _Copy(config, **kwargs)
         if proto.render_mode is not None:
             raise ConfigError(f"the vector env does not render (render_mode="
@@ -442,7 +449,8 @@ class HdMoeVectorEnv(VectorEnv):
         # decoding, no info dict), the rest batched
         self._des_plain = (proto.fidelity == "des" and not proto.measure_twin_error
                            and not proto.replica_rules and plain_reward)
-        self._des = (_BatchedDes(proto, _BatchedLayers(proto, np.zeros(proto.num_layers)))
+        self._des = (_BatchedDes(proto, _BatchedLayers(proto, np.zeros(proto.num_layers)),
+                                 self.des_threads)
                      if self._des_plain and all(c is not None for c in proto.evaluator.layers)
                      else None)
         # the per-decode-step tables (counts, V_c peaks) of the batched paths

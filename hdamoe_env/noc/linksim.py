@@ -13,14 +13,17 @@ computation, step by step (tests pin the equality).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import llvmlite.binding as llvm
+import numba
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.noc.des import (check_ni_bandwidth, check_ni_latency, check_switching,
@@ -36,10 +39,12 @@ __all__ = [
     "HolderTable",
     "LayerComm",
     "aggregators_many",
+    "check_threads",
     "choose_aggregators",
     "holder_arrays",
     "layer_flow_keys",
     "layer_messages",
+    "numba_threads",
     "simulate_layer_comm",
     "simulate_layers_comm",
 ]
@@ -762,7 +767,8 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
                          layers: NDArray[np.int64], *, phases: Sequence[str] = PHASES,
                          tie_break: str = "fifo", hop_latency_s: float = 0.0, chunks: int = 1,
                          alpha_s: float = 0.0, switching: str = "store_and_forward",
-                         ni_bw_Bps: float | None = None, ni_latency_s: float | None = None
+                         ni_bw_Bps: float | None = None, ni_latency_s: float | None = None,
+                         threads: int = 1
                          ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``simulate_layer_comm`` of n layer runs in one compiled call (the batched vector env).
 
@@ -781,15 +787,19 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
         layers: int64 [n] layer of every run (enters the flow keys).
         phases, tie_break, hop_latency_s, chunks, alpha_s, switching, ni_bw_Bps, ni_latency_s:
             As ``simulate_layer_comm``.
+        threads: numba threads the runs are spread over (``check_threads``); 1 runs them in
+            order on the calling thread. The results are bit-identical for every value.
 
     Returns:
         ``makespan`` float64 [n, P] (α added as in ``simulate_layer_comm``) and ``busy``
         float64 [n, P, num_links].
 
     Raises:
-        ConfigError: Invalid options, or a run whose inputs fail validation (the message names
-            the run; ``simulate_layer_comm`` of that run gives the details).
+        ConfigError: Invalid options (including ``threads``), or a run whose inputs fail
+            validation (the message names the run; ``simulate_layer_comm`` of that run gives
+            the details).
     """
+    threads = check_threads(threads)
     cut, ni_bw, tie_ref, hop, ni_lat, chunks = _comm_options(
         switching, ni_bw_Bps, tie_break, hop_latency_s, ni_latency_s, chunks)
     codes = _phase_codes(tuple(phases))
@@ -808,18 +818,78 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
     busy = np.zeros((n, codes.size, topology.num_links))
     makespan = np.zeros((n, codes.size))
     counts = np.zeros((n, codes.size), dtype=np.int64)
-    bad = _layers_kernel(ts, np.ascontiguousarray(holder_masks, dtype=np.bool_),
-                         np.ascontiguousarray(pis, dtype=np.int64), ag, lay, size, chunks,
-                         topology.pair_route_ptr, topology.route_ptr, topology.route_links,
-                         topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref,
-                         topology.num_endpoints, codes, busy, makespan, counts, cut, ni_bw,
-                         ni_lat, *_port_arrays(topology, ni_bw))
+    args = (ts, np.ascontiguousarray(holder_masks, dtype=np.bool_),
+            np.ascontiguousarray(pis, dtype=np.int64), ag, lay, size, chunks,
+            topology.pair_route_ptr, topology.route_ptr, topology.route_links,
+            topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref, topology.num_endpoints,
+            codes, busy, makespan, counts, cut, ni_bw, ni_lat, *_port_arrays(topology, ni_bw))
+    if threads == 1 or n < 2:
+        bad = _layers_kernel(*args)
+    else:
+        with numba_threads(threads):
+            bad = _layers_kernel_par(*args)
     if bad >= 0:
         raise ConfigError(f"run {bad} (layer {int(lay[bad])}): layer inputs failed validation; "
                           "simulate_layer_comm of that run names the problem")
     if alpha > 0:
         makespan = np.where(makespan > 0, makespan + alpha, makespan)
     return makespan, busy
+
+
+#: numba threading layer ``numba_threads`` picks when the process has not chosen one. The
+#: default order would take OpenMP here, whose threads spin while they wait: with other
+#: processes on the cores, 2 threads made a batched DES call up to 3x slower than 1 thread
+#: (docs/results/throughput.md, sixth round); the workqueue's threads sleep, which costs a
+#: wake-up per call (in the env on idle cores: 1.37x from 2 threads instead of the 1.93x of
+#: spinning OpenMP workers; set NUMBA_THREADING_LAYER=omp OMP_WAIT_POLICY=active on dedicated
+#: cores). Not safe for parallel calls from several Python threads at once (numba aborts).
+THREADING_LAYER = "workqueue"
+
+
+def check_threads(threads: int, name: str = "threads") -> int:
+    """Return ``threads`` checked as a numba thread count for ``simulate_layers_comm``.
+
+    Args:
+        threads: The count.
+        name: The option's name in the error message.
+
+    Raises:
+        ConfigError: Not an integer in [1, ``numba.config.NUMBA_NUM_THREADS``] (numba's pool
+            size, fixed when the process starts: the ``NUMBA_NUM_THREADS`` environment
+            variable, else the number of cores).
+    """
+    limit = int(numba.config.NUMBA_NUM_THREADS)
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or threads < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {threads!r}; use 1 for the "
+                          f"serial kernel or up to {limit} (numba's thread pool)")
+    if threads > limit:
+        raise ConfigError(f"{name}={int(threads)} exceeds numba's thread pool of {limit} "
+                          f"(NUMBA_NUM_THREADS); use {name} <= {limit}, or start Python with "
+                          f"NUMBA_NUM_THREADS={int(threads)} or more")
+    return int(threads)
+
+
+@contextlib.contextmanager
+def numba_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``numba.set_num_threads(threads)``; restore the previous count.
+
+    Unless the process chose numba's threading layer (``NUMBA_THREADING_LAYER`` or
+    ``numba.config.THREADING_LAYER`` set to anything but ``"default"``), the first call picks
+    :data:`THREADING_LAYER` before numba starts its threads (numba fixes the layer then, for
+    the whole process).
+
+    Raises:
+        ConfigError: ``threads`` fails ``check_threads``.
+    """
+    threads = check_threads(threads)
+    if numba.config.THREADING_LAYER == "default" and "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = THREADING_LAYER
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 @njit(cache=True)
@@ -877,6 +947,47 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
                              route_ptr, route_links, link_bw, route_rank, hop_latency, tie_ref,
                              num_endpoints, phase_codes, busy_out[j], makespan_out[j],
                              count_out[j], cut_through, ni_bw, ni_lat, port_ptr, port_links):
+            return j
+    return -1
+
+
+@njit(cache=True, parallel=True)
+def _layers_kernel_par(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_],
+                       pis: NDArray[np.int64], aggs: NDArray[np.int64],
+                       layers: NDArray[np.int64], msg_bytes: NDArray[np.float64], chunks: int,
+                       pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
+                       route_links: NDArray[np.int32], link_bw: NDArray[np.float64],
+                       route_rank: NDArray[np.int64], hop_latency: float, tie_ref: bool,
+                       num_endpoints: int, phase_codes: NDArray[np.int64],
+                       busy_out: NDArray[np.float64], makespan_out: NDArray[np.float64],
+                       count_out: NDArray[np.int64], cut_through: bool, ni_bw: float,
+                       ni_lat: float, port_ptr: NDArray[np.int64],
+                       port_links: NDArray[np.int32]) -> int:
+    """``_layers_kernel`` with the runs spread over numba's threads (``prange``).
+
+    The runs are independent: run j reads only shared inputs and writes only row j of
+    ``busy_out`` / ``makespan_out`` / ``count_out``, with the same arithmetic as the serial
+    kernel, so every valid run's results are bit-identical to it. Each run records whether its
+    inputs failed validation; the smallest such j is returned (−1 if none), as the serial
+    kernel does (which stops there; here later runs are simulated too, and the caller discards
+    everything on error).
+    """
+    n = layers.shape[0]
+    num_tokens = token_sets.shape[1]
+    extra = np.zeros((num_tokens, 0), dtype=np.int64)
+    no_partial = np.zeros((0, 1), dtype=np.bool_)
+    no_sizes = np.zeros(0)
+    failed = np.zeros(n, dtype=np.bool_)
+    for j in prange(n):
+        layer = layers[j]
+        failed[j] = not _layer_kernel(token_sets[j], holder_masks[layer], extra, aggs[j],
+                                      pis[layer], msg_bytes, no_partial, no_sizes, chunks, layer,
+                                      pair_ptr, route_ptr, route_links, link_bw, route_rank,
+                                      hop_latency, tie_ref, num_endpoints, phase_codes,
+                                      busy_out[j], makespan_out[j], count_out[j], cut_through,
+                                      ni_bw, ni_lat, port_ptr, port_links)
+    for j in range(n):
+        if failed[j]:
             return j
     return -1
 

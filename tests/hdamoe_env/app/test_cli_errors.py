@@ -28,6 +28,7 @@ def _run(argv, capsys):
     ["train", "--out", "d", "--gating-protect-top", "x"],
     ["bench", "--seeds", "0,x"],
     ["simulate", "--batch", "0"],
+    ["bench-env", "--num-envs", "2", "--des-threads", "0"],
 ])
 def test_bad_values_fail_at_parse_time(argv, capsys):
     """argparse prints one usage error and exits 2 before any work."""
@@ -155,3 +156,12 @@ def test_same_flags_across_subcommands_and_deprecated_spellings(capsys):
                    "--gating-protect-top (removed after 0.2)"]
     new = parser.parse_args(["tune", "--out", "x", "--gating-levels", "0,2"])
     assert new.levels == "0,2" and capsys.readouterr().err == ""
+
+
+def test_bench_env_des_threads_above_numbas_pool_is_one_line(capsys):
+    """More DES threads than numba's pool: the typed error, one line, exit 2, before any
+    env is built."""
+    code, err = _run(["bench-env", "--num-envs", "2", "--fidelity", "des", "--mesh", "2x2",
+                      "--batch", "8", "--des-threads", "1", "10000"], capsys)
+    assert code == 2 and len(err) == 1
+    assert "des_threads=10000 exceeds numba's thread pool" in err[0]

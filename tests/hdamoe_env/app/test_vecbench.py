@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.app.vecbench import bench_vector, format_vector_bench, masked_sample
 
 
@@ -26,3 +27,23 @@ def test_bench_vector_reports_both_sides_and_the_ratio():
         assert s > 0 and b > 0 and res[f"des_{policy}_ratio"] == b / s
     table = format_vector_bench(res, ("des",))
     assert "batched N=3" in table and "random masked" in table
+
+
+def test_bench_vector_rejects_repeated_or_bad_des_threads():
+    with pytest.raises(ConfigError, match="must not repeat"):
+        bench_vector(2, fidelities=("des",), des_threads=(1, 1))
+    with pytest.raises(ConfigError, match="des_threads must be an integer >= 1, got 0"):
+        bench_vector(2, fidelities=("des",), des_threads=(0,))
+
+
+def test_format_vector_bench_has_one_des_row_per_thread_count():
+    res = {"num_envs": 4, "des_threads": [1, 2]}
+    for policy in ("noop", "random_masked"):
+        res.update({f"des_{policy}_single_steps_per_s": 100.0,
+                    f"des_{policy}_batched_steps_per_s": 300.0, f"des_{policy}_ratio": 3.0,
+                    f"des_{policy}_batched_2t_steps_per_s": 500.0,
+                    f"des_{policy}_ratio_2t": 5.0})
+    lines = format_vector_bench(res, ("des",)).splitlines()
+    assert len(lines) == 5
+    assert "noop, batched DES 2 threads" in lines[2] and "500" in lines[2] and "5.00" in lines[2]
+    assert "random masked, batched DES 1 thread " in lines[3]

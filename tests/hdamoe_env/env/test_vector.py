@@ -30,10 +30,11 @@ def _mask_tuple(venv, i):
     return tuple(m.astype(np.int8) for m in np.split(venv.action_masks()[i], splits))
 
 
-def _compare(env_id, num_envs, steps, kwargs, *, policy="mixed", seed=11):
-    """Step the vector env and N single envs with the same actions; assert equality."""
+def _compare(env_id, num_envs, steps, kwargs, *, policy="mixed", seed=11, vec_kwargs=None):
+    """Step the vector env and N single envs with the same actions; assert equality
+    (``vec_kwargs``: arguments of the vector env only)."""
     venv = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        **kwargs)
+                        **kwargs, **(vec_kwargs or {}))
     assert isinstance(venv.unwrapped, HdMoeVectorEnv)
     singles = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
     obs, _ = venv.reset(seed=seed)
@@ -127,6 +128,35 @@ def test_vector_env_des_copies_take_one_batched_des_call(monkeypatch):
     monkeypatch.setattr(vector._BatchedDes, "latency", spy)
     _compare("hdamoe_env/HdMoE-v1", 5, 40, dict(TINY, steps_per_episode=2), policy="noop")
     assert sum(runs) > 100 and max(runs) > 1
+
+
+def test_vector_env_des_threads_reach_the_batched_call_and_stay_equal(monkeypatch):
+    """``des_threads`` (here numba's pool size: 1 under NUMBA_NUM_THREADS=1) is passed to
+    every batched DES call; the copies still equal single envs."""
+    import numba
+
+    from hdamoe_env.noc import linksim
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    seen = []
+    original = linksim.simulate_layers_comm
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["threads"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(linksim, "simulate_layers_comm", spy)
+    _compare("hdamoe_env/HdMoE-v1", 3, 30, dict(TINY, steps_per_episode=2), policy="noop",
+             vec_kwargs=dict(des_threads=limit))
+    assert seen and set(seen) == {limit}
+
+
+@pytest.mark.parametrize("value,match", [
+    (0, "des_threads must be an integer >= 1, got 0"), (2.0, "des_threads must be an integer"),
+    (None, "got None"), (10_000, "des_threads=10000 exceeds numba's thread pool")])
+def test_bad_des_threads_are_config_errors(value, match):
+    with pytest.raises(ConfigError, match=match):
+        HdMoeVectorEnv(2, des_threads=value, **TINY)
 
 
 @pytest.mark.slow

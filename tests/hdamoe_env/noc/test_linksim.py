@@ -398,3 +398,132 @@ def test_aggregators_many_equal_choose_aggregators_and_the_stream(rule):
     _, stop = aggregators_many(orphan, layers, arrays2, rule, states)
     assert stop == 2
     assert got[2].bit_generator.state == before[2]       # nothing drawn for the stopping run
+
+
+def _layers_case(kind: str, num_runs: int = 9):
+    """Topology, runs and options of a batched call (fat tree: several routes per pair)."""
+    rng = np.random.default_rng(8)
+    topo = make_topology(kind, HW48)
+    L, E, k, T, D = 3, 16, 3, 24, 32
+    masks = rng.random((L, E, D)) < 0.08
+    for layer in range(L):
+        masks[layer, np.arange(E), rng.integers(0, D, E)] = True
+    pis = np.stack([rng.permutation(D) for _ in range(L)])
+    layers = rng.integers(0, L, num_runs)
+    sets = np.stack([np.array([rng.choice(E, k, replace=False) for _ in range(T)])
+                     for _ in layers])
+    aggs = np.stack([choose_aggregators(sets[j], masks[layer], "uniform", rng)
+                     for j, layer in enumerate(layers)])
+    msg = rng.choice([512.0, 1024.0], T)
+    opts = dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=2e10, tie_break="ref",
+                chunks=2)
+    return topo, (sets, msg, masks, pis, aggs, layers), opts
+
+
+def _kernel_outputs(kernel, topo, sets, msg, masks, pis, aggs, layers):
+    """Call a batched layer kernel directly (cut-through, ports, ref ties, 2 chunks)."""
+    n = layers.size
+    busy = np.zeros((n, 2, topo.num_links))
+    makespan = np.zeros((n, 2))
+    counts = np.zeros((n, 2), dtype=np.int64)
+    bad = kernel(sets, masks, pis, aggs, layers, msg, 2, topo.pair_route_ptr, topo.route_ptr,
+                 topo.route_links, topo.link_bw_Bps, topo.route_lex_rank, 2e-9, True,
+                 topo.num_endpoints, np.array([0, 1]), busy, makespan, counts, True, 2e10,
+                 0.0, *linksim._port_arrays(topo, 2e10))
+    return bad, makespan, busy, counts
+
+
+def test_parallel_layers_kernel_equals_the_serial_one():
+    """The prange kernel (here on numba's current thread count) gives the serial kernel's
+    outputs bit for bit and the same first invalid run, also when several runs are invalid."""
+    topo, (sets, msg, masks, pis, aggs, layers), _ = _layers_case("fattree")
+    serial = _kernel_outputs(linksim._layers_kernel, topo, sets, msg, masks, pis, aggs, layers)
+    par = _kernel_outputs(linksim._layers_kernel_par, topo, sets, msg, masks, pis, aggs, layers)
+    assert serial[0] == par[0] == -1
+    for a, b in zip(serial[1:], par[1:]):
+        np.testing.assert_array_equal(a, b)
+    assert serial[1].min() > 0
+    bad = aggs.copy()
+    bad[[6, 3, 8], 0] = 32                                      # clusters out of range
+    assert _kernel_outputs(linksim._layers_kernel_par, topo, sets, msg, masks, pis, bad,
+                           layers)[0] == 3
+    assert _kernel_outputs(linksim._layers_kernel, topo, sets, msg, masks, pis, bad,
+                           layers)[0] == 3
+
+
+def test_simulate_layers_comm_threads_one_and_pool_size_agree():
+    """``threads`` = numba's pool size (1 when the tests run with NUMBA_NUM_THREADS=1) gives
+    the results of ``threads=1``; an invalid run is named either way."""
+    import numba
+
+    topo, args, opts = _layers_case("torus")
+    limit = numba.config.NUMBA_NUM_THREADS
+    ref = simulate_layers_comm(topo, *args, **opts)
+    got = simulate_layers_comm(topo, *args, threads=limit, **opts)
+    np.testing.assert_array_equal(ref[0], got[0])
+    np.testing.assert_array_equal(ref[1], got[1])
+    bad = list(args)
+    bad[4] = args[4].copy()
+    bad[4][5, 1] = -1
+    with pytest.raises(ConfigError, match="run 5"):
+        simulate_layers_comm(topo, *bad, threads=limit, **opts)
+
+
+_TWO_THREADS = """
+import numpy as np, numba
+from tests.hdamoe_env.noc.test_linksim import _layers_case, simulate_layers_comm
+assert numba.config.NUMBA_NUM_THREADS == 2
+topo, args, opts = _layers_case("fattree", 16)
+ref = simulate_layers_comm(topo, *args, **opts)
+got = simulate_layers_comm(topo, *args, threads=2, **opts)
+assert numba.get_num_threads() == 2                  # restored (the pool's default)
+assert (ref[0] == got[0]).all() and (ref[1] == got[1]).all() and ref[0].min() > 0
+print("equal", numba.threading_layer())
+"""
+
+
+def test_simulate_layers_comm_with_two_threads_is_bit_identical():
+    """In a process with a pool of two numba threads, ``threads=2`` (the prange kernel on
+    two threads) equals ``threads=1`` bit for bit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, NUMBA_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _TWO_THREADS], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("equal")
+
+
+@pytest.mark.parametrize("value,match", [(0, "threads must be an integer >= 1, got 0"),
+                                         (-2, "got -2"), (1.5, "got 1.5"), (True, "got True"),
+                                         ("2", "got '2'")])
+def test_bad_threads_are_config_errors(value, match):
+    topo, args, opts = _layers_case("mesh", 2)
+    with pytest.raises(ConfigError, match=match):
+        simulate_layers_comm(topo, *args, threads=value, **opts)
+
+
+def test_threads_above_the_pool_name_the_limit_and_the_fix():
+    import numba
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    with pytest.raises(ConfigError, match=rf"des_threads={limit + 1} exceeds numba's thread "
+                                          rf"pool of {limit}.*NUMBA_NUM_THREADS={limit + 1}"):
+        linksim.check_threads(limit + 1, "des_threads")
+
+
+def test_numba_threads_restores_the_count():
+    import numba
+
+    before = numba.get_num_threads()
+    with linksim.numba_threads(1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
+    with pytest.raises(RuntimeError), linksim.numba_threads(1):
+        raise RuntimeError("inside")
+    assert numba.get_num_threads() == before
