@@ -366,6 +366,73 @@ def online_cell(model_key: str, setting: str, batch: int, args: argparse.Namespa
     return rows
 
 
+def aggregator_bound_cell(model_key: str, setting: str, batch: int, args: argparse.Namespace
+                          ) -> dict[str, Any]:
+    """A bound on the per-token aggregator lever of one cell (held-out episodes, NoOp knobs).
+
+    A token's aggregator only decides where its dispatch starts and its combine ends (§6.2):
+    the messages' sources, compute, streaming and the non-MoE time do not depend on it. So no
+    per-token choice makes a decode step faster than its TBT minus the MoE communication of
+    its dispatch-mode layers (``info["t_comm_us"]``, the DES makespans of both phases, i.e.
+    communication brought to zero). All-reduce layers (``info["mode"] == "tp"``) pay TP's
+    all-reduce, which has no aggregator. Returns the NoOp TBT, the bound and the share of the
+    TBT the aggregator could act on at most.
+    """
+    from agents.base import NoOpAgent
+    from hdamoe_env.app.evaluate import EVAL_SEED_BASE
+    from hdamoe_env.env.environment import HdMoeEnv
+
+    model, trace, eval_trace = ONLINE_MODELS[model_key]
+    _, _, held = _cell_env_kwargs(model, setting, batch, trace, eval_trace, args.train_steps,
+                                  args.eval_steps)
+    t0 = time.process_time()
+    env = HdMoeEnv(**held)
+    agent = NoOpAgent.from_env(env)
+    tbts, comms = [], []
+    for i in range(args.eval_seeds):
+        obs, _ = env.reset(seed=EVAL_SEED_BASE + i)
+        comm, done = 0.0, False
+        while not done:
+            obs, _, term, trunc, info = env.step(agent.act(obs))
+            if info["mode"] != "tp":          # all-reduce layers: no aggregator to choose
+                comm += float(info["t_comm_us"])
+            if "tbt_us" in info:
+                tbts.append(float(info["tbt_us"]))
+                comms.append(comm)
+                comm = 0.0
+            done = term or trunc
+    tbt, comm = float(np.mean(tbts)), float(np.mean(comms))
+    return {"noop_us": tbt, "bound_us": tbt - comm, "comm_share": comm / tbt,
+            "steps": len(tbts), "cpu_s": time.process_time() - t0}
+
+
+def run_aggregator_bound(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Run (or resume from ``--out/aggregator.json``) the aggregator bound of every cell."""
+    path, results = _resume_results(args, "aggregator.json")
+    for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
+        if name in results:
+            continue
+        results[name] = aggregator_bound_cell(m, setting, batch, args)
+        print(f"{name}: {results[name]['cpu_s']:.0f} s CPU", flush=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(path)
+    return results
+
+
+def aggregator_table(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: per cell the NoOp TBT, the bound and the largest possible headroom."""
+    lines = ["| cell | NoOp TBT µs | dispatch-mode MoE communication µs (share) | bound µs | "
+             "headroom ≤ | "
+             "≥ 10 % possible? |", "|" + "---|" * 6]
+    for cell, r in results.items():
+        comm = r["noop_us"] - r["bound_us"]
+        lines.append(f"| {cell} | {r['noop_us']:.1f} | {comm:.1f} ({100 * r['comm_share']:.1f} "
+                     f"%) | {r['bound_us']:.1f} | {100 * r['comm_share']:.1f} % | "
+                     f"{'yes' if r['comm_share'] >= 0.10 else 'no'} |")
+    return "\n".join(lines)
+
+
 def _with_aggregator(conv: Any, rule: str) -> Any:
     """Return the conventions ``conv`` with another aggregator rule (a derived profile)."""
     from hdamoe_env.config.run import RunSpec
@@ -570,11 +637,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default="runs/headroom", help="pipeline output directory")
     ap.add_argument("--part", default="placement",
-                    choices=("placement", "online", "placement-cells"),
+                    choices=("placement", "online", "placement-cells", "aggregator-bound"),
                     help="placement: the placement lever of one cell; online: the online "
                          "levers of HdMoE-v0 over the 12 cells (resumes from --out/online.json); "
                          "placement-cells: the placement lever over the 12 cells (resumes "
-                         "from --out/place.json)")
+                         "from --out/place.json); aggregator-bound: a bound on per-token "
+                         "aggregator choice over the 12 cells (resumes --out/aggregator.json)")
     ap.add_argument("--bound", default="perstep", choices=("perstep", "fixed"),
                     help="placement parts: also compute the fixed-placement bound "
                          "(latency_lower_bound(fixed=True), a MILP per layer); placement-cells "
@@ -599,6 +667,11 @@ def main() -> None:
     if args.part == "placement-cells":
         res = run_place_cells(args)
         print("\n" + place_cells_table(res))
+        print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+        return
+    if args.part == "aggregator-bound":
+        agg = run_aggregator_bound(args)
+        print("\n" + aggregator_table(agg))
         print(f"\ntotal {time.perf_counter() - t0:.0f} s")
         return
     if args.part == "online":
