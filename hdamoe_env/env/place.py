@@ -539,12 +539,16 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         out["ratio"] = out["lower_bound_us"] / data.tp_us
         return out
 
-    def _step_bound(self, sets: NDArray[np.int64], gamma: float | None) -> tuple[float, float]:
-        """Return (dispatch-mode bound, all-reduce-mode expert phase bound) of one step, seconds.
+    def _step_terms(self, sets: NDArray[np.int64]) -> tuple[NDArray[np.bool_], NDArray[
+            np.float64], NDArray[np.float64], float, float]:
+        """Return one step's compute terms of the bounds (seconds; ``latency_lower_bound``).
 
-        ``latency_lower_bound`` states the argument.
+        ``act`` bool [E] the active experts; ``total`` [E] G_e(I) (the expert's tokens on all
+        columns); ``m_e`` [A, H] M_e(h) of the active experts for h = 1 … min(U, D) (the
+        largest holder's compute or streaming, non-increasing in h); ``extra`` m·o, one
+        holder's GEMM overheads (0 untiled); ``w_s`` one expert's streaming time (0 off).
         """
-        model, hw, conv, topo = self.model, self.sim.hw, self.sim.conv, self.sim.topology
+        model, hw, conv = self.model, self.sim.hw, self.sim.conv
         E, D, U = self.num_experts, self.num_nodes, self.units
         n = np.bincount(sets.ravel(), minlength=E)[:E].astype(np.float64)
         act = n > 0
@@ -562,6 +566,16 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         w_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
                if conv.weight_streaming else 0.0)
         m_e = np.maximum(m_e, act[:, None] * w_s * big[None, :])[act]       # [A, H] ↓ in h
+        return act, total, m_e, float(extra), float(w_s)
+
+    def _step_bound(self, sets: NDArray[np.int64], gamma: float | None) -> tuple[float, float]:
+        """Return (dispatch-mode bound, all-reduce-mode expert phase bound) of one step, seconds.
+
+        ``latency_lower_bound`` states the argument.
+        """
+        model, conv, topo = self.model, self.sim.conv, self.sim.topology
+        E, D = self.num_experts, self.num_nodes
+        act, total, m_e, extra, w_s = self._step_terms(sets)
         total_a = total[act]
         stream_mean = float(act.sum()) * w_s / D
         lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
@@ -597,24 +611,9 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         inactive experts), ``cap`` [K, B] (⌈work_t / grid_k+1⌉, ≥ 1); intervals where some
         token would need more than D clusters are dropped.
         """
-        model, hw, conv = self.model, self.sim.hw, self.sim.conv
-        E, D, U = self.num_experts, self.num_nodes, self.units
-        n = np.bincount(sets.ravel(), minlength=E)[:E].astype(np.float64)
-        act = n > 0
-        hs = np.arange(1, min(U, D) + 1)
-        big = np.ceil(U / hs) / U
-        if conv.tiled:
-            total = perf.gemm_tile_time(n, model.expert_intermediate, model, hw, conv)
-            m_e = perf.gemm_tile_time(n[:, None], big[None, :] * model.expert_intermediate,
-                                      model, hw, conv)
-            extra = conv.expert_matrices * conv.gemm_overhead_s
-        else:
-            total = n * perf.expert_flops(model, conv) / hw.compute_flops
-            m_e = total[:, None] * big[None, :]
-            extra = 0.0
-        w_s = (perf.expert_bytes(model, conv) / perf.effective_mem_bw(hw, conv)
-               if conv.weight_streaming else 0.0)
-        m_e = np.maximum(m_e, act[:, None] * w_s * big[None, :])[act] * 1e6      # [A, H] µs
+        E, D = self.num_experts, self.num_nodes
+        act, total, m_e, extra, w_s = self._step_terms(sets)
+        m_e = m_e * 1e6                                                         # [A, H] µs
         lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
         grid = np.unique(np.concatenate([m_e.ravel(), np.geomspace(lo, hi, max(points, 2))]))
         grid = grid[(grid >= lo) & (grid <= hi)]
