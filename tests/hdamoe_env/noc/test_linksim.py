@@ -326,6 +326,28 @@ def test_aggregators_for_holderless_tokens():
         choose_aggregators(sets, HolderTable.from_shares(P), "ref", np.random.default_rng(0))
 
 
+def _layers_case(kind: str, num_runs: int = 9, layers: np.ndarray | None = None):
+    """Topology, runs and options of a batched call (fat tree: several routes per pair);
+    ``layers`` fixes the runs' layers (default: ``num_runs`` random ones)."""
+    rng = np.random.default_rng(8)
+    topo = make_topology(kind, HW48)
+    L, E, k, T, D = 3, 16, 3, 24, 32
+    masks = rng.random((L, E, D)) < 0.08
+    for layer in range(L):
+        masks[layer, np.arange(E), rng.integers(0, D, E)] = True
+    pis = np.stack([rng.permutation(D) for _ in range(L)])
+    if layers is None:
+        layers = rng.integers(0, L, num_runs)
+    sets = np.stack([np.array([rng.choice(E, k, replace=False) for _ in range(T)])
+                     for _ in layers])
+    aggs = np.stack([choose_aggregators(sets[j], masks[layer], "uniform", rng)
+                     for j, layer in enumerate(layers)])
+    msg = rng.choice([512.0, 1024.0], T)
+    opts = dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=2e10, tie_break="ref",
+                chunks=2)
+    return topo, (sets, msg, masks, pis, aggs, layers), opts
+
+
 @pytest.mark.parametrize("kind,opts", [
     ("mesh", dict()),
     ("torus", dict(tie_break="ref", chunks=2, hop_latency_s=2e-9, alpha_s=1e-7)),
@@ -339,19 +361,9 @@ def test_aggregators_for_holderless_tokens():
 def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
     """The batched entry (one compiled call) gives every run's makespans and busy times bit
     for bit as ``simulate_layer_comm`` of that run."""
-    rng = np.random.default_rng(5)
-    topo = make_topology(kind, HW48)
-    L, E, k, T, D = 3, 16, 3, 20, 32
-    masks = rng.random((L, E, D)) < 0.08
-    for layer in range(L):
-        masks[layer, np.arange(E), rng.integers(0, D, E)] = True
-    pis = np.stack([rng.permutation(D) for _ in range(L)])
-    layers = np.array([2, 0, 2, 1, 1])
-    sets = np.stack([np.array([rng.choice(E, k, replace=False) for _ in range(T)])
-                     for _ in layers])
-    aggs = np.stack([choose_aggregators(sets[j], masks[layer], "uniform", rng)
-                     for j, layer in enumerate(layers)])
-    msg = rng.choice([512.0, 1024.0], T)
+    topo, (sets, msg, masks, pis, aggs, layers), _ = _layers_case(
+        kind, layers=np.array([2, 0, 2, 1, 1]))
+    D = masks.shape[2]
     makespan, busy = simulate_layers_comm(topo, sets, msg, masks, pis, aggs, layers, **opts)
     for j, layer in enumerate(layers.tolist()):
         one = simulate_layer_comm(topo, sets[j], msg, masks[layer], pis[layer], aggs[j],
@@ -398,26 +410,6 @@ def test_aggregators_many_equal_choose_aggregators_and_the_stream(rule):
     _, stop = aggregators_many(orphan, layers, arrays2, rule, states)
     assert stop == 2
     assert got[2].bit_generator.state == before[2]       # nothing drawn for the stopping run
-
-
-def _layers_case(kind: str, num_runs: int = 9):
-    """Topology, runs and options of a batched call (fat tree: several routes per pair)."""
-    rng = np.random.default_rng(8)
-    topo = make_topology(kind, HW48)
-    L, E, k, T, D = 3, 16, 3, 24, 32
-    masks = rng.random((L, E, D)) < 0.08
-    for layer in range(L):
-        masks[layer, np.arange(E), rng.integers(0, D, E)] = True
-    pis = np.stack([rng.permutation(D) for _ in range(L)])
-    layers = rng.integers(0, L, num_runs)
-    sets = np.stack([np.array([rng.choice(E, k, replace=False) for _ in range(T)])
-                     for _ in layers])
-    aggs = np.stack([choose_aggregators(sets[j], masks[layer], "uniform", rng)
-                     for j, layer in enumerate(layers)])
-    msg = rng.choice([512.0, 1024.0], T)
-    opts = dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=2e10, tie_break="ref",
-                chunks=2)
-    return topo, (sets, msg, masks, pis, aggs, layers), opts
 
 
 def _kernel_outputs(kernel, topo, sets, msg, masks, pis, aggs, layers):
