@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -408,16 +409,8 @@ def aggregator_bound_cell(model_key: str, setting: str, batch: int, args: argpar
 
 def run_aggregator_bound(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Run (or resume from ``--out/aggregator.json``) the aggregator bound of every cell."""
-    path, results = _resume_results(args, "aggregator.json")
-    for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
-        if name in results:
-            continue
-        results[name] = aggregator_bound_cell(m, setting, batch, args)
-        print(f"{name}: {results[name]['cpu_s']:.0f} s CPU", flush=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        tmp.replace(path)
-    return results
+    return _run_cells(args, "aggregator.json", lambda name, m, setting, batch, out:
+                      aggregator_bound_cell(m, setting, batch, args))
 
 
 def aggregator_table(results: dict[str, dict[str, Any]]) -> str:
@@ -478,20 +471,32 @@ def _resume_results(args: argparse.Namespace, filename: str
     return path, results
 
 
-def run_online(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
-    """Run (or resume from ``--out/online.json``) every requested cell; return all rows."""
-    path, results = _resume_results(args, "online.json")
+def _run_cells(args: argparse.Namespace, filename: str,
+               run_cell: Callable[[str, str, str, int, Path], Any],
+               done: Callable[[Any], bool] = lambda row: True) -> dict[str, Any]:
+    """Run every requested cell not yet in ``--out/filename`` (resuming; ``done(row)`` False
+    re-runs a finished cell), saving the file atomically after each; return all rows.
+
+    ``run_cell(name, model key, setting, batch, out dir)`` computes one cell's row.
+    """
+    path, results = _resume_results(args, filename)
     for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
-        if name in results:
+        if name in results and done(results[name]):
             continue
-        t0 = time.perf_counter()
-        results[name] = online_cell(m, setting, batch, args)
+        t0, c0 = time.perf_counter(), time.process_time()
+        results[name] = run_cell(name, m, setting, batch, path.parent)
         print(f"{name}: {time.perf_counter() - t0:.0f} s wall, "
-              f"{next(iter(results[name].values()))['cpu_s']:.0f} s CPU", flush=True)
+              f"{time.process_time() - c0:.0f} s CPU", flush=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(path)
     return results
+
+
+def run_online(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """Run (or resume from ``--out/online.json``) every requested cell; return all rows."""
+    return _run_cells(args, "online.json",
+                      lambda name, m, setting, batch, out: online_cell(m, setting, batch, args))
 
 
 def online_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -546,34 +551,28 @@ def run_place_cells(args: argparse.Namespace) -> dict[str, dict[str, dict[str, A
     """
     import copy
 
-    path, results = _resume_results(args, "place.json")
-    for name, m, setting, batch in ([] if args.table_only else online_cells(args)):
-        if name in results and (getattr(args, "bound", "perstep") != "fixed"
-                                or "bound_fixed" in results[name]):
-            continue
+    def cell(name: str, m: str, setting: str, batch: int, out: Path) -> dict[str, Any]:
         a = copy.copy(args)
         a.model, a.setting, a.batch = ONLINE_MODELS[m][0], setting, batch
         a.layers = args.layers or PLACE_CELL_LAYERS
         a.episodes, a.learn_steps = 0, 0
-        a.out = str(path.parent / "place" / name)
-        t0, c0 = time.perf_counter(), time.process_time()
+        a.out = str(out / "place" / name)
+        c0 = time.process_time()
         per_layer = run(a)
         methods = next(iter(per_layer.values())).keys()
-        results[name] = {k: {"latency_us": float(np.mean([r[k]["latency_us"]
-                                                          for r in per_layer.values()])),
-                             "ratio": float(np.mean([r[k]["ratio"] for r in per_layer.values()]))}
-                         for k in methods}
-        if "bound_fixed" in results[name]:
+        row = {k: {"latency_us": float(np.mean([r[k]["latency_us"] for r in per_layer.values()])),
+                   "ratio": float(np.mean([r[k]["ratio"] for r in per_layer.values()]))}
+               for k in methods}
+        if "bound_fixed" in row:
             fixed = [r["bound_fixed"] for r in per_layer.values()]
-            results[name]["bound_fixed"].update(
-                solve_s=float(sum(f["solve_s"] for f in fixed)),
-                gap=float(max(f["gap"] for f in fixed)))
-        results[name]["_meta"] = {"layers": a.layers, "cpu_s": time.process_time() - c0}
-        print(f"{name}: {time.perf_counter() - t0:.0f} s wall", flush=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        tmp.replace(path)
-    return results
+            row["bound_fixed"].update(solve_s=float(sum(f["solve_s"] for f in fixed)),
+                                      gap=float(max(f["gap"] for f in fixed)))
+        row["_meta"] = {"layers": a.layers, "cpu_s": time.process_time() - c0}
+        return row
+
+    return _run_cells(args, "place.json", cell,
+                      lambda row: getattr(args, "bound", "perstep") != "fixed"
+                      or "bound_fixed" in row)
 
 
 def place_cells_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
