@@ -23,19 +23,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hdamoe_env.app.records import t_interval
 from hdamoe_env.env.drift import (HdMoeDriftEnv, compare_policies, once_policy,
                                   regime_policy)
 
-#: Two-sided 95 % Student-t quantiles by degrees of freedom.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262}
 
 
 def _headroom_module() -> Any:
@@ -149,9 +146,8 @@ def summary(cell: str, res: dict[str, Any]) -> str:
     """Markdown rows: the methods' ratios, the learned interval and the captured headroom."""
     runs = [res["runs"][k] for k in sorted(res["runs"], key=int)]
     vals = np.array([r["heldout"] for r in runs])
-    mean = float(vals.mean())
-    half = (T95.get(len(vals) - 1, 1.96) * float(vals.std(ddof=1)) / math.sqrt(len(vals))
-            if len(vals) > 1 else float("nan"))
+    mean, half = t_interval(vals)
+    half = float("nan") if half is None else half
     ref = res["references"]
     gap = ref["tuned"] - ref["oracle"]
     captured = [(ref["tuned"] - v) / gap if gap > 0 else float("nan") for v in vals]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -50,12 +49,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from hdamoe_env.app.records import t_interval
 from hdamoe_env.config.errors import ConfigError, HdMoeError, OutputPathError
 from hdamoe_env.env.place import PLACE_EVALUATORS, HdMoePlaceEnv, greedy_balance
 
-#: Two-sided 95 % Student-t quantiles by degrees of freedom.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262}
 #: Reference methods of the table: (header, key of ``headroom.run``'s rows).
 REFERENCES = (("NoOp (EP)", "ep"), ("TP", "tp"), ("Node+Link", "node_link"),
               ("greedy", "greedy"), ("bound", "bound"))
@@ -262,14 +259,6 @@ def train_seed(cell: str, seed: int, variant: str, args: argparse.Namespace,
     return rec
 
 
-def t_interval(vals: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % t-interval (nan for one value)."""
-    v = np.asarray(vals, dtype=float)
-    if v.size < 2:
-        return float(v.mean()), float("nan")
-    return float(v.mean()), T95.get(v.size - 1, 1.96) * float(v.std(ddof=1)) / math.sqrt(v.size)
-
-
 def summary(cell: str, ref: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """Markdown: per held-out layer every method's ratio to TP, the learned interval and the
     share of the bound-measured headroom captured per seed."""
@@ -304,6 +293,7 @@ def summary(cell: str, ref: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     for name, rs, key, cpu in rows:
         vals = [float(np.mean([r[key][lay] for lay in layers])) for r in rs]
         m, h = t_interval(vals)
+        h = float("nan") if h is None else h
         share = [(nl - v) / (nl - bound) for v in vals]
         steps = "0" if key == "start" else str(rs[0]["timesteps"])
         lines.append(f"| {name} | {', '.join(str(r['seed']) for r in rs)} | "
