@@ -568,6 +568,21 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         m_e = np.maximum(m_e, act[:, None] * w_s * big[None, :])[act]       # [A, H] ↓ in h
         return act, total, m_e, float(extra), float(w_s)
 
+    @staticmethod
+    def _tau_grid(m_e: NDArray[np.float64], points: int
+                  ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+        """Return the τ grid [K] of one step and h_e(τ) [K, A] on every [grid_k, grid_k+1).
+
+        The grid holds every breakpoint M_e(h) of ``m_e`` [A, H] (any time unit) within
+        [max_e M_e(H), max_e M_e(1)] and ``points`` geometric points; h_e(τ), the least h with
+        M_e(h) ≤ τ, is constant between grid points since every breakpoint is one.
+        """
+        lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
+        grid = np.unique(np.concatenate([m_e.ravel(), np.geomspace(lo, hi, points)]))
+        grid = grid[(grid >= lo) & (grid <= hi)]
+        ok = m_e[None, :, :] <= grid[:, None, None] * (1.0 + 1e-12)
+        return grid, np.argmax(ok, axis=2) + 1
+
     def _step_bound(self, sets: NDArray[np.int64], gamma: float | None) -> tuple[float, float]:
         """Return (dispatch-mode bound, all-reduce-mode expert phase bound) of one step, seconds.
 
@@ -578,12 +593,7 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         act, total, m_e, extra, w_s = self._step_terms(sets)
         total_a = total[act]
         stream_mean = float(act.sum()) * w_s / D
-        lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
-        grid = np.unique(np.concatenate([m_e.ravel(), np.geomspace(lo, hi, 512)]))
-        grid = grid[(grid >= lo) & (grid <= hi)]
-        # h_e(τ) on [grid_i, grid_i+1): constant, since every breakpoint is a grid point
-        ok = m_e[None, :, :] <= grid[:, None, None] * (1.0 + 1e-12)
-        h = np.argmax(ok, axis=2) + 1                                        # [K, A]
+        grid, h = self._tau_grid(m_e, 512)                                   # [K], [K, A]
         mean = np.maximum((total_a.sum() + (h - 1).sum(axis=1) * extra) / D, stream_mean)
         comp = np.maximum(grid, mean)                                        # [K]
         # capacity at the interval's upper end (the last interval is unbounded: no capacity)
@@ -614,12 +624,9 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
         E, D = self.num_experts, self.num_nodes
         act, total, m_e, extra, w_s = self._step_terms(sets)
         m_e = m_e * 1e6                                                         # [A, H] µs
-        lo, hi = float(m_e[:, -1].max()), float(m_e[:, 0].max())
-        grid = np.unique(np.concatenate([m_e.ravel(), np.geomspace(lo, hi, max(points, 2))]))
-        grid = grid[(grid >= lo) & (grid <= hi)]
-        ok = m_e[None, :, :] <= grid[:, None, None] * (1.0 + 1e-12)
+        grid, h = self._tau_grid(m_e, max(points, 2))
         hreq = np.zeros((grid.size, E), dtype=np.int64)
-        hreq[:, act] = np.argmax(ok, axis=2) + 1
+        hreq[:, act] = h
         upper = np.append(grid[1:], np.inf)
         need = np.maximum(total[sets].sum(axis=1), act[sets].sum(axis=1) * w_s) * 1e6  # [B]
         cap = np.maximum(np.ceil(need[None, :] / upper[:, None] - 1e-9), 1.0)       # [K, B]
@@ -1031,12 +1038,19 @@ class HdMoePlaceEnv(gym.Env[dict[str, NDArray[np.float32]], np.int64]):
             obs["pattern_peak"] = self._pattern_peak(0.0 if done else float(data.freqs[cur]))
         return obs
 
+    def _pattern_peaks(self, f_cur: float) -> NDArray[np.float64]:
+        """Per action, the most loaded of its clusters after adding f_cur/size to each, [n]
+        (``greedy_balance``'s criterion)."""
+        pats = self.patterns
+        after = self._load[None, :] + f_cur * pats / pats.sum(axis=1)[:, None]
+        return np.where(pats, after, -np.inf).max(axis=1)
+
     def _pattern_peak(self, f_cur: float) -> NDArray[np.float32]:
-        """The ``pattern_peak`` observation: ``greedy_balance``'s criterion per action."""
+        """The ``pattern_peak`` observation: ``_pattern_peaks`` relative to the best legal
+        action of the same size."""
         D, pats = self.num_nodes, self.patterns
         sizes = pats.sum(axis=1)
-        after = self._load[None, :] + f_cur * pats / sizes[:, None]
-        peak = np.where(pats, after, -np.inf).max(axis=1)                       # [n]
+        peak = self._pattern_peaks(f_cur)                                        # [n]
         legal = self.action_masks()
         rel = np.full(peak.shape, float(D))
         for size in np.unique(sizes):
@@ -1156,10 +1170,7 @@ def greedy_balance(env: HdMoePlaceEnv, size: int, *, layer: int | None = None,
             a = env.spread_action
         else:
             expert = int(env.expert_order[len(actions)])
-            f_e = float(env.expert_frequencies[expert])
-            load = env.node_load
-            peak = [float((load + f_e * env.patterns[b] / size)[env.patterns[b]].max())
-                    for b in legal]
+            peak = env._pattern_peaks(float(env.expert_frequencies[expert]))[legal]
             a = int(legal[int(np.argmin(peak))])
         actions.append(a)
         _, _, terminated, _, info = env.step(a)
