@@ -161,9 +161,9 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     A combine message from a cluster that holds a partial shard of any expert of its token
     (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
     ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``,
-    each with latency ``ni_lat`` (seconds): every message's link list gets its ports, from
-    ``port_ptr``/``port_links`` (``_port_routes``: every route with its ports, built once per
-    topology) or, when ``port_ptr`` is empty, built here.
+    each with latency ``ni_lat`` (seconds): every message's link list is its route with its
+    ports, from ``port_ptr``/``port_links`` (``_port_routes`` of the topology, built once per
+    topology by ``_port_arrays``; read only when ``ni_bw`` > 0).
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -241,17 +241,12 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     msg_rank = np.zeros(num_msg, dtype=np.int64)
     finish = np.empty(num_msg)
     num_links = link_bw.shape[0]
-    msg_src = np.empty(num_msg, dtype=np.int64)
-    msg_dst = np.empty(num_msg, dtype=np.int64)
     # ports (ni_bw > 0): injection num_links + src, ejection num_links + N + dst
     port_bw = np.concatenate((link_bw, np.full(2 * num_ep, ni_bw)))
     link_lat = np.full(num_links, hop_latency)
     port_lat = np.concatenate((link_lat, np.full(2 * num_ep, ni_lat)))
     port_busy = np.zeros(port_bw.shape[0])
-    pos2 = np.empty(num_msg, dtype=np.int64)
-    stop2 = np.empty(num_msg, dtype=np.int64)
-    ported = ni_bw > 0 and port_ptr.shape[0] > 0
-    ptr = port_ptr if ported else route_ptr
+    ptr = port_ptr if ni_bw > 0 else route_ptr
     for p in range(phase_codes.shape[0]):
         combine = phase_codes[p] == 1
         m = 0
@@ -271,8 +266,6 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                     r = base + np.int64(h % np.uint64(ncand))
                 pos[m] = ptr[r]
                 stop[m] = ptr[r + 1]
-                msg_src[m] = s
-                msg_dst[m] = d
                 if tie_ref:
                     msg_rank[m] = route_rank[r]
                 m += 1
@@ -284,30 +277,7 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
                                        cut_through)
             continue
         port_busy[:] = 0.0
-        if ported:
-            makespan_out[p] = des_core(pos, stop, size_p, msg_ready, msg_rank, port_links,
-                                       port_bw, port_lat, tie_ref, port_busy, finish,
-                                       cut_through)
-            busy_out[p] += port_busy[:num_links]
-            continue
-        total = 0
-        for m in range(num_msg):
-            if stop[m] > pos[m]:
-                total += stop[m] - pos[m] + 2
-        links2 = np.empty(total, dtype=np.int32)
-        k = 0
-        for m in range(num_msg):
-            pos2[m] = k
-            if stop[m] > pos[m]:
-                links2[k] = num_links + msg_src[m]
-                k += 1
-                for q in range(pos[m], stop[m]):
-                    links2[k] = route_links[q]
-                    k += 1
-                links2[k] = num_links + num_ep + msg_dst[m]
-                k += 1
-            stop2[m] = k
-        makespan_out[p] = des_core(pos2, stop2, size_p, msg_ready, msg_rank, links2, port_bw,
+        makespan_out[p] = des_core(pos, stop, size_p, msg_ready, msg_rank, port_links, port_bw,
                                    port_lat, tie_ref, port_busy, finish, cut_through)
         busy_out[p] += port_busy[:num_links]
     return True
