@@ -60,6 +60,7 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
+from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
 from hdamoe_env.noc.messages import TIE_BREAKS, PreparedMessages, check_scalar, prepare_messages
 from hdamoe_env.noc.topology import Topology
@@ -78,6 +79,7 @@ __all__ = [
     "des_kernel",
     "link_load_bound",
     "port_latencies",
+    "port_routes",
     "simulate_messages",
     "simulate_messages_oracle",
 ]
@@ -555,24 +557,71 @@ def port_latencies(topology: Topology, hop_latency_s: float,
                            np.full(2 * topology.num_endpoints, float(ni_latency_s))])
 
 
+@njit(cache=True)
+def _port_routes(pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
+                 route_links: NDArray[np.int32], num_endpoints: int, num_links: int
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """Every route with its network-interface ports, as CSR (``ptr`` [R + 1], ``links``).
+
+    Route r of the pair (s, d) becomes the injection port ``num_links + s``, its links, then
+    the ejection port ``num_links + N + d``; an empty route stays empty (``port_routes``).
+    """
+    num_routes = route_ptr.shape[0] - 1
+    ptr = np.zeros(num_routes + 1, dtype=np.int64)
+    for r in range(num_routes):
+        length = route_ptr[r + 1] - route_ptr[r]
+        ptr[r + 1] = ptr[r] + (length + 2 if length > 0 else 0)
+    links = np.empty(ptr[num_routes], dtype=np.int32)
+    for s in range(num_endpoints):
+        for d in range(num_endpoints):
+            pair = s * num_endpoints + d
+            for r in range(pair_ptr[pair], pair_ptr[pair + 1]):
+                if route_ptr[r + 1] == route_ptr[r]:
+                    continue
+                k = ptr[r]
+                links[k] = num_links + s
+                for q in range(route_ptr[r], route_ptr[r + 1]):
+                    k += 1
+                    links[k] = route_links[q]
+                links[k + 1] = num_links + num_endpoints + d
+    return ptr, links
+
+
+#: Every route of a topology with its network-interface ports (``_port_routes``), by topology
+#: (identity: ``Topology`` compares by identity and its arrays are read-only).
+_PORT_ROUTES: BoundedCache[Topology, tuple[NDArray[np.int64], NDArray[np.int32]]] = BoundedCache(
+    8, name="hdamoe_env.noc.des.port_routes")
+
+
+def port_routes(topology: Topology) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """Return every route of ``topology`` with its network-interface ports, built once.
+
+    Route r of the pair (s, d) is ``links[ptr[r]:ptr[r + 1]]``: the injection port
+    ``num_links + s``, the route's links, the ejection port ``num_links + N + d`` (an empty
+    route stays empty), the link lists of ``simulate_messages(ni_bw_Bps=...)`` and of
+    ``linksim._layer_kernel`` with ports.
+
+    Returns:
+        ``(ptr`` int64 [R + 1], ``links`` int32``)``, shared: do not modify.
+    """
+    found = _PORT_ROUTES.get(topology)
+    if found is None:
+        found = _port_routes(topology.pair_route_ptr, topology.route_ptr, topology.route_links,
+                             topology.num_endpoints, topology.num_links)
+        _PORT_ROUTES.put(topology, found)
+    return found
+
+
 def _with_ports(topology: Topology, prep: PreparedMessages, routes: NDArray[np.int64],
                 ni_bw_Bps: float) -> tuple[NDArray[np.int64], NDArray[np.int64],
                                            NDArray[np.int32], NDArray[np.float64]]:
-    """Per-message link lists with injection (L + src) and ejection (L + N + dst) ports."""
+    """Per-message link lists with injection (L + src) and ejection (L + N + dst) ports: the
+    cursors ``pos`` (a fresh array, advanced by ``des_core``) and ``stop`` into the topology's
+    ``port_routes``, those links and the bandwidths [L + 2N]."""
     bw = check_ni_bandwidth(ni_bw_Bps)
-    num_links, n = topology.num_links, topology.num_endpoints
-    start = topology.route_ptr[routes]
-    length = topology.route_ptr[routes + 1] - start
-    full = length + 2 * (length > 0)
-    ptr = np.concatenate([[0], np.cumsum(full)]).astype(np.int64)
-    owner = np.repeat(np.arange(routes.size), full)
-    offset = np.arange(ptr[-1]) - ptr[:-1][owner]
-    inner = np.clip(start[owner] + offset - 1, 0, max(topology.route_links.size - 1, 0))
-    links = np.where(offset == 0, num_links + prep.src[owner],
-                     np.where(offset == full[owner] - 1, num_links + n + prep.dst[owner],
-                              topology.route_links[inner] if inner.size else inner))
-    link_bw = np.concatenate([topology.link_bw_Bps, np.full(2 * n, bw)])
-    return ptr[:-1].copy(), ptr[1:].copy(), links.astype(np.int32), link_bw
+    ptr, links = port_routes(topology)
+    link_bw = np.concatenate([topology.link_bw_Bps, np.full(2 * topology.num_endpoints, bw)])
+    return ptr[routes], ptr[routes + 1], links, link_bw
 
 
 def _earliest_gap(intervals: list[tuple[float, float]], t: float, dur: float) -> float:

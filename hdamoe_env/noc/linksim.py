@@ -27,7 +27,7 @@ from numba import njit, prange, types
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.noc.des import (check_ni_bandwidth, check_ni_latency, check_switching,
-                                count_trailing_zeros, des_core)
+                                count_trailing_zeros, des_core, port_routes)
 from hdamoe_env.noc.messages import check_chunks, check_ref_size, check_scalar, tie_break_is_ref
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
@@ -162,8 +162,8 @@ def _layer_kernel(  # noqa: C901 - generation and DES in one compiled call
     (``partial_mask`` [E, D]; shape [0, D] = none) carries ``combine_bytes[t]`` bytes.
     ``ni_bw`` > 0 adds the network-interface ports of ``des.simulate_messages(ni_bw_Bps=...)``,
     each with latency ``ni_lat`` (seconds): every message's link list is its route with its
-    ports, from ``port_ptr``/``port_links`` (``_port_routes`` of the topology, built once per
-    topology by ``_port_arrays``; read only when ``ni_bw`` > 0).
+    ports, from ``port_ptr``/``port_links`` (``des.port_routes`` of the topology, built once per
+    topology; read only when ``ni_bw`` > 0).
     """
     if not _layer_inputs_ok(token_sets, holder_mask, msg_bytes, agg, pi, extra, num_endpoints):
         return False
@@ -863,37 +863,6 @@ def numba_threads(threads: int) -> Iterator[None]:
 
 
 @njit(cache=True)
-def _port_routes(pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
-                 route_links: NDArray[np.int32], num_endpoints: int, num_links: int
-                 ) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
-    """Every route with its network-interface ports, as CSR (``ptr`` [R + 1], ``links``).
-
-    Route r of the pair (s, d) becomes the injection port ``num_links + s``, its links, then
-    the ejection port ``num_links + N + d``; an empty route stays empty. The link lists the
-    port path of ``_layer_kernel`` builds message by message.
-    """
-    num_routes = route_ptr.shape[0] - 1
-    ptr = np.zeros(num_routes + 1, dtype=np.int64)
-    for r in range(num_routes):
-        length = route_ptr[r + 1] - route_ptr[r]
-        ptr[r + 1] = ptr[r] + (length + 2 if length > 0 else 0)
-    links = np.empty(ptr[num_routes], dtype=np.int32)
-    for s in range(num_endpoints):
-        for d in range(num_endpoints):
-            pair = s * num_endpoints + d
-            for r in range(pair_ptr[pair], pair_ptr[pair + 1]):
-                if route_ptr[r + 1] == route_ptr[r]:
-                    continue
-                k = ptr[r]
-                links[k] = num_links + s
-                for q in range(route_ptr[r], route_ptr[r + 1]):
-                    k += 1
-                    links[k] = route_links[q]
-                links[k + 1] = num_links + num_endpoints + d
-    return ptr, links
-
-
-@njit(cache=True)
 def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_],
                    pis: NDArray[np.int64], aggs: NDArray[np.int64], layers: NDArray[np.int64],
                    msg_bytes: NDArray[np.float64], chunks: int, pair_ptr: NDArray[np.int64],
@@ -1113,23 +1082,12 @@ _NO_PARTIAL = np.zeros((0, 1), dtype=np.bool_)
 _NO_SIZES = np.zeros(0, dtype=np.float64)
 _NO_PORTS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
 
-#: Every route of a topology with its network-interface ports (``_port_routes``), by topology
-#: (identity: ``Topology`` compares by identity and its arrays are read-only).
-_PORT_ROUTES: BoundedCache[Topology, tuple[NDArray[np.int64], NDArray[np.int32]]] = BoundedCache(
-    8, name="hdamoe_env.noc.linksim.port_routes")
 
 
 def _port_arrays(topology: Topology, ni_bw: float
                  ) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
     """Return the kernel's port routes of ``topology`` (empty arrays without ports)."""
-    if ni_bw <= 0:
-        return _NO_PORTS
-    found = _PORT_ROUTES.get(topology)
-    if found is None:
-        found = _port_routes(topology.pair_route_ptr, topology.route_ptr, topology.route_links,
-                             topology.num_endpoints, topology.num_links)
-        _PORT_ROUTES.put(topology, found)
-    return found
+    return _NO_PORTS if ni_bw <= 0 else port_routes(topology)
 
 
 def _run_layer_kernel(arrays: tuple[NDArray[Any], ...],

@@ -10,7 +10,8 @@ import pytest
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
-from hdamoe_env.noc.des import link_load_bound, simulate_messages, simulate_messages_oracle
+from hdamoe_env.noc.des import (link_load_bound, port_routes, simulate_messages,
+                                simulate_messages_oracle)
 from hdamoe_env.noc.topology import make_topology
 
 HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
@@ -343,3 +344,20 @@ def test_message_validation():
         simulate_messages(topo, [0], [1], [1.0], chunks=0)
     with pytest.raises(ConfigError, match="flow_keys"):
         simulate_messages(topo, [0], [1], [1.0], flow_keys=[1, 2])
+
+
+def test_port_routes_wrap_every_route_in_its_ports():
+    """``port_routes``: route r of the pair (s, d) is [L + s, its links..., L + N + d]; an
+    empty route stays empty; built once per topology."""
+    for kind, shape in (("mesh", (4, 8)), ("fattree", (4, 8)), ("torus", (3, 5))):
+        topo = make_topology(kind, HardwareSpec(mesh_shape=shape, link_bw_gbps=50.0))
+        ptr, links = port_routes(topo)
+        assert port_routes(topo)[0] is ptr
+        L, n = topo.num_links, topo.num_endpoints
+        for s in range(n):
+            for d in range(n):
+                pair = s * n + d
+                for r in range(topo.pair_route_ptr[pair], topo.pair_route_ptr[pair + 1]):
+                    inner = topo.route_links[topo.route_ptr[r]:topo.route_ptr[r + 1]].tolist()
+                    want = [L + s, *inner, L + n + d] if inner else []
+                    assert links[ptr[r]:ptr[r + 1]].tolist() == want
