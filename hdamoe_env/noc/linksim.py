@@ -738,20 +738,23 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
                          tie_break: str = "fifo", hop_latency_s: float = 0.0, chunks: int = 1,
                          alpha_s: float = 0.0, switching: str = "store_and_forward",
                          ni_bw_Bps: float | None = None, ni_latency_s: float | None = None,
-                         threads: int = 1
+                         threads: int = 1, mask_of: NDArray[np.int64] | None = None,
+                         extra_holders: NDArray[np.int64] | None = None
                          ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``simulate_layer_comm`` of n layer runs in one compiled call (the batched vector env).
 
-    Run j simulates layer ``layers[j]`` (holder mask ``holder_masks[layers[j]]``, endpoints
-    ``pis[layers[j]]``) with token sets ``token_sets[j]`` and aggregators ``aggs[j]``; no extra
-    holders, no partial shards. Every run equals ``simulate_layer_comm`` with the same
+    Run j simulates layer ``layers[j]`` (holder mask ``holder_masks[layers[j]]``, or
+    ``holder_masks[mask_of[j]]``; endpoints ``pis[layers[j]]``) with token sets
+    ``token_sets[j]``, aggregators ``aggs[j]`` and extra holders ``extra_holders[j]`` (none by
+    default); no partial shards. Every run equals ``simulate_layer_comm`` with the same
     arguments (the same kernel, ``_layer_kernel``, per run).
 
     Args:
         topology: The NoC; its endpoint count must equal D.
         token_sets: int64 [n, T, k] expert sets of every run.
         msg_bytes: float64 [T] message sizes, shared by the runs.
-        holder_masks: bool [L, E, D] holder clusters of every layer.
+        holder_masks: bool [L, E, D] holder clusters of every layer (or [M, E, D], the rows
+            ``mask_of`` picks).
         pis: int64 [L, D] endpoint of every cluster of every layer.
         aggs: int64 [n, T] aggregator clusters of every run.
         layers: int64 [n] layer of every run (enters the flow keys).
@@ -759,6 +762,10 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
             As ``simulate_layer_comm``.
         threads: numba threads the runs are spread over (``check_threads``); 1 runs them in
             order on the calling thread. The results are bit-identical for every value.
+        mask_of: int64 [n] row of ``holder_masks`` of every run (e.g. one mask per run, the
+            layer's shares with broadcast experts zeroed), or None: ``layers``.
+        extra_holders: int64 [n, T, x] further holder clusters of every run's tokens (−1 =
+            none; a run pads with −1, which changes nothing), or None.
 
     Returns:
         ``makespan`` float64 [n, P] (α added as in ``simulate_layer_comm``) and ``busy``
@@ -781,14 +788,23 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
     if ts.ndim != 3 or ts.shape[0] != n or ag.shape != ts.shape[:2]:
         raise ConfigError(f"token_sets [n, T, k] and aggs [n, T] must match layers [n={n}], got "
                           f"{ts.shape} and {ag.shape}")
-    if n and (lay.min() < 0 or lay.max() >= holder_masks.shape[0]):
-        raise ConfigError(f"layers must lie in [0, {holder_masks.shape[0]}), got {lay.tolist()}")
+    rows = lay if mask_of is None else np.ascontiguousarray(mask_of, dtype=np.int64)
+    if rows.shape != (n,) or (n and (rows.min() < 0 or rows.max() >= holder_masks.shape[0])):
+        raise ConfigError(f"layers (or mask_of) must hold n={n} rows of holder_masks in [0, "
+                          f"{holder_masks.shape[0]}), got {rows.tolist()}")
+    if n and (lay.min() < 0 or lay.max() >= pis.shape[0]):
+        raise ConfigError(f"layers must lie in [0, {pis.shape[0]}), got {lay.tolist()}")
+    extras = (np.zeros((n, ts.shape[1], 0), dtype=np.int64) if extra_holders is None
+              else np.ascontiguousarray(extra_holders, dtype=np.int64))
+    if extras.ndim != 3 or extras.shape[:2] != ts.shape[:2]:
+        raise ConfigError(f"extra_holders must have shape [n, T, x] = [{n}, {ts.shape[1]}, x], "
+                          f"got {extras.shape}")
     check_ref_size(tie_ref, ts.shape[1] * topology.num_endpoints * chunks)
     size = np.ascontiguousarray(msg_bytes, dtype=np.float64)
     busy = np.zeros((n, codes.size, topology.num_links))
     makespan = np.zeros((n, codes.size))
     counts = np.zeros((n, codes.size), dtype=np.int64)
-    args = (ts, np.ascontiguousarray(holder_masks, dtype=np.bool_),
+    args = (ts, np.ascontiguousarray(holder_masks, dtype=np.bool_), rows, extras,
             np.ascontiguousarray(pis, dtype=np.int64), ag, lay, size, chunks,
             topology.pair_route_ptr, topology.route_ptr, topology.route_links,
             topology.link_bw_Bps, topology.route_lex_rank, hop, tie_ref, topology.num_endpoints,
@@ -864,6 +880,7 @@ def numba_threads(threads: int) -> Iterator[None]:
 
 @njit(cache=True)
 def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_],
+                   mask_of: NDArray[np.int64], extras: NDArray[np.int64],
                    pis: NDArray[np.int64], aggs: NDArray[np.int64], layers: NDArray[np.int64],
                    msg_bytes: NDArray[np.float64], chunks: int, pair_ptr: NDArray[np.int64],
                    route_ptr: NDArray[np.int64], route_links: NDArray[np.int32],
@@ -873,18 +890,17 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
                    makespan_out: NDArray[np.float64], count_out: NDArray[np.int64],
                    cut_through: bool, ni_bw: float, ni_lat: float, port_ptr: NDArray[np.int64],
                    port_links: NDArray[np.int32]) -> int:
-    """``_layer_kernel`` for every run of ``simulate_layers_comm``; the first invalid run, or
-    −1."""
-    num_tokens = token_sets.shape[1]
-    extra = np.zeros((num_tokens, 0), dtype=np.int64)
+    """``_layer_kernel`` for every run of ``simulate_layers_comm`` (run j: holder mask
+    ``holder_masks[mask_of[j]]``, extra holders ``extras[j]`` [T, x], endpoints
+    ``pis[layers[j]]``); the first invalid run, or −1."""
     no_partial = np.zeros((0, 1), dtype=np.bool_)
     no_sizes = np.zeros(0)
     for j in range(layers.shape[0]):
         layer = layers[j]
-        if not _layer_kernel(token_sets[j], holder_masks[layer], extra, aggs[j], pis[layer],
-                             msg_bytes, no_partial, no_sizes, chunks, layer, pair_ptr,
-                             route_ptr, route_links, link_bw, route_rank, hop_latency, tie_ref,
-                             num_endpoints, phase_codes, busy_out[j], makespan_out[j],
+        if not _layer_kernel(token_sets[j], holder_masks[mask_of[j]], extras[j], aggs[j],
+                             pis[layer], msg_bytes, no_partial, no_sizes, chunks, layer,
+                             pair_ptr, route_ptr, route_links, link_bw, route_rank, hop_latency,
+                             tie_ref, num_endpoints, phase_codes, busy_out[j], makespan_out[j],
                              count_out[j], cut_through, ni_bw, ni_lat, port_ptr, port_links):
             return j
     return -1
@@ -892,6 +908,7 @@ def _layers_kernel(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_
 
 @njit(cache=True, parallel=True)
 def _layers_kernel_par(token_sets: NDArray[np.int64], holder_masks: NDArray[np.bool_],
+                       mask_of: NDArray[np.int64], extras: NDArray[np.int64],
                        pis: NDArray[np.int64], aggs: NDArray[np.int64],
                        layers: NDArray[np.int64], msg_bytes: NDArray[np.float64], chunks: int,
                        pair_ptr: NDArray[np.int64], route_ptr: NDArray[np.int64],
@@ -912,19 +929,17 @@ def _layers_kernel_par(token_sets: NDArray[np.int64], holder_masks: NDArray[np.b
     everything on error).
     """
     n = layers.shape[0]
-    num_tokens = token_sets.shape[1]
-    extra = np.zeros((num_tokens, 0), dtype=np.int64)
     no_partial = np.zeros((0, 1), dtype=np.bool_)
     no_sizes = np.zeros(0)
     failed = np.zeros(n, dtype=np.bool_)
     for j in prange(n):
         layer = layers[j]
-        failed[j] = not _layer_kernel(token_sets[j], holder_masks[layer], extra, aggs[j],
-                                      pis[layer], msg_bytes, no_partial, no_sizes, chunks, layer,
-                                      pair_ptr, route_ptr, route_links, link_bw, route_rank,
-                                      hop_latency, tie_ref, num_endpoints, phase_codes,
-                                      busy_out[j], makespan_out[j], count_out[j], cut_through,
-                                      ni_bw, ni_lat, port_ptr, port_links)
+        failed[j] = not _layer_kernel(token_sets[j], holder_masks[mask_of[j]], extras[j],
+                                      aggs[j], pis[layer], msg_bytes, no_partial, no_sizes,
+                                      chunks, layer, pair_ptr, route_ptr, route_links, link_bw,
+                                      route_rank, hop_latency, tie_ref, num_endpoints,
+                                      phase_codes, busy_out[j], makespan_out[j], count_out[j],
+                                      cut_through, ni_bw, ni_lat, port_ptr, port_links)
     for j in range(n):
         if failed[j]:
             return j

@@ -3,6 +3,7 @@ combine traffic on the DES (paper-model.md §6.2, §14.8 item 4)."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -376,6 +377,44 @@ def test_simulate_layers_comm_equals_one_run_per_layer(kind, opts):
         simulate_layers_comm(topo, sets, msg, masks, pis, bad, layers, **opts)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_simulate_layers_comm_per_run_masks_and_extra_holders(threads):
+    """``mask_of`` / ``extra_holders`` (the vector env's pre-broadcast steps): every run equals
+    ``simulate_layer_comm`` with its own holder mask and extra holders, bit for bit, on one or
+    more threads (capped at numba's pool); padding the extra holders with −1 changes nothing;
+    a bad shape or row is a ConfigError."""
+    threads = min(threads, int(numba.config.NUMBA_NUM_THREADS))
+    topo, (sets, msg, masks, pis, aggs, layers), opts = _layers_case(
+        "fattree", layers=np.array([2, 0, 2, 1, 1, 0]))
+    rng = np.random.default_rng(3)
+    n, T, D = sets.shape[0], sets.shape[1], masks.shape[2]
+    own = masks[layers].copy()                       # one mask per run, some rows zeroed
+    own[:, :2] = False
+    own[:, 2:, 0] |= True                            # every other expert keeps a holder
+    width = [1, 3, 0, 2, 1, 2]
+    extras = np.full((n, T, 3), -1, dtype=np.int64)
+    for j in range(n):
+        if width[j]:
+            extras[j, :, :width[j]] = rng.integers(-1, D, (T, width[j]))
+    runs_aggs = np.stack([choose_aggregators(sets[j], own[j], "uniform", rng, extras[j])
+                          for j in range(n)])
+    makespan, busy = simulate_layers_comm(topo, sets, msg, own, pis, runs_aggs, layers,
+                                          mask_of=np.arange(n), extra_holders=extras,
+                                          threads=threads, **opts)
+    for j, layer in enumerate(layers.tolist()):
+        one = simulate_layer_comm(topo, sets[j], msg, own[j], pis[layer], runs_aggs[j],
+                                  layer=layer, extra_holders=extras[j, :, :width[j]], **opts)
+        assert tuple(makespan[j].tolist()) == one.makespan_s
+        np.testing.assert_array_equal(busy[j], one.link_busy_s)
+    assert makespan.min() > 0
+    with pytest.raises(ConfigError, match="mask_of"):
+        simulate_layers_comm(topo, sets, msg, own, pis, runs_aggs, layers,
+                             mask_of=np.arange(n) + 1, extra_holders=extras, **opts)
+    with pytest.raises(ConfigError, match="extra_holders"):
+        simulate_layers_comm(topo, sets, msg, own, pis, runs_aggs, layers,
+                             mask_of=np.arange(n), extra_holders=extras[:, :2], **opts)
+
+
 @pytest.mark.parametrize("rule", ["ref", "uniform", "first"])
 def test_aggregators_many_equal_choose_aggregators_and_the_stream(rule):
     """Compiled draws on each generator's PCG64 state: the same aggregators and the same
@@ -418,7 +457,9 @@ def _kernel_outputs(kernel, topo, sets, msg, masks, pis, aggs, layers):
     busy = np.zeros((n, 2, topo.num_links))
     makespan = np.zeros((n, 2))
     counts = np.zeros((n, 2), dtype=np.int64)
-    bad = kernel(sets, masks, pis, aggs, layers, msg, 2, topo.pair_route_ptr, topo.route_ptr,
+    extras = np.zeros((n, sets.shape[1], 0), dtype=np.int64)
+    bad = kernel(sets, masks, layers, extras, pis, aggs, layers, msg, 2, topo.pair_route_ptr,
+                 topo.route_ptr,
                  topo.route_links, topo.link_bw_Bps, topo.route_lex_rank, 2e-9, True,
                  topo.num_endpoints, np.array([0, 1]), busy, makespan, counts, True, 2e10,
                  0.0, *linksim._port_arrays(topo, 2e10))
