@@ -59,6 +59,7 @@ from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.decisions import prediction_kernels
 from hdamoe_env.noc import linksim
 from hdamoe_env.sim import batch_kernels
+from hdamoe_env.sim.evaluator import partial_shards
 
 __all__ = ["HdMoeVectorEnv", "spawn"]
 
@@ -574,16 +575,21 @@ class HdMoeVectorEnv(VectorEnv):
         infos: dict[str, Any] = {}
         fast = np.zeros(N, dtype=bool)
         gated = np.zeros(N, dtype=bool)
+        bcast = np.zeros(N, dtype=bool)
         if (self._layers is not None or self._des_plain) and stepping.any():
-            no_bc, level_off = self._plain(a)
+            no_bc, level_off, with_bc = self._plain(a)
             fast = stepping & no_bc & level_off
             if self._gating is not None:
                 gated = stepping & no_bc & ~level_off
+            if self._des is not None:
+                bcast = stepping & with_bc
         if fast.any():
             self._step_batched(np.flatnonzero(fast))
         if gated.any():
             gated[np.flatnonzero(gated)] = self._step_gated(np.flatnonzero(gated), a)
-        batched = fast | gated
+        if bcast.any():
+            bcast[np.flatnonzero(bcast)] = self._step_broadcast(np.flatnonzero(bcast), a)
+        batched = fast | gated | bcast
         slow = np.flatnonzero(stepping & ~batched).tolist()
         for i in slow:
             self._step_one(i, a[i])
@@ -645,16 +651,18 @@ class HdMoeVectorEnv(VectorEnv):
         self.envs = []
 
     # ------------------------------------------------------------------ internals
-    def _plain(self, a: NDArray[Any]) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-        """Return bool [N] twice: rows that are legal and without broadcast, and rows whose
-        gating is off."""
+    def _plain(self, a: NDArray[Any]
+               ) -> tuple[NDArray[np.bool_], NDArray[np.bool_], NDArray[np.bool_]]:
+        """Return bool [N] three times: rows that are legal and without broadcast, rows whose
+        gating is off, and rows that are legal with a broadcast slot set."""
         nvec, mb = self._nvec, self._mb
         if a.ndim != 2 or a.shape[1] != nvec.size or a.dtype.kind not in "iu":
-            return np.zeros(self.num_envs, dtype=bool), np.zeros(self.num_envs, dtype=bool)
+            no = np.zeros(self.num_envs, dtype=bool)
+            return no, no.copy(), no.copy()
         legal = ((a >= 0) & (a < nvec)).all(axis=1)
         none = (a[:, :mb] == nvec[0] - 1).all(axis=1) if mb else np.ones(len(a), dtype=bool)
         level = np.clip(a[:, mb + 1], 0, self._zero_level.size - 1)
-        return legal & none, self._zero_level[level]
+        return legal & none, self._zero_level[level], legal & ~none
 
     def _reset_one(self, i: int, seed: int | None) -> None:
         env = self.envs[i]
@@ -843,6 +851,101 @@ class HdMoeVectorEnv(VectorEnv):
             assert self._layers is not None
             total = self._layers.latency(layers, counts, peak)
             self._prev_busy[idx] = 0.0
+        scale = proto.reward_scale
+        tp = self._tp_totals[idx, layers]
+        self._rewards[idx] = -total / (tp if scale is None else scale)
+        self._step_lat[idx] += total
+        return done
+
+    def _step_broadcast(self, idx: NDArray[np.int64], a: NDArray[np.int64]
+                        ) -> NDArray[np.bool_]:
+        """Step copies ``idx`` (DES, a pre-broadcast in the action): the decisions per copy,
+        the layer DES of all of them in one compiled call; return bool [n], False for the
+        copies left to their own ``HdMoeEnv.step``.
+
+        Bit-identical to ``HdMoeEnv.step`` (``DecisionEvaluator.evaluate``): per copy the
+        action decoded by the copy (masked or repeated slots coerced, or ``InvalidAction``),
+        the gated sets (``_BatchedGating``, no draws), the dispatch of the broadcast experts
+        and the broadcast traffic and charge (``DecisionEvaluator.dispatch`` /
+        ``broadcast_charge``), the expert phase (``LayerEvaluator.expert_phase``) and the
+        aggregators drawn from the copy's generator (``choose_aggregators`` with the dispatch
+        nodes as extra holders); then one ``simulate_layers_comm`` call with every copy's holder
+        mask (broadcast rows zeroed) and extra holders. Layers with partial shards or TP, and
+        actions whose broadcast is coerced away, keep the per-copy step (nothing is drawn for
+        them here).
+        """
+        des = self._des
+        assert des is not None and self._tables is not None
+        proto = self.envs[0]
+        dec, ev = proto.decisions, proto.evaluator
+        conv = ev.conv
+        E = proto.num_experts
+        done = np.zeros(idx.size, dtype=bool)
+        runs: list[tuple[int, NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_],
+                         NDArray[np.int64] | None, float, float, NDArray[np.float64]]] = []
+        for j, i in enumerate(idx.tolist()):
+            layer = int(self._layer[i])
+            if not des.usable[layer]:
+                continue
+            env = self.envs[i]
+            env._layer = layer
+            broadcast, rule_idx, level_idx, _ = env._decode_action(a[i])
+            if not broadcast:
+                continue
+            level = env.gating_levels[level_idx]
+            if level > 0:
+                if self._gating is None:
+                    continue
+                gated = self._gating.sets(layer, level, env._candidates(layer))
+                if gated is None:
+                    continue
+                sets = gated
+            else:
+                sets = self._sets[i, layer]
+            disp = dec.dispatch(layer, sets, broadcast, env.dispatch_rules[rule_idx])
+            P_layer = disp.P_layer
+            support = P_layer > 0
+            if partial_shards(P_layer, conv) is not None:
+                continue
+            bres, extra_s = dec.broadcast_charge(layer, broadcast)
+            counts = np.bincount(sets.ravel(), minlength=E).astype(np.float64)
+            t_comp = ev.expert_phase(layer, counts, P_layer=P_layer,
+                                     extra_compute_s=disp.extra_compute_s,
+                                     extra_stream_s=disp.extra_stream_s)[5]
+            holders = linksim.HolderTable.from_shares(support)
+            agg = linksim.choose_aggregators(sets, holders, conv.aggregator, env.np_random,
+                                             disp.extra_holders)
+            runs.append((layer, sets, agg, support, disp.extra_holders, t_comp, extra_s,
+                         bres.link_busy_s))
+            done[j] = True
+        n = len(runs)
+        if n == 0:
+            return done
+        idx = idx[done]
+        layers = np.array([r[0] for r in runs], dtype=np.int64)
+        sets_all = np.stack([r[1] for r in runs])
+        aggs = np.stack([r[2] for r in runs])
+        masks = np.stack([r[3] for r in runs])
+        width = max(0 if r[4] is None else r[4].shape[1] for r in runs)
+        extras = np.full((n, sets_all.shape[1], width), -1, dtype=np.int64)
+        for j, r in enumerate(runs):
+            if r[4] is not None:
+                extras[j, :, :r[4].shape[1]] = r[4]
+        makespan, busy = linksim.simulate_layers_comm(
+            des.topology, sets_all, des.msg, masks, des.pis, aggs, layers,
+            mask_of=np.arange(n), extra_holders=extras, **des.options)
+        if des.both:
+            t_moe = makespan[:, 0] + makespan[:, 1]
+            link_busy = busy.sum(axis=1)
+        else:
+            t_moe = 2.0 * makespan[:, 0]
+            link_busy = 2.0 * busy.sum(axis=1)
+        t_comp = np.array([r[5] for r in runs])
+        extra = np.array([r[6] for r in runs])
+        # LayerResult.total_s (t_nm + t_comp + t_comm + t_extra), + the (zero) pending charge
+        total = self._tables.nm_total[layers] + t_comp + t_moe + extra + 0.0
+        link_busy = link_busy + np.stack([r[7] for r in runs])
+        self._set_busy(idx, total, link_busy)
         scale = proto.reward_scale
         tp = self._tp_totals[idx, layers]
         self._rewards[idx] = -total / (tp if scale is None else scale)

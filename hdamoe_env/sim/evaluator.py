@@ -446,27 +446,9 @@ class LayerEvaluator:
                     else np.concatenate([extra_holders, rep.extra_holders], axis=1)
         P = const.P if P_layer is None else P_layer
         counts = np.bincount(token_sets.ravel(), minlength=self.num_experts).astype(np.float64)
-        if self.tiled:
-            compute, mac = self._tiled_compute(const, P_layer, counts, rep_key)
-        else:
-            compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
-            mac = compute
-        held = np.einsum("...ed,...e->...d", P, (counts > 0).astype(np.float64))
-        weight_bytes = held * self.w_bytes
-        if conv.weight_streaming:
-            stream = held * self.stream_per_s
-        else:
-            stream = np.zeros_like(compute)
-        if extra_compute_s is not None:
-            compute = compute + extra_compute_s
-            mac = mac + extra_compute_s
-        if extra_stream_s is not None:
-            weight_bytes = weight_bytes + extra_stream_s * self.eff_mem_bw
-            if conv.weight_streaming:
-                stream = stream + extra_stream_s
-        t_compute = float(compute.max())
-        # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
-        t_comp = max(t_compute, float(stream.max())) if conv.weight_streaming else t_compute
+        compute, mac, stream, weight_bytes, t_compute, t_comp = self.expert_phase(
+            layer, counts, P_layer=P_layer, extra_compute_s=extra_compute_s,
+            extra_stream_s=extra_stream_s, rep_key=rep_key)
         if P_layer is None and const.is_tp:
             tp = self.tp_allreduce
             hops = energy.allreduce_byte_hops(self.sim.topology, self.psum_msg[0] * self.batch,
@@ -510,6 +492,55 @@ class LayerEvaluator:
                                const.nm_comm, mac, weight_bytes,
                                self._analytic_byte_hops(touched, token_sets.shape[0]))
         raise ConfigError(f"unknown fidelity {fidelity!r}; expected one of {list(FIDELITIES)}")
+
+    def expert_phase(self, layer: int, counts: NDArray[np.float64], *,
+                     P_layer: NDArray[np.float64] | None = None,
+                     extra_compute_s: NDArray[np.float64] | None = None,
+                     extra_stream_s: NDArray[np.float64] | None = None,
+                     rep_key: bytes | None = None
+                     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64],
+                                NDArray[np.float64], float, float]:
+        """Return the expert phase of one layer as ``evaluate`` computes it.
+
+        Args:
+            layer: MoE layer index.
+            counts: float64 [E] tokens per expert of the executed sets.
+            P_layer, extra_compute_s, extra_stream_s: As ``evaluate`` (after the replica
+                dispatch).
+            rep_key: The bytes of the replica-dispatched ``P_layer`` (its cached tile
+                matrix), or None.
+
+        Returns:
+            ``(compute [D], mac [D], stream [D], weight_bytes [D], t_compute, t_comp)``:
+            seconds per node of compute (with the dispatched work), of padded MACs, of weight
+            streaming, the weight bytes read per node, max compute and the expert phase t_comp.
+        """
+        const = self.layers[layer]
+        assert const is not None, f"layer {layer} constants were not built"
+        conv = self.conv
+        P = const.P if P_layer is None else P_layer
+        if self.tiled:
+            compute, mac = self._tiled_compute(const, P_layer, counts, rep_key)
+        else:
+            compute = np.einsum("...ed,...e->...d", P, counts) * self.flops_per_s
+            mac = compute
+        held = np.einsum("...ed,...e->...d", P, (counts > 0).astype(np.float64))
+        weight_bytes = held * self.w_bytes
+        if conv.weight_streaming:
+            stream = held * self.stream_per_s
+        else:
+            stream = np.zeros_like(compute)
+        if extra_compute_s is not None:
+            compute = compute + extra_compute_s
+            mac = mac + extra_compute_s
+        if extra_stream_s is not None:
+            weight_bytes = weight_bytes + extra_stream_s * self.eff_mem_bw
+            if conv.weight_streaming:
+                stream = stream + extra_stream_s
+        t_compute = float(compute.max())
+        # max_c max(compute_c, stream_c) == max(max_c compute_c, max_c stream_c), exactly
+        t_comp = max(t_compute, float(stream.max())) if conv.weight_streaming else t_compute
+        return compute, mac, stream, weight_bytes, t_compute, t_comp
 
     def tp_totals(self, step_sets: NDArray[np.int64], *,
                   counts: NDArray[np.float64] | None = None) -> NDArray[np.float64]:

@@ -225,6 +225,34 @@ class DecisionEvaluator:
             self._bc_cache.put(key, hit)
         return hit
 
+    def dispatch(self, layer: int, token_sets: NDArray[np.int64], broadcast: Sequence[int],
+                 rule: str) -> DispatchResult:
+        """Dispatch the (token, broadcast expert) pairs of one layer (§10.6–10.7) as
+        ``evaluate`` does (tile-aware under the tile model).
+
+        Args:
+            layer: MoE layer index.
+            token_sets: int64 [B, k] the executed sets (after gating).
+            broadcast: Pre-broadcast experts, distinct, non-empty.
+            rule: ``dispatch.DISPATCH_RULES`` entry.
+        """
+        return dispatch_broadcast(
+            token_sets, self.placement.P[layer], broadcast, self.w_flops, rule=rule,
+            ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
+            stream_s=self.stream_s, tile_time=self.replica_time,
+            base_s=self._base_s(layer, token_sets, broadcast))
+
+    def broadcast_charge(self, layer: int, broadcast: Sequence[int]
+                         ) -> tuple[BroadcastResult, float]:
+        """Return the pre-broadcast traffic of ``broadcast`` for ``layer`` (``broadcast_traffic``)
+        and the seconds it charges to the layer (the excess over the budget with
+        ``bc_charge_excess``, §10.3; else 0)."""
+        bres = self.broadcast_traffic(layer, broadcast)
+        extra_s = 0.0
+        if self.conv.bc_charge_excess:              # §10.3: time beyond the budget is exposed
+            extra_s = max(0.0, bres.makespan_s - self.budgets_s[layer])
+        return bres, extra_s
+
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *,
                  rng: np.random.Generator, broadcast: Sequence[int] = (),
                  dispatch_rule: str = "least_loaded", gating_level: float = 0.0,
@@ -267,16 +295,10 @@ class DecisionEvaluator:
         P_layer = extra_holders = extra_compute = extra_stream = None
         extra_s = 0.0
         if broadcast:
-            dispatch = dispatch_broadcast(
-                sets, self.placement.P[layer], broadcast, self.w_flops, rule=dispatch_rule,
-                ref_bookkeeping=self.conv.ref_bookkeeping, compute_flops=self.compute_flops,
-                stream_s=self.stream_s, tile_time=self.replica_time,
-                base_s=self._base_s(layer, sets, broadcast))
+            dispatch = self.dispatch(layer, sets, broadcast, dispatch_rule)
             P_layer, extra_holders = dispatch.P_layer, dispatch.extra_holders
             extra_compute, extra_stream = dispatch.extra_compute_s, dispatch.extra_stream_s
-            bres = self.broadcast_traffic(layer, broadcast)
-            if self.conv.bc_charge_excess:          # §10.3: time beyond the budget is exposed
-                extra_s = max(0.0, bres.makespan_s - self.budgets_s[layer])
+            bres, extra_s = self.broadcast_charge(layer, broadcast)
         replica = self.evaluator.dispatch_replicas(
             layer, sets, rule=replica_rule, P_layer=P_layer, extra_compute_s=extra_compute,
             fractions=replica_fractions)

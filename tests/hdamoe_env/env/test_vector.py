@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 
 import gymnasium as gym
+import numba
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
@@ -57,12 +58,13 @@ def _compare(env_id, num_envs, steps, kwargs, *, policy="mixed", seed=11, vec_kw
             acts = np.tile(noop, (num_envs, 1))
             acts[:, base.max_broadcast + 1] = rng.integers(0, len(base.gating_levels),
                                                            num_envs)
-        else:
+        else:                                           # random masked ("mixed": half noop)
             acts = np.stack([space.sample(mask=_mask_tuple(venv.unwrapped, i))
                              for i in range(num_envs)])
-            plain = rng.random(num_envs) < 0.5
-            acts[plain] = noop
-            paths += int((~plain).sum())
+            if policy == "mixed":
+                plain = rng.random(num_envs) < 0.5
+                acts[plain] = noop
+                paths += int((~plain).sum())
         obs, rew, term, trunc, info = venv.step(acts)
         for i, env in enumerate(singles):
             if done[i]:                                 # NEXT_STEP autoreset
@@ -151,6 +153,33 @@ def test_vector_env_des_threads_reach_the_batched_call_and_stay_equal(monkeypatc
     assert seen and set(seen) == {limit}
 
 
+def _spy_broadcast(monkeypatch):
+    """Count the copies ``_step_broadcast`` steps (batched pre-broadcast steps)."""
+    counts = []
+    original = HdMoeVectorEnv._step_broadcast
+
+    def spy(self, idx, a):
+        done = original(self, idx, a)
+        counts.append(int(done.sum()))
+        return done
+
+    monkeypatch.setattr(HdMoeVectorEnv, "_step_broadcast", spy)
+    return counts
+
+
+@pytest.mark.parametrize("num_envs,kwargs", [
+    (1, dict(k_b=2)), (7, dict(k_b=2)), (7, dict(k_b=3, conventions="paper")),
+    (5, dict(k_b=2, steps_per_episode=2, dispatch_rules=("least_loaded", "first", "home")))])
+def test_vector_env_des_pre_broadcast_copies_are_batched_and_equal(num_envs, kwargs,
+                                                                   monkeypatch):
+    """DES copies with a pre-broadcast (random masked actions: broadcast slots, dispatch rule
+    and gating level drawn from the masks) take the batched pre-broadcast step and equal
+    single envs step by step."""
+    counts = _spy_broadcast(monkeypatch)
+    _compare("hdamoe_env/HdMoE-v1", num_envs, 40, dict(TINY, **kwargs), policy="random")
+    assert sum(counts) > 10 * num_envs
+
+
 @pytest.mark.parametrize("value,match", [
     (0, "des_threads must be an integer >= 1, got 0"), (2.0, "des_threads must be an integer"),
     (None, "got None"), (10_000, "des_threads=10000 exceeds numba's thread pool")])
@@ -167,6 +196,8 @@ def test_vector_env_equals_single_envs_64():
     _compare("hdamoe_env/HdMoE-v1", 64, 30, dict(TINY, fidelity="analytic",
                                                   gammas=[0.7] * 26), policy="gating")
     _compare("hdamoe_env/HdMoE-v1", 64, 30, TINY, policy="gating")
+    _compare("hdamoe_env/HdMoE-v1", 64, 30, dict(TINY, k_b=2), policy="random",
+             vec_kwargs=dict(des_threads=numba.config.NUMBA_NUM_THREADS))
 
 
 def test_vector_entry_point_registered_for_every_id():
