@@ -867,7 +867,8 @@ class HdMoeVectorEnv(VectorEnv):
         action decoded by the copy (masked or repeated slots coerced, or ``InvalidAction``),
         the gated sets (``_BatchedGating``, no draws), the dispatch of the broadcast experts
         and the broadcast traffic and charge (``DecisionEvaluator.dispatch`` /
-        ``broadcast_charge``), the expert phase (``LayerEvaluator.expert_phase``) and the
+        ``broadcast_charges``: the uncached broadcasts' DES in one compiled call, on
+        ``des_threads``), the expert phase (``LayerEvaluator.expert_phase``) and the
         aggregators drawn from the copy's generator (``choose_aggregators`` with the dispatch
         nodes as extra holders); then one ``simulate_layers_comm`` call with every copy's holder
         mask (broadcast rows zeroed) and extra holders. Layers with partial shards or TP, and
@@ -882,7 +883,8 @@ class HdMoeVectorEnv(VectorEnv):
         E = proto.num_experts
         done = np.zeros(idx.size, dtype=bool)
         runs: list[tuple[int, NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_],
-                         NDArray[np.int64] | None, float, float, NDArray[np.float64]]] = []
+                         NDArray[np.int64] | None, float]] = []
+        items: list[tuple[int, list[int]]] = []
         for j, i in enumerate(idx.tolist()):
             layer = int(self._layer[i])
             if not des.usable[layer]:
@@ -907,7 +909,6 @@ class HdMoeVectorEnv(VectorEnv):
             support = P_layer > 0
             if partial_shards(P_layer, conv) is not None:
                 continue
-            bres, extra_s = dec.broadcast_charge(layer, broadcast)
             counts = np.bincount(sets.ravel(), minlength=E).astype(np.float64)
             t_comp = ev.expert_phase(layer, counts, P_layer=P_layer,
                                      extra_compute_s=disp.extra_compute_s,
@@ -915,12 +916,14 @@ class HdMoeVectorEnv(VectorEnv):
             holders = linksim.HolderTable.from_shares(support)
             agg = linksim.choose_aggregators(sets, holders, conv.aggregator, env.np_random,
                                              disp.extra_holders)
-            runs.append((layer, sets, agg, support, disp.extra_holders, t_comp, extra_s,
-                         bres.link_busy_s))
+            runs.append((layer, sets, agg, support, disp.extra_holders, t_comp))
+            items.append((layer, broadcast))
             done[j] = True
         n = len(runs)
         if n == 0:
             return done
+        # the broadcast traffic and charge (no draws): the uncached ones in one DES call
+        charges = dec.broadcast_charges(items, threads=self.des_threads)
         idx = idx[done]
         layers = np.array([r[0] for r in runs], dtype=np.int64)
         sets_all = np.stack([r[1] for r in runs])
@@ -941,10 +944,10 @@ class HdMoeVectorEnv(VectorEnv):
             t_moe = 2.0 * makespan[:, 0]
             link_busy = 2.0 * busy.sum(axis=1)
         t_comp = np.array([r[5] for r in runs])
-        extra = np.array([r[6] for r in runs])
+        extra = np.array([c[1] for c in charges])
         # LayerResult.total_s (t_nm + t_comp + t_comm + t_extra), + the (zero) pending charge
         total = self._tables.nm_total[layers] + t_comp + t_moe + extra + 0.0
-        link_busy = link_busy + np.stack([r[7] for r in runs])
+        link_busy = link_busy + np.stack([c[0].link_busy_s for c in charges])
         self._set_busy(idx, total, link_busy)
         scale = proto.reward_scale
         tp = self._tp_totals[idx, layers]

@@ -20,12 +20,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError
-from hdamoe_env.noc.des import simulate_messages
+from hdamoe_env.noc import linksim
+from hdamoe_env.noc.des import PreparedRun, prepare_run, simulate_messages, simulate_runs
 from hdamoe_env.noc.topology import Topology
 
 __all__ = ["BroadcastMessages", "BroadcastResult", "broadcast_fanout", "broadcast_messages",
-           "broadcast_tree",
-           "simulate_broadcast"]
+           "broadcast_tree", "simulate_broadcast", "simulate_broadcasts"]
 
 
 def broadcast_tree(topology: Topology, source: int) -> tuple[NDArray[np.int64],
@@ -223,15 +223,77 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
     experts = list(experts)
     if not experts:
         return BroadcastResult(0.0, np.zeros(topology.num_links), 0, 0, 0.0)
+    msgs = _messages(topology, P_layer, experts, S_bytes, chunk_bytes, pi, alpha_s,
+                     hop_latency_s, max_messages, trees)
+    des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
+                            tie_break=tie_break, hop_latency_s=hop_latency_s,
+                            switching=switching, ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
+    return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), msgs.chunks,
+                           msgs.chunk_bytes)
+
+
+def _messages(topology: Topology, P_layer: ArrayLike, experts: list[int], S_bytes: float,
+              chunk_bytes: float, pi: ArrayLike | None, alpha_s: float, hop_latency_s: float,
+              max_messages: int,
+              trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] | None
+              ) -> BroadcastMessages:
+    """The messages ``simulate_broadcast`` simulates (chunk count capped by ``max_messages``)."""
     if not chunk_bytes > 0:
         raise ConfigError(f"chunk_bytes must be positive, got {chunk_bytes!r}")
     chunks = max(1, math.ceil(float(S_bytes) / float(chunk_bytes)))
     per_chunk = len(experts) * (topology.num_endpoints - 1)
     chunks = max(1, min(chunks, max_messages // max(per_chunk, 1)))
-    msgs = broadcast_messages(topology, P_layer, experts, S_bytes, chunks, pi=pi,
+    return broadcast_messages(topology, P_layer, experts, S_bytes, chunks, pi=pi,
                               alpha_s=alpha_s, hop_latency_s=hop_latency_s, trees=trees)
-    des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
-                            tie_break=tie_break, hop_latency_s=hop_latency_s,
-                            switching=switching, ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
-    return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), chunks,
-                           msgs.chunk_bytes)
+
+
+def simulate_broadcasts(topology: Topology,
+                        runs: Sequence[tuple[ArrayLike, Sequence[int], float, ArrayLike | None]],
+                        S_bytes: float, *, alpha_s: float = 0.0, hop_latency_s: float = 0.0,
+                        tie_break: str = "fifo", max_messages: int = 20_000,
+                        trees: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]]
+                        | None = None, switching: str = "store_and_forward",
+                        ni_bw_Bps: float | None = None, ni_latency_s: float | None = None,
+                        threads: int = 1) -> list[BroadcastResult]:
+    """``simulate_broadcast`` of several broadcasts, their DES in one compiled call.
+
+    Every result equals ``simulate_broadcast`` of that run with the same options, bit for bit
+    (the same messages; ``des.simulate_runs`` runs ``des_core`` on each).
+
+    Args:
+        topology: The NoC.
+        runs: One ``(P_layer, experts, chunk_bytes, pi)`` per broadcast (arguments of
+            ``simulate_broadcast``).
+        S_bytes, alpha_s, hop_latency_s, tie_break, max_messages, trees, switching,
+            ni_bw_Bps, ni_latency_s: As ``simulate_broadcast``, shared by the runs.
+        threads: numba threads the runs' DES are spread over (``linksim.check_threads``); 1
+            runs them in order on the calling thread. Results are the same for every value.
+
+    Returns:
+        One ``BroadcastResult`` per run, in order.
+    """
+    threads = linksim.check_threads(threads)
+    results: list[BroadcastResult | None] = [None] * len(runs)
+    prepared: list[PreparedRun] = []
+    where: list[tuple[int, BroadcastMessages]] = []
+    for j, (P_layer, experts, chunk_bytes, pi) in enumerate(runs):
+        experts = list(experts)
+        if not experts:
+            results[j] = BroadcastResult(0.0, np.zeros(topology.num_links), 0, 0, 0.0)
+            continue
+        msgs = _messages(topology, P_layer, experts, S_bytes, chunk_bytes, pi, alpha_s,
+                         hop_latency_s, max_messages, trees)
+        prepared.append(prepare_run(topology, msgs.src, msgs.dst, msgs.size_bytes,
+                                    msgs.ready_s, tie_break=tie_break,
+                                    hop_latency_s=hop_latency_s, switching=switching,
+                                    ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s))
+        where.append((j, msgs))
+    if threads > 1 and len(prepared) > 1:
+        with linksim.numba_threads(threads):
+            makespan, busy = simulate_runs(topology, prepared, parallel=True)
+    else:
+        makespan, busy = simulate_runs(topology, prepared)
+    for m, (j, msgs) in enumerate(where):
+        results[j] = BroadcastResult(float(makespan[m]), busy[m], int(msgs.src.size),
+                                     msgs.chunks, msgs.chunk_bytes)
+    return [r for r in results if r is not None]

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core.extending import intrinsic
 from numpy.typing import ArrayLike, NDArray
 
@@ -71,6 +71,7 @@ __all__ = [
     "SWITCHINGS",
     "TIE_BREAKS",
     "DesResult",
+    "PreparedRun",
     "check_ni_bandwidth",
     "check_ni_latency",
     "check_switching",
@@ -80,8 +81,10 @@ __all__ = [
     "link_load_bound",
     "port_latencies",
     "port_routes",
+    "prepare_run",
     "simulate_messages",
     "simulate_messages_oracle",
+    "simulate_runs",
 ]
 
 
@@ -515,6 +518,63 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
             or ready times, an unknown tie rule or switching, a negative hop or port latency, a
             non-positive port bandwidth or ``chunks < 1``.
     """
+    run = prepare_run(topology, src, dst, size_bytes, ready_s, tie_break=tie_break,
+                      hop_latency_s=hop_latency_s, flow_keys=flow_keys, chunks=chunks,
+                      switching=switching, ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
+    prep = run.prep
+    if run.ports:
+        busy = np.zeros(run.bw.shape[0])
+        finish = np.zeros(run.pos.size)
+        makespan = des_core(run.pos, run.stop, prep.size, prep.ready, run.rank, run.links,
+                            run.bw, run.lat, prep.tie_ref, busy, finish, run.cut)
+        return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
+    makespan, busy, finish = des_kernel(run.routes, prep.size, prep.ready, run.rank,
+                                        topology.route_ptr, topology.route_links,
+                                        topology.link_bw_Bps, prep.hop_latency, prep.tie_ref,
+                                        run.cut)
+    return DesResult(float(makespan), busy, _per_message(finish, prep))
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRun:
+    """The inputs of one ``des_core`` run of ``simulate_messages`` (``prepare_run``).
+
+    Attributes:
+        prep: The validated, chunk-expanded messages.
+        routes: int64 [M'] route of every message.
+        rank: int64 [M'] the routes' lexicographic ranks (zeros without ``ref`` ties).
+        pos: int64 [M'] first link of every message in ``links`` (a fresh array: ``des_core``
+            advances it). stop: int64 [M'] one past its last link.
+        links: int32 the link lists (the topology's routes, or ``port_routes`` with ports).
+        bw: float64 [L'] bandwidth of every link (+ the 2N ports). lat: float64 [L'] latency
+            after every link.
+        cut: Cut-through switching. ports: Whether network-interface ports are simulated.
+    """
+
+    prep: PreparedMessages
+    routes: NDArray[np.int64]
+    rank: NDArray[np.int64]
+    pos: NDArray[np.int64]
+    stop: NDArray[np.int64]
+    links: NDArray[np.int32]
+    bw: NDArray[np.float64]
+    lat: NDArray[np.float64]
+    cut: bool
+    ports: bool
+
+
+def prepare_run(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: ArrayLike,
+                ready_s: ArrayLike | None = None, *, tie_break: str = "fifo",
+                hop_latency_s: float = 0.0, flow_keys: ArrayLike | None = None,
+                chunks: int = 1, switching: str = "store_and_forward",
+                ni_bw_Bps: float | None = None, ni_latency_s: float | None = None
+                ) -> PreparedRun:
+    """Validate and route messages for the DES: the inputs ``simulate_messages`` runs.
+
+    Arguments and errors as ``simulate_messages``. Without ports the link lists are the
+    topology's routes and every link has the hop latency (what ``des_kernel`` passes to
+    ``des_core``); with ports, ``port_routes`` and ``port_latencies``.
+    """
     cut = check_switching(switching)
     prep = prepare_messages(topology, src, dst, size_bytes, ready_s, tie_break, hop_latency_s,
                             flow_keys, chunks)
@@ -524,15 +584,91 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
     if ni_bw_Bps is not None:
         pos, stop, links, bw = _with_ports(topology, prep, routes, ni_bw_Bps)
         lat = port_latencies(topology, prep.hop_latency, ni_lat)
-        busy = np.zeros(bw.shape[0])
-        finish = np.zeros(routes.size)
-        makespan = des_core(pos, stop, prep.size, prep.ready, rank, links, bw, lat,
-                            prep.tie_ref, busy, finish, cut)
-        return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
-    makespan, busy, finish = des_kernel(routes, prep.size, prep.ready, rank, topology.route_ptr,
-                                        topology.route_links, topology.link_bw_Bps,
-                                        prep.hop_latency, prep.tie_ref, cut)
-    return DesResult(float(makespan), busy, _per_message(finish, prep))
+        return PreparedRun(prep, routes, rank, pos, stop, links, bw, lat, cut, True)
+    ptr = topology.route_ptr
+    return PreparedRun(prep, routes, rank, ptr[routes], ptr[routes + 1], topology.route_links,
+                       topology.link_bw_Bps,
+                       np.full(topology.link_bw_Bps.shape[0], prep.hop_latency), cut, False)
+
+
+def simulate_runs(topology: Topology, runs: list[PreparedRun], *, parallel: bool = False
+                  ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Run the DES of several prepared runs in one compiled call.
+
+    Every run gives the makespan and link busy time of ``simulate_messages`` with the same
+    arguments, bit for bit (``des_core`` per run, on the same inputs). The runs must share
+    the link lists, bandwidths, latencies, tie rule and switching (one topology, one set of
+    options).
+
+    Args:
+        topology: The NoC.
+        runs: ``prepare_run`` results.
+        parallel: Spread the runs over numba's threads (``prange``; the caller sets the
+            count, e.g. ``linksim.numba_threads``).
+
+    Returns:
+        ``makespan`` float64 [n] and ``busy`` float64 [n, num_links].
+
+    Raises:
+        ConfigError: Runs with different links or options.
+    """
+    n = len(runs)
+    busy = np.zeros((n, topology.num_links))
+    if n == 0:
+        return np.zeros(0), busy
+    first = runs[0]
+    for run in runs[1:]:
+        if (run.links is not first.links or run.cut != first.cut or run.ports != first.ports
+                or run.prep.tie_ref != first.prep.tie_ref or run.prep.hop_latency
+                != first.prep.hop_latency or not np.array_equal(run.bw, first.bw)
+                or not np.array_equal(run.lat, first.lat)):
+            raise ConfigError("simulate_runs: the runs must share one topology and one set of "
+                              "DES options")
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([run.pos.size for run in runs])
+    pos = np.concatenate([run.pos for run in runs]).astype(np.int64, copy=False)
+    stop = np.concatenate([run.stop for run in runs]).astype(np.int64, copy=False)
+    size = np.concatenate([run.prep.size for run in runs])
+    ready = np.concatenate([run.prep.ready for run in runs])
+    rank = np.concatenate([run.rank for run in runs]).astype(np.int64, copy=False)
+    all_busy = np.zeros((n, first.bw.shape[0]))
+    finish = np.zeros(pos.size)
+    makespan = np.zeros(n)
+    kernel = _des_runs_par if parallel and n > 1 else _des_runs
+    kernel(offsets, pos, stop, size, ready, rank, first.links, first.bw, first.lat,
+           first.prep.tie_ref, all_busy, finish, makespan, first.cut)
+    busy[:] = all_busy[:, :topology.num_links]
+    return makespan, busy
+
+
+@njit(cache=True)
+def _des_runs(offsets: NDArray[np.int64], pos: NDArray[np.int64], stop: NDArray[np.int64],
+              size: NDArray[np.float64], ready: NDArray[np.float64], rank: NDArray[np.int64],
+              links: NDArray[np.int32], bw: NDArray[np.float64], lat: NDArray[np.float64],
+              tie_ref: bool, busy: NDArray[np.float64], finish: NDArray[np.float64],
+              makespan: NDArray[np.float64], cut: bool) -> None:
+    """``des_core`` of run j on messages ``offsets[j]:offsets[j + 1]`` (``simulate_runs``)."""
+    for j in range(offsets.shape[0] - 1):
+        a, b = offsets[j], offsets[j + 1]
+        makespan[j] = des_core(pos[a:b], stop[a:b], size[a:b], ready[a:b], rank[a:b], links,
+                               bw, lat, tie_ref, busy[j], finish[a:b], cut)
+
+
+@njit(cache=True, parallel=True)
+def _des_runs_par(offsets: NDArray[np.int64], pos: NDArray[np.int64], stop: NDArray[np.int64],
+                  size: NDArray[np.float64], ready: NDArray[np.float64],
+                  rank: NDArray[np.int64], links: NDArray[np.int32], bw: NDArray[np.float64],
+                  lat: NDArray[np.float64], tie_ref: bool, busy: NDArray[np.float64],
+                  finish: NDArray[np.float64], makespan: NDArray[np.float64],
+                  cut: bool) -> None:
+    """``_des_runs`` with the runs spread over numba's threads: run j reads shared inputs and
+    its own slices and writes only its own rows, so the results equal the serial kernel's."""
+    for j in prange(offsets.shape[0] - 1):
+        a, b = offsets[j], offsets[j + 1]
+        makespan[j] = des_core(pos[a:b], stop[a:b], size[a:b], ready[a:b], rank[a:b], links,
+                               bw, lat, tie_ref, busy[j], finish[a:b], cut)
+
+
 
 
 def check_ni_bandwidth(ni_bw_Bps: float) -> float:

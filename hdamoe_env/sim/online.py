@@ -28,7 +28,8 @@ from hdamoe_env.cost import perf
 from hdamoe_env.decisions import gating as gating_mod
 from hdamoe_env.decisions.dispatch import (DispatchResult, dispatch_broadcast,
                                            replica_expected_shares)
-from hdamoe_env.noc.broadcast import BroadcastResult, broadcast_fanout, simulate_broadcast
+from hdamoe_env.noc.broadcast import (BroadcastResult, broadcast_fanout, simulate_broadcast,
+                                      simulate_broadcasts)
 from hdamoe_env.sim.evaluator import LayerEvaluator, LayerResult, SimulatorParts
 from hdamoe_env.sim.placement import Placement
 
@@ -209,21 +210,59 @@ class DecisionEvaluator:
         key = (layer, tuple(broadcast))
         hit = self._bc_cache.get(key)
         if hit is None:
-            conv, hw = self.conv, self.sim.hw
-            chunk = float(prebroadcast.broadcast_chunk(len(broadcast), self.bc_payload,
-                                                       self.bc_depth, conv.broadcast_alpha_s,
-                                                       hw.link_bw_Bps))
-            if chunk <= 0:  # α = 0: c* -> 0; simulate a fine but finite pipeline [decision]
-                chunk = self.bc_payload / _ZERO_ALPHA_CHUNKS
-            hit = simulate_broadcast(
-                self.sim.topology, self.placement.P[layer], list(broadcast), self.bc_payload,
-                chunk, pi=self.placement.pi[layer], alpha_s=conv.broadcast_alpha_s,
-                hop_latency_s=hw.hop_latency_for(conv), tie_break=conv.tie_break,
-                max_messages=self.bc_max_messages, trees=self._trees, switching=conv.switching,
-                ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps),
-                ni_latency_s=conv.ni_latency_for(hw.hop_latency_for(conv)))
+            hit = simulate_broadcast(self.sim.topology, self.placement.P[layer],
+                                     list(broadcast), self.bc_payload,
+                                     self._bc_chunk(len(broadcast)),
+                                     pi=self.placement.pi[layer], **self._bc_options())
             self._bc_cache.put(key, hit)
         return hit
+
+    def _bc_chunk(self, count: int) -> float:
+        """The simulated chunk size of a broadcast of ``count`` experts (c* of §10.4)."""
+        conv = self.conv
+        chunk = float(prebroadcast.broadcast_chunk(count, self.bc_payload, self.bc_depth,
+                                                   conv.broadcast_alpha_s,
+                                                   self.sim.hw.link_bw_Bps))
+        if chunk <= 0:  # α = 0: c* -> 0; simulate a fine but finite pipeline [decision]
+            chunk = self.bc_payload / _ZERO_ALPHA_CHUNKS
+        return chunk
+
+    def _bc_options(self) -> dict[str, Any]:
+        """The DES options of ``simulate_broadcast`` shared by every layer."""
+        conv, hw = self.conv, self.sim.hw
+        return dict(alpha_s=conv.broadcast_alpha_s, hop_latency_s=hw.hop_latency_for(conv),
+                    tie_break=conv.tie_break, max_messages=self.bc_max_messages,
+                    trees=self._trees, switching=conv.switching,
+                    ni_bw_Bps=conv.ni_bw_for(self.sim.topology.bw_end_Bps),
+                    ni_latency_s=conv.ni_latency_for(hw.hop_latency_for(conv)))
+
+    def broadcast_charges(self, items: Sequence[tuple[int, Sequence[int]]], *,
+                          threads: int = 1) -> list[tuple[BroadcastResult, float]]:
+        """``broadcast_charge`` of several (layer, broadcast) pairs, the uncached broadcasts
+        simulated in one compiled call (``noc.broadcast.simulate_broadcasts``, on ``threads``
+        numba threads); results and cache as one ``broadcast_charge`` call per pair.
+
+        Args:
+            items: ``(layer, broadcast experts)`` pairs, each broadcast non-empty.
+            threads: numba threads of the DES call (``linksim.check_threads``).
+        """
+        keys = [(int(layer), tuple(int(e) for e in bc)) for layer, bc in items]
+        found = {key: self._bc_cache.get(key) for key in dict.fromkeys(keys)}
+        missing = [key for key, hit in found.items() if hit is None]
+        if missing:
+            runs = [(self.placement.P[layer], list(bc), self._bc_chunk(len(bc)),
+                     self.placement.pi[layer]) for layer, bc in missing]
+            sims = simulate_broadcasts(self.sim.topology, runs, self.bc_payload,
+                                       threads=threads, **self._bc_options())
+            for key, hit in zip(missing, sims, strict=True):
+                self._bc_cache.put(key, hit)
+                found[key] = hit
+        out = []
+        for key in keys:
+            bres = found[key]
+            assert bres is not None
+            out.append((bres, self._excess(key[0], bres)))
+        return out
 
     def dispatch(self, layer: int, token_sets: NDArray[np.int64], broadcast: Sequence[int],
                  rule: str) -> DispatchResult:
@@ -248,10 +287,14 @@ class DecisionEvaluator:
         and the seconds it charges to the layer (the excess over the budget with
         ``bc_charge_excess``, §10.3; else 0)."""
         bres = self.broadcast_traffic(layer, broadcast)
-        extra_s = 0.0
-        if self.conv.bc_charge_excess:              # §10.3: time beyond the budget is exposed
-            extra_s = max(0.0, bres.makespan_s - self.budgets_s[layer])
-        return bres, extra_s
+        return bres, self._excess(layer, bres)
+
+    def _excess(self, layer: int, bres: BroadcastResult) -> float:
+        """Seconds a broadcast charges to its layer: the excess over the budget with
+        ``bc_charge_excess`` (§10.3: time beyond the budget is exposed), else 0."""
+        if self.conv.bc_charge_excess:
+            return max(0.0, bres.makespan_s - self.budgets_s[layer])
+        return 0.0
 
     def evaluate(self, layer: int, token_sets: NDArray[np.int64], *,
                  rng: np.random.Generator, broadcast: Sequence[int] = (),

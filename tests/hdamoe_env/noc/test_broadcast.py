@@ -9,7 +9,7 @@ import pytest
 from hdamoe_env.config.profiles import get_profile
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec, get_model, hardware_from_setting
 from hdamoe_env.cost import broadcast as prebroadcast
-from hdamoe_env.noc.broadcast import broadcast_tree, simulate_broadcast
+from hdamoe_env.noc.broadcast import broadcast_tree, simulate_broadcast, simulate_broadcasts
 from hdamoe_env.noc.topology import make_topology
 from hdamoe_env.sim.placement import expert_parallel
 
@@ -97,3 +97,35 @@ def test_broadcast_fanout_bounds_the_budget_rule_under_ports():
     assert four.time_s == 0.0 or four.time_s > S * four.k_b * 4 / hw.link_bw_Bps
     with pytest.raises(ConfigError, match="fanout"):
         broadcast_plan(model, hw, conv, 128, 10, 200e-6, 240e-6, 8, fanout=0)
+
+
+@pytest.mark.parametrize("kind,opts", [
+    ("mesh", dict()),
+    ("mesh", dict(switching="cut_through", hop_latency_s=2e-9, ni_bw_Bps=5e10,
+                  ni_latency_s=1e-9, alpha_s=1e-7)),
+    ("fattree", dict(tie_break="ref", hop_latency_s=1e-9, ni_bw_Bps=5e10)),
+])
+def test_simulate_broadcasts_equal_one_call_per_broadcast(kind, opts):
+    """The batched entry (one compiled DES call, 1 or 2 numba threads within the pool) gives
+    every broadcast's result bit for bit as ``simulate_broadcast``; an empty broadcast is the
+    idle result without a DES run."""
+    import numba
+
+    hw = hardware_from_setting("5/50")
+    topo = make_topology(TopologySpec(kind=kind), hw)
+    rng = np.random.default_rng(4)
+    pl = expert_parallel(3, 64, 32, rng)
+    runs = [(pl.P[layer], [int(e) for e in rng.choice(64, m, replace=False)], c, pl.pi[layer])
+            for layer, m, c in ((0, 2, 200e3), (1, 1, 90e3), (2, 3, 400e3), (1, 2, 200e3))]
+    runs.insert(2, (pl.P[0], [], 1e3, pl.pi[0]))
+    for threads in sorted({1, min(2, int(numba.config.NUMBA_NUM_THREADS))}):
+        got = simulate_broadcasts(topo, runs, 1.7e6, max_messages=4000, threads=threads,
+                                  **opts)
+        assert len(got) == len(runs)
+        for res, (P, experts, chunk, pi) in zip(got, runs, strict=True):
+            want = simulate_broadcast(topo, P, experts, 1.7e6, chunk, pi=pi, max_messages=4000,
+                                      **opts)
+            assert (res.makespan_s, res.num_messages, res.chunks, res.chunk_bytes) == (
+                want.makespan_s, want.num_messages, want.chunks, want.chunk_bytes)
+            np.testing.assert_array_equal(res.link_busy_s, want.link_busy_s)
+        assert got[2].makespan_s == 0.0 and got[0].makespan_s > 0

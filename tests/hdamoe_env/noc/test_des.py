@@ -10,8 +10,8 @@ import pytest
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec
-from hdamoe_env.noc.des import (link_load_bound, port_routes, simulate_messages,
-                                simulate_messages_oracle)
+from hdamoe_env.noc.des import (link_load_bound, port_routes, prepare_run, simulate_messages,
+                                simulate_messages_oracle, simulate_runs)
 from hdamoe_env.noc.topology import make_topology
 
 HW48 = HardwareSpec(mesh_shape=(4, 8), link_bw_gbps=50.0)
@@ -361,3 +361,24 @@ def test_port_routes_wrap_every_route_in_its_ports():
                     inner = topo.route_links[topo.route_ptr[r]:topo.route_ptr[r + 1]].tolist()
                     want = [L + s, *inner, L + n + d] if inner else []
                     assert links[ptr[r]:ptr[r + 1]].tolist() == want
+
+
+def test_simulate_runs_equal_simulate_messages_and_check_their_options():
+    """``prepare_run`` + ``simulate_runs`` (serial and prange kernels) give every run's makespan
+    and busy time of ``simulate_messages``; runs with other options are a ConfigError."""
+    rng = np.random.default_rng(12)
+    for kind, shape in (("mesh", (4, 8)), ("fattree", (4, 8))):
+        topo = make_topology(kind, HardwareSpec(mesh_shape=shape, link_bw_gbps=50.0))
+        for kwargs in (dict(tie_break="ref", hop_latency_s=1e-9),
+                       dict(switching="cut_through", ni_bw_Bps=50e9, ni_latency_s=2e-9)):
+            cases = [random_case(rng, topo)[:3] for _ in range(5)]
+            runs = [prepare_run(topo, *case, **kwargs) for case in cases]
+            for parallel in (False, True):
+                makespan, busy = simulate_runs(topo, runs, parallel=parallel)
+                for j, case in enumerate(cases):
+                    want = simulate_messages(topo, *case, **kwargs)
+                    assert makespan[j] == want.makespan_s
+                    np.testing.assert_array_equal(busy[j], want.link_busy_s)
+    other = prepare_run(topo, *cases[0], tie_break="fifo")
+    with pytest.raises(ConfigError, match="share one topology"):
+        simulate_runs(topo, [runs[0], other])
