@@ -193,50 +193,9 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
             steps = np.arange(num_tokens + 2, dtype=np.float64)
             one = np.asarray(tile_time(steps[:, None]), dtype=np.float64)[:, 0]
             delta = np.diff(one).tolist()                        # cost of token t + 1
-            tok = [[0] * num_nodes for _ in bc]
-        loads = list(base)
-        work = [0.0] * num_nodes
-        all_nodes = list(range(num_nodes))
-        rows_of = {e: np.flatnonzero((sets == e).any(axis=1)).tolist() for e in bc}
-        set_rows = sets.tolist()
-        orphan_rows = orphans.tolist()
-        for b, e in enumerate(bc):
-            if ref_bookkeeping and b:
-                loads = list(base)                               # §10.9: increments dropped
-            own = holders[e]
-            for t in rows_of[e]:
-                row = set_rows[t]
-                if rule == "home":
-                    cand = own
-                elif orphan_rows[t]:
-                    cand = all_nodes
-                else:
-                    cand = [c for j in row for c in holders[j]]
-                c_t = cand[0]
-                if tiled and rule != "first":
-                    counts_b = tok[b]
-                    best = loads[c_t] + delta[counts_b[c_t]]
-                    for c in cand:
-                        finish = loads[c] + delta[counts_b[c]]
-                        if finish < best:
-                            c_t, best = c, finish
-                    loads[c_t] = best
-                    counts_b[c_t] += 1
-                elif rule != "first":
-                    best = loads[c_t]
-                    for c in cand:
-                        if loads[c] < best:
-                            c_t, best = c, loads[c]
-                    loads[c_t] += w
-                else:
-                    loads[c_t] += w if not tiled else delta[tok[b][c_t]]
-                    if tiled:
-                        tok[b][c_t] += 1
-                work[c_t] += w
-                nodes[t, row.index(e)] = c_t
-                computes[b, c_t] = True
-                replica_tokens[b, c_t] += 1.0
-        flops = np.asarray(work)
+        flops = _dispatch_loop(sets, bc, shares, holders, base, float(w), rule, tiled,
+                               delta if tiled else None, ref_bookkeeping, orphans, nodes,
+                               computes, replica_tokens)
     extra_stream = computes.sum(axis=0) * float(stream_s)
     extra_holders = None
     if bc:
@@ -250,6 +209,93 @@ def dispatch_broadcast(token_sets: ArrayLike, P: ArrayLike, broadcast: Sequence[
         else np.asarray(tile_time(replica_tokens), dtype=np.float64).sum(axis=0)
     return DispatchResult(nodes, flops, extra_compute, extra_stream, P_layer,
                           extra_holders, orphans)
+
+
+def _dispatch_loop(sets: NDArray[np.int64], bc: list[int], shares: NDArray[np.float64],
+                   holders: list[list[int]], base: list[float], w: float, rule: str,
+                   tiled: bool, delta: list[float] | None, ref_bookkeeping: bool,
+                   orphans: NDArray[np.bool_], nodes: NDArray[np.int64],
+                   computes: NDArray[np.bool_], replica_tokens: NDArray[np.float64]
+                   ) -> NDArray[np.float64]:
+    """The dispatch loop of ``dispatch_broadcast`` by ``dispatch_kernels.broadcast_kernel``
+    (the Python loop when a token has no candidate: it raises as before); fills ``nodes``,
+    ``computes`` and ``replica_tokens``; returns the work per node [D]."""
+    from hdamoe_env.decisions.dispatch_kernels import broadcast_kernel
+
+    num_nodes = shares.shape[1]
+    lengths = [len(h) for h in holders]
+    h_ptr = np.zeros(len(holders) + 1, dtype=np.int64)
+    h_ptr[1:] = np.cumsum(lengths)
+    h_node = np.fromiter((c for h in holders for c in h), dtype=np.int64, count=int(h_ptr[-1]))
+    work = np.zeros(num_nodes)
+    ok = broadcast_kernel(sets, np.array(bc, dtype=np.int64), h_ptr, h_node,
+                          np.array(base, dtype=np.float64), float(w), DISPATCH_RULES.index(rule),
+                          tiled, np.array(delta if delta is not None else [], dtype=np.float64),
+                          ref_bookkeeping, orphans, nodes, work, computes, replica_tokens)
+    if ok:
+        return work
+    nodes[:] = -1
+    computes[:] = False
+    replica_tokens[:] = 0.0
+    return _broadcast_python(sets, bc, holders, base, w, rule, tiled, delta, ref_bookkeeping,
+                             orphans, nodes, computes, replica_tokens)
+
+
+def _broadcast_python(sets: NDArray[np.int64], bc: list[int], holders: list[list[int]],
+                      base: list[float], w: float, rule: str, tiled: bool,
+                      delta: list[float] | None, ref_bookkeeping: bool,
+                      orphans: NDArray[np.bool_], nodes: NDArray[np.int64],
+                      computes: NDArray[np.bool_], replica_tokens: NDArray[np.float64]
+                      ) -> NDArray[np.float64]:
+    """The dispatch loop of ``dispatch_broadcast`` in Python (the reference of
+    ``dispatch_kernels.broadcast_kernel``, tested against it); arguments as
+    :func:`_dispatch_loop`."""
+    num_nodes = len(base)
+    steps: list[float] = delta if delta is not None else []      # read only when tiled
+    tok = [[0] * num_nodes for _ in bc]
+    loads = list(base)
+    work = [0.0] * num_nodes
+    all_nodes = list(range(num_nodes))
+    rows_of = {e: np.flatnonzero((sets == e).any(axis=1)).tolist() for e in bc}
+    set_rows = sets.tolist()
+    orphan_rows = orphans.tolist()
+    for b, e in enumerate(bc):
+        if ref_bookkeeping and b:
+            loads = list(base)                               # §10.9: increments dropped
+        own = holders[e]
+        for t in rows_of[e]:
+            row = set_rows[t]
+            if rule == "home":
+                cand = own
+            elif orphan_rows[t]:
+                cand = all_nodes
+            else:
+                cand = [c for j in row for c in holders[j]]
+            c_t = cand[0]
+            if tiled and rule != "first":
+                counts_b = tok[b]
+                best = loads[c_t] + steps[counts_b[c_t]]
+                for c in cand:
+                    finish = loads[c] + steps[counts_b[c]]
+                    if finish < best:
+                        c_t, best = c, finish
+                loads[c_t] = best
+                counts_b[c_t] += 1
+            elif rule != "first":
+                best = loads[c_t]
+                for c in cand:
+                    if loads[c] < best:
+                        c_t, best = c, loads[c]
+                loads[c_t] += w
+            else:
+                loads[c_t] += w if not tiled else steps[tok[b][c_t]]
+                if tiled:
+                    tok[b][c_t] += 1
+            work[c_t] += w
+            nodes[t, row.index(e)] = c_t
+            computes[b, c_t] = True
+            replica_tokens[b, c_t] += 1.0
+    return np.asarray(work)
 
 
 # ------------------------------------------------------------------------------ redundant experts

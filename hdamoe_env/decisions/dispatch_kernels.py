@@ -1,4 +1,4 @@
-"""Compiled kernel of the replica dispatch (``dispatch.dispatch_replicas``): the greedy loop.
+"""Compiled kernels of the dispatch loops (``dispatch_replicas`` and ``dispatch_broadcast``).
 
 ``dispatch_replicas`` chooses, token by token (experts in ascending id order, their tokens in
 batch order), which copy of a replicated expert computes the token; under ``least_loaded`` each
@@ -6,8 +6,10 @@ choice depends on the loads the earlier ones left, so it is a loop. ``replica_ke
 for the rules whose choice needs no anchors (``least_loaded``, and ``round_robin`` /
 ``shares`` through a precomputed plan); ``nearest`` stays in Python. It performs the same
 floating-point operations in the same order and breaks ties the same way (the lower copy
-index), so its results equal the Python loop's bit for bit (tested against it). Compiled once
-and cached on disk (``cache=True``), like the DES kernel.
+index), so its results equal the Python loop's bit for bit (tested against it).
+``broadcast_kernel`` is the same for the (token, broadcast expert) pairs of
+``dispatch_broadcast`` (every rule; ties to the first candidate). Compiled once and cached on
+disk (``cache=True``), like the DES kernel.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["replica_kernel"]
+__all__ = ["broadcast_kernel", "replica_kernel"]
 
 
 @njit(cache=True)
@@ -115,3 +117,86 @@ def replica_kernel(sets: NDArray[np.int64], shares: NDArray[np.float64],
                 replica_tokens[r, c] += 1.0
             copies[t, slot] = pick
     return nodes, copies, work, primary_tokens, replica_tokens, chosen, n_chosen
+
+
+@njit(cache=True)
+def broadcast_kernel(sets: NDArray[np.int64], bc: NDArray[np.int64], h_ptr: NDArray[np.int64],
+                     h_node: NDArray[np.int64], base: NDArray[np.float64], w: float, rule: int,
+                     tiled: bool, delta: NDArray[np.float64], ref_bookkeeping: bool,
+                     orphans: NDArray[np.bool_], nodes: NDArray[np.int64],
+                     work: NDArray[np.float64], computes: NDArray[np.bool_],
+                     replica_tokens: NDArray[np.float64]) -> bool:
+    """The dispatch loop of ``dispatch.dispatch_broadcast`` (rule 0 ``least_loaded``, 1
+    ``first``, 2 ``home``): for every broadcast expert in order and its tokens in batch order,
+    the candidate with the earliest finish (tile-aware: ``tiled``, ``delta`` [B + 1]) or the
+    lowest load, ties to the first candidate; fills ``nodes`` [B, k] (−1 elsewhere), ``work``
+    [D], ``computes`` / ``replica_tokens`` [m, D] (zeroed by the caller). The holders of
+    expert i are ``h_node[h_ptr[i]:h_ptr[i + 1]]``, ascending. The same floating-point
+    operations in the same order as the Python loop (``dispatch._broadcast_python``).
+    Returns False, with outputs partly written, when a token has no candidate (the Python
+    loop raises there)."""
+    num_tokens, top_k = sets.shape
+    num_nodes = base.shape[0]
+    loads = base.copy()
+    tok = np.zeros(num_nodes, dtype=np.int64)
+    cand = np.empty(max(top_k * num_nodes, num_nodes), dtype=np.int64)
+    for b in range(bc.shape[0]):
+        e = bc[b]
+        if ref_bookkeeping and b > 0:
+            loads[:] = base                                      # §10.9: increments dropped
+        tok[:] = 0
+        for t in range(num_tokens):
+            slot = -1
+            for s in range(top_k):
+                if sets[t, s] == e:
+                    slot = s
+                    break
+            if slot < 0:
+                continue
+            n = 0
+            if rule == 2:
+                for q in range(h_ptr[e], h_ptr[e + 1]):
+                    cand[n] = h_node[q]
+                    n += 1
+            elif orphans[t]:
+                for c in range(num_nodes):
+                    cand[n] = c
+                    n += 1
+            else:
+                for s in range(top_k):
+                    j = sets[t, s]
+                    for q in range(h_ptr[j], h_ptr[j + 1]):
+                        cand[n] = h_node[q]
+                        n += 1
+            if n == 0:
+                return False
+            c_t = cand[0]
+            if tiled and rule != 1:
+                best = loads[c_t] + delta[tok[c_t]]
+                for q in range(n):
+                    c = cand[q]
+                    finish = loads[c] + delta[tok[c]]
+                    if finish < best:
+                        c_t = c
+                        best = finish
+                loads[c_t] = best
+                tok[c_t] += 1
+            elif rule != 1:
+                best = loads[c_t]
+                for q in range(n):
+                    c = cand[q]
+                    if loads[c] < best:
+                        c_t = c
+                        best = loads[c]
+                loads[c_t] += w
+            else:
+                if tiled:
+                    loads[c_t] += delta[tok[c_t]]
+                    tok[c_t] += 1
+                else:
+                    loads[c_t] += w
+            work[c_t] += w
+            nodes[t, slot] = c_t
+            computes[b, c_t] = True
+            replica_tokens[b, c_t] += 1.0
+    return True

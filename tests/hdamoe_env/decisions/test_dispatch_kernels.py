@@ -60,3 +60,49 @@ def test_least_loaded_ties_go_to_the_lower_copy():
     res = dispatch.dispatch_replicas(sets, P, reps, 1.0, initial_flops=[3.0, 0.0])
     # now node 0 starts at 3 and node 1 at 3: ties -> copy 0, then node 0 is busier
     assert res.copies[:, 0].tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("rule", ["least_loaded", "first", "home"])
+def test_broadcast_kernel_equals_the_python_loop(rule):
+    """``dispatch_broadcast``'s compiled loop (``broadcast_kernel``) against the Python loop
+    (``dispatch._broadcast_python``): the same nodes, work and replica tokens, bit for bit,
+    fluid and tile-aware, both bookkeepings, with tokens all of whose experts are broadcast."""
+    from hdamoe_env.decisions.dispatch_kernels import broadcast_kernel
+
+    rng = np.random.default_rng(5)
+    placed = 0
+    for trial in range(60):
+        E, D, k = int(rng.integers(3, 12)), int(rng.integers(2, 9)), 2
+        B = int(rng.integers(4, 40))
+        sets, P, _, _ = _random_layer(rng, E, D, B, k)
+        m = int(rng.integers(1, min(E, 4) + 1))
+        bc = [int(e) for e in rng.choice(E, m, replace=False)]
+        if trial % 3 == 0:                              # a token with only broadcast experts
+            if m >= 2:
+                sets[0] = bc[:2]
+        is_bc = np.zeros(E, dtype=bool)
+        is_bc[bc] = True
+        orphans = is_bc[sets].all(axis=1)
+        holders = dispatch._holder_lists(P)
+        tiled = trial % 2 == 1
+        base = (rng.integers(0, 3, D) * 1e-7).tolist()         # ties: first candidate wins
+        delta = (rng.choice([0.0, 2e-7, 5e-8], B + 1)).tolist() if tiled else None
+        ref = bool(trial % 4 < 2)
+        w = float(rng.choice([1e6, 3.5e6]))
+        outs = []
+        for loop in ("python", "kernel"):
+            nodes = np.full((B, k), -1, dtype=np.int64)
+            computes = np.zeros((m, D), dtype=bool)
+            tokens = np.zeros((m, D))
+            if loop == "python":
+                work = dispatch._broadcast_python(sets, bc, holders, base, w, rule, tiled,
+                                                  delta, ref, orphans, nodes, computes, tokens)
+            else:
+                work = dispatch._dispatch_loop(sets, bc, P, holders, base, w, rule, tiled,
+                                               delta, ref, orphans, nodes, computes, tokens)
+            outs.append((nodes, work, computes, tokens))
+        for a, b in zip(*outs, strict=True):
+            np.testing.assert_array_equal(a, b)
+        placed += int((outs[1][0] >= 0).sum())
+    assert placed > 200
+    assert callable(broadcast_kernel)
