@@ -269,6 +269,10 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --num-envs: numba threads of the batched DES env (des_threads); "
                         "several values measure one batched env each in the same run (the "
                         "single env always uses one thread); at most NUMBA_NUM_THREADS")
+    p.add_argument("--k-b", type=nonneg_int, default=None, metavar="K",
+                   help="with --num-envs: manual pre-broadcast slots k_b of every layer but the "
+                        "first (the env's k_b; default: the budget rule), so that random masked "
+                        "actions pre-broadcast")
     p.add_argument("--json", default=None,
                    help="also write the results to this JSON file ('-' = stdout, text to stderr)")
     p.set_defaults(func=envbench.cmd_bench_env)

@@ -236,10 +236,12 @@ def _cmd_bench_vector(args: argparse.Namespace) -> int:
     res = vecbench.bench_vector(args.num_envs, seconds=args.seconds, model=args.model,
                                 mesh=args.mesh, setting=args.setting, batch=args.batch,
                                 conventions=args.conventions, fidelities=fidelities,
-                                seed=args.seed, des_threads=tuple(args.des_threads))
+                                seed=args.seed, des_threads=tuple(args.des_threads),
+                                k_b=getattr(args, "k_b", None))
     print(f"vector env benchmark: {res['model']} {res['mesh']} {res['setting']} "
           f"B={res['batch']} ({res['conventions']}), EP placement, {res['steps_per_episode']} "
-          f"decode steps per episode")
+          f"decode steps per episode" + ("" if res.get("k_b") is None
+                                          else f", k_b = {res['k_b']}"))
     print(vecbench.format_vector_bench(res, fidelities))
     if args.json:
         write_json(args.json, res)

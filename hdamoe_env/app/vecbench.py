@@ -63,7 +63,8 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
                  mesh: str = RUN_DEFAULTS.mesh, setting: str = RUN_DEFAULTS.setting,
                  batch: int = RUN_DEFAULTS.batch, conventions: str = RUN_DEFAULTS.conventions,
                  fidelities: tuple[str, ...] = ("analytic", "des"), seed: int = 0,
-                 des_threads: tuple[int, ...] = (1,)) -> dict[str, Any]:
+                 des_threads: tuple[int, ...] = (1,), k_b: int | None = None
+                 ) -> dict[str, Any]:
     """Measure single-env and batched steps/s (module docstring) on the EP placement.
 
     Args:
@@ -76,6 +77,8 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
             measured in the same rounds as the single env (which always uses one thread).
             The first value gives the ``..._batched_...`` keys; each further value t gives
             ``des_{policy}_batched_{t}t_steps_per_s`` and ``des_{policy}_ratio_{t}t``.
+        k_b: Manual pre-broadcast slots of the envs (``EnvConfig.k_b``), or None: the budget
+            rule (k_b = 0 at every layer of the default run, so no action pre-broadcasts).
 
     Returns:
         ``{fidelity}_{policy}_single_steps_per_s``, ``..._batched_steps_per_s`` and
@@ -95,11 +98,12 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
     out: dict[str, Any] = {"model": model, "mesh": mesh, "setting": setting, "batch": batch,
                            "conventions": conventions, "num_envs": num_envs,
                            "seconds": seconds, "placement": "ep", "steps_per_episode": 4,
-                           "des_threads": list(threads)}
+                           "des_threads": list(threads), "k_b": k_b}
     for fidelity in fidelities:
         kwargs = dict(model=model, mesh=mesh, setting=setting, batch=batch,
                       conventions=conventions, placement="ep", fidelity=fidelity,
-                      steps_per_episode=4, placement_seed=seed)
+                      steps_per_episode=4, placement_seed=seed,
+                      **({} if k_b is None else {"k_b": k_b}))
         t0 = time.perf_counter()
         venv = HdMoeVectorEnv(num_envs, des_threads=threads[0], **kwargs)
         out[f"{fidelity}_setup_s"] = time.perf_counter() - t0

@@ -29,6 +29,25 @@ def test_bench_vector_reports_both_sides_and_the_ratio():
     assert "batched N=3" in table and "random masked" in table
 
 
+def test_bench_vector_k_b_makes_random_masked_copies_pre_broadcast(monkeypatch):
+    """``k_b`` reaches the envs: random masked actions then pre-broadcast (the batched
+    pre-broadcast step runs); the result records it."""
+    from hdamoe_env.env.vector import HdMoeVectorEnv
+
+    stepped = []
+    original = HdMoeVectorEnv._step_broadcast
+
+    def spy(self, idx, a):
+        done = original(self, idx, a)
+        stepped.append(int(done.sum()))
+        return done
+
+    monkeypatch.setattr(HdMoeVectorEnv, "_step_broadcast", spy)
+    res = bench_vector(3, seconds=0.05, mesh="2x2", batch=8, fidelities=("des",), k_b=1)
+    assert res["k_b"] == 1 and sum(stepped) > 0
+    assert res["des_random_masked_batched_steps_per_s"] > 0
+
+
 def test_bench_vector_rejects_repeated_or_bad_des_threads():
     with pytest.raises(ConfigError, match="must not repeat"):
         bench_vector(2, fidelities=("des",), des_threads=(1, 1))
