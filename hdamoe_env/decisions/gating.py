@@ -42,13 +42,16 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.cache import BoundedCache
 from hdamoe_env.config.errors import ConfigError, unknown_name
-from hdamoe_env.decisions.gating_kernels import (Tiles, all_finite, fused_kernel, greedy_kernel,
-                                                 ids_in_range, kept_counts, no_tiles, sort_rows)
+from hdamoe_env.decisions.gating_kernels import (Tiles, all_finite, fused_kernel,
+                                                 fused_sets_many, fused_sets_many_par,
+                                                 greedy_kernel, ids_in_range, kept_counts,
+                                                 no_tiles, sort_rows)
 
 __all__ = [
     "COEFFICIENTS",
     "COMM_PENALTIES",
     "COMP_PENALTIES",
+    "GatedSetsMany",
     "GatingResult",
     "TileCost",
     "default_coefficients",
@@ -640,6 +643,98 @@ def gated_sets(candidates: tuple[NDArray[np.int64], NDArray[np.float64]], k: int
                       float(r_comp), float(r_comm), comp_penalty, comm_penalty,
                       int(protect_top), tile_cost)
     return None if out is None else out[0]
+
+
+class GatedSetsMany:
+    """``gated_sets`` of many (layer, candidates, level) runs in one compiled call.
+
+    The per-layer tables of ``gated_sets`` (holders, dispersion, tile tables) are stacked once
+    at construction; ``__call__`` gates every run with ``fused_kernel`` (as ``gated_sets``:
+    the same inputs, hence the same sets bit for bit), optionally on numba threads.
+
+    Args:
+        P_layers: float64 [E, D] placement shares of every layer.
+        k: Experts per token.
+        w_flops, compute_flops: As ``hardware_aware_gating``.
+        tile_costs: The tile cost of every layer (``gating_tile_cost``), all None (fluid) or
+            none None.
+        comp_penalty, comm_penalty, protect_top: As ``hardware_aware_gating``.
+    """
+
+    def __init__(self, P_layers: list[NDArray[np.float64]], k: int, w_flops: float,
+                 compute_flops: float, tile_costs: list[TileCost | None], *,
+                 comp_penalty: str = "marginal_max", comm_penalty: str = "dispersion",
+                 protect_top: int = 0) -> None:
+        L = len(P_layers)
+        E, D = P_layers[0].shape
+        self.k, self.E, self.D = int(k), E, D
+        prepared = [_prepared_arrays(np.asarray(P, dtype=np.float64), float(w_flops))
+                    for P in P_layers]
+        width = max(1, max(int(p[1][-1]) for p in prepared))
+        self.h_ptr = np.stack([p[1] for p in prepared])
+        self.h_node = np.zeros((L, width), dtype=np.int64)
+        self.h_wc = np.zeros((L, width))
+        self.h_share = np.zeros((L, width))
+        for layer, p in enumerate(prepared):
+            n = int(p[1][-1])
+            self.h_node[layer, :n], self.h_wc[layer, :n], self.h_share[layer, :n] = \
+                p[2], p[3], p[4]
+        self.dispersion = np.stack([p[5] for p in prepared])
+        self.tiled = tile_costs[0] is not None
+        if any((c is None) == self.tiled for c in tile_costs):
+            raise ConfigError("GatedSetsMany: tile costs must be given for every layer or none")
+        self.h_row = np.zeros((L, width if self.tiled else 0))
+        self.h_stream = np.zeros((L, width if self.tiled else 0))
+        self.gemm_s = np.zeros(L)
+        self.tile_tokens = np.ones(L, dtype=np.int64)
+        for layer, cost in enumerate(tile_costs):
+            if cost is not None:
+                row, stream = _prepared_tiles(P_layers[layer], cost)
+                self.h_row[layer, :row.size], self.h_stream[layer, :stream.size] = row, stream
+                self.gemm_s[layer], self.tile_tokens[layer] = float(cost.gemm_s), int(
+                    cost.tile_tokens)
+        self.inv_c = 1.0 if self.tiled else 1.0 / float(compute_flops)
+        self.protect = int(protect_top)
+        self.mode = COMP_PENALTIES.index(comp_penalty)
+        self.new_nodes = comm_penalty == "new_nodes"
+
+    def __call__(self, ids: NDArray[np.int64], vals: NDArray[np.float64],
+                 layers: NDArray[np.int64], r_comp: NDArray[np.float64],
+                 r_comm: NDArray[np.float64], *, parallel: bool = False
+                 ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        """Return the gated sets int64 [n, B, k] and bool [n]: False where ``gated_sets``
+        returns None (both coefficients zero, candidates not int64 / float64 of at most
+        4k + 4 columns, invalid ids or scores; that run's sets are then unset).
+
+        Args:
+            ids, vals: int64 / float64 [n, B, k + J] the runs' router candidates.
+            layers: int64 [n] layer of every run.
+            r_comp, r_comm: float64 [n] coefficients of every run (level · defaults).
+            parallel: Spread the runs over numba's threads (the caller sets the count).
+        """
+        n = layers.shape[0]
+        out = np.empty((n, ids.shape[1] if ids.ndim == 3 else 0, self.k), dtype=np.int64)
+        ok = np.zeros(n, dtype=bool)
+        if not (ids.ndim == 3 and ids.dtype == np.int64 and vals.dtype == np.float64
+                and ids.shape == vals.shape and ids.shape[0] == n and ids.shape[1] > 0
+                and 1 <= self.k <= ids.shape[2] <= 4 * self.k + 4):
+            return out, ok
+        run = (r_comp != 0) | (r_comm != 0)
+        if not run.all():
+            idx = np.flatnonzero(run)
+            sub, sub_ok = self(ids[idx], vals[idx], layers[idx], r_comp[idx], r_comm[idx],
+                               parallel=parallel)
+            out[idx], ok[idx] = sub, sub_ok
+            return out, ok
+        kernel = fused_sets_many_par if parallel and n > 1 else fused_sets_many
+        kernel(np.ascontiguousarray(ids), np.ascontiguousarray(vals),
+               np.ascontiguousarray(layers, dtype=np.int64), self.E, self.D, self.k,
+               self.h_ptr, self.h_node, self.h_wc, self.h_share, self.dispersion,
+               np.ascontiguousarray(r_comp, dtype=np.float64),
+               np.ascontiguousarray(r_comm, dtype=np.float64), self.inv_c, self.protect,
+               self.mode, self.new_nodes, self.tiled, self.h_row, self.h_stream, self.gemm_s,
+               self.tile_tokens, out, ok)
+        return out, ok
 
 
 _PreparedArrays = tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64],

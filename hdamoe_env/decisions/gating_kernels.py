@@ -37,10 +37,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 from numpy.typing import NDArray
 
-__all__ = ["add_expert", "all_finite", "base_score", "fused_kernel", "greedy_kernel",
+__all__ = ["add_expert", "all_finite", "base_score", "fused_kernel", "fused_sets_many",
+           "fused_sets_many_par", "greedy_kernel",
            "holder_after", "ids_in_range", "kept_counts", "no_tiles", "node_cost_after",
            "remove_expert", "scan_row", "scan_row_new_nodes", "sort_rows", "tile_step"]
 
@@ -480,3 +481,76 @@ def kept_counts(positions: NDArray[np.int64]) -> tuple[NDArray[np.float64], int]
         if n_kept < k:
             changed += 1
     return kept, changed
+
+
+@njit(cache=True)
+def _fused_sets_run(j: int, ids: NDArray[np.int64], vals: NDArray[np.float64],
+                    layers: NDArray[np.int64], num_experts: int, num_nodes: int, k: int,
+                    h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
+                    h_wc: NDArray[np.float64], h_share: NDArray[np.float64],
+                    dispersion: NDArray[np.float64], rc: NDArray[np.float64],
+                    rm: NDArray[np.float64], inv_c: float, protect: int, mode: int,
+                    new_nodes: bool, tiled: bool, h_row: NDArray[np.float64],
+                    h_stream: NDArray[np.float64], gemm_s: NDArray[np.float64],
+                    tile_tokens: NDArray[np.int64], out: NDArray[np.int64],
+                    ok: NDArray[np.bool_]) -> None:
+    """Run j of ``fused_sets_many``: the sets of ``fused_kernel`` (its validation, sort and
+    greedy, without the kept counts) on the run's candidates and layer tables."""
+    layer = layers[j]
+    if not ids_in_range(ids[j], num_experts) or not all_finite(vals[j]):
+        ok[j] = False
+        return
+    nnz = h_ptr[layer, num_experts]
+    tiles = (np.zeros(num_experts, dtype=np.int64), np.zeros(num_nodes), np.zeros(num_nodes),
+             h_row[layer, :nnz], h_stream[layer, :nnz], gemm_s[layer], tile_tokens[layer],
+             tiled)
+    sorted_ids, sorted_vals = sort_rows(vals[j], ids[j], True)
+    loads = np.zeros(num_nodes)
+    sets, _, _ = greedy_kernel(
+        sorted_ids, sorted_vals, ids.shape[2], ids[j], True, vals[j], k, loads, h_ptr[layer],
+        h_node[layer, :nnz], h_wc[layer, :nnz], h_share[layer, :nnz], dispersion[layer], rc[j],
+        rm[j], inv_c, protect, mode, new_nodes, False, tiles)
+    out[j] = sets
+    ok[j] = True
+
+
+@njit(cache=True)
+def fused_sets_many(ids: NDArray[np.int64], vals: NDArray[np.float64], layers: NDArray[np.int64],
+                    num_experts: int, num_nodes: int, k: int, h_ptr: NDArray[np.int64],
+                    h_node: NDArray[np.int64], h_wc: NDArray[np.float64],
+                    h_share: NDArray[np.float64], dispersion: NDArray[np.float64],
+                    rc: NDArray[np.float64], rm: NDArray[np.float64], inv_c: float,
+                    protect: int, mode: int, new_nodes: bool, tiled: bool,
+                    h_row: NDArray[np.float64], h_stream: NDArray[np.float64],
+                    gemm_s: NDArray[np.float64], tile_tokens: NDArray[np.int64],
+                    out: NDArray[np.int64], ok: NDArray[np.bool_]) -> None:
+    """``fused_kernel``'s gated sets of n runs (``gating.gated_sets_many``): run j gates
+    ``ids[j]`` / ``vals[j]`` [B, W] with the tables of layer ``layers[j]`` (holder CSR rows
+    ``h_ptr[l]`` [E + 1] into ``h_node[l]`` / ``h_wc[l]`` / ``h_share[l]``, padded;
+    ``dispersion[l]``; tile tables ``h_row[l]`` / ``h_stream[l]``, ``gemm_s[l]``,
+    ``tile_tokens[l]`` when ``tiled``) and coefficients ``rc[j]``, ``rm[j]``; writes
+    ``out[j]`` [B, k] and ``ok[j]`` (False: invalid ids or scores)."""
+    for j in range(layers.shape[0]):
+        _fused_sets_run(j, ids, vals, layers, num_experts, num_nodes, k, h_ptr, h_node, h_wc,
+                        h_share, dispersion, rc, rm, inv_c, protect, mode, new_nodes, tiled,
+                        h_row, h_stream, gemm_s, tile_tokens, out, ok)
+
+
+@njit(cache=True, parallel=True)
+def fused_sets_many_par(ids: NDArray[np.int64], vals: NDArray[np.float64],
+                        layers: NDArray[np.int64], num_experts: int, num_nodes: int, k: int,
+                        h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
+                        h_wc: NDArray[np.float64], h_share: NDArray[np.float64],
+                        dispersion: NDArray[np.float64], rc: NDArray[np.float64],
+                        rm: NDArray[np.float64], inv_c: float, protect: int, mode: int,
+                        new_nodes: bool, tiled: bool, h_row: NDArray[np.float64],
+                        h_stream: NDArray[np.float64], gemm_s: NDArray[np.float64],
+                        tile_tokens: NDArray[np.int64], out: NDArray[np.int64],
+                        ok: NDArray[np.bool_]) -> None:
+    """``fused_sets_many`` with the runs spread over numba's threads (``prange``): run j reads
+    shared tables and writes only ``out[j]`` / ``ok[j]``, so the results equal the serial
+    kernel's."""
+    for j in prange(layers.shape[0]):
+        _fused_sets_run(j, ids, vals, layers, num_experts, num_nodes, k, h_ptr, h_node, h_wc,
+                        h_share, dispersion, rc, rm, inv_c, protect, mode, new_nodes, tiled,
+                        h_row, h_stream, gemm_s, tile_tokens, out, ok)

@@ -24,8 +24,13 @@ How the work is shared:
   layers with partial shards or TP keep the per-copy evaluator. Copies with gating on and no
   pre-broadcast (:class:`_BatchedGating`) gate their own router candidates with the compiled
   call of ``DecisionEvaluator.gate`` (``gating.gated_sets``) and then take the same batched
-  evaluation (analytic or DES) on the gated sets. Every other action (pre-broadcast, replica
-  rules) goes through the copy's own ``HdMoeEnv.step``.
+  evaluation (analytic or DES) on the gated sets. On the DES, copies with a pre-broadcast
+  (``_step_broadcast``, gated or not) decode, gate and dispatch per copy (the compiled
+  dispatch loop), simulate the uncached broadcasts' traffic in one compiled call
+  (``DecisionEvaluator.broadcast_charges``) and their layers in another
+  (``simulate_layers_comm`` with per-copy holder masks and extra holders). Every other action
+  (analytic pre-broadcast, replica rules, TP or partial-shard layers) goes through the copy's
+  own ``HdMoeEnv.step``.
 * Decode steps of all copies are formed together (:class:`_Copy` defers them), with the
   noisy-oracle predictor in one compiled call (``hdamoe_env.sim.batch_kernels.form_steps``):
   routing rows, per-expert counts and V_c peaks of every layer, and the predictions, every
@@ -369,6 +374,8 @@ class _BatchedGating:
         self.options = dict(comp_penalty=opts.get("comp_penalty", "marginal_max"),
                             comm_penalty=opts.get("comm_penalty", "dispersion"),
                             protect_top=int(opts.get("protect_top", 0)))
+        self.many = gating_mod.GatedSetsMany(self.P, self.k, self.w_flops, self.compute_flops,
+                                             self.tile_costs, **self.options)
 
     def sets(self, layer: int, level: float,
              candidates: tuple[NDArray[np.int64], NDArray[np.float64]]
@@ -379,6 +386,27 @@ class _BatchedGating:
         return gating_mod.gated_sets(candidates, self.k, self.P[layer], self.w_flops,
                                      self.compute_flops, level * r_comp, level * r_comm,
                                      tile_cost=self.tile_costs[layer], **self.options)
+
+    def sets_many(self, layers: NDArray[np.int64], levels: NDArray[np.float64],
+                  candidates: list[tuple[NDArray[np.int64], NDArray[np.float64]]],
+                  threads: int = 1) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        """Return ``sets`` of every run in one compiled call (``gating.GatedSetsMany``):
+        int64 [n, B, k] and bool [n], False where ``sets`` returns None.
+
+        Args:
+            layers: int64 [n] layer of every run.
+            levels: float64 [n] gating level of every run.
+            candidates: Every run's router candidates (ids, scores) [B, k + J].
+            threads: numba threads the runs are spread over.
+        """
+        r_comp, r_comm = self.coefficients
+        ids = np.stack([c[0] for c in candidates])
+        vals = np.stack([c[1] for c in candidates])
+        if threads > 1 and layers.size > 1:
+            with linksim.numba_threads(threads):
+                return self.many(ids, vals, layers, levels * r_comp, levels * r_comm,
+                                 parallel=True)
+        return self.many(ids, vals, layers, levels * r_comp, levels * r_comm)
 
 
 class HdMoeVectorEnv(VectorEnv):
@@ -769,7 +797,7 @@ class HdMoeVectorEnv(VectorEnv):
         self._pending[idx] = False
 
     def _step_one(self, i: int, action: Any) -> None:
-        """Step copy i with its own ``HdMoeEnv.step`` (pre-broadcast, gating, DES, replicas)."""
+        """Step copy i with its own ``HdMoeEnv.step`` (what the batched paths leave)."""
         env = self.envs[i]
         env._layer = int(self._layer[i])
         env._step_latency_s = float(self._step_lat[i])
@@ -824,15 +852,15 @@ class HdMoeVectorEnv(VectorEnv):
         done = np.zeros(idx.size, dtype=bool)
         if self._des is not None:                  # the rest take the per-copy evaluator
             usable = self._des.usable[layers]
-        for j, (i, layer, lv) in enumerate(zip(idx.tolist(), layers.tolist(), levels.tolist(),
-                                               strict=True)):
-            if self._des is not None and not usable[j]:
-                continue
-            env = self.envs[i]
-            out = self._gating.sets(layer, env.gating_levels[lv], env._candidates(layer))
-            if out is not None:
-                sets[j] = out
-                done[j] = True
+        runs = [j for j in range(idx.size) if self._des is None or usable[j]]
+        if runs:
+            rows = np.array(runs, dtype=np.int64)
+            cands = [self.envs[int(idx[j])]._candidates(int(layers[j])) for j in runs]
+            level_of = np.array(proto.gating_levels, dtype=np.float64)
+            out, ok = self._gating.sets_many(layers[rows], level_of[levels[rows]], cands,
+                                             self.des_threads if self._des is not None else 1)
+            sets[rows[ok]] = out[ok]
+            done[rows[ok]] = True
         if not done.all():
             idx, layers, sets = idx[done], layers[done], np.ascontiguousarray(sets[done])
         if idx.size == 0:

@@ -300,3 +300,37 @@ def test_gated_sets_equal_the_sets_of_hardware_aware_gating(rng, tiles, comm):
     bad = ids.copy()
     bad[0, 0] = E                                                          # id out of range
     assert gated_sets((bad, vals), k, P, 1e6, 1e12, -1.0, -1.0) is None
+
+
+@pytest.mark.parametrize("tiles", [False, True])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_gated_sets_many_equal_gated_sets_per_run(rng, tiles, parallel):
+    """``GatedSetsMany`` (one compiled call over runs of several layers and levels, serial or
+    ``prange``) gives every run's ``gated_sets`` bit for bit, and False where it is None."""
+    from hdamoe_env.decisions.gating import GatedSetsMany
+
+    B, E, D, k, width, L = 24, 16, 4, 2, 6, 3
+    Ps = list(expert_parallel(L, E, D, rng).P)
+    costs = [TileCost(row_s=P * 1e-6, gemm_s=2e-7 * (1 + layer), stream_s=np.zeros((E, D)),
+                      tile_tokens=4) if tiles else None for layer, P in enumerate(Ps)]
+    many = GatedSetsMany(Ps, k, 1e6, 1e12, costs, comm_penalty="new_nodes", protect_top=1)
+    n = 9
+    layers = rng.integers(0, L, n)
+    ids = np.empty((n, B, width), dtype=np.int64)
+    vals = np.empty((n, B, width))
+    for j in range(n):
+        scores = _scores(rng, B, E)
+        ids[j] = np.argsort(-scores, axis=1)[:, :width]
+        vals[j] = np.take_along_axis(scores, ids[j], axis=1)
+    rc = rng.choice([-4.5e4, -1e6, 0.0], n)
+    rm = rng.choice([-0.015, 0.0, -0.5], n)
+    ids[4, 0, 0] = E                                                  # invalid: id out of range
+    out, ok = many(ids, vals, layers, rc, rm, parallel=parallel)
+    for j in range(n):
+        want = gated_sets((ids[j], vals[j]), k, Ps[layers[j]], 1e6, 1e12, rc[j], rm[j],
+                          comm_penalty="new_nodes", protect_top=1, tile_cost=costs[layers[j]])
+        assert ok[j] == (want is not None)
+        if want is not None:
+            np.testing.assert_array_equal(out[j], want)
+    assert not ok[4] and ok.sum() >= 4
+    assert not many(ids.astype(np.int32), vals, layers, rc, rm)[1].any()
