@@ -913,6 +913,8 @@ class HdMoeVectorEnv(VectorEnv):
         runs: list[tuple[int, NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_],
                          NDArray[np.int64] | None, float]] = []
         items: list[tuple[int, list[int]]] = []
+        # pass 1: decode every action (the copy's own checks); gate the gated copies at once
+        decoded: list[tuple[int, int, int, list[int], str, float]] = []
         for j, i in enumerate(idx.tolist()):
             layer = int(self._layer[i])
             if not des.usable[layer]:
@@ -922,17 +924,29 @@ class HdMoeVectorEnv(VectorEnv):
             broadcast, rule_idx, level_idx, _ = env._decode_action(a[i])
             if not broadcast:
                 continue
-            level = env.gating_levels[level_idx]
+            level = float(env.gating_levels[level_idx])
+            if level > 0 and self._gating is None:
+                continue
+            decoded.append((j, i, layer, broadcast, env.dispatch_rules[rule_idx], level))
+        gated_sets: dict[int, NDArray[np.int64]] = {}
+        gate = [d for d in decoded if d[5] > 0]
+        if gate:
+            assert self._gating is not None
+            out, ok = self._gating.sets_many(
+                np.array([d[2] for d in gate], dtype=np.int64),
+                np.array([d[5] for d in gate]),
+                [self.envs[d[1]]._candidates(d[2]) for d in gate], self.des_threads)
+            gated_sets = {d[0]: out[g] for g, d in enumerate(gate) if ok[g]}
+        # pass 2: dispatch, expert phase and aggregator draws per copy
+        for j, i, layer, broadcast, rule, level in decoded:
+            env = self.envs[i]
             if level > 0:
-                if self._gating is None:
+                if j not in gated_sets:
                     continue
-                gated = self._gating.sets(layer, level, env._candidates(layer))
-                if gated is None:
-                    continue
-                sets = gated
+                sets = gated_sets[j]
             else:
                 sets = self._sets[i, layer]
-            disp = dec.dispatch(layer, sets, broadcast, env.dispatch_rules[rule_idx])
+            disp = dec.dispatch(layer, sets, broadcast, rule)
             P_layer = disp.P_layer
             support = P_layer > 0
             if partial_shards(P_layer, conv) is not None:
