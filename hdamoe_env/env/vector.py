@@ -418,8 +418,9 @@ class HdMoeVectorEnv(VectorEnv):
             registered id; ``gymnasium.make_vec`` passes it), or None.
         autoreset_mode: ``AutoresetMode`` (or its value); ``NEXT_STEP`` by default.
         config: An ``EnvConfig``; ``**kwargs`` replace its fields, as in ``HdMoeEnv``.
-        des_threads: numba threads the batched DES call spreads the copies' layers over
-            (``linksim.simulate_layers_comm(threads=...)``); at most numba's pool size
+        des_threads: numba threads the batched DES calls spread the copies' runs over
+            (``linksim.simulate_layers_comm(threads=...)``, the pre-broadcast traffic, the
+            gating of the gated copies); at most numba's pool size
             (``NUMBA_NUM_THREADS``, fixed at process start). 1 (default) runs them on the
             calling thread. Results are bit-identical for every value; only the DES fidelity
             uses it.
