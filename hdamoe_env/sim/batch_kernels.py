@@ -16,7 +16,8 @@ from numpy.typing import NDArray
 
 from hdamoe_env.decisions.prediction_kernels import gather_sets, noisy_step
 
-__all__ = ["form_steps", "form_steps_par", "gather_tables", "holder_csr", "step_table_one", "step_tables"]
+__all__ = ["form_steps", "form_steps_par", "gather_tables", "holder_csr", "step_table_one",
+           "step_tables"]
 
 
 @njit(cache=True, inline="always")
