@@ -23,14 +23,17 @@ def test_step_tables_equal_bincount_and_max_touch():
             assert peak[j, layer] == touch
 
 
-def _form_case():
-    """A predictor and three copies: copy 1 routed only to the popular experts (it needs the
-    fallback), copies 0 and 2 only to the others (the popular ones replace their slots)."""
+def _form_case(spread=True):
+    """A predictor and three copies, copy 1 routed only to the popular experts (it needs the
+    fallback); with ``spread`` copies 0 and 2 routed only to the others (the popular ones
+    replace their slots), else to any expert. Returns the routing [L, T, k], rows, predictor,
+    the kernel's model arguments and zeroed outputs of 4 rows."""
     from hdamoe_env.decisions.prediction import StepPredictor
 
     rng = np.random.default_rng(2)
     L, T, B, k, E, D = 3, 50, 8, 6, 16, 4
-    routing = np.stack([np.stack([k + rng.permutation(E - k)[:k] for _ in range(T)])
+    low = k if spread else 0
+    routing = np.stack([np.stack([low + rng.permutation(E - low)[:k] for _ in range(T)])
                         for _ in range(L)]).astype(np.int16)
     routing[:, :B] = np.arange(k)                  # rows 0..B-1: the popular experts only
     freqs = np.full((L, E), 1e-9)
@@ -40,12 +43,11 @@ def _form_case():
     pred = StepPredictor("noisy_oracle", freqs, k, B, np.full(L, 0.5))
     rows = np.stack([rng.choice(np.arange(B, T), B, replace=False), np.arange(B),
                      rng.choice(np.arange(B, T), B, replace=False)]).astype(np.int64)
-    routing_t = np.ascontiguousarray(routing.transpose(1, 0, 2))
     model = (pred.row_acc, pred.layer_rows, pred.sampler.prob, pred.alias64, E, 3,
              *holder_csr(support), D, True)
     out = [np.zeros((4, L, B, k), dtype=np.int64), np.zeros((4, L, E)), np.zeros((4, L)),
            np.zeros((4, L, B, k), dtype=np.int64), np.zeros((4, L, E))]
-    return routing_t, rows, model, out
+    return routing, rows, pred, model, out
 
 
 def test_form_steps_par_equals_form_steps_and_flags_the_fallback_copy():
@@ -54,8 +56,9 @@ def test_form_steps_par_equals_form_steps_and_flags_the_fallback_copy():
     from hdamoe_env.decisions import prediction_kernels
     from hdamoe_env.sim.batch_kernels import form_steps, form_steps_par
 
-    routing_t, rows, model, want = _form_case()
-    _, _, _, got = _form_case()
+    routing, rows, _, model, want = _form_case()
+    got = _form_case()[4]
+    routing_t = np.ascontiguousarray(routing.transpose(1, 0, 2))
     idx = np.array([2, 0, 3])
     gens = [np.random.default_rng(40 + j) for j in range(3)]
     ref = [np.random.default_rng(40 + j) for j in range(3)]
@@ -79,34 +82,18 @@ def test_form_steps_equals_gather_tables_and_predict_per_copy():
     and ``StepPredictor.predict`` on the copy's own generator (same stream position after), the
     pathological-popularity fallback included (copy 1 routes only to the popular experts)."""
     from hdamoe_env.decisions import prediction_kernels
-    from hdamoe_env.decisions.prediction import StepPredictor
     from hdamoe_env.sim.batch_kernels import form_steps
 
-    rng = np.random.default_rng(2)
-    L, T, B, k, E, D, n = 3, 50, 8, 6, 16, 4, 3
-    routing = np.stack([np.stack([rng.permutation(E)[:k] for _ in range(T)])
-                        for _ in range(L)]).astype(np.int16)
-    routing[:, :B] = np.arange(k)                  # rows 0..B-1: the popular experts only
-    freqs = np.full((L, E), 1e-9)
-    freqs[:, :k] = 1.0
-    support = rng.random((L, E, D)) < 0.4
-    support[:, :, 0] |= ~support.any(axis=2)
-    h_ptr, h_node = holder_csr(support)
-    pred = StepPredictor("noisy_oracle", freqs, k, B, np.full(L, 0.5))
-    rows = np.stack([rng.choice(np.arange(B, T), B, replace=False), np.arange(B),
-                     rng.choice(np.arange(B, T), B, replace=False)]).astype(np.int64)
+    routing, rows, pred, model, out = _form_case(spread=False)
+    h_ptr, h_node, D = model[6], model[7], model[8]
+    E, n = pred.num_experts, 3
     idx = np.array([2, 0, 3])
-    N = 4
-    out = [np.zeros((N, L, B, k), dtype=np.int64), np.zeros((N, L, E)), np.zeros((N, L)),
-           np.zeros((N, L, B, k), dtype=np.int64), np.zeros((N, L, E))]
     gens = [np.random.default_rng(40 + j) for j in range(n)]
     states = np.array([prediction_kernels.generator_state(g) for g in gens], dtype=np.uint64)
     routing_t = np.ascontiguousarray(routing.transpose(1, 0, 2))
     start, fallbacks = 0, 0
     while start < n:
-        stop, count, prow, pcol = form_steps(routing_t, rows, idx, states, start, pred.row_acc,
-                                             pred.layer_rows, pred.sampler.prob, pred.alias64,
-                                             E, 3, h_ptr, h_node, D, True, *out)
+        stop, count, prow, pcol = form_steps(routing_t, rows, idx, states, start, *model, *out)
         if stop < n:
             fallbacks += 1
             i = int(idx[stop])
