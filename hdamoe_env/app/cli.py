@@ -266,7 +266,8 @@ def _add_bench_env_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--fidelity", choices=("analytic", "des", "both"), default="both",
                    help="with --num-envs: the fidelities measured")
     p.add_argument("--des-threads", type=positive_int, nargs="+", default=[1], metavar="T",
-                   help="with --num-envs: numba threads of the batched DES env (des_threads); "
+                   help="with --num-envs: numba threads of the batched env (des_threads: "
+                        "DES layer runs and decode-step formation); "
                         "several values measure one batched env each in the same run (the "
                         "single env always uses one thread); at most NUMBA_NUM_THREADS")
     p.add_argument("--k-b", type=nonneg_int, default=None, metavar="K",

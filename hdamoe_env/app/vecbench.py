@@ -73,10 +73,11 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
         model, mesh, setting, batch, conventions: The run.
         fidelities: ``"analytic"`` and/or ``"des"``.
         seed: Seed of the envs and of the random actions.
-        des_threads: ``des_threads`` of the batched DES env, one batched env per value, all
-            measured in the same rounds as the single env (which always uses one thread).
-            The first value gives the ``..._batched_...`` keys; each further value t gives
-            ``des_{policy}_batched_{t}t_steps_per_s`` and ``des_{policy}_ratio_{t}t``.
+        des_threads: ``des_threads`` of the batched env (DES layer runs and decode-step
+            formation), one batched env per value and fidelity, all measured in the same
+            rounds as the single env (which always uses one thread). The first value gives
+            the ``..._batched_...`` keys; each further value t gives
+            ``{fidelity}_{policy}_batched_{t}t_steps_per_s`` and ``..._ratio_{t}t``.
         k_b: Manual pre-broadcast slots of the envs (``EnvConfig.k_b``), or None: the budget
             rule (k_b = 0 at every layer of the default run, so no action pre-broadcasts).
 
@@ -107,11 +108,10 @@ def bench_vector(num_envs: int, *, seconds: float = 2.0, model: str = RUN_DEFAUL
         t0 = time.perf_counter()
         venv = HdMoeVectorEnv(num_envs, des_threads=threads[0], **kwargs)
         out[f"{fidelity}_setup_s"] = time.perf_counter() - t0
-        # further thread counts of the DES: one more batched env each ("" = the first)
+        # further thread counts: one more batched env each ("" = the first)
         venvs = {"": venv}
-        if fidelity == "des":
-            venvs.update({f"_{t}t": HdMoeVectorEnv(num_envs, des_threads=t, **kwargs)
-                          for t in threads[1:]})
+        venvs.update({f"_{t}t": HdMoeVectorEnv(num_envs, des_threads=t, **kwargs)
+                      for t in threads[1:]})
         gammas = venv.envs[0]._gammas if fidelity == "analytic" else None
         single = HdMoeEnv(**kwargs, **({} if gammas is None else {"gammas": list(gammas)}))
         nvec = single.action_space.nvec
@@ -177,11 +177,11 @@ def format_vector_bench(res: dict[str, Any], fidelities: tuple[str, ...] = ("ana
         if f"{fidelity}_noop_ratio" not in res:
             continue
         for policy in ("noop", "random_masked"):
-            for i, t in enumerate(threads if fidelity == "des" else threads[:1]):
+            for i, t in enumerate(threads):
                 suffix = "" if i == 0 else f"_{t}t"
                 label = policy.replace("_", " ")
-                if fidelity == "des" and threads != [1]:
-                    label += f", batched DES {t} thread{'s' if t > 1 else ''}"
+                if threads != [1]:
+                    label += f", batched {t} thread{'s' if t > 1 else ''}"
                 rows.append((fidelity, label,
                              f"{res[f'{fidelity}_{policy}_single_steps_per_s']:,.0f}",
                              f"{res[f'{fidelity}_{policy}_batched{suffix}_steps_per_s']:,.0f}",

@@ -420,10 +420,10 @@ class HdMoeVectorEnv(VectorEnv):
         config: An ``EnvConfig``; ``**kwargs`` replace its fields, as in ``HdMoeEnv``.
         des_threads: numba threads the batched DES calls spread the copies' runs over
             (``linksim.simulate_layers_comm(threads=...)``, the pre-broadcast traffic, the
-            gating of the gated copies); at most numba's pool size
-            (``NUMBA_NUM_THREADS``, fixed at process start). 1 (default) runs them on the
-            calling thread. Results are bit-identical for every value; only the DES fidelity
-            uses it.
+            gating of the gated copies of a DES env), and the decode-step formation its
+            copies (``batch_kernels.form_steps_par``, both fidelities); at most numba's pool
+            size (``NUMBA_NUM_THREADS``, fixed at process start). 1 (default) runs them on
+            the calling thread. Results are bit-identical for every value.
         **kwargs: The fields of ``EnvConfig``.
 
     Raises:
@@ -745,7 +745,9 @@ class HdMoeVectorEnv(VectorEnv):
         """``_form_steps`` in one compiled call for every copy (``batch_kernels.form_steps``):
         gather, counts and V_c peaks, noisy-oracle predictions drawn from each copy's own
         generator in the single env's order, straight into the batched buffers; then the TP
-        latencies and the observation parts batched."""
+        latencies and the observation parts batched. With ``des_threads`` > 1 the copies are
+        spread over numba's threads (``form_steps_par``); a copy that needs the predictor's
+        fallback gets its generator's state back and is formed again by the serial call."""
         proto = self.envs[0]
         predictor = proto._predictor
         layers = self._tables
@@ -764,16 +766,27 @@ class HdMoeVectorEnv(VectorEnv):
         else:
             h_ptr, h_node = layers.holders if layers is not None else self._no_holders
             addr = np.array(states, dtype=np.uint64)
+            model = (predictor.row_acc, predictor.layer_rows, predictor.sampler.prob,
+                     predictor.alias64, proto.num_experts, 3, h_ptr, h_node, proto.num_nodes,
+                     layers is not None)
+            out = (self._sets, self._counts, self._peak, self._pred, self._pred_counts)
+            run = np.arange(idx.size)            # copies left to the serial call
+            if self.des_threads > 1 and idx.size > 1 and np.unique(addr).size == addr.size:
+                saved = [env.np_random.bit_generator.state for env in copies]
+                with linksim.numba_threads(self.des_threads):
+                    pending = batch_kernels.form_steps_par(self._routing_t, rows, idx, addr,
+                                                           *model, *out)
+                run = np.flatnonzero(pending)    # the fallback's copies: formed again below
+                for j in run.tolist():
+                    copies[j].np_random.bit_generator.state = saved[j]
             start = 0
-            while start < idx.size:
+            while start < run.size:
                 stop, count, prow, pcol = batch_kernels.form_steps(
-                    self._routing_t, rows, idx, addr, start, predictor.row_acc,
-                    predictor.layer_rows, predictor.sampler.prob, predictor.alias64,
-                    proto.num_experts, 3, h_ptr, h_node, proto.num_nodes, layers is not None,
-                    self._sets, self._counts, self._peak, self._pred, self._pred_counts)
-                if stop < idx.size:                 # pathological popularity: the fallback
-                    i = int(idx[stop])
-                    predictor.fallback(self._sets[i], copies[stop].np_random, count, prow,
+                    self._routing_t, rows[run], idx[run], addr[run], start, *model, *out)
+                if stop < run.size:                 # pathological popularity: the fallback
+                    j = int(run[stop])
+                    i = int(idx[j])
+                    predictor.fallback(self._sets[i], copies[j].np_random, count, prow,
                                        pcol, self._pred[i], self._pred_counts[i])
                 start = stop + 1
         if layers is not None:       # the sets are read for their shape only (no copy)

@@ -822,14 +822,18 @@ def simulate_layers_comm(topology: Topology, token_sets: NDArray[np.int64],
     return makespan, busy
 
 
-#: numba threading layer ``numba_threads`` picks when the process has not chosen one. The
-#: default order would take OpenMP here, whose threads spin while they wait: with other
-#: processes on the cores, 2 threads made a batched DES call up to 3x slower than 1 thread
-#: (docs/results/throughput.md, sixth round); the workqueue's threads sleep, which costs a
-#: wake-up per call (in the env on idle cores: 1.37x from 2 threads instead of the 1.93x of
-#: spinning OpenMP workers; set NUMBA_THREADING_LAYER=omp OMP_WAIT_POLICY=active on dedicated
-#: cores). Not safe for parallel calls from several Python threads at once (numba aborts).
-THREADING_LAYER = "workqueue"
+#: numba threading layers ``numba_threads`` tries, in order, when the process has not chosen
+#: one (numba's own order puts TBB first). OpenMP's calling thread takes a share of the work, so
+#: a 2-thread call wakes one worker; numba's workqueue wakes two and idles the caller: in the
+#: env on idle cores 2 threads gave 3.37x the single env with the workqueue and 4.36x with
+#: OpenMP (docs/results/throughput.md, seventh round). The workqueue remains where numba has no
+#: OpenMP runtime.
+THREADING_LAYERS: tuple[str, ...] = ("omp", "workqueue", "tbb")
+#: ``OMP_WAIT_POLICY`` set for the OpenMP runtime unless the process set one: ``passive``
+#: workers sleep between calls. Spinning ones (GNU's default spins briefly, ``active`` without
+#: end) made 2-thread calls up to 3x slower than 1 thread while other processes held the
+#: cores, and gained nothing on idle cores (4.36x passive, 4.47x active, same session).
+OMP_WAIT_POLICY = "passive"
 
 
 def check_threads(threads: int, name: str = "threads") -> int:
@@ -860,16 +864,21 @@ def numba_threads(threads: int) -> Iterator[None]:
     """Run the block with ``numba.set_num_threads(threads)``; restore the previous count.
 
     Unless the process chose numba's threading layer (``NUMBA_THREADING_LAYER`` or
-    ``numba.config.THREADING_LAYER`` set to anything but ``"default"``), the first call picks
-    :data:`THREADING_LAYER` before numba starts its threads (numba fixes the layer then, for
-    the whole process).
+    ``numba.config.THREADING_LAYER`` set to anything but ``"default"``), the first call sets
+    numba's layer priority to :data:`THREADING_LAYERS` and, unless set, ``OMP_WAIT_POLICY`` to
+    :data:`OMP_WAIT_POLICY` before numba starts its threads (numba fixes the layer then, for
+    the whole process; the OpenMP runtime reads its environment when it loads). A process
+    that has used the OpenMP layer must not fork children that call threaded kernels (GNU
+    OpenMP is not fork-safe; numba stops such a child with an error): start them with
+    ``spawn`` or keep ``threads=1`` in the parent.
 
     Raises:
         ConfigError: ``threads`` fails ``check_threads``.
     """
     threads = check_threads(threads)
     if numba.config.THREADING_LAYER == "default" and "NUMBA_THREADING_LAYER" not in os.environ:
-        numba.config.THREADING_LAYER = THREADING_LAYER
+        numba.config.THREADING_LAYER_PRIORITY = list(THREADING_LAYERS)
+        os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:

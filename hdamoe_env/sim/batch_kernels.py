@@ -11,12 +11,13 @@ cached on disk (``cache=True``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 from numpy.typing import NDArray
 
 from hdamoe_env.decisions.prediction_kernels import gather_sets, noisy_step
 
-__all__ = ["form_steps", "gather_tables", "holder_csr", "step_table_one", "step_tables"]
+__all__ = ["form_steps", "form_steps_par", "gather_tables", "holder_csr", "step_table_one",
+           "step_tables"]
 
 
 @njit(cache=True, inline="always")
@@ -180,15 +181,59 @@ def form_steps(routing_t: NDArray[np.integer], rows: NDArray[np.int64], idx: NDA
     """
     n = rows.shape[0]
     for j in range(start, n):
-        i = idx[j]
-        if tables:
-            gather_tables(routing_t, rows[j], h_ptr, h_node, num_nodes, sets[i], counts[i],
-                          peak[i])
-        else:
-            gather_sets(routing_t, rows[j], sets[i])
-        pred_counts[i] = 0.0
-        count, prow, pcol = noisy_step(sets[i], states[j], acc, layer_of_row, prob, alias,
-                                       num_experts, oversample, pred[i], pred_counts[i])
+        count, prow, pcol = _form_one(routing_t, rows[j], idx[j], states[j], acc, layer_of_row,
+                                      prob, alias, num_experts, oversample, h_ptr, h_node,
+                                      num_nodes, tables, sets, counts, peak, pred, pred_counts)
         if count:
             return j, count, prow, pcol
     return n, 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+
+@njit(cache=True, parallel=True)
+def form_steps_par(routing_t: NDArray[np.integer], rows: NDArray[np.int64],
+                   idx: NDArray[np.int64], states: NDArray[np.uint64], acc: NDArray[np.float64],
+                   layer_of_row: NDArray[np.int64], prob: NDArray[np.float64],
+                   alias: NDArray[np.int64], num_experts: int, oversample: int,
+                   h_ptr: NDArray[np.int64], h_node: NDArray[np.int64], num_nodes: int,
+                   tables: bool, sets: NDArray[np.int64], counts: NDArray[np.float64],
+                   peak: NDArray[np.float64], pred: NDArray[np.int64],
+                   pred_counts: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """``form_steps`` of every copy, the copies spread over numba's threads (``prange``).
+
+    Copy j writes only row ``idx[j]`` of the outputs and draws only from the state at
+    ``states[j]``, with ``form_steps``'s arithmetic, so every copy's rows and stream equal the
+    serial call's. The addresses (and the rows ``idx``) must be distinct. A copy whose
+    predictions need the fallback (``form_steps`` would stop there) is flagged instead: its
+    outputs are incomplete and its generator advanced, so the caller restores the generator
+    and forms that copy again with ``form_steps``.
+
+    Returns:
+        bool [n]: the flagged copies.
+    """
+    n = rows.shape[0]
+    pending = np.zeros(n, dtype=np.bool_)
+    for j in prange(n):
+        count, _, _ = _form_one(routing_t, rows[j], idx[j], states[j], acc, layer_of_row, prob,
+                                alias, num_experts, oversample, h_ptr, h_node, num_nodes,
+                                tables, sets, counts, peak, pred, pred_counts)
+        pending[j] = count > 0
+    return pending
+
+
+@njit(cache=True)
+def _form_one(routing_t: NDArray[np.integer], rows: NDArray[np.int64], i: int, state: np.uint64,
+              acc: NDArray[np.float64], layer_of_row: NDArray[np.int64],
+              prob: NDArray[np.float64], alias: NDArray[np.int64], num_experts: int,
+              oversample: int, h_ptr: NDArray[np.int64], h_node: NDArray[np.int64],
+              num_nodes: int, tables: bool, sets: NDArray[np.int64],
+              counts: NDArray[np.float64], peak: NDArray[np.float64], pred: NDArray[np.int64],
+              pred_counts: NDArray[np.float64]):  # noqa: ANN202 - 3-tuple
+    """Form one copy's decode step into row ``i`` (the body of ``form_steps``); return
+    ``noisy_step``'s ``(count, prow, pcol)``."""
+    if tables:
+        gather_tables(routing_t, rows, h_ptr, h_node, num_nodes, sets[i], counts[i], peak[i])
+    else:
+        gather_sets(routing_t, rows, sets[i])
+    pred_counts[i] = 0.0
+    return noisy_step(sets[i], state, acc, layer_of_row, prob, alias, num_experts, oversample,
+                      pred[i], pred_counts[i])

@@ -55,7 +55,7 @@ def test_bench_vector_rejects_repeated_or_bad_des_threads():
         bench_vector(2, fidelities=("des",), des_threads=(0,))
 
 
-def test_format_vector_bench_has_one_des_row_per_thread_count():
+def test_format_vector_bench_has_one_row_per_thread_count():
     res = {"num_envs": 4, "des_threads": [1, 2]}
     for policy in ("noop", "random_masked"):
         res.update({f"des_{policy}_single_steps_per_s": 100.0,
@@ -64,5 +64,5 @@ def test_format_vector_bench_has_one_des_row_per_thread_count():
                     f"des_{policy}_ratio_2t": 5.0})
     lines = format_vector_bench(res, ("des",)).splitlines()
     assert len(lines) == 5
-    assert "noop, batched DES 2 threads" in lines[2] and "500" in lines[2] and "5.00" in lines[2]
-    assert "random masked, batched DES 1 thread " in lines[3]
+    assert "noop, batched 2 threads" in lines[2] and "500" in lines[2] and "5.00" in lines[2]
+    assert "random masked, batched 1 thread " in lines[3]

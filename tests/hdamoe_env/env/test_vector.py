@@ -180,6 +180,62 @@ def test_vector_env_des_pre_broadcast_copies_are_batched_and_equal(num_envs, kwa
     assert sum(counts) > 10 * num_envs
 
 
+def test_threaded_decode_step_formation_reforms_flagged_copies(monkeypatch):
+    """With ``des_threads`` > 1 the decode steps are formed by ``form_steps_par``; a flagged
+    copy (the predictor's fallback) gets its generator back and is formed again serially, so
+    every copy still equals its single env. Run on numba's pool of this process: the thread
+    check and count are stubbed, and the spy flags copies 0 and 2 at every call."""
+    import contextlib
+
+    from hdamoe_env.noc import linksim
+    from hdamoe_env.sim import batch_kernels
+
+    monkeypatch.setattr(linksim, "check_threads", lambda threads, name="threads": int(threads))
+    monkeypatch.setattr(linksim, "numba_threads", lambda threads: contextlib.nullcontext())
+    calls = []
+    original = batch_kernels.form_steps_par
+
+    def spy(*args):
+        pending = original(*args)
+        calls.append(pending.size)
+        pending[[0, 2]] = True
+        return pending
+
+    monkeypatch.setattr(batch_kernels, "form_steps_par", spy)
+    _compare("hdamoe_env/HdMoE-v1", 4, 40, dict(TINY, steps_per_episode=2), policy="noop",
+             vec_kwargs=dict(des_threads=2))
+    _compare("hdamoe_env/HdMoE-v1", 3, 30, dict(TINY, fidelity="analytic", gammas=[0.7] * 26),
+             vec_kwargs=dict(des_threads=2))
+    assert len(calls) >= 4 and max(calls) >= 3
+
+
+_TWO_THREADS = """
+import numba
+from tests.hdamoe_env.env.test_vector import TINY, _compare
+assert numba.config.NUMBA_NUM_THREADS == 2
+_compare("hdamoe_env/HdMoE-v1", 5, 40, dict(TINY, steps_per_episode=2), policy="noop",
+         vec_kwargs=dict(des_threads=2))
+print("equal", numba.threading_layer())
+"""
+
+
+def test_vector_env_on_two_threads_equals_single_envs():
+    """In a process with a pool of two numba threads, ``des_threads=2`` (the threaded DES
+    call and decode-step formation) keeps every copy equal to its single env."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, NUMBA_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _TWO_THREADS], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("equal")
+
+
 @pytest.mark.parametrize("value,match", [
     (0, "des_threads must be an integer >= 1, got 0"), (2.0, "des_threads must be an integer"),
     (None, "got None"), (10_000, "des_threads=10000 exceeds numba's thread pool")])

@@ -511,25 +511,35 @@ ref = simulate_layers_comm(topo, *args, **opts)
 got = simulate_layers_comm(topo, *args, threads=2, **opts)
 assert numba.get_num_threads() == 2                  # restored (the pool's default)
 assert (ref[0] == got[0]).all() and (ref[1] == got[1]).all() and ref[0].min() > 0
-print("equal", numba.threading_layer())
+import os
+print("equal", numba.threading_layer(), os.environ.get("OMP_WAIT_POLICY"))
 """
 
 
-def test_simulate_layers_comm_with_two_threads_is_bit_identical():
+@pytest.mark.parametrize("policy", [None, "active"])
+def test_simulate_layers_comm_with_two_threads_is_bit_identical(policy):
     """In a process with a pool of two numba threads, ``threads=2`` (the prange kernel on
-    two threads) equals ``threads=1`` bit for bit."""
+    two threads) equals ``threads=1`` bit for bit; the first threaded call takes the first
+    available layer of ``THREADING_LAYERS`` and sets ``OMP_WAIT_POLICY`` only if unset."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, NUMBA_NUM_THREADS="2",
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY")}
+    env.update(NUMBA_NUM_THREADS="2",
                PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
     done = subprocess.run([sys.executable, "-c", _TWO_THREADS], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("equal")
+    word, layer, wait = done.stdout.split()
+    assert word == "equal"
+    assert layer in linksim.THREADING_LAYERS
+    assert wait == (policy or linksim.OMP_WAIT_POLICY)
 
 
 @pytest.mark.parametrize("value,match", [(0, "threads must be an integer >= 1, got 0"),
