@@ -311,16 +311,19 @@ class _BatchedDes:
             rngs: Every copy's generator (aggregator draws, in the copies' order).
         """
         aggs = self._aggregators(layers, sets, rngs)
-        makespan, busy = linksim.simulate_layers_comm(self.topology, sets, self.msg, self.masks,
-                                                      self.pis, aggs, layers, **self.options)
-        if self.both:
-            t_moe = makespan[:, 0] + makespan[:, 1]
-            link_busy = busy.sum(axis=1)
-        else:
-            t_moe = 2.0 * makespan[:, 0]
-            link_busy = 2.0 * busy.sum(axis=1)
+        t_moe, link_busy = self.moe_comm(*linksim.simulate_layers_comm(
+            self.topology, sets, self.msg, self.masks, self.pis, aggs, layers, **self.options))
         t_comp = self.tables.expert_phase(layers, counts)
         return self.tables.nm_total[layers] + t_comp + t_moe + 0.0, link_busy
+
+    def moe_comm(self, makespan: NDArray[np.float64], busy: NDArray[np.float64]
+                 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Return the MoE communication time [n] and link busy time [n, num_links] of
+        ``simulate_layers_comm``'s outputs, summed as the layer evaluator sums them (dispatch
+        plus combine, or twice the combine)."""
+        if self.both:
+            return makespan[:, 0] + makespan[:, 1], busy.sum(axis=1)
+        return 2.0 * makespan[:, 0], 2.0 * busy.sum(axis=1)
 
     def _aggregators(self, layers: NDArray[np.int64], sets: NDArray[np.int64],
                      rngs: list[np.random.Generator]) -> NDArray[np.int64]:
@@ -990,15 +993,9 @@ class HdMoeVectorEnv(VectorEnv):
         for j, r in enumerate(runs):
             if r[4] is not None:
                 extras[j, :, :r[4].shape[1]] = r[4]
-        makespan, busy = linksim.simulate_layers_comm(
+        t_moe, link_busy = des.moe_comm(*linksim.simulate_layers_comm(
             des.topology, sets_all, des.msg, masks, des.pis, aggs, layers,
-            mask_of=np.arange(n), extra_holders=extras, **des.options)
-        if des.both:
-            t_moe = makespan[:, 0] + makespan[:, 1]
-            link_busy = busy.sum(axis=1)
-        else:
-            t_moe = 2.0 * makespan[:, 0]
-            link_busy = 2.0 * busy.sum(axis=1)
+            mask_of=np.arange(n), extra_holders=extras, **des.options))
         t_comp = np.array([r[5] for r in runs])
         extra = np.array([c[1] for c in charges])
         # LayerResult.total_s (t_nm + t_comp + t_comm + t_extra), + the (zero) pending charge
