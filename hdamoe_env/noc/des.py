@@ -452,11 +452,12 @@ def des_kernel(msg_route: NDArray[np.int64], msg_size: NDArray[np.float64],
                ) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
     """Run the DES on prepared messages; return (makespan, busy [L], finish [M]).
 
-    The compiled entry of ``simulate_messages`` (and of the collectives' rounds). ``msg_route``
-    [M] is each message's route id into ``route_ptr``/``route_links`` (the topology's CSR
-    routes), ``msg_size`` [M] bytes, ``msg_ready`` [M] release times, ``msg_rank`` [M] the tie
-    key ranks, ``link_bw`` [L] B/s, ``cut_through`` the switching (False: store-and-forward);
-    see ``des_core`` for the event loop.
+    The compiled entry of the collectives' rounds (``simulate_messages`` runs ``des_core`` on
+    ``prepare_run``'s arrays). ``msg_route`` [M] is each message's route id into
+    ``route_ptr``/``route_links`` (the topology's CSR routes), ``msg_size`` [M] bytes,
+    ``msg_ready`` [M] release times, ``msg_rank`` [M] the tie key ranks, ``link_bw`` [L] B/s,
+    ``cut_through`` the switching (False: store-and-forward); see ``des_core`` for the event
+    loop.
     """
     busy = np.zeros(link_bw.shape[0])
     finish = np.zeros(msg_route.shape[0])
@@ -522,17 +523,11 @@ def simulate_messages(topology: Topology, src: ArrayLike, dst: ArrayLike, size_b
                       hop_latency_s=hop_latency_s, flow_keys=flow_keys, chunks=chunks,
                       switching=switching, ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
     prep = run.prep
-    if run.ports:
-        busy = np.zeros(run.bw.shape[0])
-        finish = np.zeros(run.pos.size)
-        makespan = des_core(run.pos, run.stop, prep.size, prep.ready, run.rank, run.links,
-                            run.bw, run.lat, prep.tie_ref, busy, finish, run.cut)
-        return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
-    makespan, busy, finish = des_kernel(run.routes, prep.size, prep.ready, run.rank,
-                                        topology.route_ptr, topology.route_links,
-                                        topology.link_bw_Bps, prep.hop_latency, prep.tie_ref,
-                                        run.cut)
-    return DesResult(float(makespan), busy, _per_message(finish, prep))
+    busy = np.zeros(run.bw.shape[0])
+    finish = np.zeros(run.pos.size)
+    makespan = des_core(run.pos, run.stop, prep.size, prep.ready, run.rank, run.links, run.bw,
+                        run.lat, prep.tie_ref, busy, finish, run.cut)
+    return DesResult(float(makespan), busy[:topology.num_links], _per_message(finish, prep))
 
 
 @dataclass(frozen=True, eq=False)
@@ -541,7 +536,6 @@ class PreparedRun:
 
     Attributes:
         prep: The validated, chunk-expanded messages.
-        routes: int64 [M'] route of every message.
         rank: int64 [M'] the routes' lexicographic ranks (zeros without ``ref`` ties).
         pos: int64 [M'] first link of every message in ``links`` (a fresh array: ``des_core``
             advances it). stop: int64 [M'] one past its last link.
@@ -552,7 +546,6 @@ class PreparedRun:
     """
 
     prep: PreparedMessages
-    routes: NDArray[np.int64]
     rank: NDArray[np.int64]
     pos: NDArray[np.int64]
     stop: NDArray[np.int64]
@@ -584,9 +577,9 @@ def prepare_run(topology: Topology, src: ArrayLike, dst: ArrayLike, size_bytes: 
     if ni_bw_Bps is not None:
         pos, stop, links, bw = _with_ports(topology, prep, routes, ni_bw_Bps)
         lat = port_latencies(topology, prep.hop_latency, ni_lat)
-        return PreparedRun(prep, routes, rank, pos, stop, links, bw, lat, cut, True)
+        return PreparedRun(prep, rank, pos, stop, links, bw, lat, cut, True)
     ptr = topology.route_ptr
-    return PreparedRun(prep, routes, rank, ptr[routes], ptr[routes + 1], topology.route_links,
+    return PreparedRun(prep, rank, ptr[routes], ptr[routes + 1], topology.route_links,
                        topology.link_bw_Bps,
                        np.full(topology.link_bw_Bps.shape[0], prep.hop_latency), cut, False)
 
@@ -667,8 +660,6 @@ def _des_runs_par(offsets: NDArray[np.int64], pos: NDArray[np.int64], stop: NDAr
         a, b = offsets[j], offsets[j + 1]
         makespan[j] = des_core(pos[a:b], stop[a:b], size[a:b], ready[a:b], rank[a:b], links,
                                bw, lat, tie_ref, busy[j], finish[a:b], cut)
-
-
 
 
 def check_ni_bandwidth(ni_bw_Bps: float) -> float:
