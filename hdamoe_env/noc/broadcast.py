@@ -21,7 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from hdamoe_env.config.errors import ConfigError
 from hdamoe_env.noc import linksim
-from hdamoe_env.noc.des import PreparedRun, prepare_run, simulate_messages, simulate_runs
+from hdamoe_env.noc.des import PreparedRun, prepare_run, simulate_runs
 from hdamoe_env.noc.topology import Topology
 
 __all__ = ["BroadcastMessages", "BroadcastResult", "broadcast_fanout", "broadcast_messages",
@@ -220,16 +220,11 @@ def simulate_broadcast(topology: Topology, P_layer: ArrayLike, experts: Sequence
     Returns:
         Makespan and per-link busy time.
     """
-    experts = list(experts)
-    if not experts:
-        return BroadcastResult(0.0, np.zeros(topology.num_links), 0, 0, 0.0)
-    msgs = _messages(topology, P_layer, experts, S_bytes, chunk_bytes, pi, alpha_s,
-                     hop_latency_s, max_messages, trees)
-    des = simulate_messages(topology, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
-                            tie_break=tie_break, hop_latency_s=hop_latency_s,
-                            switching=switching, ni_bw_Bps=ni_bw_Bps, ni_latency_s=ni_latency_s)
-    return BroadcastResult(des.makespan_s, des.link_busy_s, int(msgs.src.size), msgs.chunks,
-                           msgs.chunk_bytes)
+    return simulate_broadcasts(topology, [(P_layer, experts, chunk_bytes, pi)], S_bytes,
+                               alpha_s=alpha_s, hop_latency_s=hop_latency_s,
+                               tie_break=tie_break, max_messages=max_messages, trees=trees,
+                               switching=switching, ni_bw_Bps=ni_bw_Bps,
+                               ni_latency_s=ni_latency_s)[0]
 
 
 def _messages(topology: Topology, P_layer: ArrayLike, experts: list[int], S_bytes: float,

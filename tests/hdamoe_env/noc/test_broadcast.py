@@ -9,7 +9,9 @@ import pytest
 from hdamoe_env.config.profiles import get_profile
 from hdamoe_env.config.specs import HardwareSpec, TopologySpec, get_model, hardware_from_setting
 from hdamoe_env.cost import broadcast as prebroadcast
+from hdamoe_env.noc import broadcast
 from hdamoe_env.noc.broadcast import broadcast_tree, simulate_broadcast, simulate_broadcasts
+from hdamoe_env.noc.des import simulate_messages
 from hdamoe_env.noc.topology import make_topology
 from hdamoe_env.sim.placement import expert_parallel
 
@@ -128,4 +130,12 @@ def test_simulate_broadcasts_equal_one_call_per_broadcast(kind, opts):
             assert (res.makespan_s, res.num_messages, res.chunks, res.chunk_bytes) == (
                 want.makespan_s, want.num_messages, want.chunks, want.chunk_bytes)
             np.testing.assert_array_equal(res.link_busy_s, want.link_busy_s)
+            if experts:                          # and as the message DES of its messages
+                msgs = broadcast._messages(topo, P, experts, 1.7e6, chunk, pi,
+                                           opts.get("alpha_s", 0.0),
+                                           opts.get("hop_latency_s", 0.0), 4000, None)
+                des = simulate_messages(topo, msgs.src, msgs.dst, msgs.size_bytes, msgs.ready_s,
+                                        **{k: v for k, v in opts.items() if k != "alpha_s"})
+                assert res.makespan_s == des.makespan_s
+                np.testing.assert_array_equal(res.link_busy_s, des.link_busy_s)
         assert got[2].makespan_s == 0.0 and got[0].makespan_s > 0
